@@ -1,0 +1,99 @@
+"""Writing and reading single-file checkpoints.
+
+[Note: atomic commit]
+A checkpoint file becomes visible only when complete: it is written to a temporary file in the
+same directory, flushed and fsynced, then renamed over the target with ``os.replace`` (atomic
+on POSIX within one filesystem), and the directory is fsynced so the rename survives a power
+loss. A save that fails or is killed leaves at most a ``.tmp-*`` file behind, never a damaged
+target; the next save into the same directory removes such leftovers.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullshard.errors import CheckpointNotFoundError, CorruptCheckpointError
+
+_TMP_PREFIX = ".tmp-"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_leftovers(directory: Path, target_name: str) -> None:
+    """Delete temporary files an interrupted save of ``target_name`` left behind."""
+    for leftover in directory.glob(f"{_TMP_PREFIX}{target_name}.*"):
+        try:
+            leftover.unlink()
+        except OSError:
+            pass
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    """``torch.save(obj, path)``, committed atomically (see [Note: atomic commit])."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"Cannot write a checkpoint file to {str(path)!r}: it is a directory. Give a file path."
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(path.parent, path.name)
+    fd, tmp_name = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """Read a checkpoint file written by :func:`atomic_torch_save`.
+
+    Raises:
+        CheckpointNotFoundError: nothing exists at ``path``.
+        CorruptCheckpointError: the file is truncated, damaged or not a checkpoint.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointNotFoundError(
+            f"No checkpoint at {str(path)!r}: the path does not exist. Check the path, or pass "
+            "ckpt_path='last' to resume from the newest checkpoint ModelCheckpoint wrote."
+        )
+    if path.is_dir():
+        raise CheckpointNotFoundError(
+            f"{str(path)!r} is a directory, not a checkpoint file written by this strategy. "
+            "Pass the path of a '.ckpt' file."
+        )
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+        raise CorruptCheckpointError(
+            f"The checkpoint file {str(path)!r} is damaged or not a checkpoint ({type(err).__name__}: "
+            f"{err}). Resume from an earlier checkpoint instead."
+        ) from err
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CorruptCheckpointError(
+            f"{str(path)!r} holds a {type(checkpoint).__name__}, not a fullshard checkpoint (a dict with "
+            "'state_dict', 'optimizer_states', 'loops', ...). Save it with Trainer.save_checkpoint()."
+        )
+    return checkpoint

@@ -1,0 +1,43 @@
+"""The exception types users catch.
+
+Every error raised for bad user input says what was given, what is accepted and how to fix
+it. The classes below subclass the builtin type a caller would expect (``ValueError``,
+``RuntimeError``), so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class FullshardError(Exception):
+    """Base class of every exception fullshard defines."""
+
+
+class MisconfigurationError(FullshardError, ValueError):
+    """A Trainer, Strategy or Module was configured with values that cannot work together."""
+
+
+class StrategyRegistryError(FullshardError, KeyError):
+    """A strategy name is unknown, or registered twice without ``override=True``."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; show it as written.
+        return str(self.args[0]) if self.args else ""
+
+
+class CheckpointError(FullshardError, RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The path given as a checkpoint does not exist, or holds no checkpoint."""
+
+
+class IncompleteCheckpointError(CheckpointError):
+    """The checkpoint at a path was never completed (its save was interrupted)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """The checkpoint at a path is damaged: truncated, or its content fails to decode."""
+
+
+class ProcessFailedError(FullshardError, RuntimeError):
+    """Another process of the job failed; this one was stopped because of it."""

@@ -1,0 +1,24 @@
+"""Where processes come from: cluster environments (local, torchrun, SLURM) and the launchers
+that start one process per device and end the whole job when any of them fails."""
+
+from fullshard.launch.environments import (
+    ClusterEnvironment,
+    LocalEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+    expand_slurm_hostlist,
+    select_cluster_environment,
+)
+from fullshard.launch.launchers import Launcher, SpawnLauncher, SubprocessScriptLauncher
+
+__all__ = [
+    "ClusterEnvironment",
+    "Launcher",
+    "LocalEnvironment",
+    "SLURMEnvironment",
+    "SpawnLauncher",
+    "SubprocessScriptLauncher",
+    "TorchElasticEnvironment",
+    "expand_slurm_hostlist",
+    "select_cluster_environment",
+]

@@ -1,0 +1,496 @@
+"""Launchers: start one process per device, and make a failure in any of them end the whole job.
+
+``SubprocessScriptLauncher`` re-runs the user's command once per extra device (``python
+train.py`` becomes N processes); ``SpawnLauncher`` starts the processes with
+``torch.multiprocessing`` and works where there is no script to re-run (notebooks, with
+``start_method="fork"``).
+
+[Note: a failure ends the job]
+A distributed job whose processes wait on each other must never hang because one of them
+died. The process that started the others (rank 0 of the node) watches them from a daemon
+thread; when one exits non-zero it says so on stderr, ends the rest and ends itself with
+``os._exit`` (its main thread may be stuck inside a C++ collective, where no Python
+exception or signal handler can reach it). When rank 0 itself fails, it ends the others
+before re-raising; when it is killed outright, each child notices from a watchdog thread that
+its parent is gone and ends itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import (
+    ProcessContext,
+    ProcessExitedException,
+    ProcessRaisedException,
+    start_processes,
+)
+from typing_extensions import override
+
+from fullshard.errors import MisconfigurationError, ProcessFailedError
+from fullshard.launch.environments import ClusterEnvironment
+
+__all__ = ["Launcher", "SpawnLauncher", "SubprocessScriptLauncher"]
+
+T = TypeVar("T")
+
+# Set by the launchers for the processes they start: the pid of the process that started them.
+_LAUNCHER_PID_VAR = "FULLSHARD_LAUNCHER_PID"
+_CHILD_POLL_S = 0.2  # how often rank 0 looks at its children
+_PARENT_POLL_S = 0.5  # how often a child checks that its launcher is alive
+_TERMINATE_GRACE_S = 3.0  # between SIGTERM and SIGKILL when ending processes
+
+
+class Launcher(ABC):
+    """Starts the processes of a job and runs a function in each of them."""
+
+    @property
+    @abstractmethod
+    def is_interactive_compatible(self) -> bool:
+        """Whether this launcher works in an interactive session (a notebook, a REPL)."""
+
+    @abstractmethod
+    def launch(self, function: Callable[..., T], *args: Any, trainer: Any = None, **kwargs: Any) -> T:
+        """Run ``function(*args, **kwargs)`` in every process of the job and return what it
+        returned in this process. ``trainer`` is the host object, if any, whose state must
+        reach this process when the function ran elsewhere."""
+
+
+def _check_counts(num_processes: int, num_nodes: int) -> None:
+    if num_processes < 1 or num_nodes < 1:
+        raise MisconfigurationError(
+            f"A launcher needs at least one process per node and one node, got num_processes={num_processes},"
+            f" num_nodes={num_nodes}. Pass devices >= 1 and num_nodes >= 1."
+        )
+
+
+def _describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was killed by {name}"
+
+
+def _shell_exit_code(code: int) -> int:
+    """The exit code a shell reports for a process that ended with Popen return code ``code``."""
+    return code if code > 0 else 128 - code
+
+
+@dataclass(frozen=True)
+class _JobSettings:
+    """What every process of a launched job receives through its environment."""
+
+    main_address: str
+    main_port: int
+    node_rank: int
+    num_processes: int
+    num_nodes: int
+    launcher_pid: int
+
+    @classmethod
+    def from_environment(
+        cls, cluster_environment: ClusterEnvironment, num_processes: int, num_nodes: int
+    ) -> _JobSettings:
+        return cls(
+            main_address=cluster_environment.main_address,
+            main_port=cluster_environment.main_port,
+            node_rank=cluster_environment.node_rank(),
+            num_processes=num_processes,
+            num_nodes=num_nodes,
+            launcher_pid=os.getpid(),
+        )
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.num_processes + local_rank
+
+    def environ(self, local_rank: int) -> dict[str, str]:
+        """The job variables of process ``local_rank``."""
+        return {
+            "LOCAL_RANK": str(local_rank),
+            "NODE_RANK": str(self.node_rank),
+            "WORLD_SIZE": str(self.num_processes * self.num_nodes),
+            "MASTER_ADDR": self.main_address,
+            "MASTER_PORT": str(self.main_port),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Children: notice when the launcher is gone.
+
+
+def _watch_launcher_from_environ() -> None:
+    """In a process started by our launcher, start the watchdog (once)."""
+    value = os.environ.pop(_LAUNCHER_PID_VAR, None)  # popped: processes this one starts are not ours
+    if value is not None and value.isdigit():
+        _start_launcher_watchdog(int(value))
+
+
+def _start_launcher_watchdog(launcher_pid: int) -> None:
+    """End this process promptly (``os._exit``) once the process that started it is gone.
+
+    PR_SET_PDEATHSIG is not used: it fires when the parent *thread* that forked us ends, which
+    may be long before the parent process does. Polling the parent pid is portable and, at
+    every half second, prompt enough.
+    """
+    if os.getppid() != launcher_pid:
+        try:
+            os.kill(launcher_pid, 0)
+        except ProcessLookupError:
+            _exit_orphaned(launcher_pid)
+        # Alive but not our parent: the variable was inherited by a grandchild. Not ours to watch.
+        return
+    threading.Thread(
+        target=_watch_launcher, args=(launcher_pid,), name="fullshard-launcher-watchdog", daemon=True
+    ).start()
+
+
+def _watch_launcher(launcher_pid: int) -> None:
+    while os.getppid() == launcher_pid:
+        time.sleep(_PARENT_POLL_S)
+    _exit_orphaned(launcher_pid)
+
+
+def _exit_orphaned(launcher_pid: int) -> None:
+    print(
+        f"fullshard: the launching process (pid {launcher_pid}) is gone; ending this process"
+        f" (pid {os.getpid()}, LOCAL_RANK={os.environ.get('LOCAL_RANK', '?')})",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank 0: the children it started and the monitor that watches them.
+
+
+def _end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM the processes still running, then SIGKILL those that outlive the grace period."""
+    alive = [process for process in processes if process.poll() is None]
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + _TERMINATE_GRACE_S
+    for process in alive:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass(frozen=True)
+class _Child:
+    rank: int
+    process: subprocess.Popen[bytes]
+
+    def describe(self, code: int) -> str:
+        return f"rank {self.rank} (pid {self.process.pid}) {_describe_exit(code)}"
+
+
+class _LocalJob:
+    """The children rank 0 started, watched for the rest of rank 0's life.
+
+    [Note: children outlive a launch]
+    A script may call the Trainer several times (fit, then validate). The children re-run the
+    whole script, so they make the same calls, and each call needs every rank. Rank 0 therefore
+    starts the children on its first launch only and then sets ``LOCAL_RANK=0`` (and the other
+    job variables) in its own environment, so that later launches, like the children's, just
+    run the function. Rank 0 cannot wait for the children when a launch returns: they may
+    already be inside the next call, waiting for rank 0. It waits for them when the interpreter
+    exits, and the monitor thread watches them all along.
+    """
+
+    def __init__(self, children: list[_Child]) -> None:
+        self._children = children
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._monitor = threading.Thread(target=self._watch, name="fullshard-child-monitor", daemon=True)
+        self._monitor.start()
+        atexit.register(self._at_exit)
+
+    def run(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``function`` in rank 0; if it raises (KeyboardInterrupt too), end the children."""
+        if self._stopped:
+            raise ProcessFailedError(
+                "The other processes of this job were stopped after an earlier failure, so this process"
+                " cannot run a distributed function any more. Fix the failure and start the script again."
+            )
+        try:
+            return function(*args, **kwargs)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """End the children because rank 0 failed (the monitor must not report them)."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            for child in self._children:
+                code = child.process.poll()
+                if code is not None and code != 0:
+                    print(f"fullshard: {child.describe(code)} before this process failed", file=sys.stderr)
+            _end_processes([child.process for child in self._children])
+            sys.stderr.flush()
+
+    def _watch(self) -> None:
+        while not self._stopped:
+            time.sleep(_CHILD_POLL_S)
+            codes = [(child, child.process.poll()) for child in self._children]
+            for child, code in codes:
+                if code is not None and code != 0:
+                    self._fail(child, code)
+                    return
+            if all(code == 0 for _, code in codes):
+                return
+
+    def _fail(self, failed: _Child, code: int) -> None:
+        """A child failed: say so, end the others and this process (see [Note: a failure ends the job])."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            print(
+                f"fullshard: {failed.describe(code)}; stopping the other processes (its traceback, if"
+                " any, is above)",
+                file=sys.stderr,
+                flush=True,
+            )
+            _end_processes([child.process for child in self._children if child is not failed])
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(_shell_exit_code(code))
+
+    def _at_exit(self) -> None:
+        # Python sets sys.last_value when an uncaught exception ends the program: the children
+        # may be waiting for rank 0 in a call it will never make, so end them instead of waiting.
+        if getattr(sys, "last_value", None) is not None:
+            self.stop()
+            return
+        self._monitor.join()  # returns once all children exited 0; ends this process otherwise
+
+
+_running_job: _LocalJob | None = None
+
+
+def _rerun_command(main_module: types.ModuleType, argv: Sequence[str], executable: str) -> list[str]:
+    """The command that starts this program again, as the user started it."""
+    if not hasattr(main_module, "__file__") or not argv:
+        raise MisconfigurationError(
+            "SubprocessScriptLauncher starts one more copy of your program per extra device, but this"
+            " Python session has no script to start again (interactive shell, notebook or `python -c`)."
+            " Run your code as a script (`python train.py`), or use SpawnLauncher (start_method='fork'"
+            " in a notebook)."
+        )
+    spec = getattr(main_module, "__spec__", None)
+    if spec is not None:  # started with `python -m name`
+        name = spec.name.removesuffix(".__main__")
+        return [executable, "-m", name, *argv[1:]]
+    return [executable, os.path.abspath(argv[0]), *argv[1:]]
+
+
+def _start_local_job(settings: _JobSettings) -> _LocalJob:
+    """Start local ranks 1..N-1 by running the user's command again, and watch them."""
+    command = _rerun_command(sys.modules["__main__"], sys.argv, sys.executable)
+    children: list[_Child] = []
+    try:
+        for local_rank in range(1, settings.num_processes):
+            environ = {
+                **os.environ,
+                **settings.environ(local_rank),
+                _LAUNCHER_PID_VAR: str(settings.launcher_pid),
+            }
+            # stdout/stderr are inherited, so each child's traceback reaches the terminal.
+            process = subprocess.Popen(command, env=environ)
+            children.append(_Child(rank=settings.global_rank(local_rank), process=process))
+    except BaseException:
+        _end_processes([child.process for child in children])
+        raise
+    os.environ.update(settings.environ(0))  # see [Note: children outlive a launch]
+    return _LocalJob(children)
+
+
+class SubprocessScriptLauncher(Launcher):
+    """Runs the user's command once more per extra local device (``python train.py`` or
+    ``python -m pkg``), with ``LOCAL_RANK``, ``NODE_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` set for each copy.
+
+    Where the processes already exist (torchrun, SLURM, or a copy started by this launcher),
+    ``launch`` just calls the function. Any process failing ends the whole job with a non-zero
+    exit code; see [Note: a failure ends the job] in this module.
+    """
+
+    def __init__(self, cluster_environment: ClusterEnvironment, num_processes: int, num_nodes: int) -> None:
+        _check_counts(num_processes, num_nodes)
+        self.cluster_environment = cluster_environment
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+
+    @property
+    @override
+    def is_interactive_compatible(self) -> bool:
+        return False
+
+    @override
+    def launch(self, function: Callable[..., T], *args: Any, trainer: Any = None, **kwargs: Any) -> T:
+        global _running_job
+        if _running_job is None and self.num_processes > 1:
+            if self.cluster_environment.creates_processes_externally:
+                _watch_launcher_from_environ()
+            else:
+                settings = _JobSettings.from_environment(
+                    self.cluster_environment, self.num_processes, self.num_nodes
+                )
+                _running_job = _start_local_job(settings)
+        if _running_job is None:
+            return function(*args, **kwargs)
+        return _running_job.run(function, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# SpawnLauncher
+
+
+@dataclass(frozen=True)
+class _SpawnOutcome:
+    """What local rank 0 sends back to the parent: the return value and the trainer's state."""
+
+    value: Any
+    trainer_state: Any
+
+
+def _spawned_main(
+    local_rank: int,
+    settings: _JobSettings,
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    trainer: Any,
+    results: Any,
+) -> None:
+    """Entry point of each spawned process (module level so that it pickles)."""
+    os.environ.update(settings.environ(local_rank))
+    _start_launcher_watchdog(settings.launcher_pid)
+    value = function(*args, **kwargs)
+    if local_rank == 0:
+        trainer_state = trainer._get_spawn_result() if trainer is not None else None
+        results.put(_SpawnOutcome(value=value, trainer_state=trainer_state))
+
+
+def _restore_environ(saved: dict[str, str]) -> None:
+    for name in [name for name in os.environ if name not in saved]:
+        del os.environ[name]
+    for name, value in saved.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+class SpawnLauncher(Launcher):
+    """Starts ``num_processes`` fresh processes with ``torch.multiprocessing`` and runs the
+    function in each; for notebooks and other sessions without a script to re-run.
+
+    Local rank 0 of every node sends its return value (and, when a ``trainer`` is given,
+    ``trainer._get_spawn_result()``) back to the calling process, which applies the latter
+    with ``trainer._apply_spawn_result(...)`` and returns the former. Everything passed in must
+    pickle; with ``start_method="spawn"`` functions and classes must also be importable, which
+    rules out ones defined in a notebook: there use ``start_method="fork"``.
+    """
+
+    def __init__(
+        self,
+        cluster_environment: ClusterEnvironment,
+        num_processes: int,
+        num_nodes: int,
+        start_method: str = "spawn",
+    ) -> None:
+        _check_counts(num_processes, num_nodes)
+        available = mp.get_all_start_methods()
+        if start_method not in available:
+            raise MisconfigurationError(
+                f"start_method={start_method!r} is not available on this platform; choose one of {available}."
+            )
+        self.cluster_environment = cluster_environment
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+        self.start_method = start_method
+
+    @property
+    @override
+    def is_interactive_compatible(self) -> bool:
+        # Spawned processes import the function by name; what a notebook defines cannot be.
+        return self.start_method == "fork"
+
+    @override
+    def launch(self, function: Callable[..., T], *args: Any, trainer: Any = None, **kwargs: Any) -> T:
+        saved_environ = dict(os.environ)
+        try:
+            settings = _JobSettings.from_environment(
+                self.cluster_environment, self.num_processes, self.num_nodes
+            )
+            results = mp.get_context(self.start_method).SimpleQueue()
+            context = start_processes(
+                _spawned_main,
+                args=(settings, function, args, kwargs, trainer, results),
+                nprocs=self.num_processes,
+                join=False,
+                start_method=self.start_method,
+            )
+            outcome = _join_collecting(context, results)
+        finally:
+            _restore_environ(saved_environ)
+        if trainer is not None:
+            trainer._apply_spawn_result(outcome.trainer_state)
+        return cast(T, outcome.value)
+
+
+def _join_collecting(context: ProcessContext, results: Any) -> _SpawnOutcome:
+    """Wait for the spawned processes while reading what rank 0 sends.
+
+    The queue is read while waiting, not after: a result larger than the pipe's buffer blocks
+    its sender until someone reads it, and the sender could never exit.
+    """
+    outcome: _SpawnOutcome | None = None
+    try:
+        done = False
+        while not done:
+            done = context.join(timeout=_CHILD_POLL_S, grace_period=_TERMINATE_GRACE_S)
+            while not results.empty():
+                outcome = results.get()
+    except (ProcessRaisedException, ProcessExitedException) as error:
+        # join() has already ended the other processes; str(error) holds the child's traceback.
+        raise ProcessFailedError(
+            f"Spawned process {error.error_index} (pid {error.error_pid}) failed, so the others were"
+            f" stopped. {error}"
+        ) from error
+    except BaseException:  # KeyboardInterrupt while waiting: do not leave the processes behind
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+        for process in context.processes:
+            process.join(_TERMINATE_GRACE_S)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        raise
+    if outcome is None:
+        raise ProcessFailedError(
+            "Spawned local rank 0 exited with code 0 without sending back its result; something in the"
+            " launched function ended the process early (sys.exit(0) or os._exit(0))."
+        )
+    return outcome

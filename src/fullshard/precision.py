@@ -1,0 +1,152 @@
+"""Precision strings -> autocast, parameter dtype and gradient scaling.
+
+=================  ==========================  ===========================================
+string             parameters / optimizer      compute
+=================  ==========================  ===========================================
+``"32-true"``      float32                     float32
+``"16-mixed"``     float32                     autocast to float16, gradients scaled
+``"bf16-mixed"``   float32                     autocast to bfloat16
+``"16-true"``      float16                     float16
+``"bf16-true"``    bfloat16                    bfloat16
+=================  ==========================  ===========================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Literal, cast
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import nn
+from torch.optim import Optimizer
+
+from fullshard.errors import MisconfigurationError
+
+PrecisionStr = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
+PRECISIONS: tuple[PrecisionStr, ...] = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+_ALIASES: dict[Any, PrecisionStr] = {32: "32-true", "32": "32-true"}
+
+
+def parse_precision(value: Any) -> PrecisionStr:
+    """Normalise a user's precision setting to one of :data:`PRECISIONS`.
+
+    Raises:
+        MisconfigurationError: the value is not a supported precision.
+    """
+    if isinstance(value, str) and value in PRECISIONS:
+        return cast(PrecisionStr, value)
+    if isinstance(value, int | str) and value in _ALIASES:
+        return _ALIASES[value]
+    raise MisconfigurationError(
+        f"Precision {value!r} is not supported. Valid values: {', '.join(repr(p) for p in PRECISIONS)} "
+        "(32 is accepted for '32-true'). For half precision with float32 weights use '16-mixed' or "
+        "'bf16-mixed'."
+    )
+
+
+class Precision:
+    """How a strategy runs forward, backward and the optimizer step for one precision string.
+
+    Args:
+        precision: one of :data:`PRECISIONS`.
+        device_type: ``"cpu"`` or ``"cuda"``, the device autocast and the grad scaler act on.
+    """
+
+    def __init__(self, precision: Any = "32-true", device_type: str = "cpu") -> None:
+        self.precision: PrecisionStr = parse_precision(precision)
+        self.device_type = device_type
+        self.scaler: torch.amp.GradScaler | None = None
+        if self.precision == "16-mixed":
+            self.scaler = self._make_scaler()
+
+    def _make_scaler(self) -> torch.amp.GradScaler:
+        """The grad scaler "16-mixed" uses; FSDP swaps in its sharded variant."""
+        return torch.amp.GradScaler(self.device_type)
+
+    @property
+    def is_mixed(self) -> bool:
+        """True for the autocast precisions, whose parameters stay in float32."""
+        return self.precision.endswith("-mixed")
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype forward and backward compute in."""
+        if self.precision.startswith("bf16"):
+            return torch.bfloat16
+        if self.precision.startswith("16"):
+            return torch.float16
+        return torch.float32
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype the parameters (and so the optimizer states) are kept in."""
+        return torch.float32 if self.is_mixed else self.compute_dtype
+
+    @contextlib.contextmanager
+    def module_init_context(self) -> Iterator[None]:
+        """Create parameters directly in :attr:`param_dtype` (for the "-true" precisions)."""
+        if self.param_dtype == torch.float32:
+            yield
+            return
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.param_dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(previous)
+
+    def convert_module(self, module: nn.Module) -> nn.Module:
+        """Cast a module's floating point parameters and buffers to :attr:`param_dtype`."""
+        if self.param_dtype != torch.float32:
+            return module.to(dtype=self.param_dtype)
+        return module
+
+    def convert_input(self, data: Any) -> Any:
+        """Cast floating point tensors of a batch to the compute dtype (the "-true" precisions)."""
+        if self.is_mixed or self.compute_dtype == torch.float32:
+            return data
+        dtype = self.compute_dtype
+        return apply_to_collection(
+            data, torch.Tensor, lambda t: t.to(dtype) if torch.is_floating_point(t) else t
+        )
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        """The context ``training_step`` / ``validation_step`` run in."""
+        if self.is_mixed:
+            return torch.autocast(self.device_type, dtype=self.compute_dtype)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss``, scaled when a grad scaler is in use."""
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Undo loss scaling on ``optimizer``'s gradients (before clipping)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer: Optimizer) -> bool:
+        """Step ``optimizer``; returns False when the grad scaler skipped it (inf/nan gradients)."""
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() >= scale_before
+
+    def state_dict(self) -> dict[str, Any]:
+        """Grad scaler state for a checkpoint (empty when there is no scaler)."""
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.precision!r})"

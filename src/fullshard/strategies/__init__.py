@@ -1,0 +1,23 @@
+"""Strategies: how and where a model is trained, and the registry of their names."""
+
+from fullshard.strategies.ddp import DDPStrategy
+from fullshard.strategies.parallel import ParallelStrategy
+from fullshard.strategies.registry import StrategyRegistry
+from fullshard.strategies.single_device import SingleDeviceStrategy
+from fullshard.strategies.strategy import Strategy
+
+STRATEGY_REGISTRY = StrategyRegistry()
+"""The registry ``Trainer(strategy="name")`` looks names up in."""
+
+for _strategy_class in (SingleDeviceStrategy, DDPStrategy):
+    _strategy_class.register_strategies(STRATEGY_REGISTRY)
+STRATEGY_REGISTRY.load_entry_points()
+
+__all__ = [
+    "STRATEGY_REGISTRY",
+    "DDPStrategy",
+    "ParallelStrategy",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "StrategyRegistry",
+]

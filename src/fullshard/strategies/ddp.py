@@ -1,0 +1,72 @@
+"""DistributedDataParallel: every process holds the whole model; gradients are averaged."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from fullshard.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+
+if TYPE_CHECKING:
+    from fullshard.strategies.registry import StrategyRegistry
+
+
+class DDPStrategy(ParallelStrategy):
+    """Data-parallel training with ``torch.nn.parallel.DistributedDataParallel``.
+
+    Args:
+        process_group_backend: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+        timeout: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+        start_method: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+        **ddp_kwargs: passed on to ``DistributedDataParallel`` (``find_unused_parameters``,
+            ``gradient_as_bucket_view``, ``static_graph``, ...).
+    """
+
+    strategy_name = "ddp"
+
+    def __init__(
+        self,
+        *,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__(process_group_backend=process_group_backend, timeout=timeout, start_method=start_method)
+        self.ddp_kwargs = ddp_kwargs
+
+    @classmethod
+    @override
+    def register_strategies(cls, registry: StrategyRegistry) -> None:
+        registry.register(
+            "ddp", cls, description="DistributedDataParallel; one process per device, script re-run per process."
+        )
+        registry.register(
+            "ddp_spawn",
+            cls,
+            description="DistributedDataParallel with workers started by torch.multiprocessing (notebooks).",
+            start_method="spawn",
+        )
+        registry.register(
+            "ddp_find_unused_parameters_true",
+            cls,
+            description="DDP that tolerates parameters without gradients in a step.",
+            find_unused_parameters=True,
+        )
+
+    @override
+    def _wrap(self, forwarder: nn.Module) -> nn.Module:
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        return DistributedDataParallel(forwarder, device_ids=device_ids, **self.ddp_kwargs)
+
+    @override
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        model = self._require_model()
+        if enabled and isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()

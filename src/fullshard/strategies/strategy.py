@@ -1,0 +1,284 @@
+"""The Strategy contract: what a host (the Trainer) calls, in this order.
+
+1. :meth:`Strategy.configure` (by the host, once it knows devices, nodes, environment, precision)
+   and :meth:`Strategy.setup_environment`: ranks, device and process group.
+2. :meth:`Strategy.tensor_init_context` and :meth:`Strategy.model_sharded_context`, entered
+   around ``Module.configure_model()``.
+3. :meth:`Strategy.setup_module`: wrap the module (DDP, FSDP, ...) and apply precision.
+4. :meth:`Strategy.setup_optimizer`: validate optimizers built after wrapping.
+5. Per step: :meth:`training_step`, :meth:`backward`, :meth:`clip_gradients_norm`,
+   :meth:`optimizer_step`, and :meth:`no_backward_sync` for gradient accumulation.
+6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce`, :meth:`all_gather_object`.
+7. Checkpoints: :meth:`save_checkpoint`, :meth:`load_checkpoint`, and the model / optimizer
+   state helpers.
+8. :meth:`teardown`.
+
+A strategy knows nothing of loops or callbacks, so another host can drive it the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from fullshard.checkpoint.io import atomic_torch_save, load_checkpoint_file
+from fullshard.precision import Precision
+
+if TYPE_CHECKING:
+    from fullshard.launch import ClusterEnvironment, Launcher
+    from fullshard.strategies.registry import StrategyRegistry
+
+T = TypeVar("T")
+ReduceOp = Literal["sum", "mean", "max", "min"]
+
+
+class _StepForwarder(nn.Module):
+    """Routes the wrapper's ``forward`` to the user's step methods.
+
+    DDP and FSDP do their work (gradient-sync bookkeeping, all-gathers) inside ``forward`` of the
+    module they wrap, so the step methods must be reached through the wrapper's forward.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, stage: str, batch: Any, batch_idx: int) -> Any:
+        if stage == "train":
+            return self.module.training_step(batch, batch_idx)
+        return self.module.validation_step(batch, batch_idx)
+
+
+class Strategy(ABC):
+    """Base class of every strategy: where a model runs and how its training step is carried out."""
+
+    strategy_name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self.devices: list[torch.device] = [torch.device("cpu")]
+        self.num_nodes = 1
+        self.cluster_environment: ClusterEnvironment | None = None
+        self.precision = Precision("32-true")
+        self.module: nn.Module | None = None  # the user's module, unwrapped
+        self.model: nn.Module | None = None  # what forward runs through (possibly wrapped)
+
+    # ----------------------------------------------------------------- configuration by the host
+    def configure(
+        self,
+        *,
+        devices: list[torch.device],
+        num_nodes: int,
+        cluster_environment: ClusterEnvironment,
+        precision: Any,
+    ) -> None:
+        """Called by the host once it has resolved devices, nodes, cluster environment and precision."""
+        self.devices = devices
+        self.num_nodes = num_nodes
+        self.cluster_environment = cluster_environment
+        self.precision = self.make_precision(precision, devices[0].type)
+
+    def make_precision(self, precision: Any, device_type: str) -> Precision:
+        """Build this strategy's precision object from a precision string."""
+        return Precision(precision, device_type)
+
+    @classmethod
+    def register_strategies(cls, registry: StrategyRegistry) -> None:
+        """Register the names this class answers to. Subclasses override."""
+
+    # ----------------------------------------------------------------------------- topology
+    @property
+    def launcher(self) -> Launcher | None:
+        """Starts the processes of the job; None when the host should call fit directly."""
+        return None
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.devices[self.local_rank % len(self.devices)]
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        """How the host should split a map-style dataset: ``num_replicas`` and ``rank``."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def setup_environment(self) -> None:
+        """Prepare the device (and, for distributed strategies, the process group)."""
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+
+    # ---------------------------------------------------------------------- model and optimizer
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Context in which the host builds the model: right device and dtype from the start."""
+        stack = contextlib.ExitStack()
+        if empty_init:
+            stack.enter_context(torch.device("meta"))
+        elif self.root_device.type != "cpu":
+            stack.enter_context(self.root_device)
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def model_sharded_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for ``configure_model()`` in which manual wrapping applies (FSDP); no-op here."""
+        return contextlib.nullcontext()
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Move ``module`` to the device, apply precision and wrap it; returns what forward runs through."""
+        self.module = self.precision.convert_module(module).to(self.root_device)
+        self.model = self._wrap(_StepForwarder(self.module))
+        return self.model
+
+    def _wrap(self, forwarder: nn.Module) -> nn.Module:
+        """Wrap the step forwarder (DDP, FSDP, ...). Identity by default."""
+        return forwarder
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Check (and, for some strategies, adapt) an optimizer created after :meth:`setup_module`."""
+        return optimizer
+
+    # --------------------------------------------------------------------------------- steps
+    def _require_model(self) -> nn.Module:
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__}.setup_module() must be called before running steps.")
+        return self.model
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        """Run the user's ``training_step`` through the wrapper, in the precision's context."""
+        model = self._require_model()
+        with self.precision.forward_context():
+            return model("train", batch, batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        """Run the user's ``validation_step`` through the wrapper, in the precision's context."""
+        model = self._require_model()
+        with self.precision.forward_context():
+            return model("val", batch, batch_idx)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` (scaled under "16-mixed")."""
+        self.precision.backward(loss)
+
+    def clip_gradients_norm(
+        self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the gradients of ``optimizer``'s parameters to a total norm of ``max_norm``.
+
+        Returns the total norm before clipping.
+        """
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Undo loss scaling before gradients are inspected or clipped."""
+        self.precision.unscale_gradients(optimizer)
+
+    def optimizer_step(self, optimizer: Optimizer) -> bool:
+        """Step ``optimizer``; False when the grad scaler skipped the step."""
+        return self.precision.optimizer_step(optimizer)
+
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        """Context skipping gradient synchronisation (all micro-batches but the last one)."""
+        return contextlib.nullcontext()
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move the tensors of ``batch`` to :attr:`root_device` and cast them for "-true" precisions."""
+        device = self.root_device
+        if device.type != "cpu":
+            from lightning_utilities.core.apply_func import apply_to_collection
+
+            batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device, non_blocking=True))
+        return self.precision.convert_input(batch)
+
+    # --------------------------------------------------------------------------- collectives
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process reaches this point."""
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Send a picklable object from rank ``src`` to all ranks."""
+        return obj
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        """Reduce ``tensor`` over all processes (returns a new tensor)."""
+        return tensor
+
+    def all_gather_object(self, obj: T) -> list[T]:
+        """Every rank's ``obj``, in rank order."""
+        return [obj]
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Agree on a decision across ranks: all of them (``all=True``) or any of them."""
+        return decision
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def module_state_dict(self) -> dict[str, Any]:
+        """The model's full state dict, with the user's key names (no wrapper prefixes)."""
+        if self.module is None:
+            raise RuntimeError("module_state_dict() called before setup_module().")
+        return self.module.state_dict()
+
+    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        """Load a state dict written by :meth:`module_state_dict`."""
+        if self.module is None:
+            raise RuntimeError("load_module_state_dict() called before setup_module().")
+        from fullshard.checkpoint.validate import check_state_dict_matches
+
+        check_state_dict_matches(self.module, state_dict, strict=strict)
+        self.module.load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        """An optimizer's state for a checkpoint."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        """Restore an optimizer's state from :meth:`optimizer_state_dict`."""
+        optimizer.load_state_dict(state_dict)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
+        """Write ``checkpoint`` to ``path`` as one file, atomically, from global rank 0."""
+        if self.is_global_zero:
+            atomic_torch_save(checkpoint, path)
+        self.barrier("save_checkpoint")
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Read a checkpoint written by :meth:`save_checkpoint`."""
+        return load_checkpoint_file(path)
+
+    def teardown(self) -> None:
+        """Release what :meth:`setup_environment` and :meth:`setup_module` took."""
+        self.model = None
+        self.module = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(devices={[str(d) for d in self.devices]}, precision={self.precision})"
+

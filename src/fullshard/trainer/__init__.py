@@ -1,0 +1,1 @@
+"""The host: Trainer, loops, callbacks, loggers and the progress bar."""

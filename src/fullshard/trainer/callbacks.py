@@ -1,0 +1,109 @@
+"""The ``Callback`` base class: hooks the Trainer calls at fixed points of ``fit`` and ``validate``.
+
+Every hook receives the Trainer and the user's ``fullshard.Module``. A callback that keeps state
+across a resume returns it from :meth:`Callback.state_dict`; the Trainer stores it in each
+checkpoint under :attr:`Callback.state_key` and hands it back through
+:meth:`Callback.load_state_dict`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch.optim import Optimizer
+
+    from fullshard.module import Module
+    from fullshard.trainer.trainer import Trainer
+
+
+class Callback:
+    """Base class for Trainer callbacks. Override only the hooks you need."""
+
+    @property
+    def state_key(self) -> str:
+        """Key under which this callback's state is stored in a checkpoint.
+
+        Two instances of one class with different settings should return different keys.
+        """
+        return type(self).__qualname__
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to save in a checkpoint. Empty by default."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the state returned by :meth:`state_dict`."""
+
+    def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
+        """Called on every rank when ``fit`` or ``validate`` begins (``stage`` is ``"fit"``/``"validate"``)."""
+
+    def teardown(self, trainer: Trainer, module: Module, stage: str) -> None:
+        """Called on every rank when ``fit`` or ``validate`` ends, also after an error."""
+
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
+        """Called once the model and optimizers are set up, before the first epoch."""
+
+    def on_fit_end(self, trainer: Trainer, module: Module) -> None:
+        """Called after the last epoch."""
+
+    def on_train_start(self, trainer: Trainer, module: Module) -> None:
+        """Called before the first training epoch."""
+
+    def on_train_end(self, trainer: Trainer, module: Module) -> None:
+        """Called after the last training epoch."""
+
+    def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
+        """Called at the start of each training epoch."""
+
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        """Called at the end of each training epoch, after epoch-level metrics are reduced."""
+
+    def on_train_batch_start(self, trainer: Trainer, module: Module, batch: Any, batch_idx: int) -> None:
+        """Called before ``training_step`` on each micro-batch."""
+
+    def on_train_batch_end(
+        self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Called after each micro-batch (after the optimizer step when one happened)."""
+
+    def on_validation_start(self, trainer: Trainer, module: Module) -> None:
+        """Called before a validation run."""
+
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None:
+        """Called after a validation run, when its metrics are in ``trainer.callback_metrics``."""
+
+    def on_validation_epoch_start(self, trainer: Trainer, module: Module) -> None:
+        """Called before the first validation batch."""
+
+    def on_validation_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        """Called after the last validation batch, after epoch-level metrics are reduced."""
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, module: Module, batch: Any, batch_idx: int
+    ) -> None:
+        """Called before ``validation_step``."""
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Called after ``validation_step``."""
+
+    def on_before_backward(self, trainer: Trainer, module: Module, loss: torch.Tensor) -> None:
+        """Called before ``loss.backward()``."""
+
+    def on_after_backward(self, trainer: Trainer, module: Module) -> None:
+        """Called after ``loss.backward()``, before gradient clipping and the optimizer step."""
+
+    def on_before_optimizer_step(self, trainer: Trainer, module: Module, optimizer: Optimizer) -> None:
+        """Called before ``optimizer.step()``, after gradients are unscaled and clipped."""
+
+    def on_save_checkpoint(self, trainer: Trainer, module: Module, checkpoint: dict[str, Any]) -> None:
+        """Called when a checkpoint is assembled; may add entries to ``checkpoint``."""
+
+    def on_load_checkpoint(self, trainer: Trainer, module: Module, checkpoint: dict[str, Any]) -> None:
+        """Called when a checkpoint is restored, before training resumes."""
+
+    def on_exception(self, trainer: Trainer, module: Module, exception: BaseException) -> None:
+        """Called when ``fit`` or ``validate`` raises."""

@@ -1,0 +1,51 @@
+"""Shared test fixtures: fail a test that leaks environment variables or a live process group."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+SCRIPTS = Path(__file__).parent / "scripts"
+_WATCHED_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks() -> Iterator[None]:
+    before = {k: os.environ.get(k) for k in _WATCHED_ENV}
+    yield
+    leaked = {k: os.environ.get(k) for k in _WATCHED_ENV if os.environ.get(k) != before[k]}
+    for key in leaked:
+        if before[key] is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before[key]  # type: ignore[assignment]
+    live_group = dist.is_available() and dist.is_initialized()
+    if live_group:
+        dist.destroy_process_group()
+    assert not leaked, f"test leaked environment variables: {leaked}"
+    assert not live_group, "test left a torch.distributed process group alive"
+
+
+def run_script(name: str, *args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``tests/scripts/<name>`` in a fresh Python process (which may launch more)."""
+    env = {k: v for k, v in os.environ.items() if k not in _WATCHED_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def check_ok(result: subprocess.CompletedProcess[str]) -> None:
+    """Fail with the process output when it did not exit 0."""
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"

@@ -1,0 +1,78 @@
+"""A two-process gloo job started with SubprocessScriptLauncher; tests/test_launch.py runs it.
+
+Run it as:
+
+    python tests/scripts/launch_job.py SCENARIO [READY_DIR]
+
+Every process prints ``launch-test rank=R pid=P`` first. SCENARIO picks what goes wrong:
+``ok`` and ``two_launches`` (nothing), ``raise_rank1``/``raise_rank0`` (a ValueError while the
+other rank waits in an all_reduce), ``raise_rank1_before_init``, ``kill_rank1`` (SIGKILL while
+rank 0 waits in an all_reduce), ``kill_rank0`` (rank 0 SIGKILLs itself while rank 1 sleeps),
+``sigint_rank0`` (rank 0 creates READY_DIR/rank0_waiting and sleeps until the test sends it
+SIGINT; rank 1 waits in an all_reduce).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from fullshard.launch import LocalEnvironment, SubprocessScriptLauncher
+
+
+def work(scenario: str, env: LocalEnvironment, ready_dir: str | None) -> float:
+    rank = env.local_rank()
+    print(f"launch-test rank={rank} pid={os.getpid()}", flush=True)
+    if scenario == "raise_rank1_before_init" and rank == 1:
+        raise ValueError("boom on rank 1")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{env.main_address}:{env.main_port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=60),
+    )
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    if rank == 1 and scenario == "raise_rank1":
+        raise ValueError("boom on rank 1")
+    if rank == 1 and scenario == "kill_rank1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 1 and scenario == "kill_rank0":
+        time.sleep(60)
+    if rank == 0 and scenario == "raise_rank0":
+        time.sleep(1)  # let rank 1 enter the next all_reduce
+        raise ValueError("boom on rank 0")
+    if rank == 0 and scenario == "kill_rank0":
+        time.sleep(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 0 and scenario == "sigint_rank0":
+        assert ready_dir is not None
+        (Path(ready_dir) / "rank0_waiting").touch()
+        time.sleep(60)
+    dist.all_reduce(total)
+    dist.barrier()
+    dist.destroy_process_group()
+    return total.item()
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    ready_dir = sys.argv[2] if len(sys.argv) > 2 else None
+    env = LocalEnvironment()
+    launcher = SubprocessScriptLauncher(env, num_processes=2, num_nodes=1)
+    results = [launcher.launch(work, scenario, env, ready_dir)]
+    if scenario == "two_launches":
+        results.append(launcher.launch(work, scenario, env, ready_dir))
+    print(f"launch-test rank={env.local_rank()} results={results}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Tests of the CSV and TensorBoard loggers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fullshard.trainer import loggers
+from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+
+
+def _read(logger: CSVLogger) -> str:
+    return Path(logger.log_dir, "metrics.csv").read_bytes().decode()
+
+
+def test_csv_logger_touches_no_disk_before_the_first_write(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path / "logs")
+    assert logger.name == "fullshard_logs"
+    assert logger.version == 0
+    assert logger.log_dir == str(tmp_path / "logs" / "fullshard_logs" / "version_0")
+    logger.log_metrics({"loss": 1.0}, step=0)  # buffered
+    assert not (tmp_path / "logs").exists()
+    logger.save()
+    assert Path(logger.log_dir, "metrics.csv").is_file()
+
+
+def test_csv_rows_share_a_step_and_the_header_grows(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"loss": 2.5}, step=0)
+    logger.log_metrics({"lr": 0.1}, step=0)  # same step: same row
+    logger.log_metrics({"loss": 2.0}, step=1)
+    logger.save()
+    assert _read(logger) == "step,loss,lr\n0,2.5,0.1\n1,2.0,\n"
+
+    logger.log_metrics({"loss": 1.5}, step=2)
+    logger.save()  # same columns: appended
+    logger.log_metrics({"val_loss": 3.0, "loss": 1.25}, step=3)
+    logger.finalize("success")  # new column: file rewritten under the wider header
+    assert _read(logger) == ("step,loss,lr,val_loss\n0,2.5,0.1,\n1,2.0,,\n2,1.5,,\n3,1.25,,3.0\n")
+
+
+def test_csv_flushes_on_its_own_once_enough_steps_are_buffered(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path, flush_every_n_steps=2)
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.log_metrics({"loss": 2.0}, step=1)
+    assert not Path(logger.log_dir).exists()
+    logger.log_metrics({"loss": 3.0}, step=2)  # a third step begins: the two finished rows go out
+    assert _read(logger) == "step,loss\n0,1.0\n1,2.0\n"
+    logger.log_metrics({"acc": 0.5}, step=2)  # the current step's row is still open
+    logger.save()
+    assert _read(logger) == "step,loss,acc\n0,1.0,\n1,2.0,\n2,3.0,0.5\n"
+
+
+def test_csv_versions_count_up_and_can_be_named(tmp_path: Path) -> None:
+    first = CSVLogger(tmp_path, name="exp")
+    first.log_metrics({"loss": 1.0}, step=0)
+    first.save()
+    second = CSVLogger(tmp_path, name="exp")
+    second.log_metrics({"loss": 1.0}, step=0)
+    second.save()
+    assert (first.version, second.version) == (0, 1)
+    (tmp_path / "exp" / "version_7").mkdir()
+    (tmp_path / "exp" / "not_a_version_9").mkdir()
+    assert CSVLogger(tmp_path, name="exp").version == 8
+    assert CSVLogger(tmp_path, name="exp", version=3).log_dir == str(tmp_path / "exp" / "version_3")
+    assert CSVLogger(tmp_path, name="exp", version="baseline").log_dir == str(tmp_path / "exp" / "baseline")
+
+
+def test_csv_resumed_run_appends_to_its_metrics_file(tmp_path: Path) -> None:
+    before = CSVLogger(tmp_path, version=0)
+    before.log_metrics({"loss": 1.0}, step=0)
+    before.finalize("failed")
+    after = CSVLogger(tmp_path, version=0)
+    after.log_metrics({"loss": 0.5}, step=1)
+    after.finalize("success")
+    assert _read(after) == "step,loss\n0,1.0\n1,0.5\n"
+
+
+def test_csv_hyperparameters_go_to_a_json_file(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path)
+    logger.log_hyperparams({"lr": 0.001, "layers": 2, "root": Path("/data")})
+    logger.log_hyperparams({"lr": 0.01})
+    content = json.loads(Path(logger.log_dir, "hparams.json").read_text())
+    assert content == {"lr": 0.01, "layers": 2, "root": "/data"}
+
+
+def test_csv_logger_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"`flush_every_n_steps` must be a positive integer, got 0"):
+        CSVLogger(tmp_path, flush_every_n_steps=0)
+    with pytest.raises(
+        ValueError, match=r"`version` must be a non-negative integer, a string or None, got -1"
+    ):
+        CSVLogger(tmp_path, version=-1)
+    with pytest.raises(ValueError, match=r"The metric name 'step' is reserved"):
+        CSVLogger(tmp_path).log_metrics({"step": 1.0}, step=1)
+
+
+def test_finalize_saves_by_default() -> None:
+    class Recording(Logger):
+        saved = 0
+
+        name = "recording"  # type: ignore[assignment]
+        version = 0  # type: ignore[assignment]
+        log_dir = "."  # type: ignore[assignment]
+
+        def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+        def log_hyperparams(self, params: Mapping[str, Any]) -> None: ...
+
+        def save(self) -> None:
+            self.saved += 1
+
+    logger = Recording()
+    logger.finalize("success")
+    assert logger.saved == 1
+
+
+def test_tensorboard_logger_without_tensorboard_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(loggers, "_TENSORBOARD_AVAILABLE", False)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'fullshard\[tensorboard\]'"):
+        TensorBoardLogger(tmp_path)
+
+
+def test_tensorboard_logger_writes_an_event_file(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = TensorBoardLogger(tmp_path)
+    assert not any(tmp_path.iterdir())
+    logger.log_hyperparams({"lr": 0.1})
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.log_metrics({"loss": 0.5}, step=1)
+    logger.finalize("success")
+    run_dir = tmp_path / "fullshard_logs" / "version_0"
+    events = list(run_dir.glob("events.out.tfevents.*"))
+    assert len(events) == 1
+    accumulator = EventAccumulator(str(run_dir))
+    accumulator.Reload()
+    scalars = accumulator.Scalars("loss")
+    assert [(event.step, event.value) for event in scalars] == [(0, 1.0), (1, 0.5)]
+    assert json.loads((run_dir / "hparams.json").read_text()) == {"lr": 0.1}

@@ -1,0 +1,180 @@
+"""Tests of the tqdm progress bar callback, driven by a fake trainer."""
+
+from __future__ import annotations
+
+import io
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fullshard.trainer.progress import ProgressBar
+
+MODULE: Any = None  # the bar never looks at the module
+
+
+def _trainer(**overrides: Any) -> Any:
+    values: dict[str, Any] = {
+        "is_global_zero": True,
+        "current_epoch": 0,
+        "global_step": 0,
+        "num_training_batches": 5,
+        "num_val_batches": 2,
+        "progress_bar_metrics": {"loss": 1.23456},
+        "batch_idx_start": 0,
+    }
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def _run_epoch(bar: ProgressBar, trainer: Any, batches: int) -> None:
+    bar.on_train_epoch_start(trainer, MODULE)
+    for batch_idx in range(batches):
+        trainer.global_step += 1
+        bar.on_train_batch_end(trainer, MODULE, None, None, batch_idx)
+    bar.on_train_epoch_end(trainer, MODULE)
+
+
+def _run_validation(bar: ProgressBar, trainer: Any, batches: int) -> None:
+    bar.on_validation_start(trainer, MODULE)
+    for batch_idx in range(batches):
+        bar.on_validation_batch_end(trainer, MODULE, None, None, batch_idx)
+    bar.on_validation_end(trainer, MODULE)
+
+
+def _final_line(text: str) -> str:
+    return re.split(r"[\r\n]", text.rstrip("\n"))[-1]
+
+
+def test_training_bar_shows_epoch_count_step_and_metrics() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    trainer = _trainer()
+    _run_epoch(bar, trainer, batches=5)
+    final = _final_line(out.getvalue())
+    assert final.startswith("Epoch 0: 100%")
+    assert "5/5" in final
+    assert final.endswith("step=5, loss=1.235]")
+    assert out.getvalue().endswith("\n")  # the finished bar is left on screen
+
+    trainer.current_epoch = 1
+    _run_epoch(bar, trainer, batches=5)
+    assert _final_line(out.getvalue()).startswith("Epoch 1: 100%")
+
+
+def test_training_bar_starts_at_the_batches_a_resumed_run_already_did() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    trainer = _trainer(num_training_batches=10, batch_idx_start=7)
+    bar.on_train_epoch_start(trainer, MODULE)
+    assert "7/10" in out.getvalue()
+    for batch_idx in range(7, 10):
+        bar.on_train_batch_end(trainer, MODULE, None, None, batch_idx)
+    bar.on_train_epoch_end(trainer, MODULE)
+    assert "10/10" in _final_line(out.getvalue())
+
+
+def test_unknown_epoch_length_shows_a_plain_count() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    _run_epoch(bar, _trainer(num_training_batches=float("inf")), batches=3)
+    final = _final_line(out.getvalue())
+    assert final.startswith("Epoch 0: 3it ")
+    assert "%" not in final
+
+
+def test_validation_bar_is_transient_and_its_metrics_reach_the_training_bar() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    trainer = _trainer(num_training_batches=4, num_val_batches=3)
+    bar.on_train_epoch_start(trainer, MODULE)
+    bar.on_train_batch_end(trainer, MODULE, None, None, 0)
+    before = len(out.getvalue())
+    trainer.progress_bar_metrics["val_loss"] = 2.0
+    _run_validation(bar, trainer, batches=3)
+    during = out.getvalue()[before:]
+    assert "Validation: 100%" in during
+    assert "3/3" in during
+    # Shown again right after validation, with the new metric, before any further batch.
+    assert _final_line(during).startswith("Epoch 0:  25%")
+    assert _final_line(during).endswith("loss=1.235, val_loss=2]")
+
+
+def test_standalone_validation_draws_only_the_validation_bar() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    _run_validation(bar, _trainer(num_val_batches=2), batches=2)
+    assert "Validation: 100%" in out.getvalue()
+    assert "Epoch" not in out.getvalue()
+
+
+def test_nothing_is_drawn_off_global_rank_zero() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    trainer = _trainer(is_global_zero=False)
+    _run_epoch(bar, trainer, batches=3)
+    _run_validation(bar, trainer, batches=2)
+    bar.on_train_end(trainer, MODULE)
+    bar.teardown(trainer, MODULE, "fit")
+    assert out.getvalue() == ""
+
+
+def test_disable_stops_drawing_and_enable_resumes() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    trainer = _trainer()
+    bar.disable()
+    assert not bar.is_enabled
+    _run_epoch(bar, trainer, batches=3)
+    assert out.getvalue() == ""
+    bar.enable()
+    _run_epoch(bar, trainer, batches=3)
+    assert "Epoch 0" in out.getvalue()
+
+
+def test_refresh_rate_advances_the_bar_in_steps_and_settles_at_epoch_end() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(refresh_rate=3, mininterval=0, file=out)
+    _run_epoch(bar, _trainer(num_training_batches=10), batches=4)
+    text = out.getvalue()
+    assert "3/10" in text
+    assert "1/10" not in text
+    assert "2/10" not in text
+    assert "4/10" in _final_line(text)
+
+
+def test_postfix_is_formatted_only_when_the_bar_redraws() -> None:
+    class CountingDict(dict[str, float]):
+        reads = 0
+
+        def items(self) -> Any:
+            CountingDict.reads += 1
+            return super().items()
+
+    bar = ProgressBar(mininterval=60, file=io.StringIO())
+    trainer = _trainer(num_training_batches=1000, progress_bar_metrics=CountingDict(loss=1.0))
+    _run_epoch(bar, trainer, batches=1000)
+    # Drawn when opened and when closed; nothing in between with a 60 s minimum interval.
+    assert CountingDict.reads <= 3
+
+
+def test_exception_closes_the_bar() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    trainer = _trainer()
+    bar.on_train_epoch_start(trainer, MODULE)
+    bar.on_train_batch_end(trainer, MODULE, None, None, 0)
+    bar.on_exception(trainer, MODULE, RuntimeError("boom"))
+    closed = out.getvalue()
+    assert closed.endswith("\n")
+    bar.on_train_batch_end(trainer, MODULE, None, None, 1)
+    bar.teardown(trainer, MODULE, "fit")
+    assert out.getvalue() == closed
+
+
+def test_invalid_arguments_are_rejected() -> None:
+    with pytest.raises(ValueError, match=r"`refresh_rate` must be a positive integer, got 0. To hide"):
+        ProgressBar(refresh_rate=0)
+    with pytest.raises(ValueError, match=r"`mininterval` must be >= 0 seconds, got -1"):
+        ProgressBar(mininterval=-1)
