@@ -86,7 +86,9 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict[st
         )
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=False)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+    except PermissionError:
+        raise
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
         raise CorruptCheckpointError(
             f"The checkpoint file {str(path)!r} is damaged or not a checkpoint ({type(err).__name__}: "
             f"{err}). Resume from an earlier checkpoint instead."

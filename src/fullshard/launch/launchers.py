@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -215,7 +216,8 @@ class _LocalJob:
     exits, and the monitor thread watches them all along.
     """
 
-    def __init__(self, children: list[_Child]) -> None:
+    def __init__(self, rank: int, children: list[_Child]) -> None:
+        self._rank = rank
         self._children = children
         self._lock = threading.Lock()
         self._stopped = False
@@ -237,16 +239,24 @@ class _LocalJob:
             raise
 
     def stop(self) -> None:
-        """End the children because rank 0 failed (the monitor must not report them)."""
+        """End the children because this process failed (the monitor must not report them)."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
-            for child in self._children:
-                code = child.process.poll()
-                if code is not None and code != 0:
-                    print(f"fullshard: {child.describe(code)} before this process failed", file=sys.stderr)
+            print(
+                f"fullshard: rank {self._rank} (pid {os.getpid()}) failed; stopping the other processes",
+                file=sys.stderr,
+                flush=True,
+            )
             _end_processes([child.process for child in self._children])
+            stopped_by_us = (-signal.SIGTERM, -signal.SIGKILL)
+            for child in self._children:
+                code = child.process.returncode
+                if code != 0 and code not in stopped_by_us:  # it failed on its own, likely first
+                    print(
+                        f"fullshard: {child.describe(code)}; its traceback, if any, is above", file=sys.stderr
+                    )
             sys.stderr.flush()
 
     def _watch(self) -> None:
@@ -323,7 +333,7 @@ def _start_local_job(settings: _JobSettings) -> _LocalJob:
         _end_processes([child.process for child in children])
         raise
     os.environ.update(settings.environ(0))  # see [Note: children outlive a launch]
-    return _LocalJob(children)
+    return _LocalJob(settings.global_rank(0), children)
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -375,6 +385,28 @@ class _SpawnOutcome:
     trainer_state: Any
 
 
+@dataclass(frozen=True)
+class _SpawnFailure:
+    """What a spawned process that raised sends back: who it was and its traceback."""
+
+    local_rank: int
+    traceback: str
+
+
+@dataclass(frozen=True)
+class _SpawnChannels:
+    """Queues from the spawned processes to the parent.
+
+    Failures have their own queue: they are small and are read after the processes were
+    ended, when a result cut off mid-write could block the reader of a shared queue. The order
+    in which failures arrive is the order in which the processes failed, so the first one is
+    the likely cause (a crash in one rank makes the others' collectives fail next).
+    """
+
+    results: Any  # SimpleQueue of _SpawnOutcome
+    failures: Any  # SimpleQueue of _SpawnFailure
+
+
 def _spawned_main(
     local_rank: int,
     settings: _JobSettings,
@@ -382,15 +414,21 @@ def _spawned_main(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     trainer: Any,
-    results: Any,
+    channels: _SpawnChannels,
 ) -> None:
     """Entry point of each spawned process (module level so that it pickles)."""
     os.environ.update(settings.environ(local_rank))
     _start_launcher_watchdog(settings.launcher_pid)
-    value = function(*args, **kwargs)
+    try:
+        value = function(*args, **kwargs)
+    except Exception:
+        text = traceback.format_exc()
+        print(f"fullshard: spawned local rank {local_rank} failed:\n{text}", file=sys.stderr, flush=True)
+        channels.failures.put(_SpawnFailure(local_rank=local_rank, traceback=text))
+        raise
     if local_rank == 0:
         trainer_state = trainer._get_spawn_result() if trainer is not None else None
-        results.put(_SpawnOutcome(value=value, trainer_state=trainer_state))
+        channels.results.put(_SpawnOutcome(value=value, trainer_state=trainer_state))
 
 
 def _restore_environ(saved: dict[str, str]) -> None:
@@ -409,7 +447,9 @@ class SpawnLauncher(Launcher):
     ``trainer._get_spawn_result()``) back to the calling process, which applies the latter
     with ``trainer._apply_spawn_result(...)`` and returns the former. Everything passed in must
     pickle; with ``start_method="spawn"`` functions and classes must also be importable, which
-    rules out ones defined in a notebook: there use ``start_method="fork"``.
+    rules out ones defined in a notebook: there use ``start_method="fork"``. When a process
+    fails, the others are ended and :class:`ProcessFailedError` carries the traceback of the
+    first one that failed. ``os.environ`` is left as it was found.
     """
 
     def __init__(
@@ -443,15 +483,16 @@ class SpawnLauncher(Launcher):
             settings = _JobSettings.from_environment(
                 self.cluster_environment, self.num_processes, self.num_nodes
             )
-            results = mp.get_context(self.start_method).SimpleQueue()
-            context = start_processes(
+            mp_context = mp.get_context(self.start_method)
+            channels = _SpawnChannels(results=mp_context.SimpleQueue(), failures=mp_context.SimpleQueue())
+            process_context = start_processes(
                 _spawned_main,
-                args=(settings, function, args, kwargs, trainer, results),
+                args=(settings, function, args, kwargs, trainer, channels),
                 nprocs=self.num_processes,
                 join=False,
                 start_method=self.start_method,
             )
-            outcome = _join_collecting(context, results)
+            outcome = _join_collecting(process_context, channels)
         finally:
             _restore_environ(saved_environ)
         if trainer is not None:
@@ -459,34 +500,27 @@ class SpawnLauncher(Launcher):
         return cast(T, outcome.value)
 
 
-def _join_collecting(context: ProcessContext, results: Any) -> _SpawnOutcome:
+def _join_collecting(process_context: ProcessContext, channels: _SpawnChannels) -> _SpawnOutcome:
     """Wait for the spawned processes while reading what rank 0 sends.
 
-    The queue is read while waiting, not after: a result larger than the pipe's buffer blocks
-    its sender until someone reads it, and the sender could never exit.
+    The results are read while waiting, not after: a result larger than the pipe's buffer
+    blocks its sender until someone reads it, and the sender could never exit.
     """
     outcome: _SpawnOutcome | None = None
     try:
         done = False
         while not done:
-            done = context.join(timeout=_CHILD_POLL_S, grace_period=_TERMINATE_GRACE_S)
-            while not results.empty():
-                outcome = results.get()
+            # On a failure, join() ends the other processes (SIGTERM, then SIGKILL) and raises.
+            done = process_context.join(timeout=_CHILD_POLL_S, grace_period=_TERMINATE_GRACE_S)
+            while not channels.results.empty():
+                outcome = channels.results.get()
     except (ProcessRaisedException, ProcessExitedException) as error:
-        # join() has already ended the other processes; str(error) holds the child's traceback.
-        raise ProcessFailedError(
-            f"Spawned process {error.error_index} (pid {error.error_pid}) failed, so the others were"
-            f" stopped. {error}"
-        ) from error
+        failures: list[_SpawnFailure] = []
+        while not channels.failures.empty():
+            failures.append(channels.failures.get())
+        raise _spawn_failure_error(error, failures) from error
     except BaseException:  # KeyboardInterrupt while waiting: do not leave the processes behind
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-        for process in context.processes:
-            process.join(_TERMINATE_GRACE_S)
-            if process.is_alive():
-                process.kill()
-                process.join()
+        _end_spawned(process_context)
         raise
     if outcome is None:
         raise ProcessFailedError(
@@ -494,3 +528,35 @@ def _join_collecting(context: ProcessContext, results: Any) -> _SpawnOutcome:
             " launched function ended the process early (sys.exit(0) or os._exit(0))."
         )
     return outcome
+
+
+def _spawn_failure_error(
+    error: ProcessRaisedException | ProcessExitedException, failures: list[_SpawnFailure]
+) -> ProcessFailedError:
+    if not failures:
+        return ProcessFailedError(
+            f"Spawned local rank {error.error_index} (pid {error.error_pid}) failed, so the others were"
+            f" stopped: {error}"
+        )
+    first, *others = failures
+    then = "".join(f", then local rank {other.local_rank}" for other in others)
+    message = (
+        f"Spawned local rank {first.local_rank} failed first{then}; the other processes were stopped."
+        f" The traceback of local rank {first.local_rank}:\n{first.traceback}"
+    )
+    if isinstance(error, ProcessExitedException):  # a process died without a Python exception
+        message += f"\nAlso: local rank {error.error_index} (pid {error.error_pid}): {error}"
+    return ProcessFailedError(message)
+
+
+def _end_spawned(process_context: ProcessContext) -> None:
+    processes = process_context.processes
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + _TERMINATE_GRACE_S
+    for process in processes:
+        process.join(max(deadline - time.monotonic(), 0.0))
+        if process.is_alive():
+            process.kill()
+            process.join()

@@ -31,6 +31,9 @@ _REDUCE_OPS = {
 }
 
 
+_failed = False
+
+
 def _destroy_process_group_at_exit() -> None:
     """[Note: process group teardown]
 
@@ -40,6 +43,8 @@ def _destroy_process_group_at_exit() -> None:
     timeout keeps a rank whose peers already died from waiting forever.
     """
     if not dist.is_available() or not dist.is_initialized():
+        return
+    if _failed:  # peers are stuck elsewhere or gone: meeting them would only delay the exit
         return
     try:
         if dist.get_backend() == "gloo":
@@ -169,6 +174,11 @@ class ParallelStrategy(Strategy):
             timeout=self.timeout,
         )
         atexit.register(_destroy_process_group_at_exit)
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        global _failed
+        _failed = True
 
     # ---------------------------------------------------------------------------- collectives
     @override

@@ -274,6 +274,9 @@ class Strategy(ABC):
         """Read a checkpoint written by :meth:`save_checkpoint`."""
         return load_checkpoint_file(path)
 
+    def on_exception(self, exception: BaseException) -> None:
+        """Called by the host when a run fails in this process, before the error propagates."""
+
     def teardown(self) -> None:
         """Release what :meth:`setup_environment` and :meth:`setup_module` took."""
         self.model = None

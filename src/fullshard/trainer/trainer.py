@@ -393,6 +393,7 @@ class Trainer:
             self._finalize_loggers("success")
             return None
         except BaseException as exception:
+            strategy.on_exception(exception)
             for cb in self.callbacks:
                 cb.on_exception(self, model, exception)
             self._finalize_loggers("failed")

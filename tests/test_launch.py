@@ -1,0 +1,594 @@
+"""Tests of fullshard.launch: cluster environments (pure logic) and launchers (real processes).
+
+Run: pytest tests/test_launch.py  (add -m "not multiprocess" for the fast unit tests only)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fullshard.errors import MisconfigurationError, ProcessFailedError
+from fullshard.launch import (
+    LocalEnvironment,
+    SLURMEnvironment,
+    SpawnLauncher,
+    SubprocessScriptLauncher,
+    TorchElasticEnvironment,
+    expand_slurm_hostlist,
+    select_cluster_environment,
+)
+from fullshard.launch.launchers import _rerun_command
+
+JOB_SCRIPT = Path(__file__).parent / "scripts" / "launch_job.py"
+JOB_TIMEOUT_S = 60  # far above what any scenario needs; a hang fails the test instead of the run
+PROMPT_S = 30  # the launcher's promise: a failure anywhere ends the job within this
+
+_CLUSTER_VARIABLES = (
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "FULLSHARD_LAUNCHER_PID",
+)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail a test that leaves environment variables changed or a process group alive."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    changed = {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+    changed.discard("PYTEST_CURRENT_TEST")  # pytest's own
+    assert not changed, f"the test changed environment variables {sorted(changed)}"
+    assert not dist.is_initialized(), "the test left a process group alive"
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No cluster variables set (monkeypatch restores them afterwards)."""
+    for name in [*_CLUSTER_VARIABLES, *(name for name in os.environ if name.startswith("SLURM_"))]:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+# ---------------------------------------------------------------------------------------------
+# LocalEnvironment
+
+
+def test_local_environment_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    env = LocalEnvironment()
+    assert LocalEnvironment.detect()
+    assert not env.creates_processes_externally
+    assert env.main_address == "127.0.0.1"
+    assert (env.local_rank(), env.node_rank(), env.global_rank(), env.world_size()) == (0, 0, 0, 1)
+    env.set_world_size(4)
+    env.set_global_rank(3)
+    assert (env.world_size(), env.global_rank()) == (4, 3)
+
+
+def test_local_environment_reads_variables(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("LOCAL_RANK", "1")
+    clean_env.setenv("NODE_RANK", "2")
+    clean_env.setenv("MASTER_ADDR", "10.0.0.7")
+    clean_env.setenv("MASTER_PORT", "29512")
+    env = LocalEnvironment()
+    assert env.creates_processes_externally
+    assert (env.local_rank(), env.node_rank()) == (1, 2)
+    assert (env.main_address, env.main_port) == ("10.0.0.7", 29512)
+    env.teardown()
+    assert os.environ["MASTER_PORT"] == "29512"  # the user's port is not ours to remove
+
+
+def test_local_environment_chooses_port_once_and_removes_it(clean_env: pytest.MonkeyPatch) -> None:
+    env = LocalEnvironment()
+    port = env.main_port
+    assert 0 < port < 65536
+    assert os.environ["MASTER_PORT"] == str(port)  # processes started now inherit it
+    assert env.main_port == port
+    env.teardown()
+    assert "MASTER_PORT" not in os.environ
+    assert env.main_port == port  # the same port again, written back
+    env.teardown()
+
+
+def test_local_environment_keeps_port_inside_a_launched_job(clean_env: pytest.MonkeyPatch) -> None:
+    env = LocalEnvironment()
+    port = env.main_port
+    clean_env.setenv("LOCAL_RANK", "0")  # what the launcher sets in rank 0 after starting children
+    env.teardown()
+    assert os.environ["MASTER_PORT"] == str(port)
+
+
+def test_local_environment_rejects_non_integer(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("LOCAL_RANK", "one")
+    with pytest.raises(MisconfigurationError, match=r"LOCAL_RANK='one' is not an integer"):
+        LocalEnvironment().local_rank()
+
+
+@pytest.mark.parametrize(
+    ("variables", "devices", "nodes", "match"),
+    [
+        ({"MASTER_ADDR": "h"}, 2, 2, r"num_nodes=2.*MASTER_PORT, NODE_RANK is not set"),
+        ({"NODE_RANK": "1"}, 2, 1, r"NODE_RANK=1 but Trainer\(num_nodes=1\) allows node ranks 0..0"),
+        ({"LOCAL_RANK": "2"}, 2, 1, r"LOCAL_RANK=2 but Trainer\(devices=2\).*pass devices=3"),
+        ({"LOCAL_RANK": "1", "WORLD_SIZE": "4"}, 2, 1, r"WORLD_SIZE=4 but Trainer\(devices=2, num_nodes=1\)"),
+    ],
+)
+def test_local_environment_validate_settings_errors(
+    clean_env: pytest.MonkeyPatch, variables: dict[str, str], devices: int, nodes: int, match: str
+) -> None:
+    for name, value in variables.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(MisconfigurationError, match=match):
+        LocalEnvironment().validate_settings(num_devices=devices, num_nodes=nodes)
+
+
+def test_local_environment_validate_settings_accepts_consistent_values(clean_env: pytest.MonkeyPatch) -> None:
+    LocalEnvironment().validate_settings(num_devices=4, num_nodes=1)
+    for name, value in {"LOCAL_RANK": "1", "WORLD_SIZE": "4", "NODE_RANK": "1"}.items():
+        clean_env.setenv(name, value)
+    clean_env.setenv("MASTER_ADDR", "h")
+    clean_env.setenv("MASTER_PORT", "1234")
+    LocalEnvironment().validate_settings(num_devices=2, num_nodes=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# TorchElasticEnvironment
+
+_TORCHRUN = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "TORCHELASTIC_RUN_ID": "abc",
+    "MASTER_ADDR": "node7",
+    "MASTER_PORT": "29400",
+}
+
+
+def _set_all(monkeypatch: pytest.MonkeyPatch, variables: dict[str, str]) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_torchelastic_reads_ranks(clean_env: pytest.MonkeyPatch) -> None:
+    _set_all(clean_env, _TORCHRUN)
+    assert TorchElasticEnvironment.detect()
+    env = TorchElasticEnvironment()
+    assert env.creates_processes_externally
+    assert (env.global_rank(), env.world_size(), env.local_rank(), env.node_rank()) == (3, 4, 1, 1)
+    assert (env.main_address, env.main_port) == ("node7", 29400)
+    env.validate_settings(num_devices=2, num_nodes=2)
+
+
+@pytest.mark.parametrize("missing", [["RANK"], ["MASTER_PORT"], ["TORCHELASTIC_RUN_ID", "GROUP_RANK"]])
+def test_torchelastic_not_detected_without(clean_env: pytest.MonkeyPatch, missing: list[str]) -> None:
+    _set_all(clean_env, {name: value for name, value in _TORCHRUN.items() if name not in missing})
+    assert not TorchElasticEnvironment.detect()
+
+
+def test_torchelastic_detected_with_group_rank_only(clean_env: pytest.MonkeyPatch) -> None:
+    _set_all(clean_env, {name: value for name, value in _TORCHRUN.items() if name != "TORCHELASTIC_RUN_ID"})
+    assert TorchElasticEnvironment.detect()
+
+
+def test_torchelastic_setters_warn_and_ignore(clean_env: pytest.MonkeyPatch, recwarn: Any) -> None:
+    _set_all(clean_env, _TORCHRUN)
+    env = TorchElasticEnvironment()
+    env.set_world_size(4)
+    env.set_global_rank(3)
+    assert len(recwarn) == 0
+    with pytest.warns(UserWarning, match=r"Ignoring world_size=8: torchrun \(WORLD_SIZE\) says 4"):
+        env.set_world_size(8)
+    with pytest.warns(UserWarning, match=r"Ignoring global_rank=0: torchrun \(RANK\) says 3"):
+        env.set_global_rank(0)
+    assert (env.world_size(), env.global_rank()) == (4, 3)
+
+
+def test_torchelastic_validate_settings_error(clean_env: pytest.MonkeyPatch) -> None:
+    _set_all(clean_env, _TORCHRUN)
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"torchrun started 2 processes per node and 4 in total.*devices=4, num_nodes=1\."
+        r" Pass devices=2, num_nodes=2, or start torchrun with --nproc-per-node=4 --nnodes=1",
+    ):
+        TorchElasticEnvironment().validate_settings(num_devices=4, num_nodes=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# SLURMEnvironment
+
+_SLURM = {
+    "SLURM_NTASKS": "4",
+    "SLURM_NNODES": "2",
+    "SLURM_PROCID": "2",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_NAME": "train.sh",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_NODELIST": "gpu[017-018]",
+}
+
+
+def test_slurm_reads_ranks_address_and_port(clean_env: pytest.MonkeyPatch) -> None:
+    _set_all(clean_env, _SLURM)
+    assert SLURMEnvironment.detect()
+    env = SLURMEnvironment()
+    assert env.creates_processes_externally
+    assert (env.global_rank(), env.world_size(), env.local_rank(), env.node_rank()) == (2, 4, 0, 1)
+    assert env.main_address == "gpu017"
+    assert env.main_port == 10000 + 123456 % 20000 == 13456
+    env.validate_settings(num_devices=2, num_nodes=2)
+
+
+def test_slurm_master_variables_take_precedence(clean_env: pytest.MonkeyPatch) -> None:
+    _set_all(clean_env, {**_SLURM, "MASTER_ADDR": "login1", "MASTER_PORT": "4242"})
+    env = SLURMEnvironment()
+    assert (env.main_address, env.main_port) == ("login1", 4242)
+
+
+@pytest.mark.parametrize(
+    ("variables", "detected"),
+    [
+        ({"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "train"}, True),
+        ({"SLURM_NTASKS": "2"}, True),
+        ({"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "bash"}, False),
+        ({"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "interactive"}, False),
+        ({"SLURM_JOB_NAME": "train"}, False),
+    ],
+)
+def test_slurm_detect(clean_env: pytest.MonkeyPatch, variables: dict[str, str], detected: bool) -> None:
+    _set_all(clean_env, variables)
+    assert SLURMEnvironment.detect() is detected
+
+
+def test_slurm_validate_settings_error(clean_env: pytest.MonkeyPatch) -> None:
+    _set_all(clean_env, _SLURM)
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"SLURM started 4 tasks on 2 nodes .*devices=4, num_nodes=1, which needs 4 tasks on 1 nodes\."
+        r" Submit with `#SBATCH --nodes=1` and `#SBATCH --ntasks-per-node=4`",
+    ):
+        SLURMEnvironment().validate_settings(num_devices=4, num_nodes=1)
+
+
+def test_slurm_without_nodelist_asks_for_master_addr(clean_env: pytest.MonkeyPatch) -> None:
+    _set_all(clean_env, {name: value for name, value in _SLURM.items() if name != "SLURM_NODELIST"})
+    with pytest.raises(MisconfigurationError, match=r"main address is unknown\. Set MASTER_ADDR"):
+        _ = SLURMEnvironment().main_address
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "hosts"),
+    [
+        ("node1", ["node1"]),
+        ("node[001-003,007],gpu2", ["node001", "node002", "node003", "node007", "gpu2"]),
+        ("a[8-10]", ["a8", "a9", "a10"]),
+        ("a[08-10]", ["a08", "a09", "a10"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("x[3],y", ["x3", "y"]),
+        (" a , b[1-2] ", ["a", "b1", "b2"]),
+        ("[1-2]suffix", ["1suffix", "2suffix"]),
+    ],
+)
+def test_expand_slurm_hostlist(hostlist: str, hosts: list[str]) -> None:
+    assert expand_slurm_hostlist(hostlist) == hosts
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "match"),
+    [
+        ("node[1-3", r"unclosed '\['"),
+        ("node1-3]", r"unbalanced or nested brackets"),
+        ("node[1-[2]]", r"unbalanced or nested brackets"),
+        ("node[a-c]", r"has 'a-c' in brackets; expected a number or a range"),
+        ("node[5-2]", r"descending range '5-2'"),
+        (" , ", r"names no host"),
+    ],
+)
+def test_expand_slurm_hostlist_errors(hostlist: str, match: str) -> None:
+    with pytest.raises(MisconfigurationError, match=match):
+        expand_slurm_hostlist(hostlist)
+
+
+def test_select_cluster_environment(clean_env: pytest.MonkeyPatch) -> None:
+    assert type(select_cluster_environment()) is LocalEnvironment
+    _set_all(clean_env, _SLURM)
+    assert type(select_cluster_environment()) is SLURMEnvironment
+    _set_all(clean_env, _TORCHRUN)  # torchrun inside a SLURM allocation: torchrun wins
+    assert type(select_cluster_environment()) is TorchElasticEnvironment
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers: logic that needs no extra process
+
+
+def _module(name: str, *, file: str | None, spec_name: str | None) -> types.ModuleType:
+    module = types.ModuleType(name)
+    if file is not None:
+        module.__file__ = file
+    module.__spec__ = None if spec_name is None else types.SimpleNamespace(name=spec_name)  # type: ignore[assignment]
+    return module
+
+
+def test_rerun_command_for_a_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    main = _module("__main__", file="train.py", spec_name=None)
+    command = _rerun_command(main, ["train.py", "--lr", "0.1"], "/bin/python")
+    assert command == ["/bin/python", str(tmp_path / "train.py"), "--lr", "0.1"]
+
+
+@pytest.mark.parametrize(("spec_name", "module_arg"), [("pkg.train", "pkg.train"), ("pkg.__main__", "pkg")])
+def test_rerun_command_for_a_module(spec_name: str, module_arg: str) -> None:
+    main = _module("__main__", file="/x/pkg/train.py", spec_name=spec_name)
+    command = _rerun_command(main, ["/x/pkg/train.py", "--fast"], "/bin/python")
+    assert command == ["/bin/python", "-m", module_arg, "--fast"]
+
+
+def test_rerun_command_refuses_interactive_sessions() -> None:
+    main = _module("__main__", file=None, spec_name=None)
+    with pytest.raises(MisconfigurationError, match=r"no script to start again.*use SpawnLauncher"):
+        _rerun_command(main, ["-c"], "/bin/python")
+
+
+@pytest.mark.parametrize("launcher_class", [SubprocessScriptLauncher, SpawnLauncher])
+def test_launchers_reject_bad_counts(clean_env: pytest.MonkeyPatch, launcher_class: Any) -> None:
+    with pytest.raises(MisconfigurationError, match=r"got num_processes=0, num_nodes=1"):
+        launcher_class(LocalEnvironment(), num_processes=0, num_nodes=1)
+
+
+def test_spawn_launcher_rejects_unknown_start_method() -> None:
+    with pytest.raises(MisconfigurationError, match=r"start_method='teleport' is not available.*'spawn'"):
+        SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1, start_method="teleport")
+
+
+def test_interactive_compatibility() -> None:
+    env = LocalEnvironment()
+    assert not SubprocessScriptLauncher(env, 2, 1).is_interactive_compatible
+    assert not SpawnLauncher(env, 2, 1).is_interactive_compatible
+    assert SpawnLauncher(env, 2, 1, start_method="fork").is_interactive_compatible
+
+
+def _add(a: int, b: int, *, scale: int) -> int:
+    return (a + b) * scale
+
+
+def test_script_launcher_runs_directly_where_processes_exist(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("LOCAL_RANK", "1")  # a copy started by the launcher (or by the user)
+    launcher = SubprocessScriptLauncher(LocalEnvironment(), num_processes=2, num_nodes=1)
+    assert launcher.launch(_add, 1, 2, scale=10, trainer=object()) == 30
+
+
+def test_script_launcher_runs_directly_for_one_process(clean_env: pytest.MonkeyPatch) -> None:
+    launcher = SubprocessScriptLauncher(LocalEnvironment(), num_processes=1, num_nodes=1)
+    assert launcher.launch(_add, 1, 2, scale=2) == 6
+    assert "LOCAL_RANK" not in os.environ
+
+
+# ---------------------------------------------------------------------------------------------
+# SubprocessScriptLauncher: real two-process jobs (tests/scripts/launch_job.py)
+
+
+@dataclass(frozen=True)
+class _JobRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def pid(self, rank: int) -> int:
+        found = re.search(rf"launch-test rank={rank} pid=(\d+)", self.stdout)
+        assert found, f"rank {rank} never started:\n{self}"
+        return int(found.group(1))
+
+    def __str__(self) -> str:
+        return (
+            f"returncode={self.returncode} after {self.seconds:.1f}s\n"
+            f"--stdout--\n{self.stdout}\n--stderr--\n{self.stderr}"
+        )
+
+
+def _run_job(scenario: str, tmp_path: Path, *, interrupt_when_ready: bool = False) -> _JobRun:
+    start = time.monotonic()
+    # A session of its own, so that a hung job can be killed whole (its process group).
+    process = subprocess.Popen(
+        [sys.executable, str(JOB_SCRIPT), scenario, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        if interrupt_when_ready:
+            _wait_for(
+                lambda: (tmp_path / "rank0_waiting").exists() or process.poll() is not None, JOB_TIMEOUT_S
+            )
+            process.send_signal(signal.SIGINT)
+        # communicate() returns once every process holding the pipes has ended: a leftover
+        # child makes it time out.
+        stdout, stderr = process.communicate(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the job did not end within {JOB_TIMEOUT_S}s\n{stdout}\n{stderr}")
+    return _JobRun(process.returncode, stdout, stderr, time.monotonic() - start)
+
+
+def _wait_for(condition: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # an orphan's zombie may wait for a reaper that never comes in a container
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def _assert_failed_promptly(run: _JobRun) -> None:
+    assert run.returncode != 0, str(run)
+    assert run.seconds < PROMPT_S, str(run)
+    assert _wait_for(lambda: _process_gone(run.pid(1)), 5), f"rank 1 outlived the job\n{run}"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("scenario", ["ok", "two_launches"])
+def test_job_succeeds(scenario: str, tmp_path: Path) -> None:
+    run = _run_job(scenario, tmp_path)
+    assert run.returncode == 0, str(run)
+    expected = "[6.0, 6.0]" if scenario == "two_launches" else "[6.0]"
+    for rank in (0, 1):
+        assert f"launch-test rank={rank} results={expected}" in run.stdout, str(run)
+    assert "fullshard:" not in run.stderr, str(run)
+
+
+@pytest.mark.multiprocess
+def test_job_fails_when_rank_1_raises_in_a_collective(tmp_path: Path) -> None:
+    run = _run_job("raise_rank1", tmp_path)
+    _assert_failed_promptly(run)
+    assert 'raise ValueError("boom on rank 1")' in run.stderr, str(run)
+    assert "ValueError: boom on rank 1" in run.stderr, str(run)
+
+
+@pytest.mark.multiprocess
+def test_job_fails_when_rank_1_raises_while_rank_0_waits_for_it(tmp_path: Path) -> None:
+    # Rank 0 waits in the rendezvous, where nothing fails on its own: only the monitor ends it.
+    run = _run_job("raise_rank1_before_init", tmp_path)
+    _assert_failed_promptly(run)
+    assert "ValueError: boom on rank 1" in run.stderr, str(run)
+    pid = run.pid(1)
+    assert f"fullshard: rank 1 (pid {pid}) exited with code 1; stopping the other processes" in run.stderr
+    assert run.returncode == 1
+
+
+@pytest.mark.multiprocess
+def test_job_fails_when_rank_0_raises_in_a_collective(tmp_path: Path) -> None:
+    run = _run_job("raise_rank0", tmp_path)
+    _assert_failed_promptly(run)
+    assert "ValueError: boom on rank 0" in run.stderr, str(run)
+    assert f"fullshard: rank 0 (pid {run.pid(0)}) failed; stopping the other processes" in run.stderr
+
+
+@pytest.mark.multiprocess
+def test_job_fails_when_rank_1_is_killed(tmp_path: Path) -> None:
+    run = _run_job("kill_rank1", tmp_path)
+    _assert_failed_promptly(run)
+    assert re.search(rf"rank 1 \(pid {run.pid(1)}\) was killed by SIGKILL", run.stderr), str(run)
+
+
+@pytest.mark.multiprocess
+def test_children_end_when_rank_0_is_killed(tmp_path: Path) -> None:
+    run = _run_job("kill_rank0", tmp_path)
+    assert run.returncode == -signal.SIGKILL, str(run)
+    _assert_failed_promptly(run)
+    assert f"the launching process (pid {run.pid(0)}) is gone" in run.stderr, str(run)
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_in_rank_0_ends_the_children(tmp_path: Path) -> None:
+    run = _run_job("sigint_rank0", tmp_path, interrupt_when_ready=True)
+    _assert_failed_promptly(run)
+    assert "KeyboardInterrupt" in run.stderr, str(run)
+    assert "fullshard: rank 0" in run.stderr and "failed; stopping the other processes" in run.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# SpawnLauncher: in this process (functions at module level so that spawned processes import them)
+
+
+def _init_gloo() -> int:
+    rank = int(os.environ["LOCAL_RANK"])
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=60),
+    )
+    return rank
+
+
+def _spawned_sum(scale: float) -> float:
+    rank = _init_gloo()
+    total = torch.tensor([scale * (rank + 1)])
+    dist.all_reduce(total)
+    dist.barrier()
+    dist.destroy_process_group()
+    return total.item()
+
+
+def _spawned_failure() -> None:
+    rank = _init_gloo()
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    if rank == 1:
+        raise ValueError("boom in spawned rank 1")
+    dist.all_reduce(total)  # rank 0 waits here for rank 1, which never comes
+
+
+class _RecordingTrainer:
+    """Stands in for the Trainer's side of the spawn contract."""
+
+    def __init__(self) -> None:
+        self.applied: dict[str, int] | None = None
+
+    def _get_spawn_result(self) -> dict[str, int]:
+        return {"pid": os.getpid(), "local_rank": int(os.environ["LOCAL_RANK"])}
+
+    def _apply_spawn_result(self, state: dict[str, int]) -> None:
+        self.applied = state
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_spawn_launcher_returns_rank_0_result(clean_env: pytest.MonkeyPatch, start_method: str) -> None:
+    trainer = _RecordingTrainer()
+    launcher = SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1, start_method=start_method)
+    assert launcher.launch(_spawned_sum, 2.0, trainer=trainer) == 6.0
+    assert trainer.applied is not None
+    assert trainer.applied["local_rank"] == 0
+    assert trainer.applied["pid"] != os.getpid()
+    assert "MASTER_PORT" not in os.environ  # chosen for the job, then removed again
+
+
+@pytest.mark.multiprocess
+def test_spawn_launcher_reports_the_first_failure(
+    clean_env: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    launcher = SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1)
+    start = time.monotonic()
+    with pytest.raises(ProcessFailedError, match=r"(?s)local rank 1 failed first.*boom in spawned rank 1"):
+        launcher.launch(_spawned_failure)
+    assert time.monotonic() - start < PROMPT_S
+    assert "fullshard: spawned local rank 1 failed" in capfd.readouterr().err
