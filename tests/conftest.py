@@ -32,7 +32,9 @@ def _no_leaks() -> Iterator[None]:
     assert not live_group, "test left a torch.distributed process group alive"
 
 
-def run_script(name: str, *args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_script(
+    name: str, *args: str, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``tests/scripts/<name>`` in a fresh Python process (which may launch more)."""
     env = {k: v for k, v in os.environ.items() if k not in _WATCHED_ENV}
     env["PYTHONUNBUFFERED"] = "1"
@@ -48,4 +50,6 @@ def run_script(name: str, *args: str, timeout: float = 120, cwd: Path | None = N
 
 def check_ok(result: subprocess.CompletedProcess[str]) -> None:
     """Fail with the process output when it did not exit 0."""
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )

@@ -15,7 +15,7 @@ import fullshard
 from conftest import SCRIPTS, check_ok, run_script
 
 sys.path.insert(0, str(SCRIPTS))
-from train_mlp import MLP, make_data  # noqa: E402
+from train_mlp import MLP, make_data
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,7 +24,11 @@ def _reference_params(steps: int, batch_size: int) -> dict[str, torch.Tensor]:
     fullshard.seed_everything(7)
     model = MLP()
     trainer = fullshard.Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
         enable_progress_bar=False,
     )
     trainer.fit(model, DataLoader(make_data(), batch_size=batch_size))
@@ -52,10 +56,16 @@ def test_resume_is_bitwise_identical(tmp_path: Path, first: int, total: int, whe
     straight, part1, part2 = tmp_path / "straight", tmp_path / "part1", tmp_path / "part2"
     ckpt = tmp_path / "mid.ckpt"
     check_ok(run_script("train_mlp.py", "--out", str(straight), "--max-steps", str(total), *common))
-    check_ok(run_script("train_mlp.py", "--out", str(part1), "--max-steps", str(first), "--save", str(ckpt), *common))
-    check_ok(run_script(
-        "train_mlp.py", "--out", str(part2), "--max-steps", str(total), "--resume", str(ckpt), *common
-    ))
+    check_ok(
+        run_script(
+            "train_mlp.py", "--out", str(part1), "--max-steps", str(first), "--save", str(ckpt), *common
+        )
+    )
+    check_ok(
+        run_script(
+            "train_mlp.py", "--out", str(part2), "--max-steps", str(total), "--resume", str(ckpt), *common
+        )
+    )
     for rank in (0, 1):
         losses_straight = json.loads((straight / f"losses_rank{rank}.json").read_text())
         resumed = json.loads((part1 / f"losses_rank{rank}.json").read_text()) + json.loads(
@@ -72,8 +82,18 @@ def test_resume_is_bitwise_identical(tmp_path: Path, first: int, total: int, whe
 def test_failing_rank_ends_the_job(tmp_path: Path) -> None:
     start = time.monotonic()
     result = run_script(
-        "train_mlp.py", "--out", str(tmp_path), "--devices", "2", "--max-steps", "50",
-        "--fail-at", "3", "--fail-rank", "1", timeout=60,
+        "train_mlp.py",
+        "--out",
+        str(tmp_path),
+        "--devices",
+        "2",
+        "--max-steps",
+        "50",
+        "--fail-at",
+        "3",
+        "--fail-rank",
+        "1",
+        timeout=60,
     )
     elapsed = time.monotonic() - start
     assert result.returncode != 0
@@ -86,8 +106,18 @@ def test_failing_rank_ends_the_job(tmp_path: Path) -> None:
 def test_failing_rank_zero_ends_the_job(tmp_path: Path) -> None:
     start = time.monotonic()
     result = run_script(
-        "train_mlp.py", "--out", str(tmp_path), "--devices", "2", "--max-steps", "50",
-        "--fail-at", "2", "--fail-rank", "0", timeout=60,
+        "train_mlp.py",
+        "--out",
+        str(tmp_path),
+        "--devices",
+        "2",
+        "--max-steps",
+        "50",
+        "--fail-at",
+        "2",
+        "--fail-rank",
+        "0",
+        timeout=60,
     )
     assert result.returncode != 0
     assert "ValueError: boom on rank 0" in result.stderr

@@ -13,17 +13,26 @@ from torch.utils.data import DataLoader
 import fullshard
 from conftest import SCRIPTS
 from fullshard.checkpoint.validate import StateDictMismatchError
-from fullshard.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, MisconfigurationError
+from fullshard.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    MisconfigurationError,
+)
 from fullshard.precision import parse_precision
 from fullshard.strategies import DDPStrategy
 
 sys.path.insert(0, str(SCRIPTS))
-from train_mlp import MLP, make_data  # noqa: E402
+from train_mlp import MLP, make_data
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> fullshard.Trainer:
     defaults: dict[str, Any] = dict(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         default_root_dir=tmp_path,
     )
     return fullshard.Trainer(**{**defaults, **kwargs})
@@ -38,18 +47,27 @@ def _trainer(tmp_path: Path, **kwargs: Any) -> fullshard.Trainer:
         ({"devices": 0}, r"devices=0 is invalid; use 'auto', a positive int"),
         ({"devices": "two"}, r"devices='two' is not understood"),
         ({"devices": -1}, r"devices=-1 means 'all GPUs' and needs accelerator='cuda'"),
-        ({"devices": 2, "strategy": "single_device"}, r"strategy='single_device' runs one process, but 2 devices"),
+        (
+            {"devices": 2, "strategy": "single_device"},
+            r"strategy='single_device' runs one process, but 2 devices",
+        ),
         ({"strategy": 3}, r"strategy must be a name or a fullshard\.strategies\.Strategy instance, got int"),
         ({"num_nodes": 0}, r"num_nodes=0 is invalid: use an int >= 1"),
         ({"accumulate_grad_batches": 0}, r"accumulate_grad_batches=0 is invalid"),
         ({"max_steps": -5}, r"max_steps=-5 is invalid: use -1 \(no limit\)"),
         ({"max_epochs": 1.5}, r"max_epochs=1\.5 is invalid"),
-        ({"limit_train_batches": 1.5}, r"limit_train_batches=1\.5 is a float above 1\.0.*limit_train_batches=1"),
+        (
+            {"limit_train_batches": 1.5},
+            r"limit_train_batches=1\.5 is a float above 1\.0.*limit_train_batches=1",
+        ),
         ({"limit_val_batches": -1}, r"limit_val_batches=-1 is invalid"),
         ({"val_check_interval": 2.5}, r"val_check_interval=2\.5 is a float above 1\.0"),
         ({"val_check_interval": 0}, r"val_check_interval=0 is invalid"),
         ({"gradient_clip_val": -1.0}, r"gradient_clip_val=-1\.0 is invalid"),
-        ({"gradient_clip_algorithm": "l2"}, r"gradient_clip_algorithm='l2' is invalid: use 'norm' or 'value'"),
+        (
+            {"gradient_clip_algorithm": "l2"},
+            r"gradient_clip_algorithm='l2' is invalid: use 'norm' or 'value'",
+        ),
         ({"callbacks": [object()]}, r"callbacks must be fullshard Callback instances, got object"),
         ({"logger": [object()]}, r"logger must be a fullshard Logger .* got object"),
     ],
@@ -62,12 +80,16 @@ def test_bad_trainer_arguments(tmp_path: Path, kwargs: dict[str, Any], match: st
 def test_cuda_requested_without_cuda(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(MisconfigurationError, match=r"accelerator='cuda' was requested but torch sees no CUDA device"):
+    with pytest.raises(
+        MisconfigurationError, match=r"accelerator='cuda' was requested but torch sees no CUDA device"
+    ):
         _trainer(tmp_path, accelerator="cuda")
 
 
 def test_bad_strategy_arguments() -> None:
-    with pytest.raises(MisconfigurationError, match=r"process_group_backend='glue' is not a torch\.distributed backend"):
+    with pytest.raises(
+        MisconfigurationError, match=r"process_group_backend='glue' is not a torch\.distributed backend"
+    ):
         DDPStrategy(process_group_backend="glue")
     with pytest.raises(MisconfigurationError, match=r"start_method='fork' is not supported"):
         DDPStrategy(start_method="fork")
@@ -83,7 +105,9 @@ def test_fit_with_wrong_model_or_data(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, max_steps=1)
     with pytest.raises(MisconfigurationError, match=r"Trainer expects a fullshard\.Module, got Linear"):
         trainer.fit(torch.nn.Linear(2, 2), DataLoader(make_data()))  # type: ignore[arg-type]
-    with pytest.raises(MisconfigurationError, match=r"train_dataloaders must be a torch\.utils\.data\.DataLoader, got list"):
+    with pytest.raises(
+        MisconfigurationError, match=r"train_dataloaders must be a torch\.utils\.data\.DataLoader, got list"
+    ):
         trainer.fit(MLP(), [1, 2, 3])
 
 
@@ -102,11 +126,18 @@ def test_bad_configure_optimizers(tmp_path: Path, returned: Any, match: str) -> 
         def configure_optimizers(self) -> Any:
             opt = torch.optim.SGD(self.parameters(), lr=0.1)
             sched = torch.optim.lr_scheduler.StepLR(opt, 1)
-            return {
-                "bad_interval": {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "batch"}},
-                "bad_config": {"optimizer": opt, "lr_scheduler": {"sched": sched}},
-                "bad_frequency": {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "frequency": 0}},
-            }.get(returned, returned) if isinstance(returned, str) else returned
+            return (
+                {
+                    "bad_interval": {
+                        "optimizer": opt,
+                        "lr_scheduler": {"scheduler": sched, "interval": "batch"},
+                    },
+                    "bad_config": {"optimizer": opt, "lr_scheduler": {"sched": sched}},
+                    "bad_frequency": {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "frequency": 0}},
+                }.get(returned, returned)
+                if isinstance(returned, str)
+                else returned
+            )
 
     with pytest.raises(MisconfigurationError, match=match):
         _trainer(tmp_path, max_steps=1).fit(Bad(), DataLoader(make_data()))
@@ -148,8 +179,16 @@ def test_bad_log_calls(tmp_path: Path) -> None:
     cases = [
         (BadLog(torch.ones(3)), ValueError, r"log\('bad'\) got a tensor of shape \(3,\); only scalars"),
         (BadLog("x"), TypeError, r"log\('bad'\) got a str; log a number"),
-        (BadLog(1.0, reduce_fx="median"), ValueError, r"reduce_fx must be one of 'mean', 'sum', 'max', 'min'"),
-        (BadLog(1.0, on_step=False, on_epoch=False), ValueError, r"on_step=False and on_epoch=False records nothing"),
+        (
+            BadLog(1.0, reduce_fx="median"),
+            ValueError,
+            r"reduce_fx must be one of 'mean', 'sum', 'max', 'min'",
+        ),
+        (
+            BadLog(1.0, on_step=False, on_epoch=False),
+            ValueError,
+            r"on_step=False and on_epoch=False records nothing",
+        ),
     ]
     for model, error, match in cases:
         with pytest.raises(error, match=match):
@@ -157,14 +196,18 @@ def test_bad_log_calls(tmp_path: Path) -> None:
 
 
 def test_model_checkpoint_bad_arguments(tmp_path: Path) -> None:
-    with pytest.raises(MisconfigurationError, match=r"ModelCheckpoint\(mode='best'\) is invalid: use 'min' or 'max'"):
+    with pytest.raises(
+        MisconfigurationError, match=r"ModelCheckpoint\(mode='best'\) is invalid: use 'min' or 'max'"
+    ):
         fullshard.ModelCheckpoint(mode="best")
     with pytest.raises(MisconfigurationError, match=r"ModelCheckpoint\(save_top_k=-2\) is invalid"):
         fullshard.ModelCheckpoint(save_top_k=-2)
     with pytest.raises(MisconfigurationError, match=r"ModelCheckpoint\(every_n_epochs=-1\) is invalid"):
         fullshard.ModelCheckpoint(every_n_epochs=-1)
     cb = fullshard.ModelCheckpoint(dirpath=tmp_path, monitor="val_acc", every_n_train_steps=1)
-    with pytest.raises(MisconfigurationError, match=r"ModelCheckpoint\(monitor='val_acc'\) cannot find 'val_acc'.*train_loss"):
+    with pytest.raises(
+        MisconfigurationError, match=r"ModelCheckpoint\(monitor='val_acc'\) cannot find 'val_acc'.*train_loss"
+    ):
         _trainer(tmp_path, max_steps=2, callbacks=[cb]).fit(MLP(), DataLoader(make_data()))
     cb = fullshard.ModelCheckpoint(dirpath=tmp_path, filename="{epoch}-{acc}", every_n_train_steps=1)
     with pytest.raises(MisconfigurationError, match=r"refers to \{acc\}, which is not a logged metric"):
@@ -181,7 +224,9 @@ def _saved_checkpoint(tmp_path: Path, model: MLP | None = None) -> Path:
 
 def test_missing_and_damaged_checkpoints(tmp_path: Path) -> None:
     loader = DataLoader(make_data(), batch_size=16)
-    with pytest.raises(CheckpointNotFoundError, match=r"No checkpoint at '.*nope\.ckpt': the path does not exist"):
+    with pytest.raises(
+        CheckpointNotFoundError, match=r"No checkpoint at '.*nope\.ckpt': the path does not exist"
+    ):
         _trainer(tmp_path, max_steps=3).fit(MLP(), loader, ckpt_path=tmp_path / "nope.ckpt")
     with pytest.raises(CheckpointNotFoundError, match=r"is a directory, not a checkpoint file"):
         _trainer(tmp_path, max_steps=3).fit(MLP(), loader, ckpt_path=tmp_path)
@@ -200,7 +245,9 @@ def test_missing_and_damaged_checkpoints(tmp_path: Path) -> None:
         _trainer(tmp_path, max_steps=3).fit(MLP(), loader, ckpt_path=plain)
     partial = tmp_path / "partial.ckpt"
     torch.save({"state_dict": {}}, partial)
-    with pytest.raises(CorruptCheckpointError, match=r"not a complete fullshard checkpoint: it lacks optimizer_states"):
+    with pytest.raises(
+        CorruptCheckpointError, match=r"not a complete fullshard checkpoint: it lacks optimizer_states"
+    ):
         _trainer(tmp_path, max_steps=3).fit(MLP(), loader, ckpt_path=partial)
 
 
@@ -208,7 +255,10 @@ def test_checkpoint_of_another_model_leaves_model_unchanged(tmp_path: Path) -> N
     good = _saved_checkpoint(tmp_path)
     wider = MLP(hidden=16)
     before = {k: v.clone() for k, v in wider.state_dict().items()}
-    with pytest.raises(StateDictMismatchError, match=r"shape mismatches: net\.0\.weight \(checkpoint \(32, 8\), model \(16, 8\)\)"):
+    with pytest.raises(
+        StateDictMismatchError,
+        match=r"shape mismatches: net\.0\.weight \(checkpoint \(32, 8\), model \(16, 8\)\)",
+    ):
         _trainer(tmp_path, max_steps=3).fit(wider, DataLoader(make_data(), batch_size=16), ckpt_path=good)
     assert all(torch.equal(before[k], v) for k, v in wider.state_dict().items())
 
@@ -226,10 +276,17 @@ def test_checkpoint_with_other_number_of_optimizers(tmp_path: Path) -> None:
 
     class TwoOptimizers(MLP):
         def configure_optimizers(self) -> Any:
-            return [torch.optim.SGD(self.net[0].parameters(), lr=0.1), torch.optim.SGD(self.net[3].parameters(), lr=0.1)]
+            return [
+                torch.optim.SGD(self.net[0].parameters(), lr=0.1),
+                torch.optim.SGD(self.net[3].parameters(), lr=0.1),
+            ]
 
-    with pytest.raises(CheckpointError, match=r"holds 1 optimizer state\(s\) but configure_optimizers\(\) returned 2"):
-        _trainer(tmp_path, max_steps=3).fit(TwoOptimizers(), DataLoader(make_data(), batch_size=16), ckpt_path=good)
+    with pytest.raises(
+        CheckpointError, match=r"holds 1 optimizer state\(s\) but configure_optimizers\(\) returned 2"
+    ):
+        _trainer(tmp_path, max_steps=3).fit(
+            TwoOptimizers(), DataLoader(make_data(), batch_size=16), ckpt_path=good
+        )
 
 
 def test_save_checkpoint_before_fit(tmp_path: Path) -> None:

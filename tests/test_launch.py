@@ -66,9 +66,10 @@ def no_leaks() -> Iterator[None]:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No cluster variables set (monkeypatch restores them afterwards)."""
+    """No cluster variables set; afterwards they are as before, even those the test wrote."""
     for name in [*_CLUSTER_VARIABLES, *(name for name in os.environ if name.startswith("SLURM_"))]:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # so that monkeypatch records the name even when it was unset
+        monkeypatch.delenv(name)
     return monkeypatch
 
 

@@ -29,14 +29,18 @@ def test_register_with_default_arguments_and_override() -> None:
     built = registry.get("mine")
     assert isinstance(built, DDPStrategy) and built.ddp_kwargs == {"find_unused_parameters": True}
     assert registry.get("mine", find_unused_parameters=False).ddp_kwargs == {"find_unused_parameters": False}
-    with pytest.raises(StrategyRegistryError, match=r"'mine' is already registered \(by DDPStrategy\).*override=True"):
+    with pytest.raises(
+        StrategyRegistryError, match=r"'mine' is already registered \(by DDPStrategy\).*override=True"
+    ):
         registry.register("mine", SingleDeviceStrategy)
     registry.register("mine", SingleDeviceStrategy, override=True)
     assert isinstance(registry.get("mine"), SingleDeviceStrategy)
 
 
 def test_unknown_name_lists_available() -> None:
-    with pytest.raises(StrategyRegistryError, match=r"Unknown strategy 'dpp'\. Available strategies: .*ddp.*single_device"):
+    with pytest.raises(
+        StrategyRegistryError, match=r"Unknown strategy 'dpp'\. Available strategies: .*ddp.*single_device"
+    ):
         STRATEGY_REGISTRY.get("dpp")
     with pytest.raises(StrategyRegistryError, match="Unknown strategy 'dpp'"):
         fullshard.Trainer(accelerator="cpu", strategy="dpp")
@@ -44,7 +48,8 @@ def test_unknown_name_lists_available() -> None:
 
 def test_entry_point_registers_a_strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "thirdparty_strategy.py"
-    package.write_text(textwrap.dedent("""
+    package.write_text(
+        textwrap.dedent("""
         from fullshard.strategies import SingleDeviceStrategy
 
         class ThirdPartyStrategy(SingleDeviceStrategy):
@@ -53,10 +58,12 @@ def test_entry_point_registers_a_strategy(tmp_path: Path, monkeypatch: pytest.Mo
             @classmethod
             def register_strategies(cls, registry):
                 registry.register("third_party", cls, description="from an installed package")
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     entry = importlib.metadata.EntryPoint(
-        name="third_party", value="thirdparty_strategy:ThirdPartyStrategy.register_strategies",
+        name="third_party",
+        value="thirdparty_strategy:ThirdPartyStrategy.register_strategies",
         group="fullshard.strategies",
     )
 
@@ -75,7 +82,9 @@ def test_entry_point_registers_a_strategy(tmp_path: Path, monkeypatch: pytest.Mo
 def test_entry_point_that_is_not_callable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "bad_ep.py").write_text("NOT_CALLABLE = 3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    entry = importlib.metadata.EntryPoint(name="bad", value="bad_ep:NOT_CALLABLE", group="fullshard.strategies")
+    entry = importlib.metadata.EntryPoint(
+        name="bad", value="bad_ep:NOT_CALLABLE", group="fullshard.strategies"
+    )
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [entry])
     with pytest.raises(StrategyRegistryError, match="'bad_ep:NOT_CALLABLE', which is not callable"):
         StrategyRegistry().load_entry_points()

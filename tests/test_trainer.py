@@ -17,12 +17,16 @@ import fullshard
 from conftest import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
-from train_mlp import MLP, make_data  # noqa: E402
+from train_mlp import MLP, make_data
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> fullshard.Trainer:
     defaults: dict[str, Any] = dict(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         default_root_dir=tmp_path,
     )
     return fullshard.Trainer(**{**defaults, **kwargs})
@@ -80,8 +84,13 @@ def test_gradient_clipping_by_norm_and_value(tmp_path: Path) -> None:
         def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
             _MaxGrad.peak = max(_MaxGrad.peak, max(float(p.grad.abs().max()) for p in module.parameters()))
 
-    _trainer(tmp_path, max_steps=3, gradient_clip_val=0.001, gradient_clip_algorithm="value",
-             callbacks=[_MaxGrad()]).fit(MLP(), DataLoader(make_data(), batch_size=16))
+    _trainer(
+        tmp_path,
+        max_steps=3,
+        gradient_clip_val=0.001,
+        gradient_clip_algorithm="value",
+        callbacks=[_MaxGrad()],
+    ).fit(MLP(), DataLoader(make_data(), batch_size=16))
     assert _MaxGrad.peak == pytest.approx(0.001)  # float32 0.001, every step has larger raw gradients
 
 
@@ -94,7 +103,10 @@ def test_step_and_epoch_schedulers(tmp_path: Path) -> None:
         def configure_optimizers(self) -> Any:
             opt = torch.optim.SGD(self.parameters(), lr=1.0)
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": self.interval, "frequency": 2}}
+            return {
+                "optimizer": opt,
+                "lr_scheduler": {"scheduler": sched, "interval": self.interval, "frequency": 2},
+            }
 
     trainer = _trainer(tmp_path, max_steps=12)
     trainer.fit(Scheduled("step"), DataLoader(make_data(), batch_size=16))
@@ -134,8 +146,13 @@ def test_log_epoch_and_step_variants(tmp_path: Path) -> None:
 
 def test_model_checkpoint_top_k_last_and_resume_last(tmp_path: Path) -> None:
     ckpt = fullshard.ModelCheckpoint(
-        dirpath=tmp_path / "ckpts", monitor="train_loss", mode="min", save_top_k=2, save_last=True,
-        every_n_train_steps=2, filename="{step}-{train_loss:.4f}",
+        dirpath=tmp_path / "ckpts",
+        monitor="train_loss",
+        mode="min",
+        save_top_k=2,
+        save_last=True,
+        every_n_train_steps=2,
+        filename="{step}-{train_loss:.4f}",
     )
     trainer = _trainer(tmp_path, max_steps=10, callbacks=[ckpt], enable_checkpointing=True)
     trainer.fit(MLP(), DataLoader(make_data(), batch_size=16))
@@ -145,8 +162,14 @@ def test_model_checkpoint_top_k_last_and_resume_last(tmp_path: Path) -> None:
     assert ckpt.best_model_score == min(ckpt.best_k_models.values())
     assert torch.load(tmp_path / "ckpts" / "last.ckpt", weights_only=False)["loops"]["global_step"] == 10
 
-    resumed_cb = fullshard.ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="train_loss", save_top_k=2,
-                                            save_last=True, every_n_train_steps=2, filename="{step}-{train_loss:.4f}")
+    resumed_cb = fullshard.ModelCheckpoint(
+        dirpath=tmp_path / "ckpts",
+        monitor="train_loss",
+        save_top_k=2,
+        save_last=True,
+        every_n_train_steps=2,
+        filename="{step}-{train_loss:.4f}",
+    )
     resumed = _trainer(tmp_path, max_steps=14, callbacks=[resumed_cb], enable_checkpointing=True)
     model = MLP()
     resumed.fit(model, DataLoader(make_data(), batch_size=16), ckpt_path="last")
@@ -183,7 +206,12 @@ def test_checkpoint_contents_and_plain_load(tmp_path: Path) -> None:
     checkpoint = torch.load(tmp_path / "a.ckpt", weights_only=False)
     assert checkpoint["fullshard_version"] == fullshard.__version__
     assert checkpoint["hyper_parameters"] == {"hidden": 32}
-    assert checkpoint["loops"] == {"epoch": 0, "global_step": 3, "batches_in_epoch": 3, "epoch_finished": False}
+    assert checkpoint["loops"] == {
+        "epoch": 0,
+        "global_step": 3,
+        "batches_in_epoch": 3,
+        "epoch_finished": False,
+    }
     assert checkpoint["extra"] == 42 and checkpoint["world_size"] == 1
     assert len(checkpoint["rng_states"]) == 1 and checkpoint["strategy"] == "single_device"
     plain = WithHparams()
@@ -209,8 +237,13 @@ def test_precisions_train(tmp_path: Path, precision: str) -> None:
     model = Precise()
     trainer = _trainer(tmp_path, max_steps=6, precision=precision)
     trainer.fit(model, DataLoader(make_data(), batch_size=16))
-    expected_compute = {"32-true": torch.float32, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
-                        "16-true": torch.float16, "bf16-true": torch.bfloat16}[precision]
+    expected_compute = {
+        "32-true": torch.float32,
+        "16-mixed": torch.float16,
+        "bf16-mixed": torch.bfloat16,
+        "16-true": torch.float16,
+        "bf16-true": torch.bfloat16,
+    }[precision]
     assert model.seen_dtype == expected_compute
     param_dtype = next(model.parameters()).dtype
     assert param_dtype == (torch.float32 if precision.endswith(("mixed", "32-true")) else expected_compute)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -36,7 +36,7 @@ def parse_precision(value: Any) -> PrecisionStr:
         MisconfigurationError: the value is not a supported precision.
     """
     if isinstance(value, str) and value in PRECISIONS:
-        return cast(PrecisionStr, value)
+        return value  # type: ignore[return-value]
     if isinstance(value, int | str) and value in _ALIASES:
         return _ALIASES[value]
     raise MisconfigurationError(

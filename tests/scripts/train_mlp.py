@@ -1,6 +1,6 @@
 """Train a small MLP with the Trainer; used by the multi-process tests.
 
-    python tests/scripts/train_mlp.py --out DIR --devices 2 --strategy ddp --max-steps 8
+python tests/scripts/train_mlp.py --out DIR --devices 2 --strategy ddp --max-steps 8
 """
 
 from __future__ import annotations
@@ -26,11 +26,22 @@ def make_data(n: int = 96, dim: int = 8) -> TensorDataset:
 
 
 class MLP(fullshard.Module):
-    def __init__(self, dim: int = 8, hidden: int = 32, dropout: float = 0.0, fail_at: int = -1,
-                 fail_rank: int = -1, lr: float = 0.05, scheduler: bool = False) -> None:
+    def __init__(
+        self,
+        dim: int = 8,
+        hidden: int = 32,
+        dropout: float = 0.0,
+        fail_at: int = -1,
+        fail_rank: int = -1,
+        lr: float = 0.05,
+        scheduler: bool = False,
+    ) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(dim, hidden), torch.nn.ReLU(), torch.nn.Dropout(dropout), torch.nn.Linear(hidden, 1)
+            torch.nn.Linear(dim, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(dropout),
+            torch.nn.Linear(hidden, 1),
         )
         self.fail_at, self.fail_rank, self.lr, self.scheduler = fail_at, fail_rank, lr, scheduler
         self.losses: list[float] = []
@@ -76,13 +87,24 @@ def main() -> None:
     args = p.parse_args()
 
     fullshard.seed_everything(7)
-    model = MLP(dropout=args.dropout, fail_at=args.fail_at, fail_rank=args.fail_rank, scheduler=args.scheduler)
-    trainer = fullshard.Trainer(
-        accelerator="cpu", devices=args.devices, strategy=args.strategy, max_steps=args.max_steps,
-        max_epochs=args.max_epochs, accumulate_grad_batches=args.accumulate, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=args.out,
+    model = MLP(
+        dropout=args.dropout, fail_at=args.fail_at, fail_rank=args.fail_rank, scheduler=args.scheduler
     )
-    loader = DataLoader(make_data(), batch_size=args.batch_size, shuffle=args.shuffle, num_workers=args.num_workers)
+    trainer = fullshard.Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        strategy=args.strategy,
+        max_steps=args.max_steps,
+        max_epochs=args.max_epochs,
+        accumulate_grad_batches=args.accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=args.out,
+    )
+    loader = DataLoader(
+        make_data(), batch_size=args.batch_size, shuffle=args.shuffle, num_workers=args.num_workers
+    )
     trainer.fit(model, loader, ckpt_path=args.resume)
     if args.save:
         trainer.save_checkpoint(args.save)
@@ -92,10 +114,16 @@ def main() -> None:
     (out / f"losses_rank{rank}.json").write_text(json.dumps(model.losses))
     if trainer.is_global_zero:
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, out / "params.pt")
-        (out / "progress.json").write_text(json.dumps(
-            {"global_step": trainer.global_step, "epoch": trainer.current_epoch, "world_size": trainer.world_size,
-             "pid": os.getpid()}
-        ))
+        (out / "progress.json").write_text(
+            json.dumps(
+                {
+                    "global_step": trainer.global_step,
+                    "epoch": trainer.current_epoch,
+                    "world_size": trainer.world_size,
+                    "pid": os.getpid(),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

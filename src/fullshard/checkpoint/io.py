@@ -10,6 +10,7 @@ target; the next save into the same directory removes such leftovers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import tempfile
@@ -35,10 +36,8 @@ def _fsync_dir(directory: Path) -> None:
 def _remove_leftovers(directory: Path, target_name: str) -> None:
     """Delete temporary files an interrupted save of ``target_name`` left behind."""
     for leftover in directory.glob(f"{_TMP_PREFIX}{target_name}.*"):
-        try:
+        with contextlib.suppress(OSError):
             leftover.unlink()
-        except OSError:
-            pass
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
@@ -58,10 +57,8 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp_name)
-        except OSError:
-            pass
         raise
     _fsync_dir(path.parent)
 

@@ -31,7 +31,9 @@ class LanguageModel(fullshard.Module):
         if self.model is not None:
             return
         hp = self.hparams
-        self.model = Transformer(hp["vocab_size"], hp["ninp"], hp["nhead"], hp["nhid"], hp["nlayers"], dropout=0.1)
+        self.model = Transformer(
+            hp["vocab_size"], hp["ninp"], hp["nhead"], hp["nhid"], hp["nlayers"], dropout=0.1
+        )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         assert self.model is not None
@@ -52,7 +54,9 @@ class LanguageModel(fullshard.Module):
 
 def main(argv: list[str] | None = None) -> None:
     """Train the demo model and print the loss before and after."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--devices", type=int, default=2, help="processes to train with (default 2)")
     parser.add_argument("--accelerator", default="cpu", help="'cpu' (default), 'cuda' or 'auto'")
     parser.add_argument("--strategy", default="ddp", help="registered strategy name (default 'ddp')")

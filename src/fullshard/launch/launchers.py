@@ -180,8 +180,11 @@ def _exit_orphaned(launcher_pid: int) -> None:
 # Rank 0: the children it started and the monitor that watches them.
 
 
-def _end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM the processes still running, then SIGKILL those that outlive the grace period."""
+def _end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:
+    """SIGTERM the processes still running, then SIGKILL those that outlive the grace period.
+
+    Returns the processes that were still running, i.e. those this call ended.
+    """
     alive = [process for process in processes if process.poll() is None]
     for process in alive:
         process.terminate()
@@ -192,6 +195,7 @@ def _end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    return alive
 
 
 @dataclass(frozen=True)
@@ -249,11 +253,11 @@ class _LocalJob:
                 file=sys.stderr,
                 flush=True,
             )
-            _end_processes([child.process for child in self._children])
-            stopped_by_us = (-signal.SIGTERM, -signal.SIGKILL)
+            ended = _end_processes([child.process for child in self._children])
             for child in self._children:
                 code = child.process.returncode
-                if code != 0 and code not in stopped_by_us:  # it failed on its own, likely first
+                ended_by_us = child.process in ended and code in (-signal.SIGTERM, -signal.SIGKILL)
+                if code != 0 and not ended_by_us:  # it failed on its own, likely first
                     print(
                         f"fullshard: {child.describe(code)}; its traceback, if any, is above", file=sys.stderr
                     )

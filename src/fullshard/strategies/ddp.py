@@ -37,14 +37,18 @@ class DDPStrategy(ParallelStrategy):
         start_method: str = "popen",
         **ddp_kwargs: Any,
     ) -> None:
-        super().__init__(process_group_backend=process_group_backend, timeout=timeout, start_method=start_method)
+        super().__init__(
+            process_group_backend=process_group_backend, timeout=timeout, start_method=start_method
+        )
         self.ddp_kwargs = ddp_kwargs
 
     @classmethod
     @override
     def register_strategies(cls, registry: StrategyRegistry) -> None:
         registry.register(
-            "ddp", cls, description="DistributedDataParallel; one process per device, script re-run per process."
+            "ddp",
+            cls,
+            description="DistributedDataParallel; one process per device, script re-run per process.",
         )
         registry.register(
             "ddp_spawn",

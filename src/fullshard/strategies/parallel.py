@@ -14,7 +14,13 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
-from fullshard.launch import ClusterEnvironment, Launcher, LocalEnvironment, SpawnLauncher, SubprocessScriptLauncher
+from fullshard.launch import (
+    ClusterEnvironment,
+    Launcher,
+    LocalEnvironment,
+    SpawnLauncher,
+    SubprocessScriptLauncher,
+)
 from fullshard.strategies.strategy import ReduceOp, Strategy
 
 log = logging.getLogger(__name__)
@@ -112,7 +118,9 @@ class ParallelStrategy(Strategy):
 
     def _environment(self) -> ClusterEnvironment:
         if self.cluster_environment is None:
-            raise RuntimeError(f"{type(self).__name__} was not configured by a host (no cluster environment).")
+            raise RuntimeError(
+                f"{type(self).__name__} was not configured by a host (no cluster environment)."
+            )
         return self.cluster_environment
 
     @override

@@ -19,7 +19,6 @@ A strategy knows nothing of loops or callbacks, so another host can drive it the
 from __future__ import annotations
 
 import contextlib
-from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -51,11 +50,11 @@ class _StepForwarder(nn.Module):
 
     def forward(self, stage: str, batch: Any, batch_idx: int) -> Any:
         if stage == "train":
-            return self.module.training_step(batch, batch_idx)
-        return self.module.validation_step(batch, batch_idx)
+            return self.module.training_step(batch, batch_idx)  # type: ignore[operator]
+        return self.module.validation_step(batch, batch_idx)  # type: ignore[operator]
 
 
-class Strategy(ABC):
+class Strategy:
     """Base class of every strategy: where a model runs and how its training step is carried out."""
 
     strategy_name: ClassVar[str] = ""
@@ -284,4 +283,3 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(devices={[str(d) for d in self.devices]}, precision={self.precision})"
-

@@ -80,9 +80,7 @@ class Callback:
     def on_validation_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """Called after the last validation batch, after epoch-level metrics are reduced."""
 
-    def on_validation_batch_start(
-        self, trainer: Trainer, module: Module, batch: Any, batch_idx: int
-    ) -> None:
+    def on_validation_batch_start(self, trainer: Trainer, module: Module, batch: Any, batch_idx: int) -> None:
         """Called before ``validation_step``."""
 
     def on_validation_batch_end(

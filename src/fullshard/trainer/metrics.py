@@ -107,9 +107,7 @@ class MetricsCollector:
             return value.detach().reshape(()).float()
         if isinstance(value, int | float) and not isinstance(value, bool):
             return torch.tensor(float(value))
-        raise TypeError(
-            f"log({name!r}) got a {type(value).__name__}; log a number or a one-element tensor."
-        )
+        raise TypeError(f"log({name!r}) got a {type(value).__name__}; log a number or a one-element tensor.")
 
     def pop_step_log(self) -> dict[str, float]:
         """The step values logged since the last call, as floats for a logger."""

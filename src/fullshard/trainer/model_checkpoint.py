@@ -70,7 +70,9 @@ class ModelCheckpoint(Callback):
         self.save_top_k = save_top_k
         self.save_last = save_last
         self.every_n_train_steps = every_n_train_steps or 0
-        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        self.every_n_epochs = (
+            every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        )
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
         self.last_model_path = ""
@@ -80,8 +82,10 @@ class ModelCheckpoint(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}, every_n_train_steps=" \
+        return (
+            f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}, every_n_train_steps="
             f"{self.every_n_train_steps}, every_n_epochs={self.every_n_epochs}}}"
+        )
 
     @override
     def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
@@ -93,15 +97,20 @@ class ModelCheckpoint(Callback):
         self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if self.every_n_train_steps and step > 0 and step % self.every_n_train_steps == 0:
-            if trainer._is_optimizer_step_boundary() and step != self._last_saved_step:
-                self.save(trainer)
+        every = self.every_n_train_steps
+        due = every and step > 0 and step % every == 0 and step != self._last_saved_step
+        if due and trainer._is_optimizer_step_boundary():
+            self.save(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
-        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            if trainer.global_step != self._last_saved_step:
-                self.save(trainer)
+        every = self.every_n_epochs
+        if (
+            every
+            and (trainer.current_epoch + 1) % every == 0
+            and trainer.global_step != self._last_saved_step
+        ):
+            self.save(trainer)
 
     # --------------------------------------------------------------------------------- saving
     def format_filename(self, trainer: Trainer) -> str:

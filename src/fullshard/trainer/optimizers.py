@@ -73,7 +73,9 @@ def parse_optimizers(config: Any) -> tuple[list[Optimizer], list[LRSchedulerConf
     """
     entries: Sequence[Any] = config if isinstance(config, list | tuple) else [config]
     if not entries:
-        raise MisconfigurationError(f"configure_optimizers() returned an empty {type(config).__name__}; return {_ACCEPTED}.")
+        raise MisconfigurationError(
+            f"configure_optimizers() returned an empty {type(config).__name__}; return {_ACCEPTED}."
+        )
     optimizers: list[Optimizer] = []
     schedulers: list[LRSchedulerConfig] = []
     for entry in entries:

@@ -47,7 +47,9 @@ def _resolve_accelerator(accelerator: str) -> str:
     return "cpu"
 
 
-def _resolve_devices(devices: Any, accelerator: str, env: ClusterEnvironment, num_nodes: int) -> list[torch.device]:
+def _resolve_devices(
+    devices: Any, accelerator: str, env: ClusterEnvironment, num_nodes: int
+) -> list[torch.device]:
     accepted = "'auto', a positive int, -1 (all GPUs), or a list of GPU indices"
     if isinstance(devices, str) and devices not in ("auto", "-1"):
         try:
@@ -62,7 +64,9 @@ def _resolve_devices(devices: Any, accelerator: str, env: ClusterEnvironment, nu
             devices = available if accelerator == "cuda" else 1
     if devices in (-1, "-1"):
         if accelerator != "cuda":
-            raise MisconfigurationError("devices=-1 means 'all GPUs' and needs accelerator='cuda'; on CPU pass a count.")
+            raise MisconfigurationError(
+                "devices=-1 means 'all GPUs' and needs accelerator='cuda'; on CPU pass a count."
+            )
         devices = available
     if isinstance(devices, bool) or not isinstance(devices, int | list | tuple):
         raise MisconfigurationError(f"devices={devices!r} is not understood; use {accepted}.")
@@ -141,19 +145,33 @@ class Trainer:
         enable_progress_bar: bool = True,
     ) -> None:
         self._check_counts(
-            num_nodes=num_nodes, accumulate_grad_batches=accumulate_grad_batches, log_every_n_steps=log_every_n_steps
+            num_nodes=num_nodes,
+            accumulate_grad_batches=accumulate_grad_batches,
+            log_every_n_steps=log_every_n_steps,
         )
         if max_steps != -1 and (not isinstance(max_steps, int) or max_steps < 0):
-            raise MisconfigurationError(f"max_steps={max_steps!r} is invalid: use -1 (no limit) or an int >= 0.")
+            raise MisconfigurationError(
+                f"max_steps={max_steps!r} is invalid: use -1 (no limit) or an int >= 0."
+            )
         if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
-            raise MisconfigurationError(f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0.")
+            raise MisconfigurationError(
+                f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0."
+            )
         if gradient_clip_algorithm not in ("norm", "value"):
             raise MisconfigurationError(
                 f"gradient_clip_algorithm={gradient_clip_algorithm!r} is invalid: use 'norm' or 'value'."
             )
-        if gradient_clip_val is not None and (not isinstance(gradient_clip_val, int | float) or gradient_clip_val <= 0):
-            raise MisconfigurationError(f"gradient_clip_val={gradient_clip_val!r} is invalid: use a number > 0 or None.")
-        if isinstance(val_check_interval, bool) or not isinstance(val_check_interval, int | float) or val_check_interval <= 0:
+        if gradient_clip_val is not None and (
+            not isinstance(gradient_clip_val, int | float) or gradient_clip_val <= 0
+        ):
+            raise MisconfigurationError(
+                f"gradient_clip_val={gradient_clip_val!r} is invalid: use a number > 0 or None."
+            )
+        if (
+            isinstance(val_check_interval, bool)
+            or not isinstance(val_check_interval, int | float)
+            or val_check_interval <= 0
+        ):
             raise MisconfigurationError(
                 f"val_check_interval={val_check_interval!r} is invalid: use a fraction of an epoch in (0.0, 1.0] "
                 "or a number of training batches (int >= 1)."
@@ -163,8 +181,14 @@ class Trainer:
                 f"val_check_interval={val_check_interval} is a float above 1.0; a float is a fraction of the epoch. "
                 f"For a number of batches pass an int, e.g. val_check_interval={int(val_check_interval)}."
             )
-        limit_batches(limit_train_batches, math.inf if isinstance(limit_train_batches, int) else 1, "limit_train_batches")
-        limit_batches(limit_val_batches, math.inf if isinstance(limit_val_batches, int) else 1, "limit_val_batches")
+        limit_batches(
+            limit_train_batches,
+            math.inf if isinstance(limit_train_batches, int) else 1,
+            "limit_train_batches",
+        )
+        limit_batches(
+            limit_val_batches, math.inf if isinstance(limit_val_batches, int) else 1, "limit_val_batches"
+        )
 
         self.max_steps = max_steps
         self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 else -1)
@@ -333,7 +357,9 @@ class Trainer:
         self._module = model
         self._launch(self._run, "fit", model, train_dataloaders, val_dataloaders, ckpt_path)
 
-    def validate(self, model: Module, dataloaders: Any, ckpt_path: str | Path | None = None) -> list[dict[str, float]]:
+    def validate(
+        self, model: Module, dataloaders: Any, ckpt_path: str | Path | None = None
+    ) -> list[dict[str, float]]:
         """Run one validation pass; returns ``[metrics]``."""
         self._check_module(model)
         self._module = model
@@ -346,7 +372,9 @@ class Trainer:
         Every process must call this (it gathers per-rank state); global rank 0 writes the file.
         """
         if self._module is None or self._strategy.module is None:
-            raise RuntimeError("save_checkpoint() needs a model that was set up by fit() or validate() first.")
+            raise RuntimeError(
+                "save_checkpoint() needs a model that was set up by fit() or validate() first."
+            )
         checkpoint = checkpointing.dump_checkpoint(self)
         self._strategy.save_checkpoint(checkpoint, path)
 
@@ -372,8 +400,10 @@ class Trainer:
         strategy.setup_environment()
         self._module = model
         model._trainer = self
-        self._hooks = {name: [cb for cb in self.callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
-                       for name in _HOOKS}
+        self._hooks = {
+            name: [cb for cb in self.callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
+            for name in _HOOKS
+        }
         for cb in self.callbacks:
             cb.setup(self, model, stage)
         try:
@@ -422,9 +452,14 @@ class Trainer:
                 train_loader, shuffle_default=True, seed=seed, name="train_dataloaders", **sampler_kwargs
             )
             available = len(self._train_loader) if self._train_loader.has_len() else math.inf
-            self.num_training_batches = limit_batches(self.limit_train_batches, available, "limit_train_batches")
+            self.num_training_batches = limit_batches(
+                self.limit_train_batches, available, "limit_train_batches"
+            )
             if self.num_training_batches == 0:
-                warnings.warn("The training dataloader yields no batches (or limit_train_batches=0): nothing to train.", stacklevel=3)
+                warnings.warn(
+                    "The training dataloader yields no batches (or limit_train_batches=0): nothing to train.",
+                    stacklevel=3,
+                )
         if val_loader is not None:
             self._val_loader = prepare_dataloader(
                 val_loader, shuffle_default=False, seed=seed, name="val_dataloaders", **sampler_kwargs
