@@ -5,6 +5,7 @@ Run: pytest tests/test_launch.py  (add -m "not multiprocess" for the fast unit t
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -32,7 +33,7 @@ from fullshard.launch import (
     expand_slurm_hostlist,
     select_cluster_environment,
 )
-from fullshard.launch.launchers import _rerun_command
+from fullshard.launch.launchers import _Child, _LocalJob, _rerun_command
 
 JOB_SCRIPT = Path(__file__).parent / "scripts" / "launch_job.py"
 JOB_TIMEOUT_S = 60  # far above what any scenario needs; a hang fails the test instead of the run
@@ -388,6 +389,31 @@ def test_script_launcher_runs_directly_for_one_process(clean_env: pytest.MonkeyP
     assert "LOCAL_RANK" not in os.environ
 
 
+def _fail_with(message: str) -> None:
+    raise ValueError(message)
+
+
+def test_local_job_ends_children_when_rank_0_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    job = _LocalJob(0, [_Child(rank=1, process=sleeper)])
+    atexit.unregister(job._at_exit)  # this test process must not wait for it at exit
+    try:
+        with pytest.raises(ValueError, match="rank 0 broke"):
+            job.run(_fail_with, "rank 0 broke")
+        assert sleeper.returncode == -signal.SIGTERM
+        assert f"fullshard: rank 0 (pid {os.getpid()}) failed; stopping the other processes" in (
+            capsys.readouterr().err
+        )
+        with pytest.raises(
+            ProcessFailedError, match=r"stopped after an earlier failure.*start the script again"
+        ):
+            job.run(_add, 1, 2, scale=1)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+
+
 # ---------------------------------------------------------------------------------------------
 # SubprocessScriptLauncher: real two-process jobs (tests/scripts/launch_job.py)
 
@@ -464,13 +490,13 @@ def _assert_failed_promptly(run: _JobRun) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("scenario", ["ok", "two_launches"])
-def test_job_succeeds(scenario: str, tmp_path: Path) -> None:
-    run = _run_job(scenario, tmp_path)
+def test_job_succeeds_and_launches_twice(tmp_path: Path) -> None:
+    # Like fit() then validate(): the second launch must reuse the processes of the first.
+    run = _run_job("two_launches", tmp_path)
     assert run.returncode == 0, str(run)
-    expected = "[6.0, 6.0]" if scenario == "two_launches" else "[6.0]"
     for rank in (0, 1):
-        assert f"launch-test rank={rank} results={expected}" in run.stdout, str(run)
+        assert f"launch-test rank={rank} results=[6.0, 6.0]" in run.stdout, str(run)
+        assert run.stdout.count(f"launch-test rank={rank} pid={run.pid(rank)}") == 2, str(run)
     assert "fullshard:" not in run.stderr, str(run)
 
 

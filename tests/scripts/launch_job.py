@@ -48,10 +48,10 @@ def work(scenario: str, env: LocalEnvironment, ready_dir: str | None) -> float:
     if rank == 1 and scenario == "kill_rank0":
         time.sleep(60)
     if rank == 0 and scenario == "raise_rank0":
-        time.sleep(1)  # let rank 1 enter the next all_reduce
+        time.sleep(0.5)  # let rank 1 enter the next all_reduce
         raise ValueError("boom on rank 0")
     if rank == 0 and scenario == "kill_rank0":
-        time.sleep(1)
+        time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
     if rank == 0 and scenario == "sigint_rank0":
         assert ready_dir is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import warnings
 from abc import ABC, abstractmethod
@@ -446,24 +447,28 @@ def _parse_host_pattern(pattern: str, hostlist: str) -> list[list[str]]:
     return parts
 
 
+_RANGE_ITEM = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)
+
+
 def _expand_ranges(spec: str, hostlist: str) -> list[str]:
     """Expand the inside of one bracket group, e.g. ``"001-003,7"``."""
     values: list[str] = []
     for item in spec.split(","):
-        low, sep, high = item.strip().partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
+        match = _RANGE_ITEM.fullmatch(item.strip())
+        if match is None:
             raise MisconfigurationError(
                 f"The SLURM host list {hostlist!r} has {item!r} in brackets; expected a number or a range"
                 " like '001-004'."
             )
-        if not sep:
+        low, high = match.group(1), match.group(2)
+        if high is None:
             values.append(low)
-            continue
-        if int(high) < int(low):
+        elif int(high) < int(low):
             raise MisconfigurationError(
                 f"The SLURM host list {hostlist!r} has the descending range {item!r}."
             )
-        values.extend(str(number).zfill(len(low)) for number in range(int(low), int(high) + 1))
+        else:
+            values.extend(str(number).zfill(len(low)) for number in range(int(low), int(high) + 1))
     return values
 
 

@@ -364,10 +364,10 @@ class SubprocessScriptLauncher(Launcher):
     @override
     def launch(self, function: Callable[..., T], *args: Any, trainer: Any = None, **kwargs: Any) -> T:
         global _running_job
-        if _running_job is None and self.num_processes > 1:
+        if _running_job is None:
             if self.cluster_environment.creates_processes_externally:
                 _watch_launcher_from_environ()
-            else:
+            elif self.num_processes > 1:
                 settings = _JobSettings.from_environment(
                     self.cluster_environment, self.num_processes, self.num_nodes
                 )

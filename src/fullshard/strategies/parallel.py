@@ -170,6 +170,9 @@ class ParallelStrategy(Strategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         env = self._environment()
+        if self.root_device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # N processes on one machine each defaulting to all cores would oversubscribe it.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.num_processes))
         self._set_world_ranks()  # spawned workers learn their rank only now, from the launcher's variables
         if dist.is_initialized():
             return

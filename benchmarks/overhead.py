@@ -1,0 +1,636 @@
+"""Trainer overhead: ``fullshard.Trainer.fit`` against a hand-written DDP loop, and Lightning.
+
+Run from the repository root::
+
+    python benchmarks/overhead.py --steps 300 --repeats 3
+    python benchmarks/overhead.py --steps 300 --repeats 3 --write-docs   # also update docs/benchmarks.md
+
+Every configuration trains the same MLP (512 -> 512 -> 512 -> 10, ReLU, SGD, cross entropy)
+on the same in-memory random data (batch 64 per process) for the same number of steps, in 2
+processes on CPU with gloo, one intra-op thread each (``OMP_NUM_THREADS=1``; 2 processes on 2
+cores). Every configuration starts its second process the same way: rank 0 runs the same
+command again with ``LOCAL_RANK=1`` once its model and data exist, as fullshard's and
+Lightning's ``ddp`` launchers do, so start-up differences are the frameworks' own.
+
+Configurations:
+
+``loop``
+    The reference: ``init_process_group("gloo")``, ``DistributedDataParallel``, a
+    ``DistributedSampler`` DataLoader, then forward, loss, backward, step, ``zero_grad``.
+``fullshard``
+    ``Trainer(strategy="ddp", devices=2)`` with logger, checkpointing and progress bar off.
+``fullshard (defaults)``
+    The same with the progress bar and the CSV logger on, and ``self.log("loss",
+    prog_bar=True)`` in every step (checkpointing stays off).
+``lightning``
+    Lightning's ``Trainer(strategy="ddp", devices=2)`` with logger, checkpointing, progress
+    bar and model summary off and ``num_sanity_val_steps=0``. It runs from its own virtual
+    environment (``_lightning_overhead.py``); the row is skipped with a note when that is
+    missing. Create it with::
+
+        python3 -m venv benchmarks/.venv-lightning
+        benchmarks/.venv-lightning/bin/pip install torch==2.13.0      # first: the CPU build
+        echo "torch==2.13.0" > /tmp/torch-pin.txt
+        benchmarks/.venv-lightning/bin/pip install lightning==2.6.6 -c /tmp/torch-pin.txt
+
+What is measured, on rank 0:
+
+per step
+    The time between the starts of consecutive training steps (taken at the top of
+    ``training_step``, or just before the forward in the loop), after ``--warmup`` steps;
+    the median over the steps of a run, then the median over the repeats. The mean is shown
+    too, because costs paid every n-th step (logging) move the mean but not the median.
+start-up
+    Wall time from just before the command is started (before its interpreter imports
+    anything) to the start of the first training step on rank 0. Median over the repeats.
+
+Runs are interleaved (each repeat runs every configuration, in a rotated order) because a
+2-core machine drifts. A first, discarded round with few steps warms the file cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+# Nothing heavy is imported at module level: the workers (and _lightning_overhead.py, which
+# imports this file) measure their start-up from before `import torch`.
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DOCS = REPO / "docs" / "benchmarks.md"
+LIGHTNING_PYTHON = HERE / ".venv-lightning" / "bin" / "python"
+LIGHTNING_WORKER = HERE / "_lightning_overhead.py"
+SECTION = "## Trainer overhead"
+WORLD_SIZE = 2
+PER_STEP_TARGET = 1.03  # at most this times the loop's time per step
+START_UP_TARGET_S = 1.0  # at most this many seconds more start-up than the loop
+RUN_TIMEOUT_S = 300
+
+
+# ---------------------------------------------------------------------------------------------
+# The workload, shared by every worker (including _lightning_overhead.py).
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model, the data and the step count every configuration trains with."""
+
+    steps: int
+    batch_size: int
+    hidden: int
+    in_features: int = 512
+    classes: int = 10
+    lr: float = 0.01
+
+    @property
+    def samples(self) -> int:
+        """One epoch holds exactly ``steps`` batches per process."""
+        return self.steps * self.batch_size * WORLD_SIZE
+
+    def describe(self) -> str:
+        return (
+            f"MLP {self.in_features} -> {self.hidden} -> {self.hidden} -> {self.classes} (ReLU), SGD lr "
+            f"{self.lr}, cross entropy, batch {self.batch_size} per process, {self.steps} steps"
+        )
+
+
+def build_net(work: Workload) -> nn.Module:
+    """The MLP, with weights from seed 0."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(work.in_features, work.hidden),
+        nn.ReLU(),
+        nn.Linear(work.hidden, work.hidden),
+        nn.ReLU(),
+        nn.Linear(work.hidden, work.classes),
+    )
+
+
+def make_dataset(work: Workload) -> TensorDataset:
+    """Random inputs and labels, made in memory from seed 1."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(work.samples, work.in_features, generator=generator)
+    labels = torch.randint(work.classes, (work.samples,), generator=generator)
+    return TensorDataset(inputs, labels)
+
+
+class StepClock:
+    """Timestamps on rank 0: named start-up events (wall clock) and the start of every step."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, float] = {"worker_start": time.time()}
+        self.marks: list[float] = []
+
+    def event(self, name: str) -> None:
+        self.events[name] = time.time()
+
+    def mark(self) -> None:
+        """Call at the start of every training step."""
+        if not self.marks:
+            self.events["first_step"] = time.time()
+        self.marks.append(time.perf_counter())
+
+    def write(self, path: str, rank: int, **extra: Any) -> None:
+        """Rank 0 writes ``path``; other ranks write their start-up events next to it."""
+        if rank != 0:
+            path, extra = f"{path}.rank{rank}", {}
+        Path(path).write_text(json.dumps({"events": self.events, "marks": self.marks, **extra}))
+
+
+def worker_parser(prog: str) -> argparse.ArgumentParser:
+    """The arguments the driver passes to every worker."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--hidden", type=int, required=True)
+    parser.add_argument("--out", required=True, help="JSON file rank 0 writes its timestamps to")
+    parser.add_argument("--root", required=True, help="the run's directory (logs)")
+    return parser
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    return Workload(steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers: each is one `python benchmarks/overhead.py --worker NAME ...` command.
+
+
+def _find_free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start_rank_1() -> subprocess.Popen[bytes]:
+    """Run this command again as rank 1, as the Trainers' ``ddp`` launchers do."""
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_find_free_port()), "WORLD_SIZE": str(WORLD_SIZE)}
+    )
+    return subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "LOCAL_RANK": "1"})
+
+
+def run_loop_worker(args: argparse.Namespace, clock: StepClock) -> None:
+    """The hand-written reference loop."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    clock.event("imports")
+    work = workload_from(args)
+    net = build_net(work)
+    dataset = make_dataset(work)
+    clock.event("fit")
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    child = _start_rank_1() if rank == 0 else None
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    model = DistributedDataParallel(net)
+    optimizer = torch.optim.SGD(model.parameters(), lr=work.lr)
+    sampler = DistributedSampler(dataset, num_replicas=WORLD_SIZE, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=work.batch_size, sampler=sampler)
+    model.train()
+    for step, (inputs, labels) in enumerate(loader):
+        if step == work.steps:
+            break
+        clock.mark()
+        loss = F.cross_entropy(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    clock.write(args.out, rank, versions={"torch": torch.__version__})
+    dist.barrier()
+    dist.destroy_process_group()
+    if child is not None and child.wait() != 0:
+        raise SystemExit(f"rank 1 exited with code {child.returncode}")
+
+
+def run_fullshard_worker(args: argparse.Namespace, clock: StepClock, defaults: bool) -> None:
+    """``fullshard.Trainer.fit``; ``defaults`` turns the progress bar and the CSV logger on."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    import fullshard
+
+    clock.event("imports")
+    work = workload_from(args)
+
+    class Model(fullshard.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = build_net(work)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            clock.mark()
+            inputs, labels = batch
+            loss = F.cross_entropy(self.net(inputs), labels)
+            if defaults:
+                self.log("loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=work.lr)
+
+    model = Model()
+    loader = DataLoader(make_dataset(work), batch_size=work.batch_size, shuffle=True)
+    switches: dict[str, Any] = {} if defaults else {"logger": False, "enable_progress_bar": False}
+    trainer = fullshard.Trainer(
+        accelerator="cpu",
+        devices=WORLD_SIZE,
+        strategy="ddp",
+        max_steps=work.steps,
+        enable_checkpointing=False,
+        default_root_dir=args.root,
+        **switches,
+    )
+    clock.event("fit")
+    trainer.fit(model, loader)
+    clock.write(
+        args.out,
+        trainer.global_rank,
+        versions={"torch": torch.__version__, "fullshard": fullshard.__version__},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver.
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    label: str
+    command: list[str]
+    skip_reason: str | None = None
+
+
+@dataclass
+class Runs:
+    """What the repeats of one configuration measured."""
+
+    step_medians: list[float] = field(default_factory=list)
+    step_means: list[float] = field(default_factory=list)
+    start_ups: list[float] = field(default_factory=list)
+    walls: list[float] = field(default_factory=list)
+    phases: list[dict[str, float]] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def _configs() -> list[Config]:
+    here = [sys.executable, str(Path(__file__).resolve())]
+    configs = [
+        Config("loop", "hand-written loop (reference)", [*here, "--worker", "loop"]),
+        Config("fullshard", "fullshard Trainer, logger/ckpt/bar off", [*here, "--worker", "fullshard"]),
+        Config(
+            "fullshard-defaults",
+            "fullshard Trainer, progress bar + CSVLogger + `self.log` per step",
+            [*here, "--worker", "fullshard-defaults"],
+        ),
+    ]
+    lightning = Config(
+        "lightning",
+        "Lightning 2.6.6 Trainer, logger/ckpt/bar off",
+        [str(LIGHTNING_PYTHON), str(LIGHTNING_WORKER)],
+    )
+    if not LIGHTNING_PYTHON.exists():
+        lightning = Config(
+            lightning.name,
+            lightning.label,
+            lightning.command,
+            skip_reason=(
+                f"{LIGHTNING_PYTHON.relative_to(REPO)} is missing; create it as this file's docstring says "
+                "(python3 -m venv, then pip install torch==2.13.0, then lightning==2.6.6 with torch pinned)"
+            ),
+        )
+    configs.append(lightning)
+    return configs
+
+
+def _clean_environ(threads: int) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not _is_job_variable(k)}
+    environ.update(
+        {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    )
+    return environ
+
+
+def _is_job_variable(name: str) -> bool:
+    return name in {
+        "LOCAL_RANK",
+        "RANK",
+        "NODE_RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    } or name.startswith(("TORCHELASTIC_", "SLURM_", "FULLSHARD_"))
+
+
+def _run_once(config: Config, work: Workload, warmup: int, threads: int, workdir: Path) -> dict[str, Any]:
+    """Start ``config``'s command and read what its rank 0 measured."""
+    root = Path(tempfile.mkdtemp(prefix=f"{config.name}-", dir=workdir))
+    out = root / "result.json"
+    command = [
+        *config.command,
+        *("--steps", str(work.steps), "--batch-size", str(work.batch_size), "--hidden", str(work.hidden)),
+        *("--out", str(out), "--root", str(root)),
+    ]
+    log_path = root / "output.log"
+    with log_path.open("wb") as log:
+        launched = time.time()
+        process = subprocess.run(
+            command,
+            env=_clean_environ(threads),
+            cwd=root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=RUN_TIMEOUT_S,
+        )
+        ended = time.time()
+    if process.returncode != 0 or not out.exists():
+        tail = log_path.read_text(errors="replace")[-4000:]
+        raise RuntimeError(
+            f"{config.name} failed (exit code {process.returncode}); its output ends with:\n{tail}"
+        )
+    result = json.loads(out.read_text())
+    marks, events = result["marks"], result["events"]
+    if len(marks) != work.steps:
+        raise RuntimeError(f"{config.name} ran {len(marks)} steps, expected {work.steps}")
+    steps = [b - a for a, b in itertools.pairwise(marks[warmup:])]
+    phases = _start_up_phases(launched, events, out.with_name(out.name + ".rank1"))
+    return {
+        "step_median": statistics.median(steps),
+        "step_mean": statistics.fmean(steps),
+        "start_up": events["first_step"] - launched,
+        "wall": ended - launched,
+        "phases": phases,
+        "versions": result.get("versions", {}),
+    }
+
+
+PHASES = ("rank 0 to fit", "rank 1 to fit", "rank 1 fit to step", "rank 0 waits")
+
+
+def _start_up_phases(launched: float, events: dict[str, float], rank1_file: Path) -> dict[str, float]:
+    """Split the start-up into consecutive phases (seconds).
+
+    ``rank 0 to fit``: interpreter, imports, model, data (and Trainer) up to ``fit``, where
+    rank 1 is started. ``rank 1 to fit``: the same again in rank 1. ``rank 1 fit to step``:
+    process group, model wrapping and loader set-up in rank 1. ``rank 0 waits``: from rank 1's
+    first step to rank 0's (about zero: the ranks meet in the process group set-up).
+    """
+    phases = {"rank 0 to fit": events["fit"] - launched}
+    if rank1_file.exists():  # written when rank 1 exits cleanly
+        rank1 = json.loads(rank1_file.read_text())["events"]
+        phases["rank 1 to fit"] = rank1["fit"] - events["fit"]
+        phases["rank 1 fit to step"] = rank1["first_step"] - rank1["fit"]
+        phases["rank 0 waits"] = events["first_step"] - rank1["first_step"]
+    return phases
+
+
+def run_benchmark(args: argparse.Namespace) -> tuple[list[Config], dict[str, Runs]]:
+    work = Workload(steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
+    configs = [c for c in _configs() if not args.only or c.name in args.only]
+    runnable = [c for c in configs if c.skip_reason is None]
+    for config in configs:
+        if config.skip_reason:
+            print(f"skipping {config.name}: {config.skip_reason}", flush=True)
+    results = {c.name: Runs() for c in runnable}
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(
+            f"warning: the 1-minute load average is {load:.1f}; other work on this machine makes the numbers noisy"
+        )
+    with tempfile.TemporaryDirectory(prefix="fullshard-overhead-") as tmp:
+        workdir = Path(tmp)
+        if args.warmup_round:
+            short = Workload(steps=args.warmup + 10, batch_size=work.batch_size, hidden=work.hidden)
+            for config in runnable:
+                print(f"warm-up round: {config.name}", flush=True)
+                _run_once(config, short, args.warmup, args.threads, workdir)
+        for repeat in range(args.repeats):
+            shift = repeat % len(runnable)
+            for config in runnable[shift:] + runnable[:shift]:
+                run = _run_once(config, work, args.warmup, args.threads, workdir)
+                runs = results[config.name]
+                runs.step_medians.append(run["step_median"])
+                runs.step_means.append(run["step_mean"])
+                runs.start_ups.append(run["start_up"])
+                runs.walls.append(run["wall"])
+                runs.phases.append(run["phases"])
+                runs.versions.update(run["versions"])
+                print(
+                    f"repeat {repeat + 1}/{args.repeats} {config.name:<19} step {run['step_median'] * 1e3:7.3f} ms"
+                    f" (mean {run['step_mean'] * 1e3:7.3f})  start-up {run['start_up']:6.2f} s  "
+                    + " ".join(f"{k} {v:.2f}" for k, v in run["phases"].items()),
+                    flush=True,
+                )
+    return configs, results
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting.
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def render_table(configs: list[Config], results: dict[str, Runs]) -> str:
+    reference = results.get("loop")
+    if reference is None:
+        raise SystemExit("the loop configuration is the reference; do not leave it out with --only")
+    ref_step = statistics.median(reference.step_medians)
+    ref_mean = statistics.median(reference.step_means)
+    ref_start = statistics.median(reference.start_ups)
+    lines = [
+        "| configuration | per step, median (ms) | vs loop | per step, mean (ms) | vs loop | start-up (s) | vs loop (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for config in configs:
+        runs = results.get(config.name)
+        if runs is None:
+            lines.append(f"| {config.label} | skipped | | | | | |")
+            continue
+        step = statistics.median(runs.step_medians)
+        mean = statistics.median(runs.step_means)
+        start = statistics.median(runs.start_ups)
+        lines.append(
+            f"| {config.label} | {step * 1e3:.3f} | {step / ref_step:.3f}x | {mean * 1e3:.3f} | {mean / ref_mean:.3f}x"
+            f" | {start:.2f} | {start - ref_start:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def render_phases(configs: list[Config], results: dict[str, Runs]) -> str:
+    names = PHASES
+    lines = [
+        "| configuration | " + " | ".join(names) + " |",
+        "| --- |" + " ---: |" * len(names),
+    ]
+    for config in configs:
+        runs = results.get(config.name)
+        if runs is None:
+            continue
+        cells = [_median_phase(runs.phases, n) for n in names]
+        lines.append(f"| {config.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _median_phase(phases: list[dict[str, float]], name: str) -> str:
+    values = [p[name] for p in phases if name in p]
+    return f"{statistics.median(values):.2f}" if values else "n/a"
+
+
+def render_section(args: argparse.Namespace, configs: list[Config], results: dict[str, Runs]) -> str:
+    work = Workload(steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
+    versions: dict[str, str] = {}
+    for runs in results.values():
+        versions.update(runs.versions)
+    lightning = versions.get("lightning", "not measured")
+    command = f"python benchmarks/overhead.py --steps {args.steps} --repeats {args.repeats}"
+    if (args.batch_size, args.hidden) != (64, 512):
+        command += f" --batch-size {args.batch_size} --hidden {args.hidden}"
+    skipped = [f"- {c.label}: skipped, {c.skip_reason}." for c in configs if c.skip_reason]
+    return "\n".join(
+        [
+            SECTION,
+            "",
+            "How much time `Trainer.fit` adds to a hand-written DDP loop over the same wrapped model, data",
+            "and ranks (2 processes, CPU, gloo). Targets: at most "
+            f"{PER_STEP_TARGET:.2f}x per step and at most {START_UP_TARGET_S:.0f} s more start-up.",
+            "",
+            "```",
+            command + " --write-docs",
+            "```",
+            "",
+            f"- Workload: {work.describe()}; in-memory random data, one epoch.",
+            f"- Machine: {os.cpu_count()} CPU cores ({_cpu_model()}), 2 processes with one intra-op thread",
+            f"  each (`OMP_NUM_THREADS=1`); Python {platform.python_version()}, torch "
+            f"{versions.get('torch', '?')}, fullshard {versions.get('fullshard', '?')}, Lightning {lightning}.",
+            f"- Date: {datetime.date.today().isoformat()}; {args.repeats} interleaved repeats, medians shown;"
+            f" the first {args.warmup} steps of each run are not timed.",
+            "- Per step: time between the starts of consecutive training steps on rank 0. Start-up: from",
+            "  just before the command starts (before `import torch`) to the first step on rank 0.",
+            "- Every configuration starts rank 1 the same way: rank 0 runs the command again with",
+            "  `LOCAL_RANK=1` once its model and data exist (fullshard's and Lightning's `ddp` launchers).",
+            *skipped,
+            "",
+            render_table(configs, results),
+            "",
+            "Start-up by phase (s; consecutive, they add up to the start-up): rank 0 runs the script up to",
+            "`fit` (interpreter, imports, model, data, Trainer), where rank 1 is started; rank 1 does the",
+            "same; rank 1 then sets up the process group, the wrapped model and the loader; rank 0 starts",
+            "its first step about when rank 1 does.",
+            "",
+            render_phases(configs, results),
+            "",
+        ]
+    )
+
+
+def write_docs(section: str) -> None:
+    """Replace the ``## Trainer overhead`` section of docs/benchmarks.md (other sections stay)."""
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    if start is None:
+        updated = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        rest = "".join(lines[end:])
+        updated = "".join(lines[:start]) + section + ("\n" + rest if rest else "")
+    DOCS.parent.mkdir(parents=True, exist_ok=True)
+    DOCS.write_text(updated)
+    print(f"updated {DOCS.relative_to(REPO)}")
+
+
+def _verdict(results: dict[str, Runs]) -> str:
+    if "fullshard" not in results or "loop" not in results:
+        return ""
+    ratio = statistics.median(results["fullshard"].step_medians) / statistics.median(
+        results["loop"].step_medians
+    )
+    extra = statistics.median(results["fullshard"].start_ups) - statistics.median(results["loop"].start_ups)
+    ok_step = "ok" if ratio <= PER_STEP_TARGET else "MISSED"
+    ok_start = "ok" if extra <= START_UP_TARGET_S else "MISSED"
+    return (
+        f"fullshard per step {ratio:.3f}x (target <= {PER_STEP_TARGET}x): {ok_step}; "
+        f"start-up {extra:+.2f} s (target <= +{START_UP_TARGET_S:.0f} s): {ok_start}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--steps", type=int, default=300, help="training steps per run")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of every configuration")
+    parser.add_argument("--warmup", type=int, default=20, help="steps at the start of a run not timed")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch size per process")
+    parser.add_argument("--hidden", type=int, default=512, help="width of the two hidden layers")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every process")
+    parser.add_argument("--only", nargs="+", help="run only these configurations (loop is the reference)")
+    parser.add_argument("--no-warmup-round", dest="warmup_round", action="store_false")
+    parser.add_argument("--write-docs", action="store_true", help="update the section in docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup + 1:
+        parser.error(f"--steps must exceed --warmup + 1 ({args.warmup + 1})")
+    configs, results = run_benchmark(args)
+    print()
+    print(render_table(configs, results))
+    print()
+    print(render_phases(configs, results))
+    print()
+    print(_verdict(results))
+    if args.write_docs:
+        write_docs(render_section(args, configs, results))
+
+
+def _worker_main(name: str, argv: list[str]) -> None:
+    clock = StepClock()
+    args = worker_parser(f"overhead.py --worker {name}").parse_args(argv)
+    if name == "loop":
+        run_loop_worker(args, clock)
+    elif name in ("fullshard", "fullshard-defaults"):
+        run_fullshard_worker(args, clock, defaults=name == "fullshard-defaults")
+    else:
+        raise SystemExit(f"unknown worker {name!r}; use loop, fullshard or fullshard-defaults")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        _worker_main(sys.argv[2], sys.argv[3:])
+    else:
+        main()
