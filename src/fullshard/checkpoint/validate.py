@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
 from fullshard.errors import CheckpointError
 
@@ -37,19 +36,18 @@ class StateDictMismatchError(CheckpointError):
         )
 
 
-def check_state_dict_matches(module: nn.Module, state_dict: Mapping[str, Any], strict: bool = True) -> None:
-    """Raise :class:`StateDictMismatchError` unless ``state_dict`` loads cleanly into ``module``.
+def check_state_dict_matches(
+    expected: Mapping[str, torch.Size], state_dict: Mapping[str, Any], strict: bool = True
+) -> None:
+    """Raise :class:`StateDictMismatchError` unless ``state_dict`` fits a model whose full tensor
+    shapes are ``expected`` (recorded before sharding, so no gather is needed to check).
 
     Shapes are always checked; missing and unexpected keys only when ``strict``.
     """
-    expected = module.state_dict()
     mismatched = [
-        f"{key} (checkpoint {tuple(value.shape)}, model {tuple(expected[key].shape)})"
+        f"{key} (checkpoint {tuple(value.shape)}, model {tuple(expected[key])})"
         for key, value in state_dict.items()
-        if key in expected
-        and isinstance(value, torch.Tensor)
-        and isinstance(expected[key], torch.Tensor)
-        and value.shape != expected[key].shape
+        if key in expected and isinstance(value, torch.Tensor) and value.shape != expected[key]
     ]
     missing = sorted(set(expected) - set(state_dict)) if strict else []
     unexpected = sorted(set(state_dict) - set(expected)) if strict else []

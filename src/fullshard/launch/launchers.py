@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -407,7 +408,7 @@ class _SpawnChannels:
     the likely cause (a crash in one rank makes the others' collectives fail next).
     """
 
-    results: Any  # SimpleQueue of _SpawnOutcome
+    results: Any  # SimpleQueue of _SpawnOutcome, pickled (see [Note: spawn results travel as bytes])
     failures: Any  # SimpleQueue of _SpawnFailure
 
 
@@ -432,7 +433,12 @@ def _spawned_main(
         raise
     if local_rank == 0:
         trainer_state = trainer._get_spawn_result() if trainer is not None else None
-        channels.results.put(_SpawnOutcome(value=value, trainer_state=trainer_state))
+        # [Note: spawn results travel as bytes]
+        # torch.multiprocessing's queues send a tensor as a handle to shared memory that the
+        # receiver can open only while the sender is alive, and this process exits right after
+        # sending. Plain pickle copies the tensors' data into the bytes instead.
+        payload = pickle.dumps(_SpawnOutcome(value=value, trainer_state=trainer_state))
+        channels.results.put(payload)
 
 
 def _restore_environ(saved: dict[str, str]) -> None:
@@ -517,7 +523,7 @@ def _join_collecting(process_context: ProcessContext, channels: _SpawnChannels) 
             # On a failure, join() ends the other processes (SIGTERM, then SIGKILL) and raises.
             done = process_context.join(timeout=_CHILD_POLL_S, grace_period=_TERMINATE_GRACE_S)
             while not channels.results.empty():
-                outcome = channels.results.get()
+                outcome = pickle.loads(channels.results.get())
     except (ProcessRaisedException, ProcessExitedException) as error:
         failures: list[_SpawnFailure] = []
         while not channels.failures.empty():

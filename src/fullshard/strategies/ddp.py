@@ -64,9 +64,9 @@ class DDPStrategy(ParallelStrategy):
         )
 
     @override
-    def _wrap(self, forwarder: nn.Module) -> nn.Module:
+    def _wrap(self, module: nn.Module) -> nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return DistributedDataParallel(forwarder, device_ids=device_ids, **self.ddp_kwargs)
+        return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
 
     @override
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:

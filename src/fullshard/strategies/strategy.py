@@ -19,11 +19,19 @@ A strategy knows nothing of loops or callbacks, so another host can drive it the
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.optim import Optimizer
 
 from fullshard.checkpoint.io import atomic_torch_save, load_checkpoint_file
@@ -37,21 +45,36 @@ T = TypeVar("T")
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
 
-class _StepForwarder(nn.Module):
-    """Routes the wrapper's ``forward`` to the user's step methods.
+def _redirected_call(wrapper: nn.Module, module: nn.Module, method: str, *args: Any) -> Any:
+    """Call ``module.<method>(*args)`` through ``wrapper.__call__``.
 
-    DDP and FSDP do their work (gradient-sync bookkeeping, all-gathers) inside ``forward`` of the
-    module they wrap, so the step methods must be reached through the wrapper's forward.
+    [Note: forward redirection]
+    DDP and FSDP do their work (gradient-sync bookkeeping, all-gathers, resharding) around the
+    ``forward`` of the module they wrap, but the Trainer calls ``training_step``. So for one call
+    the wrapped module's ``forward`` is pointed at the step method, and the wrapper is called. The
+    original ``forward`` is put back before the step runs, so ``self(x)`` inside the step is the
+    user's forward. Wrapping the user's module directly (rather than a helper module around it)
+    keeps every state-dict key free of wrapper prefixes.
     """
+    step = getattr(module, method)
+    had_instance_forward = "forward" in module.__dict__
+    original_forward = module.__dict__.get("forward")
 
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
+    def restore() -> None:
+        if had_instance_forward:
+            module.forward = original_forward  # type: ignore[method-assign]
+        else:
+            module.__dict__.pop("forward", None)
 
-    def forward(self, stage: str, batch: Any, batch_idx: int) -> Any:
-        if stage == "train":
-            return self.module.training_step(batch, batch_idx)  # type: ignore[operator]
-        return self.module.validation_step(batch, batch_idx)  # type: ignore[operator]
+    def forward(*step_args: Any) -> Any:
+        restore()
+        return step(*step_args)
+
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        return wrapper(*args)
+    finally:
+        restore()
 
 
 class Strategy:
@@ -66,6 +89,7 @@ class Strategy:
         self.precision = Precision("32-true")
         self.module: nn.Module | None = None  # the user's module, unwrapped
         self.model: nn.Module | None = None  # what forward runs through (possibly wrapped)
+        self._param_shapes: dict[str, torch.Size] = {}  # full shapes of the model's state, before sharding
 
     # ----------------------------------------------------------------- configuration by the host
     def configure(
@@ -153,13 +177,15 @@ class Strategy:
 
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Move ``module`` to the device, apply precision and wrap it; returns what forward runs through."""
-        self.module = self.precision.convert_module(module).to(self.root_device)
-        self.model = self._wrap(_StepForwarder(self.module))
+        module = self.precision.convert_module(module).to(self.root_device)
+        self._param_shapes = {k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+        self.module = module
+        self.model = self._wrap(module)
         return self.model
 
-    def _wrap(self, forwarder: nn.Module) -> nn.Module:
-        """Wrap the step forwarder (DDP, FSDP, ...). Identity by default."""
-        return forwarder
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        """Wrap the module (DDP, FSDP, ...). Identity by default."""
+        return module
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check (and, for some strategies, adapt) an optimizer created after :meth:`setup_module`."""
@@ -175,13 +201,17 @@ class Strategy:
         """Run the user's ``training_step`` through the wrapper, in the precision's context."""
         model = self._require_model()
         with self.precision.forward_context():
-            return model("train", batch, batch_idx)
+            if model is self.module:
+                return model.training_step(batch, batch_idx)  # type: ignore[operator]
+            return _redirected_call(model, self.module, "training_step", batch, batch_idx)  # type: ignore[arg-type]
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         """Run the user's ``validation_step`` through the wrapper, in the precision's context."""
         model = self._require_model()
         with self.precision.forward_context():
-            return model("val", batch, batch_idx)
+            if model is self.module:
+                return model.validation_step(batch, batch_idx)  # type: ignore[operator]
+            return _redirected_call(model, self.module, "validation_step", batch, batch_idx)  # type: ignore[arg-type]
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` (scaled under "16-mixed")."""
@@ -240,28 +270,30 @@ class Strategy:
         return decision
 
     # ----------------------------------------------------------------------------- checkpoints
+    def state_dict_options(self, *, for_loading: bool = False) -> StateDictOptions:
+        """Options for torch's ``get_/set_model_state_dict`` and ``get_/set_optimizer_state_dict``."""
+        return StateDictOptions(full_state_dict=True, cpu_offload=False)
+
     def module_state_dict(self) -> dict[str, Any]:
         """The model's full state dict, with the user's key names (no wrapper prefixes)."""
-        if self.module is None:
-            raise RuntimeError("module_state_dict() called before setup_module().")
-        return self.module.state_dict()
+        return get_model_state_dict(self._require_model(), options=self.state_dict_options())
 
     def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
-        """Load a state dict written by :meth:`module_state_dict`."""
-        if self.module is None:
-            raise RuntimeError("load_module_state_dict() called before setup_module().")
+        """Load a state dict written by :meth:`module_state_dict`; nothing changes if it does not fit."""
         from fullshard.checkpoint.validate import check_state_dict_matches
 
-        check_state_dict_matches(self.module, state_dict, strict=strict)
-        self.module.load_state_dict(state_dict, strict=strict)
+        check_state_dict_matches(self._param_shapes, state_dict, strict=strict)
+        options = self.state_dict_options(for_loading=True)
+        set_model_state_dict(self._require_model(), state_dict, options=replace(options, strict=strict))
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
-        """An optimizer's state for a checkpoint."""
-        return optimizer.state_dict()
+        """An optimizer's state keyed by parameter names, so it loads under any strategy."""
+        return get_optimizer_state_dict(self._require_model(), optimizer, options=self.state_dict_options())
 
     def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
         """Restore an optimizer's state from :meth:`optimizer_state_dict`."""
-        optimizer.load_state_dict(state_dict)
+        options = self.state_dict_options(for_loading=True)
+        set_optimizer_state_dict(self._require_model(), optimizer, state_dict, options=options)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
         """Write ``checkpoint`` to ``path`` as one file, atomically, from global rank 0."""
