@@ -143,6 +143,7 @@ class StepClock:
     def __init__(self) -> None:
         self.events: dict[str, float] = {"worker_start": time.time()}
         self.marks: list[float] = []
+        self.cpu_marks: list[float] = []
 
     def event(self, name: str) -> None:
         self.events[name] = time.time()
@@ -152,12 +153,14 @@ class StepClock:
         if not self.marks:
             self.events["first_step"] = time.time()
         self.marks.append(time.perf_counter())
+        self.cpu_marks.append(time.process_time())
 
     def write(self, path: str, rank: int, **extra: Any) -> None:
         """Rank 0 writes ``path``; other ranks write their start-up events next to it."""
         if rank != 0:
             path, extra = f"{path}.rank{rank}", {}
-        Path(path).write_text(json.dumps({"events": self.events, "marks": self.marks, **extra}))
+        record = {"events": self.events, "marks": self.marks, "cpu_marks": self.cpu_marks, **extra}
+        Path(path).write_text(json.dumps(record))
 
 
 def worker_parser(prog: str) -> argparse.ArgumentParser:

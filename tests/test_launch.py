@@ -566,13 +566,16 @@ def _init_gloo() -> int:
     return rank
 
 
-def _spawned_sum(scale: float) -> float:
+_BIG = 1_000_000  # elements: 4 MB, far more than a pipe holds, and enough for multi-threaded ops
+
+
+def _spawned_sum(scale: float) -> tuple[float, torch.Tensor]:
     rank = _init_gloo()
     total = torch.tensor([scale * (rank + 1)])
     dist.all_reduce(total)
     dist.barrier()
     dist.destroy_process_group()
-    return total.item()
+    return total.item(), torch.ones(_BIG) * (rank + 1)
 
 
 def _spawned_failure() -> None:
@@ -588,24 +591,29 @@ class _RecordingTrainer:
     """Stands in for the Trainer's side of the spawn contract."""
 
     def __init__(self) -> None:
-        self.applied: dict[str, int] | None = None
+        self.applied: dict[str, Any] | None = None
 
-    def _get_spawn_result(self) -> dict[str, int]:
-        return {"pid": os.getpid(), "local_rank": int(os.environ["LOCAL_RANK"])}
+    def _get_spawn_result(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "local_rank": int(os.environ["LOCAL_RANK"]), "weights": torch.arange(3.0)}
 
-    def _apply_spawn_result(self, state: dict[str, int]) -> None:
+    def _apply_spawn_result(self, state: dict[str, Any]) -> None:
         self.applied = state
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
 def test_spawn_launcher_returns_rank_0_result(clean_env: pytest.MonkeyPatch, start_method: str) -> None:
+    # This process runs a multi-threaded op first: forked children must still not hang in theirs.
+    assert torch.ones(_BIG).sum().item() == _BIG
     trainer = _RecordingTrainer()
     launcher = SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1, start_method=start_method)
-    assert launcher.launch(_spawned_sum, 2.0, trainer=trainer) == 6.0
+    total, big = launcher.launch(_spawned_sum, 2.0, trainer=trainer)
+    assert total == 6.0
+    assert big.shape == (_BIG,) and big.sum().item() == _BIG  # rank 0's tensor, readable after it exited
     assert trainer.applied is not None
     assert trainer.applied["local_rank"] == 0
     assert trainer.applied["pid"] != os.getpid()
+    assert torch.equal(trainer.applied["weights"], torch.arange(3.0))
     assert "MASTER_PORT" not in os.environ  # chosen for the job, then removed again
 
 

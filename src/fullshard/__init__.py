@@ -1,6 +1,6 @@
 """fullshard: train PyTorch models too big for one device."""
 
-__version__ = "0.1.0"
+import logging as _logging
 
 from fullshard.module import Module
 from fullshard.seed import seed_everything
@@ -8,4 +8,12 @@ from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.trainer import Trainer
 
+__version__ = "0.1.0"
 __all__ = ["Callback", "ModelCheckpoint", "Module", "Trainer", "__version__", "seed_everything"]
+
+# Info messages (the FSDP wrap plan, ...) go to stderr unless the application configures logging.
+_log = _logging.getLogger("fullshard")
+if not _log.handlers:
+    _log.addHandler(_logging.StreamHandler())
+    _log.setLevel(_logging.INFO)
+    _log.propagate = False

@@ -150,3 +150,46 @@ class Precision:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.precision!r})"
+
+
+class FSDPPrecision(Precision):
+    """Precision under FSDP: the string also sets FSDP's ``MixedPrecision`` dtypes.
+
+    =================  =============  ==============  ==============
+    string             param_dtype    reduce_dtype    buffer_dtype
+    =================  =============  ==============  ==============
+    ``"32-true"``      float32        float32         float32
+    ``"16-mixed"``     float16        float32         float32
+    ``"bf16-mixed"``   bfloat16       float32         float32
+    ``"16-true"``      float16        float16         float16
+    ``"bf16-true"``    bfloat16       bfloat16        bfloat16
+    =================  =============  ==============  ==============
+
+    Under the "-mixed" settings the sharded parameters and the optimizer stay in float32 while
+    FSDP gathers them in half precision for compute, and gradients are reduced in float32;
+    autocast (and for "16-mixed" a ``ShardedGradScaler``) works as without FSDP. A user's own
+    ``MixedPrecision`` replaces the table's row.
+    """
+
+    def __init__(
+        self, precision: Any = "32-true", device_type: str = "cpu", mixed_precision: Any = None
+    ) -> None:
+        super().__init__(precision, device_type)
+        self.user_mixed_precision = mixed_precision
+
+    def _make_scaler(self) -> torch.amp.GradScaler:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device=self.device_type)
+
+    @property
+    def mixed_precision_config(self) -> Any:
+        """The ``torch.distributed.fsdp.MixedPrecision`` FSDP is built with."""
+        from torch.distributed.fsdp import MixedPrecision
+
+        if self.user_mixed_precision is not None:
+            return self.user_mixed_precision
+        half = self.compute_dtype
+        if self.is_mixed:
+            return MixedPrecision(param_dtype=half, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+        return MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+import torch
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import (
     ProcessContext,
@@ -181,22 +182,25 @@ def _exit_orphaned(launcher_pid: int) -> None:
 # Rank 0: the children it started and the monitor that watches them.
 
 
-def _end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> list[subprocess.Popen[bytes]]:
+def _end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> dict[int, signal.Signals]:
     """SIGTERM the processes still running, then SIGKILL those that outlive the grace period.
 
-    Returns the processes that were still running, i.e. those this call ended.
+    Returns, by pid, the last signal sent to each process this call had to end.
     """
     alive = [process for process in processes if process.poll() is None]
+    sent: dict[int, signal.Signals] = {}
     for process in alive:
         process.terminate()
+        sent[process.pid] = signal.SIGTERM
     deadline = time.monotonic() + _TERMINATE_GRACE_S
     for process in alive:
         try:
             process.wait(timeout=max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             process.kill()
+            sent[process.pid] = signal.SIGKILL
             process.wait()
-    return alive
+    return sent
 
 
 @dataclass(frozen=True)
@@ -254,10 +258,10 @@ class _LocalJob:
                 file=sys.stderr,
                 flush=True,
             )
-            ended = _end_processes([child.process for child in self._children])
+            sent = _end_processes([child.process for child in self._children])
             for child in self._children:
                 code = child.process.returncode
-                ended_by_us = child.process in ended and code in (-signal.SIGTERM, -signal.SIGKILL)
+                ended_by_us = child.process.pid in sent and code == -sent[child.process.pid]
                 if code != 0 and not ended_by_us:  # it failed on its own, likely first
                     print(
                         f"fullshard: {child.describe(code)}; its traceback, if any, is above", file=sys.stderr
@@ -420,9 +424,17 @@ def _spawned_main(
     kwargs: dict[str, Any],
     trainer: Any,
     channels: _SpawnChannels,
+    forked: bool,
 ) -> None:
     """Entry point of each spawned process (module level so that it pickles)."""
     os.environ.update(settings.environ(local_rank))
+    if forked:
+        # A forked child inherits the parent's OpenMP thread pool without its threads: its
+        # first multi-threaded op hangs once the parent has run one (GNU libgomp is not
+        # fork-safe; pytorch/pytorch#17199, #41197). One thread never enters the pool, and
+        # OMP_NUM_THREADS tells the strategy that the thread count is already chosen.
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
     _start_launcher_watchdog(settings.launcher_pid)
     try:
         value = function(*args, **kwargs)
@@ -457,7 +469,8 @@ class SpawnLauncher(Launcher):
     ``trainer._get_spawn_result()``) back to the calling process, which applies the latter
     with ``trainer._apply_spawn_result(...)`` and returns the former. Everything passed in must
     pickle; with ``start_method="spawn"`` functions and classes must also be importable, which
-    rules out ones defined in a notebook: there use ``start_method="fork"``. When a process
+    rules out ones defined in a notebook: there use ``start_method="fork"``, whose processes
+    compute on one CPU thread each (more would hang; see ``_spawned_main``). When a process
     fails, the others are ended and :class:`ProcessFailedError` carries the traceback of the
     first one that failed. ``os.environ`` is left as it was found.
     """
@@ -497,7 +510,7 @@ class SpawnLauncher(Launcher):
             channels = _SpawnChannels(results=mp_context.SimpleQueue(), failures=mp_context.SimpleQueue())
             process_context = start_processes(
                 _spawned_main,
-                args=(settings, function, args, kwargs, trainer, channels),
+                args=(settings, function, args, kwargs, trainer, channels, self.start_method == "fork"),
                 nprocs=self.num_processes,
                 join=False,
                 start_method=self.start_method,

@@ -1,6 +1,7 @@
 """Strategies: how and where a model is trained, and the registry of their names."""
 
 from fullshard.strategies.ddp import DDPStrategy
+from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.parallel import ParallelStrategy
 from fullshard.strategies.registry import StrategyRegistry
 from fullshard.strategies.single_device import SingleDeviceStrategy
@@ -9,13 +10,14 @@ from fullshard.strategies.strategy import Strategy
 STRATEGY_REGISTRY = StrategyRegistry()
 """The registry ``Trainer(strategy="name")`` looks names up in."""
 
-for _strategy_class in (SingleDeviceStrategy, DDPStrategy):
+for _strategy_class in (SingleDeviceStrategy, DDPStrategy, FSDPStrategy):
     _strategy_class.register_strategies(STRATEGY_REGISTRY)
 STRATEGY_REGISTRY.load_entry_points()
 
 __all__ = [
     "STRATEGY_REGISTRY",
     "DDPStrategy",
+    "FSDPStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
     "Strategy",

@@ -62,7 +62,7 @@ def _redirected_call(wrapper: nn.Module, module: nn.Module, method: str, *args: 
 
     def restore() -> None:
         if had_instance_forward:
-            module.forward = original_forward  # type: ignore[method-assign]
+            module.forward = original_forward  # type: ignore[method-assign,assignment]
         else:
             module.__dict__.pop("forward", None)
 
@@ -178,7 +178,9 @@ class Strategy:
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Move ``module`` to the device, apply precision and wrap it; returns what forward runs through."""
         module = self.precision.convert_module(module).to(self.root_device)
-        self._param_shapes = {k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+        self._param_shapes = {
+            k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)
+        }
         self.module = module
         self.model = self._wrap(module)
         return self.model

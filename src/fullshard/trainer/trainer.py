@@ -561,7 +561,11 @@ class Trainer:
     def _get_spawn_result(self) -> dict[str, Any]:
         """What a spawned rank 0 sends back to the parent process (see SpawnLauncher)."""
         module = self._strategy.module
-        state = {k: v.detach().cpu() for k, v in self._strategy.module_state_dict().items()} if module is not None else {}
+        state = (
+            {k: v.detach().cpu() for k, v in self._strategy.module_state_dict().items()}
+            if module is not None
+            else {}
+        )
         return {
             "state_dict": state,
             "callback_metrics": {k: v.cpu() for k, v in self.callback_metrics.items()},

@@ -1,0 +1,399 @@
+"""Auto-wrap and activation-checkpointing policies, and the pre-flight wrap plan.
+
+A policy may be given in any of these forms (for ``auto_wrap_policy`` and
+``activation_checkpointing_policy`` alike):
+
+- a set, list or tuple of ``nn.Module`` subclasses: every instance is selected;
+- class names as strings (``"TransformerEncoderLayer"`` or a dotted ``"torch.nn.TransformerEncoderLayer"``),
+  resolved against the classes present in the model (for configuration files);
+- a callable ``policy(module, recurse, nonwrapped_numel) -> bool`` (torch's function policies,
+  e.g. ``functools.partial(size_based_auto_wrap_policy, min_num_params=10_000)``);
+- a torch policy object (``ModuleWrapPolicy``, ``CustomPolicy``, ...).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+
+from fullshard.errors import MisconfigurationError
+
+try:  # the base class of torch's policy objects: public name since torch 2.1, module private
+    from torch.distributed.fsdp.wrap import _Policy as _TorchPolicy
+except ImportError:  # pragma: no cover
+    _TorchPolicy = (ModuleWrapPolicy, CustomPolicy)  # type: ignore[assignment,misc]
+
+PolicyInput = Any  # see the module docstring for the accepted forms
+_ACCEPTED = (
+    "a set/list of nn.Module classes, class names as strings, a callable "
+    "policy(module, recurse, nonwrapped_numel) -> bool, or a torch policy object such as ModuleWrapPolicy"
+)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A normalised policy: ``classes`` when given as classes/names, else a torch ``policy``."""
+
+    name: str
+    classes: frozenset[type[nn.Module]] = frozenset()
+    policy: Any = None
+
+    def torch_policy(self) -> Any:
+        """What FSDP's ``auto_wrap_policy`` / ``apply_activation_checkpointing`` expects."""
+        return ModuleWrapPolicy(self.classes) if self.classes else self.policy
+
+    def selected(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules this policy selects (in ``model.modules()`` order; the root excluded)."""
+        root_kwargs: dict[str, Any] = {}
+        if self.classes:
+            return [m for m in model.modules() if m is not model and isinstance(m, tuple(self.classes))]
+        if isinstance(self.policy, _TorchPolicy):
+            # ``_run_policy`` is how FSDP itself asks a policy object for its modules (private API,
+            # the only way to evaluate a CustomPolicy/ModuleWrapPolicy without wrapping).
+            chosen = self.policy._run_policy(model, set(), root_kwargs)
+            return [m for m in model.modules() if m is not model and m in chosen]
+        return _simulate_function_policy(model, self.policy)
+
+
+def _simulate_function_policy(model: nn.Module, fn: Callable[..., bool]) -> list[nn.Module]:
+    """Which modules torch's recursive wrapping would wrap under a function policy.
+
+    Mirrors FSDP's rule: children first; a module is wrapped when ``fn(module, recurse=False,
+    nonwrapped_numel=n)`` holds for the parameters not already in wrapped children.
+    """
+    chosen: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> int:
+        if not fn(module=module, recurse=True, nonwrapped_numel=_numel(module)):
+            return _numel(module)
+        remaining = sum(visit(child) for child in module.children())
+        remaining += sum(p.numel() for p in module.parameters(recurse=False))
+        if module is not model and fn(module=module, recurse=False, nonwrapped_numel=remaining):
+            chosen.append(module)
+            return 0
+        return remaining
+
+    visit(model)
+    order = {id(m): i for i, m in enumerate(model.modules())}
+    return sorted(chosen, key=lambda m: order[id(m)])
+
+
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _resolve_names(names: list[str], model: nn.Module, option: str) -> set[type[nn.Module]]:
+    present = {type(m) for m in model.modules()}
+    resolved: set[type[nn.Module]] = set()
+    for name in names:
+        matches = {cls for cls in present if name in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")}
+        if not matches and "." in name:  # torch.nn.X is defined in torch.nn.modules.x
+            package, _, short = name.rpartition(".")
+            matches = {cls for cls in present if cls.__name__ == short and cls.__module__.startswith(package)}
+        if not matches:
+            available = sorted({cls.__name__ for cls in present})
+            raise MisconfigurationError(
+                f"{option} names the class {name!r}, but no module of that class is in the model. "
+                f"Classes in the model: {', '.join(available)}. Fix the name, or pass the class itself."
+            )
+        resolved |= matches
+    return resolved
+
+
+def normalize_policy(value: PolicyInput, option: str) -> Policy | None:
+    """Check a user's policy and bring it into one form. Class names stay unresolved until
+    :func:`resolve_policy` sees the model.
+
+    Raises:
+        TypeError: the value has none of the accepted forms.
+    """
+    if value is None:
+        return None
+    if isinstance(value, _TorchPolicy):
+        return Policy(option, policy=value)
+    if isinstance(value, type) and issubclass(value, nn.Module):
+        return Policy(option, classes=frozenset({value}))
+    if isinstance(value, set | frozenset | list | tuple):
+        items = list(value)
+        bad = [
+            item
+            for item in items
+            if not (isinstance(item, str) or (isinstance(item, type) and issubclass(item, nn.Module)))
+        ]
+        if bad or not items:
+            raise TypeError(
+                f"{option} got a {type(value).__name__} holding {', '.join(repr(b) for b in bad) or 'nothing'}; "
+                f"a collection must hold nn.Module subclasses or class names. Accepted: {_ACCEPTED}."
+            )
+        return Policy(option, classes=frozenset(items))  # type: ignore[arg-type]
+    if isinstance(value, str):
+        return Policy(option, classes=frozenset({value}))  # type: ignore[arg-type]
+    if callable(value):
+        return Policy(option, policy=value)
+    raise TypeError(f"{option} got {type(value).__name__} ({value!r}). Accepted: {_ACCEPTED}.")
+
+
+def resolve_policy(policy: Policy | None, model: nn.Module) -> Policy | None:
+    """Resolve class names against ``model``; warn when the policy selects no submodule."""
+    if policy is None:
+        return None
+    if policy.classes:
+        names: list[str] = [c for c in policy.classes if isinstance(c, str)]  # type: ignore[misc]
+        classes = {c for c in policy.classes if not isinstance(c, str)}
+        if names:
+            classes |= _resolve_names(names, model, policy.name)
+        policy = Policy(policy.name, classes=frozenset(classes))
+    if not policy.selected(model):
+        warnings.warn(
+            f"{policy.name} selects no submodule of {type(model).__name__}"
+            + (
+                f" (classes: {', '.join(sorted(c.__name__ for c in policy.classes))})"
+                if policy.classes
+                else ""
+            )
+            + ". Check the layer classes, or the whole model becomes one unit.",
+            stacklevel=3,
+        )
+    return policy
+
+
+# ---------------------------------------------------------------------------------- wrap plan
+_SHARDING_FACTORS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP unit: the module it wraps and the parameters it owns (not those of nested units)."""
+
+    name: str
+    module_type: str
+    numel: int
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated bytes per rank for parameters, gradients and optimizer state (device memory)."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
+class WrapPlan:
+    """What wrapping a model with FSDP will produce, computed without a process group."""
+
+    units: list[Unit]
+    checkpointed: list[str]
+    total_numel: int
+    world_size: int
+    shard_size: int
+    sharding_strategy: str
+    cpu_offload: bool
+    param_bytes: int
+    estimate: MemoryEstimate
+    estimate_no_shard: MemoryEstimate
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def root_numel(self) -> int:
+        """Parameters left in the root unit (not in any wrapped submodule)."""
+        return self.units[0].numel
+
+    @property
+    def largest(self) -> Unit:
+        """The unit with most parameters."""
+        return max(self.units, key=lambda u: u.numel)
+
+    def summary(self) -> str:
+        """A human-readable table of the plan."""
+        lines = [
+            f"FSDP wrap plan: {len(self.units)} unit(s), {_fmt_count(self.total_numel)} parameters, "
+            f"{self.sharding_strategy} over {self.shard_size} of {self.world_size} rank(s)"
+            + (", CPU offload" if self.cpu_offload else ""),
+            f"  {'unit':<40} {'type':<28} {'params':>10}",
+        ]
+        shown = self.units if len(self.units) <= 12 else [*self.units[:6], None, *self.units[-5:]]
+        for unit in shown:
+            if unit is None:
+                lines.append(f"  {'...':<40} {'':<28} {'':>10}")
+                continue
+            lines.append(f"  {unit.name or '(root)':<40} {unit.module_type:<28} {_fmt_count(unit.numel):>10}")
+        lines.append(
+            f"  largest unit: {self.largest.name or '(root)'} ({_fmt_count(self.largest.numel)}); "
+            f"left in root: {_fmt_count(self.root_numel)}"
+        )
+        lines.append(
+            f"  activation checkpointing: {len(self.checkpointed)} module(s)"
+            + (
+                f" ({', '.join(self.checkpointed[:4])}{', ...' if len(self.checkpointed) > 4 else ''})"
+                if self.checkpointed
+                else ""
+            )
+        )
+        est, base = self.estimate, self.estimate_no_shard
+        lines.append(
+            f"  per-rank memory estimate: params {_fmt_bytes(est.params)}, grads {_fmt_bytes(est.grads)}, "
+            f"optimizer {_fmt_bytes(est.optimizer)} = {_fmt_bytes(est.total)} "
+            f"(NO_SHARD: {_fmt_bytes(base.total)}, {est.total / max(base.total, 1):.2f}x)"
+        )
+        lines.extend(f"  warning: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+
+def _fmt_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def estimate_memory(
+    total_numel: int,
+    largest_unit_numel: int,
+    *,
+    sharding_strategy: str,
+    shard_size: int,
+    param_bytes: int,
+    compute_bytes: int,
+    optimizer_states_per_param: int,
+    cpu_offload: bool,
+) -> MemoryEstimate:
+    """Device bytes per rank for parameters, gradients and optimizer state.
+
+    Sharded state is divided by the shard group size. While a unit computes, its parameters are
+    gathered in the compute dtype; with prefetching two units can be gathered at once. Under
+    SHARD_GRAD_OP parameters stay gathered between forward and backward (a full copy).
+    Optimizer state counts ``optimizer_states_per_param`` float32 values per parameter (Adam: 2).
+    With CPU offload, sharded parameters, gradients and optimizer state live in host memory.
+    Activations are not included: they depend on the batch.
+    """
+    n = max(shard_size, 1)
+    if sharding_strategy == "NO_SHARD":
+        params, grads = total_numel * param_bytes, total_numel * param_bytes
+        optimizer = total_numel * 4 * optimizer_states_per_param
+        return MemoryEstimate(params, grads, optimizer)
+    sharded_params = total_numel * param_bytes // n
+    transient = 2 * largest_unit_numel * compute_bytes
+    if sharding_strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
+        transient = total_numel * compute_bytes
+    grads = total_numel * param_bytes // n + largest_unit_numel * compute_bytes
+    optimizer = total_numel * 4 * optimizer_states_per_param // n
+    if cpu_offload:
+        return MemoryEstimate(transient, largest_unit_numel * compute_bytes, 0)
+    return MemoryEstimate(sharded_params + transient, grads, optimizer)
+
+
+def _owner_units(model: nn.Module, wrapped: set[nn.Module]) -> dict[str, str]:
+    """Map each parameter name to the name of the unit (nearest wrapped ancestor) owning it."""
+    owners: dict[str, str] = {}
+
+    def visit(module: nn.Module, prefix: str, unit: str) -> None:
+        if module in wrapped:
+            unit = prefix.rstrip(".")
+        for name, _ in module.named_parameters(recurse=False, remove_duplicate=False):
+            owners[prefix + name] = unit
+        for child_name, child in module.named_children():
+            visit(child, f"{prefix}{child_name}.", unit)
+
+    visit(model, "", "")
+    return owners
+
+
+def build_plan(
+    model: nn.Module,
+    auto_wrap: Policy | None,
+    checkpointing: Policy | None,
+    *,
+    world_size: int,
+    shard_size: int,
+    sharding_strategy: str,
+    cpu_offload: bool,
+    param_dtype: torch.dtype,
+    compute_dtype: torch.dtype,
+    optimizer_states_per_param: int = 2,
+) -> WrapPlan:
+    """Compute the :class:`WrapPlan` for ``model`` (policies already resolved)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    names = {m: n for n, m in model.named_modules()}
+    preexisting: list[nn.Module] = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+    wrapped: set[nn.Module] = set(preexisting) or (
+        set(auto_wrap.selected(model)) if auto_wrap is not None else set()
+    )
+    wrapped.discard(model)
+    owners = _owner_units(model, wrapped)
+    counts: dict[str, int] = {"": 0}
+    counts.update({names[m]: 0 for m in sorted(wrapped, key=lambda m: names[m])})
+    seen: set[int] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        counts[owners[name]] += param.numel()
+    units = [
+        Unit(n, type(model if n == "" else model.get_submodule(n)).__name__, c) for n, c in counts.items()
+    ]
+
+    plan_warnings = []
+    shared: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(param), set()).add(name)
+    for param_names in shared.values():
+        homes = {owners[n] or "(root)" for n in param_names}
+        if len(homes) > 1:
+            plan_warnings.append(
+                f"tied parameters {', '.join(sorted(param_names))} end up in different units ({', '.join(sorted(homes))}); "
+                "wrap their modules in one unit (e.g. leave both in the root) so FSDP shards them once"
+            )
+    checkpointed = [names[m] for m in checkpointing.selected(model)] if checkpointing is not None else []
+    total = sum(u.numel for u in units)
+    param_bytes = torch.finfo(param_dtype).bits // 8
+    compute_bytes = torch.finfo(compute_dtype).bits // 8
+    largest = max(u.numel for u in units)
+    common = dict(
+        param_bytes=param_bytes,
+        compute_bytes=compute_bytes,
+        optimizer_states_per_param=optimizer_states_per_param,
+    )
+    estimate = estimate_memory(
+        total,
+        largest,
+        sharding_strategy=sharding_strategy,
+        shard_size=shard_size,
+        cpu_offload=cpu_offload,
+        **common,
+    )  # type: ignore[arg-type]
+    baseline = estimate_memory(
+        total, largest, sharding_strategy="NO_SHARD", shard_size=1, cpu_offload=False, **common
+    )  # type: ignore[arg-type]
+    return WrapPlan(
+        units,
+        checkpointed,
+        total,
+        world_size,
+        shard_size,
+        sharding_strategy,
+        cpu_offload,
+        param_bytes,
+        estimate,
+        baseline,
+        plan_warnings,
+    )

@@ -1,0 +1,465 @@
+"""FullyShardedDataParallel: parameters, gradients and optimizer state sharded across processes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from datetime import timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    CPUOffload,
+    FullyShardedDataParallel,
+    ShardingStrategy,
+)
+from torch.distributed.fsdp.wrap import enable_wrap
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from fullshard.errors import MisconfigurationError
+from fullshard.policies import Policy, WrapPlan, build_plan, normalize_policy, resolve_policy
+from fullshard.precision import FSDPPrecision, Precision
+from fullshard.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from fullshard.strategies.registry import StrategyRegistry
+
+log = logging.getLogger("fullshard")
+
+STATE_DICT_TYPES = ("full", "sharded")
+_HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+
+
+def parse_sharding_strategy(value: Any) -> ShardingStrategy:
+    """``"FULL_SHARD"`` (any case) or the torch enum -> the torch enum."""
+    if isinstance(value, ShardingStrategy):
+        return value
+    if isinstance(value, str) and value.upper() in ShardingStrategy.__members__:
+        return ShardingStrategy[value.upper()]
+    valid = ", ".join(repr(n) for n in ShardingStrategy.__members__ if not n.startswith("_"))
+    raise MisconfigurationError(
+        f"sharding_strategy={value!r} is not a sharding strategy. Use one of {valid} (any case), "
+        "or a torch.distributed.fsdp.ShardingStrategy."
+    )
+
+
+def parse_cpu_offload(value: Any) -> CPUOffload:
+    """``True``/``False``/``None`` or a torch ``CPUOffload`` -> ``CPUOffload``."""
+    if isinstance(value, CPUOffload):
+        return value
+    if value is None or isinstance(value, bool):
+        return CPUOffload(offload_params=bool(value))
+    raise TypeError(
+        f"cpu_offload={value!r} ({type(value).__name__}) cannot be used: pass True, False, or "
+        "torch.distributed.fsdp.CPUOffload(offload_params=True)."
+    )
+
+
+def _parse_backward_prefetch(value: Any) -> Any:
+    if value is None or isinstance(value, BackwardPrefetch):
+        return value
+    if isinstance(value, str) and value.upper() in BackwardPrefetch.__members__:
+        return BackwardPrefetch[value.upper()]
+    raise MisconfigurationError(
+        f"backward_prefetch={value!r} is invalid: use 'BACKWARD_PRE', 'BACKWARD_POST', None, or a "
+        "torch.distributed.fsdp.BackwardPrefetch."
+    )
+
+
+class _MetaInit:
+    """Materialise a meta-device module on ``device``, one module at a time (FSDP ``param_init_fn``).
+
+    [Note: unit-by-unit materialisation]
+    FSDP calls this for every not-yet-wrapped module of each unit just before sharding that unit,
+    so only one unit is ever whole in memory. Each module gets its own tensors allocated
+    (``to_empty(recurse=False)``) and is re-initialised with ``reset_parameters()``; torch's
+    ``nn.MultiheadAttention`` only has the private ``_reset_parameters``, which is used for it.
+    A module that owns parameters but has neither cannot be initialised and raises.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, module: nn.Module) -> None:
+        owns_meta = any(
+            t.is_meta for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        )
+        if not owns_meta:
+            return
+        module.to_empty(device=self.device, recurse=False)
+        reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+        if reset is None:
+            if any(True for _ in module.parameters(recurse=False)):
+                raise MisconfigurationError(
+                    f"{type(module).__name__} was created on the meta device (FSDPStrategy(empty_init=True)) but "
+                    "has no reset_parameters() to initialise its parameters. Define reset_parameters() on it, "
+                    "or use FSDPStrategy(empty_init=False)."
+                )
+            return
+        with torch.no_grad():
+            reset()
+
+
+class FSDPStrategy(ParallelStrategy):
+    """Fully Sharded Data Parallel training with ``torch.distributed.fsdp.FullyShardedDataParallel``.
+
+    Args:
+        auto_wrap_policy: which submodules become FSDP units (see :mod:`fullshard.policies` for
+            the accepted forms). None: one unit for the whole model, unless ``configure_model``
+            wrapped layers itself with ``torch.distributed.fsdp.wrap.wrap``.
+        activation_checkpointing_policy: which submodules recompute their activations in backward.
+        sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"``, ``"NO_SHARD"``,
+            ``"HYBRID_SHARD"`` (any case) or a ``ShardingStrategy``.
+        cpu_offload: keep sharded parameters (and gradients, optimizer state) in host memory:
+            True, False or a ``CPUOffload``. On CPU devices they are there already and the
+            setting changes nothing.
+        mixed_precision: a ``torch.distributed.fsdp.MixedPrecision``; replaces what the Trainer's
+            precision string would choose.
+        state_dict_type: checkpoint format, ``"full"`` (one file) or ``"sharded"`` (one directory).
+        device_mesh: for HYBRID_SHARD: a ``(replicas, shard_size)`` tuple or a 2-D ``DeviceMesh``;
+            by default ``(num_nodes, devices)``.
+        empty_init: build ``configure_model``'s layers on the meta device and materialise them
+            one FSDP unit at a time (``reset_parameters``, then shard), so a model bigger than one
+            process's memory can be created.
+        process_group_backend, timeout, start_method: as for
+            :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+        **kwargs: passed to ``FullyShardedDataParallel`` (``limit_all_gathers``, ``forward_prefetch``,
+            ``backward_prefetch``, ``sync_module_states``, ``process_group``, ...).
+            ``use_orig_params`` defaults to True, so optimizers may use ``self.parameters()`` and
+            several parameter groups.
+    """
+
+    strategy_name = "fsdp"
+
+    def __init__(
+        self,
+        *,
+        auto_wrap_policy: Any = None,
+        activation_checkpointing_policy: Any = None,
+        sharding_strategy: Any = "FULL_SHARD",
+        cpu_offload: bool | CPUOffload | None = None,
+        mixed_precision: Any = None,
+        state_dict_type: str = "full",
+        device_mesh: tuple[int, int] | DeviceMesh | None = None,
+        empty_init: bool = False,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            process_group_backend=process_group_backend, timeout=timeout, start_method=start_method
+        )
+        from torch.distributed.fsdp import MixedPrecision
+
+        self.auto_wrap_policy: Policy | None = normalize_policy(auto_wrap_policy, "auto_wrap_policy")
+        self.activation_checkpointing_policy: Policy | None = normalize_policy(
+            activation_checkpointing_policy, "activation_checkpointing_policy"
+        )
+        self.sharding_strategy = parse_sharding_strategy(sharding_strategy)
+        self.cpu_offload = parse_cpu_offload(cpu_offload)
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+            raise TypeError(
+                f"mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got {type(mixed_precision).__name__}. "
+                "For the common settings pass Trainer(precision='bf16-mixed') instead."
+            )
+        self.mixed_precision = mixed_precision
+        if state_dict_type not in STATE_DICT_TYPES:
+            raise MisconfigurationError(
+                f"state_dict_type={state_dict_type!r} is not supported. Use 'full' (one checkpoint file) or "
+                "'sharded' (one directory with a file per process)."
+            )
+        self.state_dict_type = state_dict_type
+        if device_mesh is not None and not isinstance(device_mesh, tuple):
+            from torch.distributed.device_mesh import DeviceMesh
+
+            if not isinstance(device_mesh, DeviceMesh):
+                raise TypeError(
+                    f"device_mesh must be a (replicas, shard_size) tuple or a DeviceMesh, got {type(device_mesh).__name__}."
+                )
+        if isinstance(device_mesh, tuple) and (
+            len(device_mesh) != 2 or not all(isinstance(d, int) and d > 0 for d in device_mesh)
+        ):
+            raise MisconfigurationError(
+                f"device_mesh={device_mesh!r} must be a tuple of two positive ints: (replicas, shard_size)."
+            )
+        self.device_mesh = device_mesh
+        self.empty_init = empty_init
+        if "backward_prefetch" in kwargs:
+            kwargs["backward_prefetch"] = _parse_backward_prefetch(kwargs["backward_prefetch"])
+        kwargs.setdefault("use_orig_params", True)
+        for reserved in ("auto_wrap_policy", "param_init_fn", "device_id", "mixed_precision", "cpu_offload"):
+            if reserved in kwargs:
+                raise MisconfigurationError(
+                    f"{reserved} is set by FSDPStrategy itself; pass it as its FSDPStrategy argument instead "
+                    "(param_init_fn / device_id are chosen from empty_init and the Trainer's devices)."
+                )
+        self.fsdp_kwargs = kwargs
+        self.wrap_plan: WrapPlan | None = None
+        self._mesh: DeviceMesh | None = None
+
+    @classmethod
+    @override
+    def register_strategies(cls, registry: StrategyRegistry) -> None:
+        registry.register("fsdp", cls, description="Fully Sharded Data Parallel (FULL_SHARD), CPU or CUDA.")
+        registry.register(
+            "fsdp_cpu_offload",
+            cls,
+            description="Fully Sharded Data Parallel with parameters offloaded to host memory.",
+            cpu_offload=True,
+        )
+
+    # ------------------------------------------------------------------------ configuration
+    @override
+    def make_precision(self, precision: Any, device_type: str) -> Precision:
+        return FSDPPrecision(precision, device_type, self.mixed_precision)
+
+    @override
+    def configure(self, **kwargs: Any) -> None:
+        super().configure(**kwargs)
+        if self.world_size == 1 and self.root_device.type == "cpu":
+            raise MisconfigurationError(
+                "strategy='fsdp' with a single CPU process shards nothing. Use devices=2 or more (each "
+                "a CPU process), or strategy='single_device' for one process."
+            )
+        if (
+            self.is_hybrid
+            and self.device_mesh is None
+            and self.num_nodes == 1
+            and "process_group" not in self.fsdp_kwargs
+        ):
+            warnings.warn(
+                "HYBRID_SHARD on one node shards within the node and has nothing to replicate across; "
+                "pass device_mesh=(replicas, shard_size) to split the processes differently.",
+                stacklevel=2,
+            )
+        shape = self._mesh_shape()
+        if shape is not None and shape[0] * shape[1] != self.world_size:
+            raise MisconfigurationError(
+                f"device_mesh={shape} covers {shape[0] * shape[1]} processes, but the job has {self.world_size} "
+                f"(num_nodes={self.num_nodes} x devices={self.num_processes}). Make replicas x shard_size equal "
+                "the number of processes."
+            )
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True for the sharding strategies that shard within a group and replicate across groups."""
+        return self.sharding_strategy in _HYBRID
+
+    def _mesh_shape(self) -> tuple[int, int] | None:
+        if isinstance(self.device_mesh, tuple):
+            return self.device_mesh
+        if self.device_mesh is not None:
+            return tuple(self.device_mesh.shape)  # type: ignore[return-value]
+        if self.is_hybrid and "process_group" not in self.fsdp_kwargs:
+            return (self.num_nodes, self.num_processes)
+        return None
+
+    @property
+    def shard_size(self) -> int:
+        """How many processes one parameter is split over."""
+        if self.sharding_strategy == ShardingStrategy.NO_SHARD:
+            return 1
+        shape = self._mesh_shape()
+        return shape[1] if shape is not None else self.world_size
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        shape = self._mesh_shape()
+        if self.is_hybrid and shape is not None and self._mesh is None:
+            if isinstance(self.device_mesh, tuple) or self.device_mesh is None:
+                from torch.distributed.device_mesh import init_device_mesh
+
+                self._mesh = init_device_mesh(
+                    self.root_device.type, shape, mesh_dim_names=("replicate", "shard")
+                )
+            else:
+                self._mesh = self.device_mesh
+
+    # ----------------------------------------------------------------------- wrapping
+    def _fsdp_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.fsdp_kwargs)
+        kwargs["sharding_strategy"] = self.sharding_strategy
+        kwargs["mixed_precision"] = self.precision.mixed_precision_config  # type: ignore[attr-defined]
+        kwargs["device_id"] = self.root_device
+        if self.root_device.type != "cpu":
+            # On CPU the parameters are in host memory already, and torch's offload path needs an accelerator.
+            kwargs["cpu_offload"] = self.cpu_offload
+        if self._mesh is not None:
+            kwargs["device_mesh"] = self._mesh
+        if self.empty_init:
+            kwargs["param_init_fn"] = _MetaInit(self.root_device)
+        return kwargs
+
+    @override
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        return super().tensor_init_context(self.empty_init if empty_init is None else empty_init)
+
+    @override
+    def model_sharded_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside ``configure_model``, ``torch.distributed.fsdp.wrap.wrap(layer)`` shards at once."""
+        return enable_wrap(wrapper_cls=FullyShardedDataParallel, **self._fsdp_kwargs())
+
+    def plan(
+        self, model: nn.Module, world_size: int | None = None, optimizer_states_per_param: int = 2
+    ) -> WrapPlan:
+        """The wrap plan for ``model``: units, checkpointed modules, memory estimate. No process group needed.
+
+        Args:
+            model: the unwrapped model (it may live on the meta device).
+            world_size: processes to plan for (default: this strategy's world size).
+            optimizer_states_per_param: float32 optimizer values per parameter (Adam/AdamW: 2, SGD with momentum: 1).
+        """
+        world = world_size if world_size is not None else self.world_size
+        shard = (
+            self.shard_size
+            if world_size is None
+            else (
+                1
+                if self.sharding_strategy == ShardingStrategy.NO_SHARD
+                else (world // (self._mesh_shape() or (1, world))[0] if self.is_hybrid else world)
+            )
+        )
+        auto_wrap, checkpointing, found = self._resolve_policies(model)
+        plan = build_plan(
+            model,
+            auto_wrap,
+            checkpointing,
+            world_size=world,
+            shard_size=shard,
+            sharding_strategy=self.sharding_strategy.name,
+            cpu_offload=self.cpu_offload.offload_params,
+            param_dtype=self.precision.param_dtype if self.mixed_precision is None else torch.float32,
+            compute_dtype=self.precision.compute_dtype
+            if self.mixed_precision is None
+            else (self.mixed_precision.param_dtype or torch.float32),
+            optimizer_states_per_param=optimizer_states_per_param,
+        )
+        plan.warnings[:0] = found
+        return plan
+
+    def _resolve_policies(self, model: nn.Module) -> tuple[Policy | None, Policy | None, list[str]]:
+        """Both policies resolved against ``model``, and the warnings that raised (not emitted)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            auto_wrap = resolve_policy(self.auto_wrap_policy, model)
+            checkpointing = resolve_policy(self.activation_checkpointing_policy, model)
+        return auto_wrap, checkpointing, [str(w.message) for w in caught]
+
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        module = self.precision.convert_module(module)
+        if not any(t.is_meta for t in module.parameters()):
+            module = module.to(self.root_device)
+        manually_wrapped = any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
+        # Full shapes, to check checkpoints against without gathering; with manual wrap()
+        # the layers are sharded already and the shapes are read at load time instead.
+        self._param_shapes = {} if manually_wrapped else _full_shapes(module)
+        self.wrap_plan = self.plan(module)
+        for message in self.wrap_plan.warnings:
+            warnings.warn(message, stacklevel=2)
+        if self.is_global_zero:
+            log.info(self.wrap_plan.summary())
+        self.module = module
+        self.model = self._wrap(module)
+        return self.model
+
+    @override
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        kwargs = self._fsdp_kwargs()
+        manually_wrapped = any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
+        auto_wrap, checkpointing, _ = self._resolve_policies(module)  # warnings were raised by the plan
+        if manually_wrapped:
+            auto_wrap = None
+        if manually_wrapped and self.auto_wrap_policy is not None:
+            warnings.warn(
+                "configure_model() already wrapped layers with FSDP, so auto_wrap_policy is ignored (the "
+                "model is not wrapped twice). Remove one of the two.",
+                stacklevel=3,
+            )
+        if auto_wrap is not None:
+            kwargs["auto_wrap_policy"] = auto_wrap.torch_policy()
+        wrapped = FullyShardedDataParallel(module, **kwargs)
+        if checkpointing is not None:
+            wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            if checkpointing.classes:
+                classes = tuple(checkpointing.classes)
+                apply_activation_checkpointing(
+                    wrapped, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, classes)
+                )
+            else:
+                apply_activation_checkpointing(
+                    wrapped, checkpoint_wrapper_fn=wrapper, auto_wrap_policy=checkpointing.torch_policy()
+                )
+        return wrapped
+
+    @override
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        model = self._require_model()
+        managed = {id(p) for p in model.parameters()}
+        if not any(id(p) in managed for group in optimizer.param_groups for p in group["params"]):
+            raise MisconfigurationError(
+                f"The {type(optimizer).__name__} references no parameter of the FSDP-wrapped model, so it would "
+                "train nothing. Create optimizers in configure_optimizers() from self.parameters(): the "
+                "Trainer calls it after sharding. Do not build them in __init__ or before fit()."
+            )
+        return optimizer
+
+    # ---------------------------------------------------------------------------- steps
+    @override
+    def clip_gradients_norm(
+        self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip with FSDP's own ``clip_grad_norm_``, which reduces the norm over all shards."""
+        self.precision.unscale_gradients(optimizer)
+        model = self._require_model()
+        assert isinstance(model, FullyShardedDataParallel)
+        return model.clip_grad_norm_(max_norm, norm_type=norm_type)
+
+    @override
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        model = self._require_model()
+        if enabled and isinstance(model, FullyShardedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------------- checkpoints
+    @override
+    def state_dict_options(self, *, for_loading: bool = False) -> StateDictOptions:
+        # cpu_offload=True crashed (SIGSEGV) under FSDP1 on CPU with gloo in our probe (DESIGN.md).
+        return StateDictOptions(full_state_dict=True, cpu_offload=False)
+
+    @override
+    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
+        if not self._param_shapes:
+            full = get_model_state_dict(self._require_model(), options=self.state_dict_options())
+            self._param_shapes = {k: v.shape for k, v in full.items() if isinstance(v, torch.Tensor)}
+        super().load_module_state_dict(state_dict, strict=strict)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any) -> None:
+        if self.state_dict_type == "sharded":
+            raise NotImplementedError(
+                "FSDPStrategy(state_dict_type='sharded') checkpoints are not available in this version; "
+                "use state_dict_type='full'."
+            )
+        super().save_checkpoint(checkpoint, path)
+
+
+def _full_shapes(module: nn.Module) -> dict[str, torch.Size]:
+    """Full tensor shapes of ``module``'s state (meta tensors included), before any sharding."""
+    return {k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
