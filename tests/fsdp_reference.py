@@ -12,7 +12,7 @@ import fullshard
 from conftest import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
-from train_fsdp import BlockModel, make_data  # noqa: E402
+from train_fsdp import BlockModel, make_data
 
 
 def reference_run(

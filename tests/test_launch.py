@@ -621,7 +621,8 @@ def test_spawn_launcher_returns_rank_0_result(clean_env: pytest.MonkeyPatch, sta
 def test_spawn_launcher_reports_the_first_failure(
     clean_env: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    launcher = SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1)
+    # fork: the failure path is the same for every start method, and fork starts in a blink.
+    launcher = SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1, start_method="fork")
     start = time.monotonic()
     with pytest.raises(ProcessFailedError, match=r"(?s)local rank 1 failed first.*boom in spawned rank 1"):
         launcher.launch(_spawned_failure)

@@ -65,27 +65,27 @@ def _simulate_function_policy(model: nn.Module, fn: Callable[..., bool]) -> list
     """Which modules torch's recursive wrapping would wrap under a function policy.
 
     Mirrors FSDP's rule: children first; a module is wrapped when ``fn(module, recurse=False,
-    nonwrapped_numel=n)`` holds for the parameters not already in wrapped children.
+    nonwrapped_numel=n)`` holds for its parameters not already claimed by a wrapped module
+    (a parameter tied into several modules belongs to the first one wrapped).
     """
     chosen: list[nn.Module] = []
+    claimed: set[int] = set()
 
-    def visit(module: nn.Module) -> int:
-        if not fn(module=module, recurse=True, nonwrapped_numel=_numel(module)):
-            return _numel(module)
-        remaining = sum(visit(child) for child in module.children())
-        remaining += sum(p.numel() for p in module.parameters(recurse=False))
-        if module is not model and fn(module=module, recurse=False, nonwrapped_numel=remaining):
+    def unclaimed(module: nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters() if id(p) not in claimed)
+
+    def visit(module: nn.Module) -> None:
+        if not fn(module=module, recurse=True, nonwrapped_numel=unclaimed(module)):
+            return
+        for child in module.children():
+            visit(child)
+        if module is not model and fn(module=module, recurse=False, nonwrapped_numel=unclaimed(module)):
             chosen.append(module)
-            return 0
-        return remaining
+            claimed.update(id(p) for p in module.parameters())
 
     visit(model)
     order = {id(m): i for i, m in enumerate(model.modules())}
     return sorted(chosen, key=lambda m: order[id(m)])
-
-
-def _numel(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
 
 
 def _resolve_names(names: list[str], model: nn.Module, option: str) -> set[type[nn.Module]]:
