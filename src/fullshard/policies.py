@@ -341,7 +341,7 @@ def build_plan(
     wrapped.discard(model)
     owners = _owner_units(model, wrapped)
     counts: dict[str, int] = {"": 0}
-    counts.update({names[m]: 0 for m in sorted(wrapped, key=lambda m: names[m])})
+    counts.update({names[m]: 0 for m in model.modules() if m in wrapped})
     seen: set[int] = set()
     for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) in seen:

@@ -1,9 +1,10 @@
 """The demo training job: a small Transformer language model on bytes of Python's own sources.
 
-Run it (2 CPU processes by default)::
+Run it (2 CPU processes with FSDP by default; the wrap plan is printed when training starts)::
 
     python -m fullshard.demos
-    python -m fullshard.demos --devices 4 --max-steps 200 --strategy ddp
+    python -m fullshard.demos --devices 4 --max-steps 200 --activation-checkpointing
+    python -m fullshard.demos --strategy ddp
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import DataLoader
 
 import fullshard
 from fullshard.demos import StdlibText, Transformer
+from fullshard.strategies import FSDPStrategy
 
 
 class LanguageModel(fullshard.Module):
@@ -59,7 +62,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--devices", type=int, default=2, help="processes to train with (default 2)")
     parser.add_argument("--accelerator", default="cpu", help="'cpu' (default), 'cuda' or 'auto'")
-    parser.add_argument("--strategy", default="ddp", help="registered strategy name (default 'ddp')")
+    parser.add_argument(
+        "--strategy",
+        default="fsdp",
+        help="'fsdp' (default: auto-wraps the Transformer layers) or a registered name",
+    )
+    parser.add_argument("--sharding-strategy", default="FULL_SHARD", help="for --strategy fsdp")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="for --strategy fsdp")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--max-steps", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=16)
@@ -76,10 +85,18 @@ def main(argv: list[str] | None = None) -> None:
         data, [len(data) - n_val, n_val], generator=torch.Generator().manual_seed(0)
     )
     model = LanguageModel(data.vocab_size, args.width, 4, 2 * args.width, args.layers, lr=3e-3)
+    strategy: str | FSDPStrategy = args.strategy
+    if args.strategy == "fsdp":
+        layers = {nn.TransformerEncoderLayer, nn.TransformerDecoderLayer}
+        strategy = FSDPStrategy(
+            auto_wrap_policy=layers,
+            activation_checkpointing_policy=layers if args.activation_checkpointing else None,
+            sharding_strategy=args.sharding_strategy,
+        )
     trainer = fullshard.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
-        strategy=args.strategy,
+        strategy=strategy,
         precision=args.precision,
         max_steps=args.max_steps,
         val_check_interval=max(args.max_steps // 3, 1),
