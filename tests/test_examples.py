@@ -18,13 +18,17 @@ pytestmark = pytest.mark.multiprocess
 
 def _run(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_demo_loss_falls(tmp_path: Path) -> None:
     result = _run(["-m", "fullshard.demos", "--max-steps", "40", "--root-dir", str(tmp_path)], cwd=tmp_path)
     check_ok(result)
-    match = re.search(r"done: 40 steps on 2 process\(es\); last train_loss ([\d.]+), val_loss ([\d.]+)", result.stdout)
+    match = re.search(
+        r"done: 40 steps on 2 process\(es\); last train_loss ([\d.]+), val_loss ([\d.]+)", result.stdout
+    )
     assert match, result.stdout
     assert float(match.group(1)) < 4.0 and float(match.group(2)) < 4.0  # ln(256) = 5.55 at the start
 
@@ -33,6 +37,8 @@ def test_regressor_example_trains_and_resumes(tmp_path: Path) -> None:
     script = str(ROOT / "examples" / "regressor.py")
     check_ok(_run([script, "--max-epochs", "2", "--root-dir", str(tmp_path)], cwd=tmp_path))
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
-    result = _run([script, "--max-epochs", "3", "--root-dir", str(tmp_path), "--resume", "last"], cwd=tmp_path)
+    result = _run(
+        [script, "--max-epochs", "3", "--root-dir", str(tmp_path), "--resume", "last"], cwd=tmp_path
+    )
     check_ok(result)
     assert "best checkpoint:" in result.stdout and "step=42" in result.stdout

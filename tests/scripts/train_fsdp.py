@@ -102,6 +102,7 @@ def policy(kind: str) -> Any:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--accelerator", default="cpu")
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--sharding", default="FULL_SHARD")
     p.add_argument("--wrap", default="classes")

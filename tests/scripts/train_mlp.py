@@ -70,6 +70,7 @@ class MLP(fullshard.Module):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--accelerator", default="cpu")
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--max-steps", type=int, default=8)

@@ -438,19 +438,18 @@ def _spawned_main(
     _start_launcher_watchdog(settings.launcher_pid)
     try:
         value = function(*args, **kwargs)
+        if local_rank == 0:
+            trainer_state = trainer._get_spawn_result() if trainer is not None else None
+            # [Note: spawn results travel as bytes]
+            # torch.multiprocessing's queues send a tensor as a handle to shared memory that the
+            # receiver can open only while the sender is alive, and this process exits right
+            # after sending. Plain pickle copies the tensors' data into the bytes instead.
+            channels.results.put(pickle.dumps(_SpawnOutcome(value=value, trainer_state=trainer_state)))
     except Exception:
         text = traceback.format_exc()
         print(f"fullshard: spawned local rank {local_rank} failed:\n{text}", file=sys.stderr, flush=True)
         channels.failures.put(_SpawnFailure(local_rank=local_rank, traceback=text))
         raise
-    if local_rank == 0:
-        trainer_state = trainer._get_spawn_result() if trainer is not None else None
-        # [Note: spawn results travel as bytes]
-        # torch.multiprocessing's queues send a tensor as a handle to shared memory that the
-        # receiver can open only while the sender is alive, and this process exits right after
-        # sending. Plain pickle copies the tensors' data into the bytes instead.
-        payload = pickle.dumps(_SpawnOutcome(value=value, trainer_state=trainer_state))
-        channels.results.put(payload)
 
 
 def _restore_environ(saved: dict[str, str]) -> None:
