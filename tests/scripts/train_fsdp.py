@@ -141,7 +141,7 @@ def main() -> None:
     norms: list[float] = []
 
     trainer = fullshard.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.devices,
         strategy=strategy,
         precision=args.precision,

@@ -92,7 +92,7 @@ def main() -> None:
         dropout=args.dropout, fail_at=args.fail_at, fail_rank=args.fail_rank, scheduler=args.scheduler
     )
     trainer = fullshard.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.devices,
         strategy=args.strategy,
         max_steps=args.max_steps,
