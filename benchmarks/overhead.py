@@ -43,9 +43,10 @@ per step
     the median over the steps of a run, then the median over the repeats. The mean is shown
     too, because costs paid every n-th step (logging) move the mean but not the median.
 CPU per step
-    CPU time of rank 0's whole process (all threads) per timed step. Other work on the
-    machine stretches wall times but hardly CPU times, so this column stays comparable on a
-    busy machine (``--nice -10``, as root, shields the wall times somewhat too).
+    CPU time of rank 0's main thread (the one running the loop: Python, forward, backward,
+    optimizer; gloo's transfers run on other threads) per timed step. Other work on the
+    machine stretches wall times much more than CPU times, so this column stays comparable on
+    a busy machine (``--nice -10``, as root, shields the wall times somewhat too).
 start-up
     Wall time from just before the command is started (before its interpreter imports
     anything) to the start of the first training step on rank 0. Median over the repeats.
@@ -161,7 +162,7 @@ class StepClock:
         if not self.marks:
             self.events["first_step"] = time.time()
         self.marks.append(time.perf_counter())
-        self.cpu_marks.append(time.process_time())
+        self.cpu_marks.append(time.thread_time())
 
     def write(self, path: str, rank: int, **extra: Any) -> None:
         """Rank 0 writes ``path``; other ranks write their start-up events next to it."""
@@ -309,7 +310,7 @@ class Run:
 
     step: float  # median wall time per step
     step_mean: float  # mean wall time per step
-    cpu: float  # mean CPU time per step of the whole rank-0 process (all its threads)
+    cpu: float  # mean CPU time per step of rank 0's main thread
     start_up: float
     load: float  # 1-minute load average when the run started
     phases: dict[str, float]
@@ -545,7 +546,8 @@ def render_section(args: argparse.Namespace, configs: list[Config], results: Res
             f" {max(loads):.1f} (other work on the machine adds noise).",
             "- Per step: wall time between the starts of consecutive training steps on rank 0, median over the",
             "  steps of a run (mean: the mean, which also counts work done every n-th step). CPU per step:",
-            "  CPU time of rank 0's process (all threads) per step, less sensitive to other load.",
+            "  CPU time of rank 0's main thread per step (Python, forward, backward, optimizer), much less",
+            "  sensitive than wall time to other work on the machine.",
             "- Start-up: from just before the command starts (before `import torch`) to the first step on",
             "  rank 0. Every configuration starts rank 1 the same way: rank 0 runs the command again with",
             "  `LOCAL_RANK=1` when it reaches `fit` (as fullshard's and Lightning's `ddp` launchers do).",

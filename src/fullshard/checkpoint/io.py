@@ -20,9 +20,13 @@ from typing import Any
 
 import torch
 
+from fullshard.checkpoint.events import checkpoint_event
 from fullshard.errors import CheckpointNotFoundError, CorruptCheckpointError
 
 _TMP_PREFIX = ".tmp-"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+_FILE_MODE = 0o666 & ~_UMASK  # what open() would give; mkstemp's 0600 would hide checkpoints from other users
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -33,28 +37,55 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _remove_leftovers(directory: Path, target_name: str) -> None:
+def remove_file_leftovers(directory: Path, target_name: str) -> None:
     """Delete temporary files an interrupted save of ``target_name`` left behind."""
     for leftover in directory.glob(f"{_TMP_PREFIX}{target_name}.*"):
         with contextlib.suppress(OSError):
             leftover.unlink()
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """``torch.save(obj, path)``, committed atomically (see [Note: atomic commit])."""
+def atomic_torch_save(obj: Any, path: str | Path, events: bool = True) -> None:
+    """``torch.save(obj, path)``, committed atomically (see [Note: atomic commit]).
+
+    ``events``: signal the ``full.*`` save points (see :mod:`fullshard.checkpoint.events`).
+    """
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(
             f"Cannot write a checkpoint file to {str(path)!r}: it is a directory. Give a file path."
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(path.parent, path.name)
+    remove_file_leftovers(path.parent, path.name)
     fd, tmp_name = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            torch.save(obj, _EventOnFirstWrite(f, "full.mid_data") if events else f)
             f.flush()
             os.fsync(f.fileno())
+        if events:
+            checkpoint_event("full.before_commit")
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(path.parent)
+    if events:
+        checkpoint_event("full.after_commit")
+
+
+def atomic_write_text(text: str, path: Path, before_rename: str | None = None) -> None:
+    """Write a small text file atomically (temporary file, fsync, rename, fsync directory)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_rename is not None:
+            checkpoint_event(before_rename)
         os.replace(tmp_name, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -63,7 +94,32 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
     _fsync_dir(path.parent)
 
 
-def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+class _EventOnFirstWrite:
+    """A write-only file wrapper that signals a checkpoint event once data started to flow."""
+
+    def __init__(self, f: Any, event: str) -> None:
+        self._f = f
+        self._event: str | None = event
+        self._written = 0
+
+    def write(self, data: Any) -> int:
+        n = self._f.write(data)
+        self._written += n
+        if self._event is not None and self._written > 0:
+            event, self._event = self._event, None
+            checkpoint_event(event)
+        return int(n)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def load_checkpoint_file(
+    path: str | Path, map_location: Any = "cpu", require_state_dict: bool = True
+) -> dict[str, Any]:
     """Read a checkpoint file written by :func:`atomic_torch_save`.
 
     Raises:
@@ -90,7 +146,7 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict[st
             f"The checkpoint file {str(path)!r} is damaged or not a checkpoint ({type(err).__name__}: "
             f"{err}). Resume from an earlier checkpoint instead."
         ) from err
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+    if not isinstance(checkpoint, dict) or (require_state_dict and "state_dict" not in checkpoint):
         raise CorruptCheckpointError(
             f"{str(path)!r} holds a {type(checkpoint).__name__}, not a fullshard checkpoint (a dict with "
             "'state_dict', 'optimizer_states', 'loops', ...). Save it with Trainer.save_checkpoint()."

@@ -20,6 +20,9 @@ def _listed(keys: list[str]) -> str:
 class StateDictMismatchError(CheckpointError):
     """A checkpoint's model state does not fit the model: keys missing, unexpected, or shaped differently."""
 
+    def __reduce__(self) -> tuple[Any, ...]:  # rebuilt on other ranks after a broadcast
+        return (type(self), (self.missing, self.unexpected, self.mismatched))
+
     def __init__(self, missing: list[str], unexpected: list[str], mismatched: list[str]) -> None:
         self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
         parts = []

@@ -23,6 +23,7 @@ class DDPStrategy(ParallelStrategy):
         process_group_backend: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         timeout: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         start_method: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+        state_dict_type: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         **ddp_kwargs: passed on to ``DistributedDataParallel`` (``find_unused_parameters``,
             ``gradient_as_bucket_view``, ``static_graph``, ...).
     """
@@ -35,10 +36,14 @@ class DDPStrategy(ParallelStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
+        state_dict_type: str = "full",
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(
-            process_group_backend=process_group_backend, timeout=timeout, start_method=start_method
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            state_dict_type=state_dict_type,
         )
         self.ddp_kwargs = ddp_kwargs
 

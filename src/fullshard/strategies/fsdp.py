@@ -16,7 +16,6 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import (
     BackwardPrefetch,
     CPUOffload,
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fullshard")
 
-STATE_DICT_TYPES = ("full", "sharded")
 _HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
 
 
@@ -161,7 +159,10 @@ class FSDPStrategy(ParallelStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            process_group_backend=process_group_backend, timeout=timeout, start_method=start_method
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            state_dict_type=state_dict_type,
         )
         from torch.distributed.fsdp import MixedPrecision
 
@@ -177,12 +178,6 @@ class FSDPStrategy(ParallelStrategy):
                 "For the common settings pass Trainer(precision='bf16-mixed') instead."
             )
         self.mixed_precision = mixed_precision
-        if state_dict_type not in STATE_DICT_TYPES:
-            raise MisconfigurationError(
-                f"state_dict_type={state_dict_type!r} is not supported. Use 'full' (one checkpoint file) or "
-                "'sharded' (one directory with a file per process)."
-            )
-        self.state_dict_type = state_dict_type
         if device_mesh is not None and not isinstance(device_mesh, tuple):
             from torch.distributed.device_mesh import DeviceMesh
 
@@ -439,25 +434,11 @@ class FSDPStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------------- checkpoints
     @override
-    def state_dict_options(self, *, for_loading: bool = False) -> StateDictOptions:
-        # cpu_offload=True crashed (SIGSEGV) under FSDP1 on CPU with gloo in our probe (DESIGN.md).
-        return StateDictOptions(full_state_dict=True, cpu_offload=False)
-
-    @override
-    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
-        if not self._param_shapes:
-            full = get_model_state_dict(self._require_model(), options=self.state_dict_options())
+    def full_shapes(self) -> dict[str, torch.Size]:
+        if not self._param_shapes:  # manual wrap(): sharded before we saw it, gather once to learn them
+            full = self.get_state((), full=True)[0]
             self._param_shapes = {k: v.shape for k, v in full.items() if isinstance(v, torch.Tensor)}
-        super().load_module_state_dict(state_dict, strict=strict)
-
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any) -> None:
-        if self.state_dict_type == "sharded":
-            raise NotImplementedError(
-                "FSDPStrategy(state_dict_type='sharded') checkpoints are not available in this version; "
-                "use state_dict_type='full'."
-            )
-        super().save_checkpoint(checkpoint, path)
+        return self._param_shapes
 
 
 def _full_shapes(module: nn.Module) -> dict[str, torch.Size]:

@@ -73,6 +73,8 @@ class ParallelStrategy(Strategy):
         start_method: ``"popen"`` re-runs the user's script once per extra process (the default;
             works from any script), ``"spawn"``/``"forkserver"`` start workers with
             :mod:`torch.multiprocessing` (for notebooks; the model must be picklable).
+        state_dict_type: checkpoint format: ``"full"`` (one file) or ``"sharded"`` (a directory
+            with a file per process, loadable at any world size).
     """
 
     def __init__(
@@ -81,8 +83,9 @@ class ParallelStrategy(Strategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
+        state_dict_type: str = "full",
     ) -> None:
-        super().__init__()
+        super().__init__(state_dict_type=state_dict_type)
         if process_group_backend is not None and process_group_backend not in _BACKENDS:
             raise MisconfigurationError(
                 f"process_group_backend={process_group_backend!r} is not a torch.distributed backend. "

@@ -19,6 +19,7 @@ A strategy knows nothing of loops or callbacks, so another host can drive it the
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
@@ -34,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-from fullshard.checkpoint.io import atomic_torch_save, load_checkpoint_file
+from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from fullshard.strategies.registry import StrategyRegistry
 
 T = TypeVar("T")
+STATE_DICT_TYPES = ("full", "sharded")
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
 
@@ -82,7 +84,13 @@ class Strategy:
 
     strategy_name: ClassVar[str] = ""
 
-    def __init__(self) -> None:
+    def __init__(self, *, state_dict_type: str = "full") -> None:
+        if state_dict_type not in STATE_DICT_TYPES:
+            raise MisconfigurationError(
+                f"state_dict_type={state_dict_type!r} is not supported. Use 'full' (one checkpoint file) or "
+                "'sharded' (one directory with a file per process)."
+            )
+        self.state_dict_type = state_dict_type
         self.devices: list[torch.device] = [torch.device("cpu")]
         self.num_nodes = 1
         self.cluster_environment: ClusterEnvironment | None = None
@@ -272,40 +280,75 @@ class Strategy:
         return decision
 
     # ----------------------------------------------------------------------------- checkpoints
-    def state_dict_options(self, *, for_loading: bool = False) -> StateDictOptions:
-        """Options for torch's ``get_/set_model_state_dict`` and ``get_/set_optimizer_state_dict``."""
-        return StateDictOptions(full_state_dict=True, cpu_offload=False)
+    def get_state(
+        self, optimizers: Sequence[Optimizer], *, full: bool
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Model and optimizer states keyed by the module's own parameter names.
+
+        ``full``: whole tensors (gathered under FSDP) rather than each rank's shards.
+        """
+        model = self._require_model()
+        options = self._state_dict_options(full=full)
+        return (
+            get_model_state_dict(model, options=options),
+            [get_optimizer_state_dict(model, optimizer, options=options) for optimizer in optimizers],
+        )
+
+    def set_state(
+        self,
+        model_state: dict[str, Any],
+        optimizer_states: Sequence[dict[str, Any]],
+        optimizers: Sequence[Optimizer],
+        *,
+        full: bool,
+        from_rank0: bool,
+    ) -> None:
+        """Load states produced by :meth:`get_state`. With ``from_rank0`` only rank 0 passes data,
+        which is broadcast to the other ranks piece by piece (each rank keeps only its shards)."""
+        model = self._require_model()
+        options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
+        set_model_state_dict(model, model_state, options=options)
+        for optimizer, state in zip(optimizers, optimizer_states, strict=True):
+            set_optimizer_state_dict(model, optimizer, state, options=options)
+
+    def _state_dict_options(self, *, full: bool) -> StateDictOptions:
+        # cpu_offload=True crashed (SIGSEGV) under FSDP1 on CPU with gloo in our probe (DESIGN.md).
+        return StateDictOptions(full_state_dict=full, cpu_offload=False)
 
     def module_state_dict(self) -> dict[str, Any]:
-        """The model's full state dict, with the user's key names (no wrapper prefixes)."""
-        return get_model_state_dict(self._require_model(), options=self.state_dict_options())
+        """The model's full state dict, with the user's key names (no wrapper prefixes). Collective."""
+        return self.get_state((), full=True)[0]
 
-    def load_module_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
-        """Load a state dict written by :meth:`module_state_dict`; nothing changes if it does not fit."""
-        from fullshard.checkpoint.validate import check_state_dict_matches
+    def full_shapes(self) -> dict[str, torch.Size]:
+        """Full (unsharded) shapes of the model's state, to check checkpoints against."""
+        return self._param_shapes
 
-        check_state_dict_matches(self._param_shapes, state_dict, strict=strict)
-        options = self.state_dict_options(for_loading=True)
-        set_model_state_dict(self._require_model(), state_dict, options=replace(options, strict=strict))
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer] = ()
+    ) -> None:
+        """Write ``checkpoint`` with the model's and ``optimizers``' states to ``path`` (collective).
 
-    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
-        """An optimizer's state keyed by parameter names, so it loads under any strategy."""
-        return get_optimizer_state_dict(self._require_model(), optimizer, options=self.state_dict_options())
+        The format follows :attr:`state_dict_type`: ``"full"`` writes one file from rank 0,
+        ``"sharded"`` one directory with a file per rank; both commit atomically.
+        """
+        from fullshard.checkpoint import engine
 
-    def load_optimizer_state_dict(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
-        """Restore an optimizer's state from :meth:`optimizer_state_dict`."""
-        options = self.state_dict_options(for_loading=True)
-        set_optimizer_state_dict(self._require_model(), optimizer, state_dict, options=options)
+        engine.save(self, checkpoint, path, optimizers)
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path) -> None:
-        """Write ``checkpoint`` to ``path`` as one file, atomically, from global rank 0."""
-        if self.is_global_zero:
-            atomic_torch_save(checkpoint, path)
-        self.barrier("save_checkpoint")
+    def load_checkpoint(
+        self,
+        path: str | Path,
+        optimizers: Sequence[Optimizer] = (),
+        *,
+        weights_only: bool = False,
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Load the model (and optimizer) states of a checkpoint of either format into place and
+        return the rest of it (collective). Nothing changes when the checkpoint is incomplete, damaged,
+        of another model, or fails ``check``."""
+        from fullshard.checkpoint import engine
 
-    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Read a checkpoint written by :meth:`save_checkpoint`."""
-        return load_checkpoint_file(path)
+        return engine.load(self, path, optimizers, weights_only=weights_only, check=check)
 
     def on_exception(self, exception: BaseException) -> None:
         """Called by the host when a run fails in this process, before the error propagates."""

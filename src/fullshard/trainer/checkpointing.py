@@ -3,9 +3,10 @@
 The layout (see DESIGN.md, checkpoint contract)::
 
     {
-      "fullshard_version": str, "strategy": str, "world_size": int,
-      "state_dict": model state (full, unwrapped key names),
-      "optimizer_states": [one per optimizer], "lr_schedulers": [one per scheduler],
+      "fullshard_version": str, "strategy": str, "world_size": int, "optimizer_count": int,
+      "state_dict": model state (full, unwrapped key names)          } full format only; the
+      "optimizer_states": [one per optimizer]                         } sharded one keeps them in DCP
+      "lr_schedulers": [one per scheduler],
       "grad_scaler": dict, "loops": {"epoch", "global_step", "batches_in_epoch", "epoch_finished"},
       "callbacks": {state_key: state}, "rng_states": [one per rank], "hyper_parameters": dict,
     }
@@ -14,20 +15,20 @@ The layout (see DESIGN.md, checkpoint contract)::
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fullshard.errors import CheckpointError, CorruptCheckpointError
+from fullshard.errors import CheckpointError
 from fullshard.seed import rng_states, set_rng_states
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
 
-REQUIRED_KEYS = ("state_dict", "optimizer_states", "lr_schedulers", "loops")
-
 
 def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
-    """Collect everything needed to resume. A collective call: every rank must make it."""
+    """Everything needed to resume except the model and optimizer tensors, which the strategy
+    adds in its own format. A collective call: every rank must make it."""
     import fullshard
 
     strategy = trainer.strategy
@@ -36,8 +37,6 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
         "fullshard_version": fullshard.__version__,
         "strategy": strategy.strategy_name or type(strategy).__name__,
         "world_size": strategy.world_size,
-        "state_dict": strategy.module_state_dict(),
-        "optimizer_states": [strategy.optimizer_state_dict(o) for o in trainer.optimizers],
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "grad_scaler": strategy.precision.state_dict(),
         "loops": trainer._loop_state(),
@@ -51,44 +50,31 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
     return checkpoint
 
 
-def check_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
-    """Raise if ``checkpoint`` lacks the entries every fullshard checkpoint has."""
-    missing = [key for key in REQUIRED_KEYS if key not in checkpoint]
-    if missing:
-        raise CorruptCheckpointError(
-            f"{str(path)!r} is not a complete fullshard checkpoint: it lacks {', '.join(missing)}. "
-            "Resume from a file written by Trainer.save_checkpoint() or ModelCheckpoint."
-        )
+def scheduler_check(trainer: Trainer, path: str | Path) -> Callable[[dict[str, Any]], None]:
+    """A check run before anything is loaded: the checkpoint has as many schedulers as the run."""
+
+    def check(meta: dict[str, Any]) -> None:
+        n_saved, n_now = len(meta["lr_schedulers"]), len(trainer.lr_scheduler_configs)
+        if n_saved != n_now:
+            raise CheckpointError(
+                f"The checkpoint {str(path)!r} holds {n_saved} LR scheduler state(s) but configure_optimizers() "
+                f"returned {n_now} scheduler(s). Resume with the scheduler setup the checkpoint was trained with."
+            )
+
+    return check
 
 
-def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], path: str | Path) -> None:
-    """Load weights, optimizer and scheduler states, scaler, callbacks and loop progress.
+def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    """Restore schedulers, scaler, callbacks and loop progress (the strategy loaded the tensors).
 
     RNG states are restored separately by :func:`restore_rng_states`, as the last thing before
     the loop runs, so that nothing between here and the first step consumes random numbers.
     """
-    check_checkpoint(checkpoint, path)
     strategy = trainer.strategy
     module = trainer.model
-    n_saved, n_now = len(checkpoint["optimizer_states"]), len(trainer.optimizers)
-    if n_saved != n_now:
-        raise CheckpointError(
-            f"The checkpoint {str(path)!r} holds {n_saved} optimizer state(s) but configure_optimizers() "
-            f"returned {n_now} optimizer(s). Resume with the optimizer setup the checkpoint was trained "
-            "with, or load only the weights with Module.load_state_dict(checkpoint['state_dict'])."
-        )
-    n_saved, n_now = len(checkpoint["lr_schedulers"]), len(trainer.lr_scheduler_configs)
-    if n_saved != n_now:
-        raise CheckpointError(
-            f"The checkpoint {str(path)!r} holds {n_saved} LR scheduler state(s) but configure_optimizers() "
-            f"returned {n_now} scheduler(s). Resume with the scheduler setup the checkpoint was trained with."
-        )
     module.on_load_checkpoint(checkpoint)
     for callback in trainer.callbacks:
         callback.on_load_checkpoint(trainer, module, checkpoint)
-    strategy.load_module_state_dict(checkpoint["state_dict"])
-    for optimizer, state in zip(trainer.optimizers, checkpoint["optimizer_states"], strict=True):
-        strategy.load_optimizer_state_dict(optimizer, state)
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
         config.scheduler.load_state_dict(state)
     strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))

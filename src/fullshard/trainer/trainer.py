@@ -376,7 +376,7 @@ class Trainer:
                 "save_checkpoint() needs a model that was set up by fit() or validate() first."
             )
         checkpoint = checkpointing.dump_checkpoint(self)
-        self._strategy.save_checkpoint(checkpoint, path)
+        self._strategy.save_checkpoint(checkpoint, path, self.optimizers)
 
     @staticmethod
     def _check_module(model: Any) -> None:
@@ -409,10 +409,8 @@ class Trainer:
         try:
             self._setup_model(model, stage)
             self._setup_data(train_loader, val_loader)
-            checkpoint = self._load_checkpoint(ckpt_path) if ckpt_path is not None else None
+            checkpoint = self._load_checkpoint(ckpt_path, stage) if ckpt_path is not None else None
             if stage == "validate":
-                if checkpoint is not None:
-                    strategy.load_module_state_dict(checkpoint["state_dict"])
                 return loops.run_validation(self)
             self._log_hyperparams(model)
             model.on_fit_start()
@@ -482,14 +480,16 @@ class Trainer:
             )
         return max(1, int(self.num_training_batches * self.val_check_interval))
 
-    def _load_checkpoint(self, ckpt_path: str | Path) -> dict[str, Any] | None:
+    def _load_checkpoint(self, ckpt_path: str | Path, stage: str) -> dict[str, Any] | None:
         path = self._resolve_ckpt_path(ckpt_path)
         if path is None:
             return None
-        checkpoint = self._strategy.load_checkpoint(path)
-        checkpointing.check_checkpoint(checkpoint, path)
-        if self.optimizers or self.lr_scheduler_configs or self._train_loader is not None:
-            checkpointing.restore_checkpoint(self, checkpoint, path)
+        if stage == "validate":
+            return self._strategy.load_checkpoint(path, weights_only=True)
+        checkpoint = self._strategy.load_checkpoint(
+            path, self.optimizers, check=checkpointing.scheduler_check(self, path)
+        )
+        checkpointing.restore_checkpoint(self, checkpoint)
         return checkpoint
 
     def _resolve_ckpt_path(self, ckpt_path: str | Path) -> str | None:

@@ -1,0 +1,410 @@
+"""FSDP memory and speed: per-rank peak memory and step time of DDP and the FSDP sharding strategies.
+
+Run from the repository root::
+
+    python benchmarks/memory.py                  # every configuration, then the table
+    python benchmarks/memory.py --write-docs     # also rewrite its section of docs/benchmarks.md
+    python benchmarks/memory.py --config full_shard --out /tmp/fsdp-mem   # one configuration
+
+The whole run takes about 3 minutes on 2 cores and needs about 5 GB of memory.
+
+Every configuration trains the same parameter-dominated model: 24 blocks of
+``Linear(2048, 2048)`` + ReLU (100.7M parameters, 384 MiB in float32), AdamW, batch 8 per
+process, so activations are a few MiB and parameters, gradients and optimizer state are
+nearly all of the memory. Each runs as its own command (``--config``), in 2 processes on CPU
+with gloo and one intra-op thread each: the Trainer re-runs that command for rank 1.
+
+Configurations (columns): ``ddp`` (``strategy="ddp"``); ``no_shard``, ``shard_grad_op``,
+``full_shard`` (``FSDPStrategy`` with that ``sharding_strategy``, every block its own unit,
+``empty_init=True``); ``full_shard_offload`` (FULL_SHARD with ``cpu_offload=True``, which
+changes nothing on CPU: the parameters are in host memory already). DDP builds its layers in
+``configure_model`` too, on the CPU, so every configuration starts from the same point.
+
+What is measured:
+
+peak memory
+    Each process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``) at the end of
+    ``fit``, minus its resident set size when ``configure_model`` starts (after imports and
+    the process group). So it is what building, wrapping and training the model added at its
+    highest, with the allocator's retained memory included. The table shows the larger of the
+    two ranks; ``--config`` prints both, and the peak right after setup (model wrapped,
+    optimizer built, before the first step).
+iterations per second
+    1 / the median wall time of an optimizer step on rank 0 (from ``on_train_batch_start`` to
+    ``on_train_batch_end``: forward, backward, gradient communication, AdamW), over the steps
+    after ``--warmup``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DOCS = REPO / "docs" / "benchmarks.md"
+SECTION = "## FSDP memory and speed"
+WORLD_SIZE = 2
+TARGET = 0.55  # FULL_SHARD's per-rank peak at most this times DDP's
+RUN_TIMEOUT_S = 300
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    """One column of the table."""
+
+    name: str
+    label: str
+    sharding: str | None  # None: DDP
+    cpu_offload: bool = False
+
+
+CONFIGS = (
+    Config("ddp", "DDP", None),
+    Config("no_shard", "NO_SHARD", "NO_SHARD"),
+    Config("shard_grad_op", "SHARD_GRAD_OP", "SHARD_GRAD_OP"),
+    Config("full_shard", "FULL_SHARD", "FULL_SHARD"),
+    Config("full_shard_offload", "FULL_SHARD + CPU offload", "FULL_SHARD", cpu_offload=True),
+)
+BY_NAME = {c.name: c for c in CONFIGS}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements inside one process.
+
+
+def rss_kib() -> int:
+    """This process's resident set size now, in KiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("VmRSS missing from /proc/self/status (the benchmark needs Linux)")
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set size so far, in KiB (``ru_maxrss`` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker: one configuration, one rank (the Trainer starts rank 1 from the same command).
+
+
+def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import fullshard
+    from fullshard.strategies import FSDPStrategy
+
+    class Block(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.linear = nn.Linear(width, width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x))
+
+    class Model(fullshard.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.baseline_kib = 0
+            self.blocks: nn.Sequential | None = None
+
+        def configure_model(self) -> None:
+            self.baseline_kib = rss_kib()
+            self.blocks = nn.Sequential(*(Block(args.width) for _ in range(args.depth)))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            assert self.blocks is not None
+            return self.blocks(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+    class Probe(fullshard.Callback):
+        """Peak memory after setup, and each step's wall time."""
+
+        def __init__(self) -> None:
+            self.setup_peak_kib = 0
+            self.step_s: list[float] = []
+            self.step_peak_kib: list[int] = []  # peak so far, at the end of each step
+            self.step_end_kib: list[int] = []  # resident at the end of each step
+            self._start = 0.0
+
+        def on_fit_start(self, trainer: Any, module: Any) -> None:
+            self.setup_peak_kib = peak_rss_kib()
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(
+            self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            self.step_s.append(time.perf_counter() - self._start)
+            self.step_peak_kib.append(peak_rss_kib())
+            self.step_end_kib.append(rss_kib())
+
+    if config.sharding is None:
+        strategy: Any = "ddp"
+    else:
+        strategy = FSDPStrategy(
+            auto_wrap_policy={Block},
+            sharding_strategy=config.sharding,
+            cpu_offload=config.cpu_offload,
+            empty_init=True,
+        )
+    steps = args.warmup + args.steps
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(steps * args.batch_size * WORLD_SIZE, args.width, generator=generator))
+    model = Model()
+    probe = Probe()
+    with tempfile.TemporaryDirectory() as root:
+        trainer = fullshard.Trainer(
+            accelerator="cpu",
+            devices=WORLD_SIZE,
+            strategy=strategy,
+            max_steps=steps,
+            callbacks=[probe],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            default_root_dir=root,
+        )
+        trainer.fit(model, DataLoader(data, batch_size=args.batch_size))
+    peak_kib = peak_rss_kib()
+    plan = getattr(trainer.strategy, "wrap_plan", None)
+    result = {
+        "config": config.name,
+        "rank": trainer.global_rank,
+        "baseline_kib": model.baseline_kib,
+        "setup_peak_kib": probe.setup_peak_kib,
+        "peak_kib": peak_kib,
+        "end_kib": rss_kib(),
+        "step_s": probe.step_s,
+        "step_peak_kib": probe.step_peak_kib,
+        "step_end_kib": probe.step_end_kib,
+        "warmup": args.warmup,
+        # FSDP's parameters are shard views by now: take the full count from its wrap plan.
+        "numel": sum(p.numel() for p in model.parameters()) if plan is None else plan.total_numel,
+        "estimate_bytes": None if plan is None else plan.estimate.total,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+    path = out_dir / f"{config.name}-rank{trainer.global_rank}.json"
+    path.write_text(json.dumps(result))
+    added = (peak_kib - model.baseline_kib) / 1024
+    median = statistics.median(probe.step_s[args.warmup :])
+    print(
+        f"{config.label} rank {trainer.global_rank}: peak +{added:.0f} MiB "
+        f"(after setup +{(probe.setup_peak_kib - model.baseline_kib) / 1024:.0f} MiB), "
+        f"median step {median:.3f} s -> {path}",
+        flush=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver: every configuration as its own command, then the table.
+
+
+@dataclass(frozen=True)
+class Result:
+    """One configuration's numbers, read from its ranks' JSON files."""
+
+    config: Config
+    ranks: list[dict[str, Any]]  # by rank
+    load: float
+
+    def mib(self, key: str, rank: int) -> float:
+        run = self.ranks[rank]
+        return (run[key] - run["baseline_kib"]) / 1024
+
+    @property
+    def peak_mib(self) -> float:
+        return max(self.mib("peak_kib", r) for r in range(len(self.ranks)))
+
+    @property
+    def setup_peak_mib(self) -> float:
+        return max(self.mib("setup_peak_kib", r) for r in range(len(self.ranks)))
+
+    @property
+    def step_s(self) -> float:
+        run = self.ranks[0]
+        return statistics.median(run["step_s"][run["warmup"] :])
+
+    @property
+    def estimate_mib(self) -> float | None:
+        est = self.ranks[0]["estimate_bytes"]
+        return None if est is None else est / MIB
+
+
+def run_config(config: Config, args: argparse.Namespace, out_dir: Path) -> Result:
+    load = os.getloadavg()[0]
+    command = [sys.executable, str(Path(__file__).resolve()), "--config", config.name, "--out", str(out_dir)]
+    command += [
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+    ]
+    command += ["--depth", str(args.depth), "--width", str(args.width)]
+    # 2 processes on 2 cores: one intra-op thread each, so the ranks do not compete for cores.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"{config.name} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    ranks = [json.loads((out_dir / f"{config.name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    result = Result(config, ranks, load)
+    print(
+        f"{config.label:<26} peak {result.peak_mib:7.0f} MiB  {1 / result.step_s:6.2f} it/s  "
+        f"(load {load:.2f}, {time.perf_counter() - started:.0f} s)",
+        flush=True,
+    )
+    return result
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_table(results: list[Result]) -> str:
+    ddp = next(r for r in results if r.config.sharding is None)
+    rows = {
+        "Memory (MB)": [_fmt(r.peak_mib, ".0f") for r in results],
+        "Memory vs DDP": [f"{r.peak_mib / ddp.peak_mib:.2f}x" for r in results],
+        "Memory per rank (MB, rank 0 / 1)": [
+            " / ".join(f"{r.mib('peak_kib', k):.0f}" for k in range(len(r.ranks))) for r in results
+        ],
+        "Memory after setup (MB)": [_fmt(r.setup_peak_mib, ".0f") for r in results],
+        "Wrap plan estimate (MB)": [_fmt(r.estimate_mib, ".0f") for r in results],
+        "Iterations per second": [f"{1 / r.step_s:.2f}" for r in results],
+    }
+    lines = [
+        "| | " + " | ".join(r.config.label for r in results) + " |",
+        "| --- | " + " | ".join("---:" for _ in results) + " |",
+    ]
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows.items()]
+    return "\n".join(lines)
+
+
+def target_line(results: list[Result]) -> str:
+    by = {r.config.name: r for r in results}
+    if "ddp" not in by or "full_shard" not in by:
+        return "Target not checked: run both `ddp` and `full_shard`."
+    ratio = by["full_shard"].peak_mib / by["ddp"].peak_mib
+    verdict = "met" if ratio <= TARGET else "missed"
+    return f"Target (FULL_SHARD per-rank peak at most {TARGET}x DDP's): {ratio:.2f}x, {verdict}."
+
+
+def render_section(args: argparse.Namespace, results: list[Result]) -> str:
+    first = results[0].ranks[0]
+    numel = max(r.ranks[0]["numel"] for r in results)
+    loads = [r.load for r in results]
+    return f"""{SECTION}
+
+Per-rank peak memory and speed of DDP and FSDP's sharding strategies, 2 CPU processes (gloo),
+on a model whose memory is almost all parameters, gradients and AdamW state.
+
+```bash
+python benchmarks/memory.py --write-docs
+```
+
+- Model: {args.depth} blocks of `Linear({args.width}, {args.width})` + ReLU, {numel / 1e6:.1f}M
+  parameters ({numel * 4 / MIB:.0f} MB in float32); AdamW; batch {args.batch_size} per process
+  (activations are a few MB). FSDP wraps every block as a unit and builds the model with
+  `empty_init=True`; DDP builds it in `configure_model` as well, on the CPU.
+- Machine: {os.cpu_count()} cores, {platform.machine()}, torch {first["torch"]}, {WORLD_SIZE} processes
+  with {first["threads"]} intra-op thread each; load average at the starts of the runs
+  {min(loads):.2f} to {max(loads):.2f}. Run {datetime.date.today().isoformat()}.
+
+{render_table(results)}
+
+{target_line(results)}
+
+- Memory: each process's peak resident set size (`getrusage` `ru_maxrss`) at the end of `fit`,
+  minus its resident set size when `configure_model` starts (after imports and the process
+  group), so what building, wrapping and training the model added at its highest, memory the
+  allocator keeps included; the larger of the two ranks. MB = 2^20 bytes. "After setup" is the
+  same peak taken before the first step (model wrapped, optimizer built; AdamW's state does not
+  exist yet). "Wrap plan estimate" is `FSDPStrategy.wrap_plan.estimate.total` (parameters,
+  gradients, optimizer state; no activations, no allocator overhead).
+- Iterations per second: 1 / the median wall time of an optimizer step on rank 0, over
+  {args.steps} steps after {args.warmup} warm-up steps.
+- FULL_SHARD + CPU offload: on CPU `cpu_offload=True` changes nothing, because the parameters
+  are in host memory already (torch's offload path needs an accelerator); the column is there
+  to show that. Its wrap plan estimate counts only the accelerator memory an offloaded run would
+  use, which on CPU does not exist.
+- Speed on CPU says little about GPUs: gloo over loopback and 1-thread matmuls, not NCCL.
+"""
+
+
+def write_docs(section: str) -> None:
+    """Insert or replace this benchmark's section of docs/benchmarks.md; other sections stay."""
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"  # read just before writing
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    if start is None:
+        updated = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        rest = "".join(lines[end:])
+        updated = "".join(lines[:start]) + section + ("\n" + rest if rest else "")
+    DOCS.parent.mkdir(parents=True, exist_ok=True)
+    DOCS.write_text(updated)
+    print(f"updated {DOCS.relative_to(REPO)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=list(BY_NAME), help="run only this configuration (as a worker)")
+    parser.add_argument("--out", type=Path, help="with --config: directory for the per-rank JSON files")
+    parser.add_argument("--warmup", type=int, default=3, help="steps before timing")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="rows per process and step")
+    parser.add_argument("--depth", type=int, default=24, help="number of blocks")
+    parser.add_argument("--width", type=int, default=2048, help="features of each Linear")
+    parser.add_argument(
+        "--write-docs", action="store_true", help=f"rewrite '{SECTION}' in docs/benchmarks.md"
+    )
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("--steps must be at least 1 and --warmup at least 0")
+    if args.config is not None:  # rank 0 here; its Trainer runs the same command for rank 1
+        if args.out is None:
+            parser.error("--config needs --out DIR (both ranks write their JSON file there)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        run_worker(BY_NAME[args.config], args.out, args)
+        return
+    with tempfile.TemporaryDirectory(prefix="fullshard-memory-") as tmp:
+        results = [run_config(c, args, Path(tmp)) for c in CONFIGS]
+    print()
+    print(render_table(results))
+    print()
+    print(target_line(results))
+    if args.write_docs:
+        write_docs(render_section(args, results))
+
+
+if __name__ == "__main__":
+    main()

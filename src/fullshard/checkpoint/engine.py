@@ -1,0 +1,314 @@
+"""Saving and loading checkpoints through a strategy, in the full or the sharded format.
+
+Every function here is collective: each rank of the job calls it with the same arguments.
+Decisions that depend on the files (does the checkpoint exist, is it complete, does it fit the
+model) are taken on rank 0 and broadcast, so every rank raises the same exception at once
+instead of some ranks waiting forever for the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.optim import Optimizer
+
+from fullshard.checkpoint.events import checkpoint_event
+from fullshard.checkpoint.io import (
+    atomic_torch_save,
+    atomic_write_text,
+    load_checkpoint_file,
+    remove_file_leftovers,
+)
+from fullshard.checkpoint.layout import (
+    DATA_PREFIX,
+    META_NAME,
+    RECORD_NAME,
+    CommitRecord,
+    check_sharded_files,
+    crc32_of,
+    detect_format,
+    fsync_file,
+    leftover_data_dirs,
+)
+from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
+from fullshard.errors import CheckpointError, CorruptCheckpointError
+
+if TYPE_CHECKING:
+    from fullshard.strategies.strategy import Strategy
+
+T = TypeVar("T")
+
+# torch's own deprecation chatter from inside FSDP1's sharded state dict code, nothing users can act on
+_TORCH_NOISE = (
+    r"Please use DTensor instead and we are deprecating ShardedTensor",
+    r"`_get_pg_default_device` will be deprecated",
+    r"Multiple backends are registered with this ProcessGroup",
+)
+
+
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    with warnings.catch_warnings():
+        for message in _TORCH_NOISE:
+            warnings.filterwarnings("ignore", message=message)
+        yield
+
+
+REQUIRED_KEYS = ("lr_schedulers", "loops", "optimizer_count")
+MetaCheck = Callable[[dict[str, Any]], None]
+
+
+def _decide(strategy: Strategy, decide: Callable[[], T]) -> T:
+    """Run ``decide`` on rank 0 and give every rank its result, or raise its exception everywhere."""
+    outcome: tuple[Any, BaseException | None] = (None, None)
+    if strategy.is_global_zero:
+        try:
+            outcome = (decide(), None)
+        except (CheckpointError, OSError, ValueError, TypeError) as err:
+            outcome = (None, err)
+    result, error = strategy.broadcast(outcome)
+    if error is not None:
+        raise error
+    return result  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------------------- save
+def save(
+    strategy: Strategy, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer]
+) -> None:
+    """Write ``checkpoint`` plus the model and optimizer states to ``path`` in the strategy's format."""
+    path = Path(path)
+    checkpoint = {**checkpoint, "optimizer_count": len(optimizers)}
+    with _quiet_torch():
+        if strategy.state_dict_type == "sharded":
+            _save_sharded(strategy, checkpoint, path, optimizers)
+        else:
+            _save_full(strategy, checkpoint, path, optimizers)
+
+
+def _save_full(
+    strategy: Strategy, checkpoint: dict[str, Any], path: Path, optimizers: Sequence[Optimizer]
+) -> None:
+    if path.is_dir():
+        raise CheckpointError(
+            f"Cannot write a checkpoint file to {str(path)!r}: a directory (a sharded checkpoint?) is there. "
+            "Choose another path, or save with state_dict_type='sharded'."
+        )
+    model_state, optimizer_states = strategy.get_state(optimizers, full=True)
+
+    def write() -> None:
+        atomic_torch_save(
+            {**checkpoint, "state_dict": model_state, "optimizer_states": optimizer_states}, path
+        )
+
+    _decide(strategy, write)
+
+
+class _Writer(FileSystemWriter):
+    """DCP's file writer, signalling when this rank's tensor files are on disk (see events)."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        future = super().write_data(plan, planner)
+        future.wait()
+        checkpoint_event("sharded.data_written")
+        return future
+
+
+def _save_sharded(
+    strategy: Strategy, checkpoint: dict[str, Any], path: Path, optimizers: Sequence[Optimizer]
+) -> None:
+    # [Note: directory commit] in layout.py
+    if path.is_file():
+        raise CheckpointError(
+            f"Cannot write a sharded checkpoint to {str(path)!r}: a file (a full checkpoint?) is there. Choose "
+            "another path, or save with state_dict_type='full'."
+        )
+
+    def prepare() -> str:
+        name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
+        (path / name).mkdir(parents=True)
+        return name
+
+    data_name = _decide(strategy, prepare)
+    data = path / data_name
+    model_state, optimizer_states = strategy.get_state(optimizers, full=False)
+    # [Note: optimizer param_groups] hyperparameters go to meta.pt, only tensors to DCP: DCP
+    # flattens a nested value or not depending on its content, so a param_groups list could be
+    # stored under keys that a reader with differently sharded state does not look for.
+    checkpoint["optimizer_param_groups"] = [s["param_groups"] for s in optimizer_states]
+    state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
+    dcp_save(
+        state,
+        storage_writer=_Writer(data, single_file_per_rank=True, sync_files=True),
+        no_dist=not strategy.is_distributed,
+    )
+    checkpoint_event("sharded.metadata_written")
+    rank = strategy.global_rank
+    mine = {}
+    for file in sorted(data.glob(f"__{rank}_*.distcp")):
+        mine[file.name] = {"size": file.stat().st_size, "crc32": crc32_of(file)}
+    gathered = strategy.all_gather_object(mine)
+
+    def commit() -> None:
+        atomic_torch_save(checkpoint, data / META_NAME, events=False)
+        files: dict[str, dict[str, int]] = {}
+        for part in gathered:
+            files.update(part)
+        for name in (".metadata", META_NAME):
+            fsync_file(data / name)
+            files[name] = {"size": (data / name).stat().st_size, "crc32": crc32_of(data / name)}
+        fsync_file(data)
+        loops = checkpoint.get("loops", {})
+        record = CommitRecord(
+            data=data_name,
+            files=files,
+            world_size=strategy.world_size,
+            strategy=checkpoint.get("strategy", type(strategy).__name__),
+            epoch=int(loops.get("epoch", 0)),
+            global_step=int(loops.get("global_step", 0)),
+            fullshard_version=str(checkpoint.get("fullshard_version", "")),
+        )
+        atomic_write_text(record.to_json(), path / RECORD_NAME, before_rename="sharded.before_commit")
+        checkpoint_event("sharded.after_commit")
+        for old in leftover_data_dirs(path, keep=data_name):
+            _rmtree(old)
+        remove_file_leftovers(path, RECORD_NAME)
+
+    _decide(strategy, commit)
+
+
+def _rmtree(directory: Path) -> None:
+    import shutil
+
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------- load
+def load(
+    strategy: Strategy,
+    path: str | Path,
+    optimizers: Sequence[Optimizer] = (),
+    *,
+    weights_only: bool = False,
+    check: MetaCheck | None = None,
+) -> dict[str, Any]:
+    """Load model (and unless ``weights_only``, optimizer) states into place; return the rest.
+
+    Nothing is changed unless the checkpoint is complete, fits the model, and ``check(meta)``
+    (the host's own checks, e.g. the number of schedulers) passes.
+    """
+    path = Path(path)
+    fmt = _decide(strategy, lambda: detect_format(path))
+    n_optimizers = 0 if weights_only else len(optimizers)
+    with _quiet_torch():
+        if fmt == "full":
+            return _load_full(strategy, path, optimizers[:n_optimizers], check)
+        return _load_sharded(strategy, path, optimizers[:n_optimizers], check)
+
+
+def _check_meta(meta: dict[str, Any], path: Path, n_optimizers: int, check: MetaCheck | None) -> None:
+    missing = [key for key in REQUIRED_KEYS if key not in meta]
+    if missing:
+        raise CorruptCheckpointError(
+            f"{str(path)!r} is not a complete fullshard checkpoint: it lacks {', '.join(missing)}. Resume from "
+            "a checkpoint written by Trainer.save_checkpoint() or ModelCheckpoint."
+        )
+    saved = meta["optimizer_count"]
+    if n_optimizers and saved != n_optimizers:
+        raise CheckpointError(
+            f"The checkpoint {str(path)!r} holds {saved} optimizer state(s) but configure_optimizers() returned "
+            f"{n_optimizers} optimizer(s). Resume with the optimizer setup the checkpoint was trained with, or "
+            "load only the weights (Trainer.validate(ckpt_path=...), or Module.load_state_dict)."
+        )
+    if check is not None:
+        check(meta)
+
+
+def _load_full(
+    strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None
+) -> dict[str, Any]:
+    tensors: dict[str, Any] = {}
+
+    def read() -> dict[str, Any]:
+        checkpoint = load_checkpoint_file(path)
+        if "optimizer_count" not in checkpoint and "optimizer_states" in checkpoint:
+            checkpoint["optimizer_count"] = len(checkpoint["optimizer_states"])
+        _check_meta(checkpoint, path, len(optimizers), check)
+        check_state_dict_matches(strategy.full_shapes(), checkpoint["state_dict"])
+        tensors["state_dict"] = checkpoint.pop("state_dict")
+        tensors["optimizer_states"] = checkpoint.pop("optimizer_states")
+        return checkpoint
+
+    meta = _decide(strategy, read)
+    from_rank0 = strategy.is_distributed
+    if strategy.is_global_zero or not from_rank0:
+        model_state, optimizer_states = tensors["state_dict"], tensors["optimizer_states"][: len(optimizers)]
+    else:
+        model_state, optimizer_states = {}, [{} for _ in optimizers]
+    strategy.set_state(model_state, optimizer_states, optimizers, full=True, from_rank0=from_rank0)
+    return meta
+
+
+def _dcp_shapes(data: Path) -> dict[str, torch.Size]:
+    metadata = FileSystemReader(str(data)).read_metadata()
+    return {
+        key: item.size
+        for key, item in metadata.state_dict_metadata.items()
+        if isinstance(item, TensorStorageMetadata)
+    }
+
+
+def _load_sharded(
+    strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None
+) -> dict[str, Any]:
+    def read() -> tuple[str, dict[str, Any]]:
+        record = CommitRecord.read(path)
+        check_sharded_files(path, record, verify=False)
+        data = path / record.data
+        meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
+        _check_meta(meta, path, len(optimizers), check)
+        saved = {k[len("model.") :]: v for k, v in _dcp_shapes(data).items() if k.startswith("model.")}
+        expected = strategy.full_shapes()
+        # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
+        missing = sorted(set(expected) - set(saved))
+        unexpected = sorted(set(saved) - set(expected))
+        mismatched = [
+            f"{k} (checkpoint {tuple(saved[k])}, model {tuple(expected[k])})"
+            for k in sorted(set(saved) & set(expected))
+            if tuple(saved[k]) != tuple(expected[k])
+        ]
+        if missing or unexpected or mismatched:
+            raise StateDictMismatchError(missing, unexpected, mismatched)
+        return record.data, meta
+
+    data_name, meta = _decide(strategy, read)
+    model_state, optimizer_states = strategy.get_state(optimizers, full=False)
+    state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
+    dcp_load(
+        state, storage_reader=FileSystemReader(str(path / data_name)), no_dist=not strategy.is_distributed
+    )
+    groups = meta.pop("optimizer_param_groups")
+    optimizer_states = [
+        {"state": state["optimizers"][str(i)], "param_groups": groups[i]} for i in range(len(optimizers))
+    ]
+    strategy.set_state(state["model"], optimizer_states, optimizers, full=False, from_rank0=False)
+    return meta
+
+
+def strip_tensors(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A shallow copy of ``checkpoint`` without its model and optimizer states."""
+    out = copy.copy(checkpoint)
+    out.pop("state_dict", None)
+    out.pop("optimizer_states", None)
+    return out
