@@ -1,0 +1,102 @@
+"""The ``fullshard`` command line.
+
+fullshard checkpoint inspect PATH [--verify] [--all]
+fullshard checkpoint consolidate SHARDED_DIR OUT
+fullshard checkpoint export PATH OUT.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fullshard.errors import CheckpointError
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from fullshard.checkpoint.tools import inspect
+
+    result = inspect(args.path, verify_checksums=args.verify)
+    print(f"path:        {result.path}")
+    print(f"format:      {result.format}")
+    print(f"complete:    {'yes' if result.complete else 'no'}")
+    if result.world_size is not None:
+        print(
+            f"written by:  {result.strategy} with {result.world_size} process(es), fullshard {result.fullshard_version}"
+        )
+        print(f"position:    epoch {result.epoch}, global step {result.global_step}")
+        print(f"size:        {_size(result.total_bytes)} on disk, {len(result.tensors)} tensors")
+    if result.verified is not None:
+        print(f"checksums:   {'all match' if result.verified else 'FAILED'}")
+    if result.problem:
+        print(f"problem:     {result.problem}")
+    shown = result.tensors if args.all else result.tensors[:40]
+    if shown:
+        width = max(len(t.name) for t in shown)
+        print()
+        for t in shown:
+            print(f"  {t.name:<{width}}  {t.dtype:<9} {list(t.shape)}")
+        if len(shown) < len(result.tensors):
+            print(f"  ... {len(result.tensors) - len(shown)} more (--all lists every tensor)")
+    return 0 if result.complete and result.problem is None else 1
+
+
+def _consolidate(args: argparse.Namespace) -> int:
+    from fullshard.checkpoint.tools import consolidate
+
+    out = consolidate(args.sharded_dir, args.out)
+    print(f"wrote {out} ({_size(out.stat().st_size)})")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from fullshard.checkpoint.tools import export_safetensors
+
+    out = export_safetensors(args.path, args.out)
+    print(f"wrote {out} ({_size(out.stat().st_size)})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``fullshard`` command."""
+    parser = argparse.ArgumentParser(prog="fullshard", description="fullshard command line tools.")
+    groups = parser.add_subparsers(dest="group", required=True)
+    checkpoint = groups.add_parser("checkpoint", help="inspect, consolidate and export checkpoints")
+    commands = checkpoint.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("inspect", help="describe a checkpoint (format, completeness, position, tensors)")
+    p.add_argument("path")
+    p.add_argument("--verify", action="store_true", help="read every byte and check every checksum")
+    p.add_argument("--all", action="store_true", help="list every tensor, not the first 40")
+    p.set_defaults(run=_inspect)
+    p = commands.add_parser("consolidate", help="sharded checkpoint directory -> one full checkpoint file")
+    p.add_argument("sharded_dir")
+    p.add_argument("out")
+    p.set_defaults(run=_consolidate)
+    p = commands.add_parser(
+        "export", help="model weights -> .safetensors (pip install 'fullshard[safetensors]')"
+    )
+    p.add_argument("path")
+    p.add_argument("out")
+    p.set_defaults(run=_export)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (CheckpointError, ModuleNotFoundError) as err:
+        print(f"fullshard: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
