@@ -20,14 +20,20 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
 from fullshard.errors import MisconfigurationError
 
-try:  # the base class of torch's policy objects: public name since torch 2.1, module private
-    from torch.distributed.fsdp.wrap import _Policy as _TorchPolicy
-except ImportError:  # pragma: no cover
-    _TorchPolicy = (ModuleWrapPolicy, CustomPolicy)  # type: ignore[assignment,misc]
+
+def _torch_policy_class() -> type:
+    """The base class of torch's policy objects (``torch.distributed.fsdp.wrap._Policy``).
+
+    Private in torch but the only common base of ModuleWrapPolicy, CustomPolicy, ...; imported
+    lazily because ``torch.distributed.fsdp`` is slow to import.
+    """
+    from torch.distributed.fsdp.wrap import _Policy
+
+    return _Policy
+
 
 PolicyInput = Any  # see the module docstring for the accepted forms
 _ACCEPTED = (
@@ -46,6 +52,8 @@ class Policy:
 
     def torch_policy(self) -> Any:
         """What FSDP's ``auto_wrap_policy`` / ``apply_activation_checkpointing`` expects."""
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
         return ModuleWrapPolicy(self.classes) if self.classes else self.policy
 
     def selected(self, model: nn.Module) -> list[nn.Module]:
@@ -53,10 +61,10 @@ class Policy:
         root_kwargs: dict[str, Any] = {}
         if self.classes:
             return [m for m in model.modules() if m is not model and isinstance(m, tuple(self.classes))]
-        if isinstance(self.policy, _TorchPolicy):
+        if isinstance(self.policy, _torch_policy_class()):
             # ``_run_policy`` is how FSDP itself asks a policy object for its modules (private API,
             # the only way to evaluate a CustomPolicy/ModuleWrapPolicy without wrapping).
-            chosen = self.policy._run_policy(model, set(), root_kwargs)
+            chosen = self.policy._run_policy(model, set(), root_kwargs)  # type: ignore[attr-defined]
             return [m for m in model.modules() if m is not model and m in chosen]
         return _simulate_function_policy(model, self.policy)
 
@@ -115,7 +123,7 @@ def normalize_policy(value: PolicyInput, option: str) -> Policy | None:
     """
     if value is None:
         return None
-    if isinstance(value, _TorchPolicy):
+    if isinstance(value, _torch_policy_class()):
         return Policy(option, policy=value)
     if isinstance(value, type) and issubclass(value, nn.Module):
         return Policy(option, classes=frozenset({value}))

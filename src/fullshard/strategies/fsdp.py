@@ -11,18 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    apply_activation_checkpointing,
-    checkpoint_wrapper,
-)
-from torch.distributed.fsdp import (
-    BackwardPrefetch,
-    CPUOffload,
-    FullyShardedDataParallel,
-    ShardingStrategy,
-)
-from torch.distributed.fsdp.wrap import enable_wrap
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -33,21 +21,32 @@ from fullshard.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import CPUOffload, ShardingStrategy
 
     from fullshard.strategies.registry import StrategyRegistry
 
 log = logging.getLogger("fullshard")
 
-_HYBRID = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+
+def _torch_fsdp() -> Any:
+    """``torch.distributed.fsdp``, imported on first use.
+
+    Importing it pulls in DTensor and costs about 0.7 s; jobs that never use FSDP should not pay
+    that at start-up, so this module imports it only when an FSDPStrategy is built.
+    """
+    import torch.distributed.fsdp
+
+    return torch.distributed.fsdp
 
 
 def parse_sharding_strategy(value: Any) -> ShardingStrategy:
     """``"FULL_SHARD"`` (any case) or the torch enum -> the torch enum."""
-    if isinstance(value, ShardingStrategy):
-        return value
-    if isinstance(value, str) and value.upper() in ShardingStrategy.__members__:
-        return ShardingStrategy[value.upper()]
-    valid = ", ".join(repr(n) for n in ShardingStrategy.__members__ if not n.startswith("_"))
+    sharding = _torch_fsdp().ShardingStrategy
+    if isinstance(value, sharding):
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, str) and value.upper() in sharding.__members__:
+        return sharding[value.upper()]  # type: ignore[no-any-return]
+    valid = ", ".join(repr(n) for n in sharding.__members__ if not n.startswith("_"))
     raise MisconfigurationError(
         f"sharding_strategy={value!r} is not a sharding strategy. Use one of {valid} (any case), "
         "or a torch.distributed.fsdp.ShardingStrategy."
@@ -56,10 +55,11 @@ def parse_sharding_strategy(value: Any) -> ShardingStrategy:
 
 def parse_cpu_offload(value: Any) -> CPUOffload:
     """``True``/``False``/``None`` or a torch ``CPUOffload`` -> ``CPUOffload``."""
-    if isinstance(value, CPUOffload):
-        return value
+    offload = _torch_fsdp().CPUOffload
+    if isinstance(value, offload):
+        return value  # type: ignore[no-any-return]
     if value is None or isinstance(value, bool):
-        return CPUOffload(offload_params=bool(value))
+        return offload(offload_params=bool(value))  # type: ignore[no-any-return]
     raise TypeError(
         f"cpu_offload={value!r} ({type(value).__name__}) cannot be used: pass True, False, or "
         "torch.distributed.fsdp.CPUOffload(offload_params=True)."
@@ -67,10 +67,11 @@ def parse_cpu_offload(value: Any) -> CPUOffload:
 
 
 def _parse_backward_prefetch(value: Any) -> Any:
-    if value is None or isinstance(value, BackwardPrefetch):
+    prefetch = _torch_fsdp().BackwardPrefetch
+    if value is None or isinstance(value, prefetch):
         return value
-    if isinstance(value, str) and value.upper() in BackwardPrefetch.__members__:
-        return BackwardPrefetch[value.upper()]
+    if isinstance(value, str) and value.upper() in prefetch.__members__:
+        return prefetch[value.upper()]
     raise MisconfigurationError(
         f"backward_prefetch={value!r} is invalid: use 'BACKWARD_PRE', 'BACKWARD_POST', None, or a "
         "torch.distributed.fsdp.BackwardPrefetch."
@@ -252,7 +253,8 @@ class FSDPStrategy(ParallelStrategy):
     @property
     def is_hybrid(self) -> bool:
         """True for the sharding strategies that shard within a group and replicate across groups."""
-        return self.sharding_strategy in _HYBRID
+        sharding = _torch_fsdp().ShardingStrategy
+        return self.sharding_strategy in (sharding.HYBRID_SHARD, sharding._HYBRID_SHARD_ZERO2)
 
     def _mesh_shape(self) -> tuple[int, int] | None:
         if isinstance(self.device_mesh, tuple):
@@ -266,7 +268,7 @@ class FSDPStrategy(ParallelStrategy):
     @property
     def shard_size(self) -> int:
         """How many processes one parameter is split over."""
-        if self.sharding_strategy == ShardingStrategy.NO_SHARD:
+        if self.sharding_strategy.name == "NO_SHARD":
             return 1
         shape = self._mesh_shape()
         return shape[1] if shape is not None else self.world_size
@@ -307,7 +309,9 @@ class FSDPStrategy(ParallelStrategy):
     @override
     def model_sharded_context(self) -> contextlib.AbstractContextManager[Any]:
         """Inside ``configure_model``, ``torch.distributed.fsdp.wrap.wrap(layer)`` shards at once."""
-        return enable_wrap(wrapper_cls=FullyShardedDataParallel, **self._fsdp_kwargs())
+        from torch.distributed.fsdp.wrap import enable_wrap
+
+        return enable_wrap(wrapper_cls=_torch_fsdp().FullyShardedDataParallel, **self._fsdp_kwargs())
 
     def plan(
         self, model: nn.Module, world_size: int | None = None, optimizer_states_per_param: int = 2
@@ -325,7 +329,7 @@ class FSDPStrategy(ParallelStrategy):
             if world_size is None
             else (
                 1
-                if self.sharding_strategy == ShardingStrategy.NO_SHARD
+                if self.sharding_strategy.name == "NO_SHARD"
                 else (world // (self._mesh_shape() or (1, world))[0] if self.is_hybrid else world)
             )
         )
@@ -360,7 +364,9 @@ class FSDPStrategy(ParallelStrategy):
         module = self.precision.convert_module(module)
         if not any(t.is_meta for t in module.parameters()):
             module = module.to(self.root_device)
-        manually_wrapped = any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
+        manually_wrapped = any(
+            isinstance(m, _torch_fsdp().FullyShardedDataParallel) for m in module.modules()
+        )
         # Full shapes, to check checkpoints against without gathering; with manual wrap()
         # the layers are sharded already and the shapes are read at load time instead.
         self._param_shapes = {} if manually_wrapped else _full_shapes(module)
@@ -375,8 +381,15 @@ class FSDPStrategy(ParallelStrategy):
 
     @override
     def _wrap(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl,
+            apply_activation_checkpointing,
+            checkpoint_wrapper,
+        )
+
+        fsdp_class = _torch_fsdp().FullyShardedDataParallel
         kwargs = self._fsdp_kwargs()
-        manually_wrapped = any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
+        manually_wrapped = any(isinstance(m, fsdp_class) for m in module.modules())
         auto_wrap, checkpointing, _ = self._resolve_policies(module)  # warnings were raised by the plan
         if manually_wrapped:
             auto_wrap = None
@@ -388,7 +401,7 @@ class FSDPStrategy(ParallelStrategy):
             )
         if auto_wrap is not None:
             kwargs["auto_wrap_policy"] = auto_wrap.torch_policy()
-        wrapped = FullyShardedDataParallel(module, **kwargs)
+        wrapped = fsdp_class(module, **kwargs)
         if checkpointing is not None:
             wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
             if checkpointing.classes:
@@ -400,7 +413,7 @@ class FSDPStrategy(ParallelStrategy):
                 apply_activation_checkpointing(
                     wrapped, checkpoint_wrapper_fn=wrapper, auto_wrap_policy=checkpointing.torch_policy()
                 )
-        return wrapped
+        return wrapped  # type: ignore[no-any-return]
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
@@ -422,14 +435,13 @@ class FSDPStrategy(ParallelStrategy):
         """Clip with FSDP's own ``clip_grad_norm_``, which reduces the norm over all shards."""
         self.precision.unscale_gradients(optimizer)
         model = self._require_model()
-        assert isinstance(model, FullyShardedDataParallel)
-        return model.clip_grad_norm_(max_norm, norm_type=norm_type)
+        return model.clip_grad_norm_(max_norm, norm_type=norm_type)  # type: ignore[operator,no-any-return]
 
     @override
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         model = self._require_model()
-        if enabled and isinstance(model, FullyShardedDataParallel):
-            return model.no_sync()
+        if enabled and isinstance(model, _torch_fsdp().FullyShardedDataParallel):
+            return model.no_sync()  # type: ignore[no-any-return]
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------------- checkpoints

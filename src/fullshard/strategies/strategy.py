@@ -26,19 +26,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.optim import Optimizer
 
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     from fullshard.launch import ClusterEnvironment, Launcher
     from fullshard.strategies.registry import StrategyRegistry
 
@@ -287,6 +282,8 @@ class Strategy:
 
         ``full``: whole tensors (gathered under FSDP) rather than each rank's shards.
         """
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
         model = self._require_model()
         options = self._state_dict_options(full=full)
         return (
@@ -305,6 +302,8 @@ class Strategy:
     ) -> None:
         """Load states produced by :meth:`get_state`. With ``from_rank0`` only rank 0 passes data,
         which is broadcast to the other ranks piece by piece (each rank keeps only its shards)."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
         model = self._require_model()
         options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
         set_model_state_dict(model, model_state, options=options)
@@ -312,6 +311,8 @@ class Strategy:
             set_optimizer_state_dict(model, optimizer, state, options=options)
 
     def _state_dict_options(self, *, full: bool) -> StateDictOptions:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
         # cpu_offload=True crashed (SIGSEGV) under FSDP1 on CPU with gloo in our probe (DESIGN.md).
         return StateDictOptions(full_state_dict=full, cpu_offload=False)
 
