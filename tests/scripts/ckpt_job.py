@@ -94,6 +94,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=6)
     p.add_argument("--save", default=None)
     p.add_argument("--save-every", type=int, default=0, help="ModelCheckpoint every N steps into --out/ckpts")
+    p.add_argument("--keep", type=int, default=1, help="ModelCheckpoint(save_top_k=...)")
     p.add_argument("--resume", default=None)
     p.add_argument("--fault", default=None, help="RANK:POINT to SIGKILL at")
     p.add_argument("--optimizers", type=int, default=1)
@@ -113,7 +114,7 @@ def main() -> None:
             fullshard.ModelCheckpoint(
                 dirpath=Path(args.out) / "ckpts",
                 every_n_train_steps=args.save_every,
-                save_top_k=1,
+                save_top_k=args.keep,
                 save_last=True,
             )
         )

@@ -54,6 +54,7 @@ _TORCH_NOISE = (
     r"Please use DTensor instead and we are deprecating ShardedTensor",
     r"`_get_pg_default_device` will be deprecated",
     r"Multiple backends are registered with this ProcessGroup",
+    r"torch.distributed is disabled, unavailable or uninitialized",
 )
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
 
+from fullshard.checkpoint.layout import RECORD_NAME
 from fullshard.errors import MisconfigurationError
 from fullshard.trainer.callbacks import Callback
 
@@ -163,8 +164,8 @@ class ModelCheckpoint(Callback):
         # [Note: atomic commit] the new checkpoints are complete; only now drop old ones.
         if trainer.is_global_zero:
             for old in to_delete:
-                if old != path and os.path.exists(old):
-                    os.remove(old)
+                if old != path:
+                    _remove_checkpoint(Path(old))
         trainer.strategy.barrier("model_checkpoint")
 
     def _admit(self, path: str, score: float | None) -> bool:
@@ -209,14 +210,15 @@ class ModelCheckpoint(Callback):
         return self.best_k_models.get(self.best_model_path)
 
     def newest_checkpoint(self) -> str | None:
-        """``last.ckpt`` when present, else the newest checkpoint file in :attr:`dirpath`."""
+        """``last.ckpt`` when complete, else the newest complete checkpoint in :attr:`dirpath`
+        (a sharded directory whose save was interrupted is skipped)."""
         if self.dirpath is None or not self.dirpath.is_dir():
             return None
         last = self.dirpath / (self.LAST_NAME + self.FILE_EXTENSION)
-        if last.is_file():
+        if _is_complete(last):
             return str(last)
-        files = [p for p in self.dirpath.glob("*" + self.FILE_EXTENSION) if p.is_file()]
-        return str(max(files, key=lambda p: p.stat().st_mtime_ns)) if files else None
+        found = [p for p in self.dirpath.glob("*" + self.FILE_EXTENSION) if _is_complete(p)]
+        return str(max(found, key=commit_time)) if found else None
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -239,3 +241,19 @@ class ModelCheckpoint(Callback):
         self.best_k_models = dict(state_dict.get("best_k_models", {}))
         self.last_model_path = state_dict.get("last_model_path", "")
         self._saved = list(state_dict.get("saved", []))
+
+
+def _is_complete(path: Path) -> bool:
+    """A checkpoint file (written atomically) or a committed sharded checkpoint directory."""
+    return path.is_file() or (path / RECORD_NAME).is_file()
+
+
+def commit_time(path: Path) -> int:
+    return (path if path.is_file() else path / RECORD_NAME).stat().st_mtime_ns
+
+
+def _remove_checkpoint(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink()

@@ -22,7 +22,7 @@ from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
 from fullshard.trainer.loggers import CSVLogger, Logger
 from fullshard.trainer.metrics import MetricsCollector
-from fullshard.trainer.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.model_checkpoint import ModelCheckpoint, commit_time
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
 from fullshard.trainer.progress import ProgressBar
 
@@ -504,7 +504,7 @@ class Trainer:
                 stacklevel=4,
             )
             return None
-        return max(found, key=lambda p: Path(p).stat().st_mtime_ns)
+        return max(found, key=lambda p: commit_time(Path(p)))
 
     # ----------------------------------------------------------------- helpers for the loops
     def _call(self, hook: str) -> None:

@@ -1,0 +1,67 @@
+"""Shared helpers for the checkpoint tests: in-process runs of the ``ckpt_job`` model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+import fullshard
+from conftest import SCRIPTS
+from fullshard.strategies import SingleDeviceStrategy
+
+sys.path.insert(0, str(SCRIPTS))
+from ckpt_job import Net, make_data
+
+
+def run_single(
+    root: Path,
+    *,
+    fmt: str = "full",
+    max_steps: int = 4,
+    resume: Path | str | None = None,
+    save: Path | None = None,
+    model: Net | None = None,
+    **trainer_kwargs: Any,
+) -> tuple[fullshard.Trainer, Net]:
+    """Train ``Net`` in this process (single device), optionally resuming and saving."""
+    fullshard.seed_everything(11)
+    model = model if model is not None else Net()
+    kwargs: dict[str, Any] = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    kwargs.update(trainer_kwargs)
+    trainer = fullshard.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=SingleDeviceStrategy(state_dict_type=fmt),
+        max_steps=max_steps,
+        default_root_dir=root,
+        **kwargs,
+    )
+    trainer.fit(model, DataLoader(make_data(), batch_size=8, shuffle=True), ckpt_path=resume)
+    if save is not None:
+        trainer.save_checkpoint(save)
+    return trainer, model
+
+
+def full_state(trainer: fullshard.Trainer) -> dict[str, Any]:
+    model_state, optimizer_states = trainer.strategy.get_state(trainer.optimizers, full=True)
+    return {"model": model_state, "optimizers": optimizer_states}
+
+
+def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Model tensors and optimizer state tensors are bitwise equal."""
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert len(a["optimizers"]) == len(b["optimizers"])
+    for oa, ob in zip(a["optimizers"], b["optimizers"], strict=True):
+        assert oa["state"].keys() == ob["state"].keys()
+        for fqn, state in oa["state"].items():
+            for name, value in state.items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(ob["state"][fqn][name])), (
+                    fqn,
+                    name,
+                )
