@@ -122,3 +122,21 @@ def test_failing_rank_zero_ends_the_job(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "ValueError: boom on rank 0" in result.stderr
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "fsdp_spawn"])
+def test_spawn_brings_the_trained_weights_back(tmp_path: Path, strategy: str) -> None:
+    from fullshard.strategies import FSDPStrategy
+
+    fullshard.seed_everything(7)
+    model = MLP()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    chosen = FSDPStrategy(start_method="spawn") if strategy == "fsdp_spawn" else strategy
+    trainer = fullshard.Trainer(
+        accelerator="cpu", devices=2, strategy=chosen, max_steps=3, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, default_root_dir=tmp_path,
+    )
+    trainer.fit(model, DataLoader(make_data(), batch_size=8))
+    assert trainer.global_step == 3 and "train_loss" in trainer.callback_metrics
+    after = model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)

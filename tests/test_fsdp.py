@@ -65,6 +65,7 @@ def test_parity_with_single_process(
     params, result = _train(tmp_path, *args)
     _assert_close(params, reference)
     assert result["global_step"] == 6
+    assert 0 < result["val_loss"] < result["losses"][0]  # validate() after fit() reuses the sharded model
     units = dict(result["units"])
     assert list(units) == result["actual_units"]  # the plan predicted the units torch created
     assert sum(units.values()) == sum(v.numel() for v in reference.values())

@@ -277,6 +277,7 @@ def estimate_memory(
     total_numel: int,
     largest_unit_numel: int,
     *,
+    num_units: int = 2,
     sharding_strategy: str,
     shard_size: int,
     param_bytes: int,
@@ -289,6 +290,7 @@ def estimate_memory(
     Sharded state is divided by the shard group size. While a unit computes, its parameters are
     gathered in the compute dtype; with prefetching two units can be gathered at once. Under
     SHARD_GRAD_OP parameters stay gathered between forward and backward (a full copy).
+    ``num_units``: how many units the model has (a single unit is never gathered twice).
     Optimizer state counts ``optimizer_states_per_param`` float32 values per parameter (Adam: 2).
     With CPU offload, sharded parameters, gradients and optimizer state live in host memory.
     Activations are not included: they depend on the batch.
@@ -299,7 +301,7 @@ def estimate_memory(
         optimizer = total_numel * 4 * optimizer_states_per_param
         return MemoryEstimate(params, grads, optimizer)
     sharded_params = total_numel * param_bytes // n
-    transient = 2 * largest_unit_numel * compute_bytes
+    transient = min(num_units, 2) * largest_unit_numel * compute_bytes
     if sharding_strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"):
         transient = total_numel * compute_bytes
     grads = total_numel * param_bytes // n + largest_unit_numel * compute_bytes
@@ -380,6 +382,7 @@ def build_plan(
         param_bytes=param_bytes,
         compute_bytes=compute_bytes,
         optimizer_states_per_param=optimizer_states_per_param,
+        num_units=len(units),
     )
     estimate = estimate_memory(
         total,

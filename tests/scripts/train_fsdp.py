@@ -61,6 +61,10 @@ class BlockModel(fullshard.Module):
         self.losses.append(float(loss.detach()))
         return loss
 
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self(x).float(), y), sync_dist=True)
+
     def configure_optimizers(self) -> Any:
         decay = [p for n, p in self.named_parameters() if n.endswith("weight")]
         no_decay = [p for n, p in self.named_parameters() if not n.endswith("weight")]
@@ -163,6 +167,7 @@ def main() -> None:
 
         trainer.strategy.clip_gradients_norm = recording  # type: ignore[method-assign]
     trainer.fit(model, DataLoader(make_data(), batch_size=args.batch_size))
+    val_loss = trainer.validate(model, DataLoader(make_data(), batch_size=args.batch_size))[0]["val_loss"]
     state = trainer.strategy.module_state_dict()  # collective: every rank gathers
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,6 +178,7 @@ def main() -> None:
             json.dumps(
                 {
                     "losses": model.losses,
+                    "val_loss": val_loss,
                     "norms": norms,
                     "global_step": trainer.global_step,
                     "units": [[u.name, u.numel] for u in plan.units] if plan else None,

@@ -361,6 +361,8 @@ class FSDPStrategy(ParallelStrategy):
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
+        if module is self.module and self.model is not None:  # validate() after fit(): already sharded
+            return self.model
         module = self.precision.convert_module(module)
         if not any(t.is_meta for t in module.parameters()):
             module = module.to(self.root_device)

@@ -179,7 +179,13 @@ class Strategy:
         return contextlib.nullcontext()
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Move ``module`` to the device, apply precision and wrap it; returns what forward runs through."""
+        """Move ``module`` to the device, apply precision and wrap it; returns what forward runs through.
+
+        Setting up the module this strategy already wrapped (``validate`` after ``fit``) returns the
+        existing wrapper instead of wrapping twice.
+        """
+        if module is self.module and self.model is not None:
+            return self.model
         module = self.precision.convert_module(module).to(self.root_device)
         self._param_shapes = {
             k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)

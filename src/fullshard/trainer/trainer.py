@@ -13,7 +13,7 @@ import torch
 from torch.optim import Optimizer
 
 from fullshard.errors import MisconfigurationError
-from fullshard.launch import ClusterEnvironment, select_cluster_environment
+from fullshard.launch import ClusterEnvironment, SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.seed import current_seed
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
@@ -228,6 +228,7 @@ class Trainer:
         self._val_check_batches = 0
         self._metrics = MetricsCollector(self._strategy.all_reduce)
         self._hooks: dict[str, list[Callback]] = {}
+        self._spawn_state: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------ construction
     @staticmethod
@@ -418,6 +419,9 @@ class Trainer:
             if checkpoint is not None:
                 checkpointing.restore_rng_states(self, checkpoint)
             loops.run_fit(self)
+            if isinstance(strategy.launcher, SpawnLauncher):
+                # gathering the weights is collective (FSDP): every rank takes part, rank 0 sends them
+                self._spawn_state = {k: v.detach().cpu() for k, v in strategy.module_state_dict().items()}
             self._finalize_loggers("success")
             return None
         except BaseException as exception:
@@ -560,14 +564,8 @@ class Trainer:
     # -------------------------------------------------------------- spawn launcher protocol
     def _get_spawn_result(self) -> dict[str, Any]:
         """What a spawned rank 0 sends back to the parent process (see SpawnLauncher)."""
-        module = self._strategy.module
-        state = (
-            {k: v.detach().cpu() for k, v in self._strategy.module_state_dict().items()}
-            if module is not None
-            else {}
-        )
         return {
-            "state_dict": state,
+            "state_dict": self._spawn_state,
             "callback_metrics": {k: v.cpu() for k, v in self.callback_metrics.items()},
             "global_step": self.global_step,
             "current_epoch": self.current_epoch,
