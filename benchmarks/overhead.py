@@ -45,16 +45,16 @@ per step
 CPU per step
     CPU time of rank 0's main thread (the one running the loop: Python, forward, backward,
     optimizer; gloo's transfers run on other threads) per timed step. Other work on the
-    machine stretches wall times much more than CPU times, so this column stays comparable on
-    a busy machine (``--nice -10``, as root, shields the wall times somewhat too).
+    machine stretches wall times much more than CPU times, so this column stays more
+    comparable on a busy machine.
 start-up
     Wall time from just before the command is started (before its interpreter imports
     anything) to the start of the first training step on rank 0. Median over the repeats.
 
 Runs are interleaved (each repeat runs every configuration, in a rotated order) because a
-2-core machine drifts. A first, discarded round with few steps warms the file cache. The
-1-minute load average at the start of each run is printed; above about 0.5 other work is
-competing for the 2 cores and the wall-time columns are noisy.
+2-core machine drifts. A first, discarded round with few steps warms the file cache. Each
+run also reports how many cores other processes kept busy meanwhile (from /proc/stat, less
+this benchmark's own processes); above about 0.2 of the 2 cores the wall times are noisy.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ import itertools
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -239,9 +240,11 @@ def run_loop_worker(args: argparse.Namespace, clock: StepClock) -> None:
         optimizer.zero_grad()
     clock.write(args.out, rank, versions={"torch": torch.__version__})
     dist.barrier()
-    dist.destroy_process_group()
+    # Rank 0 hosts the rendezvous store: it tears down only after rank 1 is gone (on gloo, a
+    # rank destroying its group while the store's host is already gone can abort).
     if child is not None and child.wait() != 0:
         raise SystemExit(f"rank 1 exited with code {child.returncode}")
+    dist.destroy_process_group()
 
 
 def run_fullshard_worker(args: argparse.Namespace, clock: StepClock, defaults: bool) -> None:
@@ -312,7 +315,7 @@ class Run:
     step_mean: float  # mean wall time per step
     cpu: float  # mean CPU time per step of rank 0's main thread
     start_up: float
-    load: float  # 1-minute load average when the run started
+    other_load: float  # cores used on average by other processes during the run
     phases: dict[str, float]
     versions: dict[str, str]
 
@@ -368,7 +371,7 @@ def _run_once(config: Config, work: Workload, warmup: int, threads: int, workdir
         *("--out", str(out), "--root", str(root)),
     ]
     log_path = root / "output.log"
-    load = os.getloadavg()[0]
+    busy, ours = _busy_cpu_seconds(), _children_cpu_seconds()
     with log_path.open("wb") as log:
         launched = time.time()
         process = subprocess.run(
@@ -380,6 +383,8 @@ def _run_once(config: Config, work: Workload, warmup: int, threads: int, workdir
             timeout=RUN_TIMEOUT_S,
             check=False,
         )
+        elapsed = time.time() - launched
+    others = (_busy_cpu_seconds() - busy) - (_children_cpu_seconds() - ours)
     if process.returncode != 0 or not out.exists():
         tail = log_path.read_text(errors="replace")[-4000:]
         raise RuntimeError(
@@ -395,10 +400,26 @@ def _run_once(config: Config, work: Workload, warmup: int, threads: int, workdir
         step_mean=statistics.fmean(steps),
         cpu=(cpu_marks[-1] - cpu_marks[warmup]) / len(steps),
         start_up=events["first_step"] - launched,
-        load=load,
+        other_load=max(others, 0.0) / elapsed,
         phases=_start_up_phases(launched, events, out.with_name(out.name + ".rank1")),
         versions=result.get("versions", {}),
     )
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU seconds all processes on this machine used so far (0 where /proc/stat is missing)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds() -> float:
+    """CPU seconds used by this process's finished children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 PHASES = ("rank 0 to fit", "rank 1 to fit", "rank 1 fit to step", "rank 0 waits")
@@ -450,7 +471,7 @@ def run_benchmark(args: argparse.Namespace, configs: list[Config]) -> Results:
                 print(
                     f"repeat {repeat + 1}/{args.repeats} {config.name:<19} step {run.step * 1e3:7.3f} ms"
                     f" (mean {run.step_mean * 1e3:7.3f}, cpu {run.cpu * 1e3:7.3f})"
-                    f"  start-up {run.start_up:5.2f} s ({phases})  load {run.load:.1f}",
+                    f"  start-up {run.start_up:5.2f} s ({phases})  other {run.other_load:.2f}",
                     flush=True,
                 )
     return results
@@ -516,11 +537,11 @@ def render_section(args: argparse.Namespace, configs: list[Config], results: Res
     """The ``## Trainer overhead`` section of docs/benchmarks.md."""
     work = Workload(steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
     versions: dict[str, str] = {}
-    loads = []
+    others = []
     for runs in results.values():
         for run in runs:
             versions.update(run.versions)
-            loads.append(run.load)
+            others.append(run.other_load)
     command = f"python benchmarks/overhead.py --steps {args.steps} --repeats {args.repeats}"
     if (args.batch_size, args.hidden) != (64, 512):
         command += f" --batch-size {args.batch_size} --hidden {args.hidden}"
@@ -542,8 +563,9 @@ def render_section(args: argparse.Namespace, configs: list[Config], results: Res
             f"  each (`OMP_NUM_THREADS=1`); Python {platform.python_version()}, torch {versions.get('torch', '?')},"
             f" fullshard {versions.get('fullshard', '?')}, Lightning {versions.get('lightning', 'not measured')}.",
             f"- {datetime.date.today().isoformat()}: {args.repeats} interleaved repeats, medians shown; the first"
-            f" {args.warmup} steps of each run are not timed; 1-minute load average {min(loads):.1f} to"
-            f" {max(loads):.1f} (other work on the machine adds noise).",
+            f" {args.warmup} steps of each run are not timed. Other processes kept {statistics.median(others):.2f}"
+            f" cores busy during a run (median; {min(others):.2f} to {max(others):.2f}): on 2 cores that is noise"
+            " in the wall times.",
             "- Per step: wall time between the starts of consecutive training steps on rank 0, median over the",
             "  steps of a run (mean: the mean, which also counts work done every n-th step). CPU per step:",
             "  CPU time of rank 0's main thread per step (Python, forward, backward, optimizer), much less",
@@ -606,22 +628,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--only", nargs="+", choices=[c.name for c in _configs()], help="run only these (loop always runs)"
     )
-    parser.add_argument(
-        "--nice",
-        type=int,
-        default=None,
-        help="run the benchmark's processes at this niceness (negative, as root: less disturbed by other work)",
-    )
     parser.add_argument("--no-warmup-round", dest="warmup_round", action="store_false")
     parser.add_argument("--write-docs", action="store_true", help="rewrite the section in docs/benchmarks.md")
     args = parser.parse_args(argv)
     if args.steps <= args.warmup + 1:
         parser.error(f"--steps must exceed --warmup + 1 ({args.warmup + 1})")
-    if args.nice is not None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by every process started below
-        except PermissionError:
-            parser.error(f"--nice {args.nice} needs more privileges (negative values need root)")
     configs = [c for c in _configs() if not args.only or c.name in {"loop", *args.only}]
     results = run_benchmark(args, configs)
     print()

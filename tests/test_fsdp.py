@@ -25,7 +25,39 @@ def reference() -> dict[str, torch.Tensor]:
 
 def _train(tmp_path: Path, *args: str) -> tuple[dict[str, torch.Tensor], dict]:
     check_ok(run_script("train_fsdp.py", "--out", str(tmp_path), *args, timeout=180))
-    return torch.load(tmp_path / "params.pt"), json.loads((tmp_path / "result.json").read_text())
+    return _read(tmp_path)
+
+
+def _read(out: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    return torch.load(out / "params.pt"), json.loads((out / "result.json").read_text())
+
+
+# One job trains every configuration below one after another (a launch costs seconds; a run of
+# this model milliseconds), and each test checks its own run's results.
+RUNS = {
+    "full": ["--sharding", "FULL_SHARD"],
+    "grad_op": ["--sharding", "shard_grad_op"],
+    "no_shard": ["--sharding", "NO_SHARD"],
+    "full+ac": ["--sharding", "FULL_SHARD", "--ac", "classes"],
+    "cpu_offload": ["--registry-name", "fsdp_cpu_offload"],
+    "names": ["--wrap", "names", "--ac", "names"],
+    "callable": ["--wrap", "callable", "--ac", "callable"],
+    "torch_policy": ["--wrap", "torch", "--ac", "torch"],
+    "no_policy": ["--wrap", "none"],
+    "bf16": ["--precision", "bf16-mixed"],
+    "meta_init": ["--empty-init", "--max-steps", "0"],
+    "meta_train": ["--empty-init"],
+    "clip": ["--clip", "0.5"],
+    "accumulate": ["--accumulate", "2", "--batch-size", "4"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp_runs")
+    specs = [f"--run={name}:{' '.join(args)}" for name, args in RUNS.items()]
+    check_ok(run_script("train_fsdp.py", "--out", str(out), *specs, timeout=280))
+    return out
 
 
 def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], **tol: float) -> None:
@@ -35,19 +67,8 @@ def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 
 
 @pytest.mark.parametrize(
-    "args",
+    "name",
     [
-        ["--sharding", "FULL_SHARD"],
-        ["--sharding", "shard_grad_op"],
-        ["--sharding", "NO_SHARD"],
-        ["--sharding", "FULL_SHARD", "--ac", "classes"],
-        ["--registry-name", "fsdp_cpu_offload"],
-        ["--wrap", "names", "--ac", "names"],
-        ["--wrap", "callable", "--ac", "callable"],
-        ["--wrap", "torch", "--ac", "torch"],
-        ["--wrap", "none"],
-    ],
-    ids=[
         "full",
         "grad_op",
         "no_shard",
@@ -59,10 +80,9 @@ def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Ten
         "no_policy",
     ],
 )
-def test_parity_with_single_process(
-    tmp_path: Path, reference: dict[str, torch.Tensor], args: list[str]
-) -> None:
-    params, result = _train(tmp_path, *args)
+def test_parity_with_single_process(runs: Path, reference: dict[str, torch.Tensor], name: str) -> None:
+    args = RUNS[name]
+    params, result = _read(runs / name)
     _assert_close(params, reference)
     assert result["global_step"] == 6
     assert 0 < result["val_loss"] < result["losses"][0]  # validate() after fit() reuses the sharded model
@@ -86,8 +106,8 @@ def test_parity_with_single_process(
         assert result["offload"] is True
 
 
-def test_bf16_mixed_stays_close(tmp_path: Path, reference: dict[str, torch.Tensor]) -> None:
-    params, result = _train(tmp_path, "--precision", "bf16-mixed")
+def test_bf16_mixed_stays_close(runs: Path, reference: dict[str, torch.Tensor]) -> None:
+    params, result = _read(runs / "bf16")
     assert all(torch.isfinite(torch.tensor(result["losses"])))
     # bfloat16 keeps 8 mantissa bits, and Adam's normalised steps turn small gradient differences
     # into visible parameter differences, so elementwise tolerances say little. What must hold: the
@@ -101,14 +121,14 @@ def test_bf16_mixed_stays_close(tmp_path: Path, reference: dict[str, torch.Tenso
     assert delta_bf16.norm() == pytest.approx(float(delta_fp32.norm()), rel=0.10)
 
 
-def test_meta_device_init_equals_eager_init(tmp_path: Path) -> None:
-    params, _ = _train(tmp_path, "--empty-init", "--max-steps", "0")
+def test_meta_device_init_equals_eager_init(runs: Path) -> None:
+    params, _ = _read(runs / "meta_init")
     for key, value in initial_params().items():
         assert torch.equal(params[key], value), key
 
 
-def test_meta_device_init_trains_like_eager(tmp_path: Path, reference: dict[str, torch.Tensor]) -> None:
-    params, _ = _train(tmp_path, "--empty-init")
+def test_meta_device_init_trains_like_eager(runs: Path, reference: dict[str, torch.Tensor]) -> None:
+    params, _ = _read(runs / "meta_train")
     _assert_close(params, reference)
 
 
@@ -130,17 +150,17 @@ def test_hybrid_shard_on_a_2x2_mesh(tmp_path: Path) -> None:
     _assert_close(params, reference)
 
 
-def test_gradient_clipping_uses_the_global_norm(tmp_path: Path) -> None:
+def test_gradient_clipping_uses_the_global_norm(runs: Path) -> None:
     reference, _, reference_norms = reference_run(clip=0.5)
-    params, result = _train(tmp_path, "--clip", "0.5")
+    params, result = _read(runs / "clip")
     assert len(result["norms"]) == 6
     assert result["norms"] == pytest.approx(reference_norms, rel=1e-4)
     assert max(reference_norms) > 0.5  # clipping was active
     _assert_close(params, reference)
 
 
-def test_gradient_accumulation(tmp_path: Path, reference: dict[str, torch.Tensor]) -> None:
-    params, result = _train(tmp_path, "--accumulate", "2", "--batch-size", "4")
+def test_gradient_accumulation(runs: Path, reference: dict[str, torch.Tensor]) -> None:
+    params, result = _read(runs / "accumulate")
     assert result["global_step"] == 6 and len(result["losses"]) == 12
     _assert_close(params, reference)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +104,9 @@ def policy(kind: str) -> Any:
     }[kind]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--accelerator", default="cpu")
-    p.add_argument("--devices", type=int, default=2)
+def run_options() -> argparse.ArgumentParser:
+    """Options of one training run (several runs can share one job, see ``--run``)."""
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--sharding", default="FULL_SHARD")
     p.add_argument("--wrap", default="classes")
     p.add_argument("--ac", default="none")
@@ -122,8 +121,23 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--registry-name", default=None)
     p.add_argument("--bad-optimizer", action="store_true", help="build the optimizer before fit")
-    args = p.parse_args()
+    return p
 
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
+    p.add_argument("--out", required=True)
+    p.add_argument("--accelerator", default="cpu")
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--run", action="append", default=[], help="NAME:OPTIONS, one training run (repeatable)")
+    job, rest = p.parse_known_args()
+    runs = [(spec.split(":", 1)[0], shlex.split(spec.split(":", 1)[1])) for spec in job.run] or [(".", rest)]
+    for name, options in runs:
+        train(run_options().parse_args(options), job, Path(job.out) / name)
+
+
+def train(args: argparse.Namespace, job: argparse.Namespace, out: Path) -> None:
+    """One run: seed, build, fit, validate, and (rank 0) write params.pt and result.json to ``out``."""
     fullshard.seed_everything(5)
     if args.registry_name:
         strategy: Any = args.registry_name
@@ -145,8 +159,8 @@ def main() -> None:
     norms: list[float] = []
 
     trainer = fullshard.Trainer(
-        accelerator=args.accelerator,
-        devices=args.devices,
+        accelerator=job.accelerator,
+        devices=job.devices,
         strategy=strategy,
         precision=args.precision,
         max_steps=args.max_steps,
@@ -155,7 +169,7 @@ def main() -> None:
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
-        default_root_dir=args.out,
+        default_root_dir=out,
     )
     if args.clip is not None:
         original = trainer.strategy.clip_gradients_norm
@@ -169,7 +183,6 @@ def main() -> None:
     trainer.fit(model, DataLoader(make_data(), batch_size=args.batch_size))
     val_loss = trainer.validate(model, DataLoader(make_data(), batch_size=args.batch_size))[0]["val_loss"]
     state = trainer.strategy.module_state_dict()  # collective: every rank gathers
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if trainer.is_global_zero:
         torch.save({k: v.detach().float().cpu().clone() for k, v in state.items()}, out / "params.pt")
