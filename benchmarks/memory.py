@@ -147,20 +147,23 @@ def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
         def __init__(self) -> None:
             self.setup_peak_kib = 0
             self.step_s: list[float] = []
+            self.step_cpu_s: list[float] = []  # this process's CPU time, all threads, user + system
             self.step_peak_kib: list[int] = []  # peak so far, at the end of each step
             self.step_end_kib: list[int] = []  # resident at the end of each step
-            self._start = 0.0
+            self._start = self._start_cpu = 0.0
 
         def on_fit_start(self, trainer: Any, module: Any) -> None:
             self.setup_peak_kib = peak_rss_kib()
 
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
             self._start = time.perf_counter()
+            self._start_cpu = time.process_time()
 
         def on_train_batch_end(
             self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
         ) -> None:
             self.step_s.append(time.perf_counter() - self._start)
+            self.step_cpu_s.append(time.process_time() - self._start_cpu)
             self.step_peak_kib.append(peak_rss_kib())
             self.step_end_kib.append(rss_kib())
 
@@ -201,6 +204,7 @@ def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
         "peak_kib": peak_kib,
         "end_kib": rss_kib(),
         "step_s": probe.step_s,
+        "step_cpu_s": probe.step_cpu_s,
         "step_peak_kib": probe.step_peak_kib,
         "step_end_kib": probe.step_end_kib,
         "warmup": args.warmup,
@@ -271,6 +275,11 @@ class Result:
         return statistics.median(run["step_s"][run["warmup"] :])
 
     @property
+    def cpu_s(self) -> float:
+        run = self.ranks[0]
+        return statistics.median(run["step_cpu_s"][run["warmup"] :])
+
+    @property
     def estimate_mib(self) -> float | None:
         est = self.ranks[0]["estimate_bytes"]
         return None if est is None else est / MIB
@@ -312,6 +321,7 @@ def render_table(results: list[Result]) -> str:
             "-" if r.estimate_mib is None else f"{r.estimate_mib:.0f}" for r in results
         ],
         "Iterations per second": [f"{1 / r.step_s:.2f}" for r in results],
+        "CPU seconds per step, rank 0": [f"{r.cpu_s:.2f}" for r in results],
     }
     lines = [
         "| | " + " | ".join(r.config.label for r in results) + " |",

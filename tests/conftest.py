@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -30,6 +31,21 @@ def _no_leaks() -> Iterator[None]:
         dist.destroy_process_group()
     assert not leaked, f"test leaked environment variables: {leaked}"
     assert not live_group, "test left a torch.distributed process group alive"
+
+
+def quiet_trainer(root: Path, **kwargs: Any) -> Any:
+    """A one-process CPU Trainer without logger, checkpoints or progress bar (``kwargs`` override)."""
+    import fullshard
+
+    defaults: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=root,
+    )
+    return fullshard.Trainer(**{**defaults, **kwargs})
 
 
 def run_script(

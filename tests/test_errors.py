@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fullshard
-from conftest import SCRIPTS
+from conftest import SCRIPTS, quiet_trainer
 from fullshard.checkpoint.validate import StateDictMismatchError
 from fullshard.errors import (
     CheckpointError,
@@ -27,15 +27,7 @@ from train_mlp import MLP, make_data
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> fullshard.Trainer:
-    defaults: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
-    return fullshard.Trainer(**{**defaults, **kwargs})
+    return quiet_trainer(tmp_path, **kwargs)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(

@@ -14,22 +14,14 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import fullshard
-from conftest import SCRIPTS
+from conftest import SCRIPTS, quiet_trainer
 
 sys.path.insert(0, str(SCRIPTS))
 from train_mlp import MLP, make_data
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> fullshard.Trainer:
-    defaults: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
-    return fullshard.Trainer(**{**defaults, **kwargs})
+    return quiet_trainer(tmp_path, **kwargs)  # type: ignore[no-any-return]
 
 
 def test_fit_counts_steps_and_epochs(tmp_path: Path) -> None:
