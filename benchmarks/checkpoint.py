@@ -5,18 +5,20 @@ Run from the repository root::
     python benchmarks/checkpoint.py                  # measure, print the tables
     python benchmarks/checkpoint.py --write-docs     # also rewrite its section of docs/benchmarks.md
 
-It takes about 2 minutes on 2 cores, needs about 4 GB of memory and 1 GB of disk.
+It takes about 2 minutes on 2 cores and needs about 4 GB of memory and 2 GB of disk. Run it
+alone: other work on the machine, on its disk above all, moves the numbers a lot.
 
 One job of 2 processes (CPU, gloo, one intra-op thread each) builds a parameter-dominated
 model (8 blocks of ``Linear(2048, 2048)``: 33.6M parameters, 134 MB in float32) under
 ``FSDPStrategy(auto_wrap_policy={Block}, empty_init=True)`` (FULL_SHARD), trains one AdamW step
-so that the optimizer has its state (268 MB more), and then saves and loads that same state,
+so that the optimizer has its state (269 MB more), and then saves and loads that same state,
 ``--repeats`` times, with fullshard and with the torch calls fullshard is built on:
 
 full save
     fullshard: ``trainer.save_checkpoint(path)`` with ``state_dict_type="full"``.
     plain: ``get_model_state_dict`` and ``get_optimizer_state_dict`` (``full_state_dict=True``,
-    ``cpu_offload=False``) on every rank, ``torch.save`` on rank 0 (no fsync).
+    ``cpu_offload=False``) on every rank, ``torch.save`` on rank 0; once without and once with
+    an fsync of the file.
 full load
     fullshard: ``trainer.strategy.load_checkpoint(path, trainer.optimizers)``.
     plain: ``torch.load`` on rank 0, then ``set_model_state_dict`` / ``set_optimizer_state_dict``
@@ -31,15 +33,16 @@ sharded load
     ``set_model_state_dict`` / ``set_optimizer_state_dict``.
 
 Every timing starts and ends with a barrier and is taken on rank 0. Each repeat runs every
-operation once, plain and fullshard in alternating order; before every timing all written
-data is flushed to disk (``os.sync``) so that no save pays for the previous one's writeback.
-Checkpoints go to a temporary directory (``--dir``) and are deleted after each repeat. The page
-cache is not dropped: loads read the files the repeat just wrote, from memory. The tables show
-medians over the repeats.
+operation once, plain and fullshard in an order that alternates between repeats; before every
+timing all written data is flushed to disk (``os.sync``) so that no operation pays for an
+earlier one's writeback. Checkpoints go to a temporary directory (under ``--dir``) and are
+deleted after each repeat. The page cache is not dropped: loads read the files the repeat just
+wrote, from memory. The tables show medians over the repeats.
 
-The costs of crash safety and checksums are measured on their own too, on rank 0: an fsync
-of a just-written full checkpoint file, CRC-32 of one rank's tensor files of a sharded
-checkpoint, and ``fullshard.checkpoint.layout.verify`` of each format (which reads every byte).
+Steps inside the plain calls are timed too (the gather, ``torch.save``, the fsync; the sharded
+state dicts, ``dcp.save``), and the checksums on their own: CRC-32 of one rank's files of the
+sharded checkpoint (what each rank computes at a save), and ``fullshard.checkpoint.layout.verify``
+of each checkpoint on rank 0 (which reads every byte).
 """
 
 from __future__ import annotations
@@ -59,6 +62,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.utils.data import DataLoader, TensorDataset
+
+import fullshard
+from fullshard.checkpoint.layout import crc32_of, verify
+from fullshard.strategies import FSDPStrategy
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -67,218 +87,224 @@ WORLD_SIZE = 2
 TARGET = 1.10  # fullshard's time at most this times the plain torch calls'
 RUN_TIMEOUT_S = 600
 MB = 1e6
+FORMATS = ("full", "sharded")
 
-# (key, label) of the compared operations, in table order
-OPERATIONS = (
-    ("full_save", "Full save"),
-    ("full_load", "Full load"),
-    ("sharded_save", "Sharded save"),
-    ("sharded_load", "Sharded load"),
+# The compared operations: (key, label, key of the plain timing, key of fullshard's timing)
+ROWS = (
+    ("full_save", "Full save", "full_save/plain", "full_save/fullshard"),
+    ("full_save_fsync", "Full save, plain + fsync", "full_save/plain_fsync", "full_save/fullshard"),
+    ("full_load", "Full load", "full_load/plain", "full_load/fullshard"),
+    ("sharded_save", "Sharded save", "sharded_save/plain", "sharded_save/fullshard"),
+    ("sharded_load", "Sharded load", "sharded_load/plain", "sharded_load/fullshard"),
 )
+TARGET_ROWS = ("full_save", "full_load", "sharded_save", "sharded_load")  # the issue's comparison
 
 
 # ---------------------------------------------------------------------------------------------
 # The worker: both ranks of one job (the Trainer starts rank 1 from the same command).
 
 
-def run_worker(args: argparse.Namespace) -> None:
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch import nn
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-    from torch.utils.data import DataLoader, TensorDataset
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
 
-    import fullshard
-    from fullshard.checkpoint.layout import crc32_of, fsync_file, verify
-    from fullshard.strategies import FSDPStrategy
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
 
-    class Block(nn.Module):
-        def __init__(self, width: int) -> None:
-            super().__init__()
-            self.linear = nn.Linear(width, width)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.linear(x))
+class Model(fullshard.Module):
+    def __init__(self, depth: int, width: int) -> None:
+        super().__init__()
+        self.depth, self.width = depth, width
+        self.blocks: nn.Sequential | None = None
 
-    class Model(fullshard.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.blocks: nn.Sequential | None = None
+    def configure_model(self) -> None:
+        self.blocks = nn.Sequential(*(Block(self.width) for _ in range(self.depth)))
 
-        def configure_model(self) -> None:
-            self.blocks = nn.Sequential(*(Block(args.width) for _ in range(args.depth)))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.blocks is not None
+        return self.blocks(x)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            assert self.blocks is not None
-            return self.blocks(x)
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).pow(2).mean()
 
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self(batch[0]).pow(2).mean()
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
-    root = Path(args.dir)
-    strategy = FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full", empty_init=True)
-    trainer = fullshard.Trainer(
-        accelerator="cpu",
-        devices=WORLD_SIZE,
-        strategy=strategy,
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=root,
-    )
-    data = TensorDataset(torch.randn(4 * WORLD_SIZE, args.width, generator=torch.Generator().manual_seed(0)))
-    trainer.fit(Model(), DataLoader(data, batch_size=4))
-    rank = trainer.global_rank
-    model = strategy.model
-    assert model is not None
-    (optimizer,) = trainer.optimizers
-    full = StateDictOptions(full_state_dict=True, cpu_offload=False)
-    sharded = StateDictOptions(full_state_dict=False, cpu_offload=False)
-    from_rank0 = StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=True)
-    paths = {
-        (who, fmt): root / (f"{who}.ckpt" if fmt == "full" else f"{who}-sharded")
-        for who in ("plain", "fullshard")
-        for fmt in ("full", "sharded")
-    }
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=False)  # what fullshard uses
+SHARDED = StateDictOptions(full_state_dict=False, cpu_offload=False)
+FROM_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=False, broadcast_from_rank0=True)
 
-    def path(who: str, fmt: str) -> Path:
-        return paths[(who, fmt)]
 
-    # ------------------------------------------------------------------ the plain torch calls
-    def plain_full_save() -> None:
+class Job:
+    """One trained model in 2 processes, and every save and load of its state, timed."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.root = Path(args.dir)
+        self.strategy = FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full", empty_init=True)
+        self.trainer = fullshard.Trainer(
+            accelerator="cpu",
+            devices=WORLD_SIZE,
+            strategy=self.strategy,
+            max_steps=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            default_root_dir=self.root,
+        )
+        data = torch.randn(4 * WORLD_SIZE, args.width, generator=torch.Generator().manual_seed(0))
+        # one step, so that AdamW has its state
+        self.trainer.fit(Model(args.depth, args.width), DataLoader(TensorDataset(data), batch_size=4))
+        self.rank = self.trainer.global_rank
+        assert self.strategy.model is not None
+        self.model: nn.Module = self.strategy.model
+        (self.optimizer,) = self.trainer.optimizers
+        self.times: dict[str, list[float]] = {}
+        self.parts: dict[str, list[float]] = {}
+
+    def path(self, who: str, fmt: str) -> Path:
+        return self.root / (f"{who}.ckpt" if fmt == "full" else f"{who}-sharded")
+
+    def record(self, table: dict[str, list[float]], key: str, seconds: float) -> None:
+        table.setdefault(key, []).append(seconds)
+
+    # ---------------------------------------------------------------- the plain torch calls
+    def plain_full_save(self, fsync: bool) -> None:
+        start = time.perf_counter()
         state = {
-            "model": get_model_state_dict(model, options=full),
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=full),
+            "model": get_model_state_dict(self.model, options=FULL),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL),
         }
-        if rank == 0:
-            torch.save(state, path("plain", "full"))
+        gathered = time.perf_counter()
+        if self.rank == 0:
+            # its own file for each variant: none overwrites (and frees the blocks of) another
+            path = self.path("plain_fsync" if fsync else "plain", "full")
+            torch.save(state, path)
+            written = time.perf_counter()
+            if fsync:
+                fd = os.open(path, os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+                self.record(self.parts, "fsync", time.perf_counter() - written)
+            else:
+                self.record(self.parts, "gather", gathered - start)
+                self.record(self.parts, "torch_save", written - gathered)
 
-    def plain_full_load() -> None:
+    def plain_full_load(self) -> None:
         state: dict[str, Any] = {"model": {}, "optimizer": {}}
-        if rank == 0:
-            state = torch.load(path("plain", "full"), map_location="cpu")
-        set_model_state_dict(model, state["model"], options=from_rank0)
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=from_rank0)
+        if self.rank == 0:
+            state = torch.load(self.path("plain", "full"), map_location="cpu")
+        set_model_state_dict(self.model, state["model"], options=FROM_RANK0)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=FROM_RANK0)
 
-    def plain_sharded_state() -> dict[str, Any]:
+    def plain_sharded_state(self) -> dict[str, Any]:
         return {
-            "model": get_model_state_dict(model, options=sharded),
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=sharded),
+            "model": get_model_state_dict(self.model, options=SHARDED),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=SHARDED),
         }
 
-    def plain_sharded_save() -> None:
-        dcp.save(plain_sharded_state(), checkpoint_id=path("plain", "sharded"))
+    def plain_sharded_save(self) -> None:
+        start = time.perf_counter()
+        state = self.plain_sharded_state()
+        got = time.perf_counter()
+        dcp.save(state, checkpoint_id=self.path("plain", "sharded"))
+        if self.rank == 0:
+            self.record(self.parts, "sharded_state", got - start)
+            self.record(self.parts, "dcp_save", time.perf_counter() - got)
 
-    def plain_sharded_load() -> None:
-        state = plain_sharded_state()
-        dcp.load(state, checkpoint_id=path("plain", "sharded"))
-        set_model_state_dict(model, state["model"], options=sharded)
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=sharded)
+    def plain_sharded_load(self) -> None:
+        state = self.plain_sharded_state()
+        dcp.load(state, checkpoint_id=self.path("plain", "sharded"))
+        set_model_state_dict(self.model, state["model"], options=SHARDED)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=SHARDED)
 
-    # ------------------------------------------------------------------------------ fullshard
-    def fullshard_save(fmt: str) -> Callable[[], None]:
-        def save() -> None:
-            # one job, both formats: the format is read from the strategy at every save
-            strategy.state_dict_type = fmt
-            trainer.save_checkpoint(path("fullshard", fmt))
+    # ---------------------------------------------------------------------------- fullshard
+    def fullshard_save(self, fmt: str) -> None:
+        # one job, both formats: the strategy reads its format at every save
+        self.strategy.state_dict_type = fmt
+        self.trainer.save_checkpoint(self.path("fullshard", fmt))
 
-        return save
+    def fullshard_load(self, fmt: str) -> None:
+        self.strategy.load_checkpoint(self.path("fullshard", fmt), self.trainer.optimizers)
 
-    def fullshard_load(fmt: str) -> Callable[[], None]:
-        def load() -> None:
-            strategy.load_checkpoint(path("fullshard", fmt), trainer.optimizers)
+    # ------------------------------------------------------------------------------ timing
+    def timed(self, key: str, fn: Callable[[], Any]) -> None:
+        os.sync()  # write back what earlier operations left dirty: not this one's cost
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        dist.barrier()
+        self.record(self.times, key, time.perf_counter() - start)
 
-        return load
+    def repeat(self, index: int) -> None:
+        """Every operation once, plain and fullshard in an order that alternates between repeats."""
+        calls: dict[str, Callable[[], None]] = {
+            "full_save/plain": lambda: self.plain_full_save(fsync=False),
+            "full_save/plain_fsync": lambda: self.plain_full_save(fsync=True),
+            "full_save/fullshard": lambda: self.fullshard_save("full"),
+            "full_load/plain": self.plain_full_load,
+            "full_load/fullshard": lambda: self.fullshard_load("full"),
+            "sharded_save/plain": self.plain_sharded_save,
+            "sharded_save/fullshard": lambda: self.fullshard_save("sharded"),
+            "sharded_load/plain": self.plain_sharded_load,
+            "sharded_load/fullshard": lambda: self.fullshard_load("sharded"),
+        }
+        for operation in ("full_save", "full_load", "sharded_save", "sharded_load"):
+            keys = [key for key in calls if key.startswith(f"{operation}/")]
+            for key in keys if index % 2 == 0 else keys[::-1]:
+                self.timed(key, calls[key])
+        self.measure_checksums()
+        self.sizes = {
+            f"{who}/{fmt}": _size(self.path(who, fmt)) for who in ("plain", "fullshard") for fmt in FORMATS
+        }
+        self.clean()
 
-    calls = {
-        ("full_save", "plain"): plain_full_save,
-        ("full_save", "fullshard"): fullshard_save("full"),
-        ("full_load", "plain"): plain_full_load,
-        ("full_load", "fullshard"): fullshard_load("full"),
-        ("sharded_save", "plain"): plain_sharded_save,
-        ("sharded_save", "fullshard"): fullshard_save("sharded"),
-        ("sharded_load", "plain"): plain_sharded_load,
-        ("sharded_load", "fullshard"): fullshard_load("sharded"),
-    }
-
-    def settle() -> None:
-        """Write back what earlier operations left dirty, so that it is not charged to the next one."""
+    def measure_checksums(self) -> None:
+        """CRC-32 of this rank's files of the sharded checkpoint (what each rank computes at a
+        save), and a full ``verify`` of each checkpoint on rank 0."""
         os.sync()
         dist.barrier()
-
-    def timed(fn: Callable[[], Any]) -> float:
-        settle()
+        files = sorted(self.path("fullshard", "sharded").glob(f"data-*/__{self.rank}_*.distcp"))
         start = time.perf_counter()
-        fn()
+        for file in files:
+            crc32_of(file)
+        crc_s = time.perf_counter() - start
         dist.barrier()
-        return time.perf_counter() - start
-
-    def timed_here(fn: Callable[[], Any]) -> float:
-        """Time ``fn`` in this process alone (no barrier inside the timing)."""
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-
-    def clean() -> None:
-        dist.barrier()
-        if rank == 0:
-            for p in paths.values():
-                if p.is_dir():
-                    shutil.rmtree(p)
-                elif p.exists():
-                    p.unlink()
+        if self.rank == 0:
+            self.record(self.parts, "crc32", crc_s)
+            for fmt in FORMATS:
+                start = time.perf_counter()
+                verify(self.path("fullshard", fmt))
+                self.record(self.parts, f"verify_{fmt}", time.perf_counter() - start)
         dist.barrier()
 
-    times: dict[str, list[float]] = {
-        f"{op}/{who}": [] for op, _ in OPERATIONS for who in ("plain", "fullshard")
-    }
-    parts: dict[str, list[float]] = {
-        "fsync_full": [],
-        "crc32_shards": [],
-        "verify_full": [],
-        "verify_sharded": [],
-    }
-    for repeat in range(args.repeats):
-        order = ("plain", "fullshard") if repeat % 2 == 0 else ("fullshard", "plain")
-        for fmt in ("full", "sharded"):
-            for who in order:
-                times[f"{fmt}_save/{who}"].append(timed(calls[(f"{fmt}_save", who)]))
-                if fmt == "full" and who == "plain" and rank == 0:
-                    # the plain save leaves its file unsynced: what an fsync of it costs
-                    parts["fsync_full"].append(timed_here(lambda: fsync_file(path("plain", "full"))))
-            for who in order:
-                times[f"{fmt}_load/{who}"].append(timed(calls[(f"{fmt}_load", who)]))
-        settle()
-        shards = sorted(path("fullshard", "sharded").glob(f"data-*/__{rank}_*.distcp"))
-        parts["crc32_shards"].append(timed_here(lambda: [crc32_of(f) for f in shards]))  # noqa: B023
+    def clean(self) -> None:
         dist.barrier()
-        if rank == 0:
-            parts["verify_full"].append(timed_here(lambda: verify(path("fullshard", "full"))))
-            parts["verify_sharded"].append(timed_here(lambda: verify(path("fullshard", "sharded"))))
-        sizes = {f"{who}/{fmt}": _size(p) for (who, fmt), p in paths.items()}
-        clean()
-        if rank == 0:
-            line = "  ".join(f"{key} {values[-1]:.2f}" for key, values in times.items())
-            print(f"repeat {repeat + 1}/{args.repeats}: {line}", flush=True)
+        if self.rank == 0:
+            for path in self.root.iterdir():
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        dist.barrier()
 
-    if rank == 0:
-        plan = strategy.wrap_plan
+
+def run_worker(args: argparse.Namespace) -> None:
+    job = Job(args)
+    for index in range(args.repeats):
+        job.repeat(index)
+        if job.rank == 0:
+            line = "  ".join(f"{key} {values[-1]:.2f}" for key, values in job.times.items())
+            print(f"repeat {index + 1}/{args.repeats}: {line}", flush=True)
+    if job.rank == 0:
+        plan = job.strategy.wrap_plan
         assert plan is not None
         result = {
-            "times": times,
-            "parts": parts,
-            "sizes": sizes,
+            "times": job.times,
+            "parts": job.parts,
+            "sizes": job.sizes,
             "numel": plan.total_numel,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
@@ -325,72 +351,74 @@ def run_job(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return result
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
+def _median(result: dict[str, Any], table: str, key: str) -> float:
+    return statistics.median(result[table][key])
+
+
+def ratios(result: dict[str, Any]) -> dict[str, float]:
+    return {
+        key: _median(result, "times", ours) / _median(result, "times", plain) for key, _, plain, ours in ROWS
+    }
 
 
 def render_table(result: dict[str, Any]) -> str:
-    times = result["times"]
-    lines = [
-        "| Operation | plain torch (s) | fullshard (s) | ratio |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    for key, label in OPERATIONS:
-        plain, ours = _median(times[f"{key}/plain"]), _median(times[f"{key}/fullshard"])
-        lines.append(f"| {label} | {plain:.2f} | {ours:.2f} | {ours / plain:.2f}x |")
+    lines = ["| Operation | plain torch (s) | fullshard (s) | ratio |", "| --- | ---: | ---: | ---: |"]
+    ratio = ratios(result)
+    for key, label, plain, ours in ROWS:
+        lines.append(
+            f"| {label} | {_median(result, 'times', plain):.2f} | {_median(result, 'times', ours):.2f} "
+            f"| {ratio[key]:.2f}x |"
+        )
     return "\n".join(lines)
 
 
 def render_parts(result: dict[str, Any]) -> str:
-    times, parts, sizes = result["times"], result["parts"], result["sizes"]
-    full_mb = sizes["plain/full"] / MB
-    shard_mb = sizes["fullshard/sharded"] / WORLD_SIZE / MB
-    rows = [
+    shard_mb = result["sizes"]["fullshard/sharded"] / WORLD_SIZE / MB
+    full, sharded = ("full_save/plain", "plain full save"), ("sharded_save/plain", "plain sharded save")
+    rows = (
+        ("Full save: gather the full state dicts (every rank)", "gather", *full),
+        ("Full save: `torch.save` of the file (rank 0)", "torch_save", *full),
+        ("Full save: fsync of that file (rank 0; the plain call skips it)", "fsync", *full),
+        ("Sharded save: get the sharded state dicts", "sharded_state", *sharded),
+        ("Sharded save: `dcp.save`, files written and fsynced", "dcp_save", *sharded),
+        (f"Sharded save: CRC-32 of one rank's files ({shard_mb:.0f} MB)", "crc32", *sharded),
         (
-            f"fsync of a just-written full checkpoint file ({full_mb:.0f} MB), rank 0",
-            _median(parts["fsync_full"]),
-            "plain full save",
-            _median(times["full_save/plain"]),
-        ),
-        (
-            f"CRC-32 of one rank's tensor files (about {shard_mb:.0f} MB), every sharded save",
-            _median(parts["crc32_shards"]),
-            "plain sharded save",
-            _median(times["sharded_save/plain"]),
-        ),
-        (
-            "`layout.verify` of the full checkpoint (zip CRC-32 of every entry), rank 0",
-            _median(parts["verify_full"]),
+            "`layout.verify` of the full checkpoint (rank 0)",
+            "verify_full",
+            "full_load/fullshard",
             "fullshard full load",
-            _median(times["full_load/fullshard"]),
         ),
         (
-            "`layout.verify` of the sharded checkpoint (CRC-32 of every file), rank 0",
-            _median(parts["verify_sharded"]),
+            "`layout.verify` of the sharded checkpoint (rank 0, every rank's files)",
+            "verify_sharded",
+            "sharded_load/fullshard",
             "fullshard sharded load",
-            _median(times["sharded_load/fullshard"]),
         ),
-    ]
-    lines = ["| Step | time (s) | share of |", "| --- | ---: | --- |"]
-    lines += [f"| {step} | {s:.2f} | {s / base:.0%} of a {what} |" for step, s, what, base in rows]
+    )
+    lines = ["| Step | time (s) | share |", "| --- | ---: | --- |"]
+    for step, part, base, base_label in rows:
+        seconds = _median(result, "parts", part)
+        share = seconds / _median(result, "times", base)
+        lines.append(f"| {step} | {seconds:.2f} | {share:.0%} of the {base_label} |")
     return "\n".join(lines)
 
 
 def target_line(result: dict[str, Any]) -> str:
-    times = result["times"]
-    ratios = {
-        label: _median(times[f"{key}/fullshard"]) / _median(times[f"{key}/plain"])
-        for key, label in OPERATIONS
-    }
-    missed = [f"{label.lower()} {ratio:.2f}x" for label, ratio in ratios.items() if ratio > TARGET]
+    ratio = ratios(result)
+    labels = {key: label.lower() for key, label, _, _ in ROWS}
+    missed = [f"{labels[key]} {ratio[key]:.2f}x" for key in TARGET_ROWS if ratio[key] > TARGET]
+    head = f"Target, fullshard at most {TARGET:.2f}x the plain torch calls:"
     if not missed:
-        return f"Target, fullshard at most {TARGET:.2f}x the plain torch calls: met for every operation."
-    return f"Target, fullshard at most {TARGET:.2f}x the plain torch calls: missed for {', '.join(missed)}."
+        return f"{head} met for every operation."
+    return f"{head} missed for {', '.join(missed)}; met for the others."
 
 
 def render_section(args: argparse.Namespace, result: dict[str, Any]) -> str:
     numel = result["numel"]
-    state_mb = result["sizes"]["plain/full"] / MB
+    full_mb = result["sizes"]["plain/full"] / MB
+    times = {key: statistics.median(values) for key, values in result["times"].items()}
+    parts = {key: statistics.median(values) for key, values in result["parts"].items()}
+    gap = times["full_save/fullshard"] - times["full_save/plain"]
     return f"""{SECTION}
 
 Save and load times of fullshard's full and sharded checkpoints against the torch calls they
@@ -402,42 +430,50 @@ python benchmarks/checkpoint.py --write-docs
 
 - State: {args.depth} blocks of `Linear({args.width}, {args.width})`, {numel / 1e6:.1f}M parameters
   ({numel * 4 / MB:.0f} MB in float32) and AdamW's two moments ({numel * 8 / MB:.0f} MB), after one
-  training step: a {state_mb:.0f} MB full checkpoint, half of it on each rank when sharded.
+  training step: a {full_mb:.0f} MB full checkpoint; each rank holds half of it.
 - Machine: {os.cpu_count()} cores ({platform.machine()}), torch {result["torch"]}, {WORLD_SIZE} processes
-  with {result["threads"]} intra-op thread each; checkpoints on the local disk; 1-minute load average
-  {result["load"]:.2f} at the start; {datetime.date.today().isoformat()}.
-- Medians of {args.repeats} repeats; each timing starts and ends with a barrier, on rank 0. Before
-  each one, everything written earlier is flushed (`os.sync`). The page cache is not dropped:
-  loads read files just written, from memory.
+  with {result["threads"]} intra-op thread each; checkpoints on the local disk; 1-minute load
+  average {result["load"]:.2f} at the start; {datetime.date.today().isoformat()}.
+- Medians of {args.repeats} repeats. Every timing starts and ends with a barrier and is taken on
+  rank 0; before each, all data written earlier is flushed (`os.sync`), so no operation pays
+  for the previous one's writeback. The page cache is not dropped: loads read the files the
+  repeat just wrote, from memory.
 
 {render_table(result)}
 
 {target_line(result)}
 
-- Plain full save: `get_model_state_dict` / `get_optimizer_state_dict` (`full_state_dict=True`,
-  `cpu_offload=False`) on every rank, `torch.save` on rank 0, no fsync. fullshard:
-  `trainer.save_checkpoint(path)` (`state_dict_type="full"`): the same gather, then the
-  [atomic commit](checkpoints.md): a temporary file, fsync, rename, fsync of the directory.
-- Plain full load: `torch.load` on rank 0, `set_model_state_dict` / `set_optimizer_state_dict`
-  with `broadcast_from_rank0=True`. fullshard: `trainer.strategy.load_checkpoint(path,
-  optimizers)`, what `fit(ckpt_path=...)` calls: the same, after checking the file's keys and
-  shapes against the model.
-- Plain sharded save: the sharded state dicts and `torch.distributed.checkpoint.save` with its
-  default writer (one file per rank, fsynced). fullshard adds the CRC-32 of every file, `meta.pt`
-  and the commit record, each written atomically.
-- Plain sharded load: the sharded state dicts, `torch.distributed.checkpoint.load`, then
-  `set_model_state_dict` / `set_optimizer_state_dict`. fullshard first checks the commit record,
-  every file's size and the saved shapes.
+- Full save. Plain: `get_model_state_dict` / `get_optimizer_state_dict` (`full_state_dict=True`,
+  `cpu_offload=False`) on every rank, `torch.save` on rank 0; "plain + fsync" adds an fsync of
+  the file. fullshard: `trainer.save_checkpoint(path)` with `state_dict_type="full"`: the same
+  gather, then the [atomic commit](checkpoints.md): a temporary file, fsync, rename, fsync of
+  the directory. The plain call returns with its data still in the page cache; fullshard
+  returns with it on disk, and that is the difference: {gap:.2f} s, where an fsync of the file
+  takes {parts["fsync"]:.2f} s. fullshard fsyncs in a thread while `torch.save` is still writing
+  ([Note: early writeback] in `checkpoint/io.py`), so it pays less than plain + fsync.
+- Full load. Plain: `torch.load` on rank 0 (`weights_only=True`, the default; fullshard needs
+  `False` for the rest of the training state), then `set_model_state_dict` /
+  `set_optimizer_state_dict` with `broadcast_from_rank0=True`. fullshard:
+  `trainer.strategy.load_checkpoint(path, optimizers)`, what `fit(ckpt_path=...)` calls: the
+  same, after checking the file's keys and shapes against the model.
+- Sharded save. Plain: the sharded state dicts (`full_state_dict=False`) and
+  `torch.distributed.checkpoint.save` with its default writer, which fsyncs every file.
+  fullshard writes the same files, fsyncs them while it computes their CRC-32s, then writes
+  `meta.pt` and the commit record, each atomically.
+- Sharded load. Plain: the sharded state dicts, `torch.distributed.checkpoint.load`, then
+  `set_model_state_dict` / `set_optimizer_state_dict`. fullshard first checks the commit
+  record, every file's size and the saved shapes on rank 0.
 
-Where the crash safety and the checksums cost:
+Where the time goes (steps timed inside the plain calls, and the checksums on their own):
 
 {render_parts(result)}
 
-- Checksums are verified by `fullshard checkpoint inspect --verify` (`layout.verify`), not on
-  every load: a load checks that every file is there with the size it was written with, and
-  `torch.load` / DCP fail on a truncated or malformed file, but reading every byte once more
-  would make each resume slower by the share above, more when the files are not in the page
-  cache.
+Checksums are computed at every sharded save, but verified only on request (`fullshard
+checkpoint inspect --verify`, `layout.verify`), not at every load: a load checks that every file
+is there with the size it was written with, which catches truncated and missing files for
+nothing. Verifying reads every byte once more in one process, all ranks' files, so its cost
+grows with the whole checkpoint while a sharded load's grows with one rank's share; with the
+files in the page cache it costs the shares above, more when they have to come from disk.
 """
 
 
@@ -459,7 +495,7 @@ def write_docs(section: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="times every operation is timed")
+    parser.add_argument("--repeats", type=int, default=5, help="times every operation is timed")
     parser.add_argument("--depth", type=int, default=8, help="number of blocks")
     parser.add_argument("--width", type=int, default=2048, help="features of each Linear")
     parser.add_argument(

@@ -2,23 +2,30 @@
 
 Run from the repository root::
 
-    python benchmarks/memory.py                  # every configuration, then the table
+    python benchmarks/memory.py                  # every configuration, then the tables
     python benchmarks/memory.py --write-docs     # also rewrite its section of docs/benchmarks.md
-    python benchmarks/memory.py --config full_shard --out /tmp/fsdp-mem   # one configuration
+    python benchmarks/memory.py --malloc default # only with glibc malloc as it comes
+    python benchmarks/memory.py --config full_shard --out /tmp/fsdp-mem   # one run, both ranks
 
-The whole run takes about 3 minutes on 2 cores and needs about 5 GB of memory.
+It takes about 6 minutes on 2 idle cores and needs about 5 GB of memory.
 
 Every configuration trains the same parameter-dominated model: 24 blocks of
 ``Linear(2048, 2048)`` + ReLU (100.7M parameters, 384 MiB in float32), AdamW, batch 8 per
 process, so activations are a few MiB and parameters, gradients and optimizer state are
 nearly all of the memory. Each runs as its own command (``--config``), in 2 processes on CPU
-with gloo and one intra-op thread each: the Trainer re-runs that command for rank 1.
+with gloo and one intra-op thread each: the Trainer re-runs that command for rank 1. Every
+rank writes its numbers to a JSON file in ``--out``, which the driver reads.
 
 Configurations (columns): ``ddp`` (``strategy="ddp"``); ``no_shard``, ``shard_grad_op``,
 ``full_shard`` (``FSDPStrategy`` with that ``sharding_strategy``, every block its own unit,
 ``empty_init=True``); ``full_shard_offload`` (FULL_SHARD with ``cpu_offload=True``, which
 changes nothing on CPU: the parameters are in host memory already). DDP builds its layers in
-``configure_model`` too, on the CPU, so every configuration starts from the same point.
+``configure_model`` too, so every configuration starts from the same point.
+
+Each configuration runs twice (``--malloc both``): under glibc's malloc as it comes, and with
+its mmap threshold held at 128 KiB (``MALLOC_MMAP_THRESHOLD_``). glibc otherwise raises that
+threshold as large blocks are freed, after which FSDP's gather-use-free buffers fragment the
+heap (see the notes that ``--write-docs`` writes).
 
 What is measured:
 
@@ -26,13 +33,13 @@ peak memory
     Each process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``) at the end of
     ``fit``, minus its resident set size when ``configure_model`` starts (after imports and
     the process group). So it is what building, wrapping and training the model added at its
-    highest, with the allocator's retained memory included. The table shows the larger of the
-    two ranks; ``--config`` prints both, and the peak right after setup (model wrapped,
-    optimizer built, before the first step).
+    highest, with the allocator's retained memory included. The tables show the larger of the
+    two ranks, both ranks, and the same peak before the first step and after it.
 iterations per second
     1 / the median wall time of an optimizer step on rank 0 (from ``on_train_batch_start`` to
     ``on_train_batch_end``: forward, backward, gradient communication, AdamW), over the steps
-    after ``--warmup``.
+    after ``--warmup``; and rank 0's process CPU time per step, which other work on the
+    machine disturbs less.
 """
 
 from __future__ import annotations
@@ -270,6 +277,10 @@ class Result:
         return max(self.mib("setup_peak_kib", r) for r in range(len(self.ranks)))
 
     @property
+    def first_step_peak_mib(self) -> float:
+        return max((run["step_peak_kib"][0] - run["baseline_kib"]) / 1024 for run in self.ranks)
+
+    @property
     def step_s(self) -> float:
         run = self.ranks[0]
         return statistics.median(run["step_s"][run["warmup"] :])
@@ -317,6 +328,7 @@ def render_table(results: list[Result]) -> str:
             " / ".join(f"{r.mib('peak_kib', k):.0f}" for k in range(len(r.ranks))) for r in results
         ],
         "Memory after setup (MB)": [f"{r.setup_peak_mib:.0f}" for r in results],
+        "Memory after the first step (MB)": [f"{r.first_step_peak_mib:.0f}" for r in results],
         "Wrap plan estimate (MB)": [
             "-" if r.estimate_mib is None else f"{r.estimate_mib:.0f}" for r in results
         ],
@@ -368,26 +380,33 @@ python benchmarks/memory.py --write-docs
 
 {tables}
 
-- Memory: each process's peak resident set size (`getrusage` `ru_maxrss`) at the end of `fit`,
-  minus its resident set size when `configure_model` starts (after imports and the process
-  group): what building, wrapping and training the model added at its highest, memory that
-  the allocator holds on to included. The larger of the two ranks; MB = 2^20 bytes. "After
-  setup" is the same peak before the first step (model wrapped, optimizer built, AdamW's state
-  not made yet). "Wrap plan estimate" is `FSDPStrategy.wrap_plan.estimate.total`: parameters,
+- Memory: each process's peak resident set size (`getrusage` `ru_maxrss`) at the end of `fit`
+  ({args.warmup + args.steps} steps), minus its resident set size when `configure_model` starts
+  (after imports and the process group): what building, wrapping and training the model added
+  at its highest, memory that the allocator holds on to included. The larger of the two ranks;
+  MB = 2^20 bytes. "After setup" and "after the first step" are the same peak taken earlier:
+  before the first step (model wrapped, optimizer built, AdamW's state not made yet) and at the
+  end of the first. "Wrap plan estimate" is `FSDPStrategy.wrap_plan.estimate.total`: parameters,
   gradients and optimizer state, no activations, no allocator overhead.
 - Iterations per second: 1 / the median wall time of an optimizer step on rank 0 (forward,
   backward, gradient communication, AdamW), over {args.steps} steps after {args.warmup} warm-up steps.
+  "CPU seconds per step" is rank 0's process CPU time (all threads, user and system) over the
+  same steps, median; other work on the machine moves it much less than the wall time.
+- DDP holds a second copy of the gradients in its communication buckets
+  (`gradient_as_bucket_view=False`, torch's default), hence the parameters' size more than NO_SHARD.
 - FULL_SHARD + CPU offload: on CPU `cpu_offload=True` changes nothing, because the parameters
   are in host memory already (torch's offload path needs an accelerator); the column is there
   to show that. Its wrap plan estimate counts only the accelerator memory an offloaded run
   would use, and on CPU there is none.
-- glibc's malloc: by default it serves a request of at least its mmap threshold with a fresh
-  `mmap`, returned to the system on `free`; but every time such a block is freed it raises the
-  threshold to that block's size (up to 32 MiB). FSDP gathers each 16 MB unit, frees it, and
-  gathers the next; after the first free, those buffers come from the heap instead, between
-  long-lived tensors (sharded gradients, AdamW state), and freed holes stay resident. The heap
-  grows step after step. Setting any `MALLOC_*` threshold variable turns the adjustment off.
-  DDP allocates its large tensors once, so it hardly changes.
+- glibc's malloc: a request of at least the mmap threshold gets its own `mmap`, which goes back
+  to the system on `free`; but each time such a block is freed, glibc raises the threshold to
+  that block's size (up to 32 MiB). FSDP gathers a 16 MB unit, frees it, gathers the next:
+  after the first free these buffers come from the heap instead, in between long-lived tensors
+  (sharded parameters and gradients, AdamW state), and the holes they leave stay resident, so
+  the heap grows from step to step. Setting any of glibc's `MALLOC_MMAP_THRESHOLD_`,
+  `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`, `MALLOC_MMAP_MAX_` turns the adjustment off
+  (mallopt(3)); the price is a fresh `mmap`, page faults and zeroing for every large buffer,
+  which shows in the CPU time. DDP allocates its large tensors once, so it hardly changes.
 - Speed on CPU says little about GPUs: gloo over loopback and 1-thread matmuls, not NCCL.
 """
 
@@ -419,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         help="glibc malloc settings to run under (default: both)",
     )
     parser.add_argument("--warmup", type=int, default=3, help="steps before timing")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per process and step")
     parser.add_argument("--depth", type=int, default=24, help="number of blocks")
     parser.add_argument("--width", type=int, default=2048, help="features of each Linear")

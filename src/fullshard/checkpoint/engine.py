@@ -190,13 +190,18 @@ def _save_sharded(
 
 
 def _fsync_and_checksum(files: Sequence[Path]) -> dict[str, dict[str, int]]:
-    """Size and CRC-32 of each file, after fsyncing it.
+    """Fsync each file; return the size and CRC-32 of each.
 
     The fsyncs run in a thread while the CRC-32s are computed: one waits for the disk, the other
     reads the page cache, so together they take about as long as the slower of the two.
     """
+
+    def sync() -> None:
+        for file in files:
+            fsync_file(file)
+
     with ThreadPoolExecutor(max_workers=1) as pool:
-        synced = pool.submit(lambda: [fsync_file(file) for file in files])
+        synced = pool.submit(sync)
         sums = {file.name: {"size": file.stat().st_size, "crc32": crc32_of(file)} for file in files}
         synced.result()  # raises the fsync's error, if any
     return sums

@@ -9,12 +9,11 @@ target; the next save into the same directory removes such leftovers.
 
 [Note: early writeback]
 The final fsync of a large file waits for every byte to reach the disk, after ``torch.save``
-has put them all in the page cache: the two would take turns, and the fsync costs about as much
-as writing the file. So every ``_WRITEBACK_BYTES`` written, the writer asks the kernel to start
-writing that range out (``posix_fadvise(POSIX_FADV_DONTNEED)`` starts writeback of dirty pages
-on Linux and does not wait for it), and the disk works while ``torch.save`` goes on. The final
-fsync still comes before the rename: this only moves work earlier, and where the hint does
-nothing (other systems) the fsync does all of it, as before.
+has put them all in the page cache: the two would take turns, and on a disk slower than memory
+copies the fsync takes longer than the writing. So once ``_WRITEBACK_BYTES`` are written, a
+thread fsyncs the file whenever more has arrived, and the disk works while ``torch.save`` goes
+on. The final fsync still comes before the rename and after that thread ended (its error, if
+any, fails the save): this only moves work earlier.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import contextlib
 import os
 import pickle
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ _TMP_PREFIX = ".tmp-"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 _FILE_MODE = 0o666 & ~_UMASK  # what open() would give; mkstemp's 0600 would hide checkpoints from other users
-_WRITEBACK_BYTES = 64 * 2**20  # see [Note: early writeback]
+_WRITEBACK_BYTES = 16 * 2**20  # see [Note: early writeback]
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -70,8 +70,12 @@ def atomic_torch_save(obj: Any, path: str | Path, events: bool = True) -> None:
     try:
         os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, _SaveStream(f, "full.mid_data" if events else None))
-            f.flush()
+            stream = _SaveStream(f, "full.mid_data" if events else None)
+            try:
+                torch.save(obj, stream)
+                f.flush()
+            finally:
+                stream.close()
             os.fsync(f.fileno())
         if events:
             checkpoint_event("full.before_commit")
@@ -105,14 +109,15 @@ def atomic_write_text(text: str, path: Path, before_rename: str | None = None) -
 
 
 class _SaveStream:
-    """A write-only file wrapper for ``torch.save``: starts writeback early (see [Note: early
-    writeback]) and signals a checkpoint event, if given, once data started to flow."""
+    """A write-only file wrapper for ``torch.save`` that fsyncs in a thread as data arrives (see
+    [Note: early writeback]) and signals a checkpoint event, if given, once data started to flow.
+    :meth:`close` it before the final fsync."""
 
     def __init__(self, f: Any, event: str | None) -> None:
         self._f = f
         self._event = event
         self._written = 0
-        self._flushed = 0  # bytes handed to the kernel for writeback
+        self._writeback: _Writeback | None = None
 
     def write(self, data: Any) -> int:
         n = self._f.write(data)
@@ -120,19 +125,56 @@ class _SaveStream:
         if self._event is not None and self._written > 0:
             event, self._event = self._event, None
             checkpoint_event(event)
-        if self._written - self._flushed >= _WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
-            self._f.flush()
-            os.posix_fadvise(
-                self._f.fileno(), self._flushed, self._written - self._flushed, os.POSIX_FADV_DONTNEED
-            )
-            self._flushed = self._written
+        if self._writeback is None and self._written >= _WRITEBACK_BYTES:
+            self._writeback = _Writeback(self._f.fileno())
+        if self._writeback is not None:
+            self._writeback.request()
         return int(n)
 
     def flush(self) -> None:
         self._f.flush()
 
+    def close(self) -> None:
+        """Stop the writeback thread (the file stays open); raise its fsync's error, if any."""
+        if self._writeback is not None:
+            self._writeback.close()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._f, name)
+
+
+class _Writeback:
+    """A thread that fsyncs a file descriptor each time it is asked to, until closed."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._asked = threading.Event()
+        self._closing = False
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="fullshard-writeback", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._asked.set()
+
+    def _run(self) -> None:
+        while True:
+            self._asked.wait()
+            self._asked.clear()
+            if self._closing:
+                return
+            try:
+                os.fsync(self._fd)
+            except OSError as err:  # reported once per file: keep it for close(), or it is lost
+                self._error = err
+                return
+
+    def close(self) -> None:
+        self._closing = True
+        self._asked.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def load_checkpoint_file(
