@@ -719,7 +719,9 @@ def render_section(
         _paragraph(
             "Per step, paired: fullshard's time per step over the loop's when both run by turns in the same"
             " 2 processes (one job, alternating segments with fresh models, so neighbouring segments see"
-            f" about the same load): {render_paired(ratios, args.pair_steps)}."
+            f" about the same load): {render_paired(ratios, args.pair_steps)}. On a shared 2-core machine the"
+            " ratios of separate runs move by 10% and more from one invocation to the next; the paired ratio"
+            " is the per-step figure to compare with the target."
         ),
         _paragraph(
             "Start-up by phase (s; consecutive, they add up to the start-up): rank 0 runs the script up to"

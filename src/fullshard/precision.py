@@ -26,6 +26,7 @@ from fullshard.errors import MisconfigurationError
 
 PrecisionStr = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
 PRECISIONS: tuple[PrecisionStr, ...] = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+_NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one shared instance
 _ALIASES: dict[Any, PrecisionStr] = {32: "32-true", "32": "32-true"}
 
 
@@ -116,7 +117,7 @@ class Precision:
         """The context ``training_step`` / ``validation_step`` run in."""
         if self.is_mixed:
             return torch.autocast(self.device_type, dtype=self.compute_dtype)
-        return contextlib.nullcontext()
+        return _NULL_CONTEXT
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss``, scaled when a grad scaler is in use."""

@@ -9,7 +9,12 @@ from fullshard.launch.environments import (
     expand_slurm_hostlist,
     select_cluster_environment,
 )
-from fullshard.launch.launchers import Launcher, SpawnLauncher, SubprocessScriptLauncher
+from fullshard.launch.launchers import (
+    Launcher,
+    SpawnLauncher,
+    SubprocessScriptLauncher,
+    wait_for_local_children,
+)
 
 __all__ = [
     "ClusterEnvironment",
@@ -21,4 +26,5 @@ __all__ = [
     "TorchElasticEnvironment",
     "expand_slurm_hostlist",
     "select_cluster_environment",
+    "wait_for_local_children",
 ]

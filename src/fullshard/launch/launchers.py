@@ -308,6 +308,18 @@ class _LocalJob:
 _running_job: _LocalJob | None = None
 
 
+def wait_for_local_children() -> None:
+    """In a rank 0 that started its node's other processes, wait until they have exited.
+
+    Rank 0 hosts the process group's rendezvous store: it must not tear the group down while a
+    child is still leaving it (a child that loses the store mid-teardown can abort with SIGABRT).
+    A child that fails ends the job as usual. Does nothing in other processes.
+    """
+    job = _running_job
+    if job is not None and not job._stopped:
+        job._monitor.join()
+
+
 def _rerun_command(main_module: types.ModuleType, argv: Sequence[str], executable: str) -> list[str]:
     """The command that starts this program again, as the user started it."""
     if not hasattr(main_module, "__file__") or not argv:

@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from fullshard.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fullshard.strategies.strategy import NULL_CONTEXT
 
 if TYPE_CHECKING:
     from fullshard.strategies.registry import StrategyRegistry
@@ -78,4 +79,4 @@ class DDPStrategy(ParallelStrategy):
         model = self._require_model()
         if enabled and isinstance(model, DistributedDataParallel):
             return model.no_sync()
-        return contextlib.nullcontext()
+        return NULL_CONTEXT

@@ -20,6 +20,7 @@ from fullshard.launch import (
     LocalEnvironment,
     SpawnLauncher,
     SubprocessScriptLauncher,
+    wait_for_local_children,
 )
 from fullshard.strategies.strategy import ReduceOp, Strategy
 
@@ -59,6 +60,7 @@ def _destroy_process_group_at_exit() -> None:
             dist.barrier()
     except Exception as err:  # peers gone: nothing to agree on any more
         log.debug("barrier before destroy_process_group failed: %s", err)
+    wait_for_local_children()  # rank 0 hosts the store: let the others leave first
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from fullshard.strategies.registry import StrategyRegistry
 
 T = TypeVar("T")
+NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one shared instance
 STATE_DICT_TYPES = ("full", "sharded")
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
@@ -92,7 +93,9 @@ class Strategy:
         self.precision = Precision("32-true")
         self.module: nn.Module | None = None  # the user's module, unwrapped
         self.model: nn.Module | None = None  # what forward runs through (possibly wrapped)
-        self._param_shapes: dict[str, torch.Size] = {}  # full shapes of the model's state, before sharding
+        self._param_shapes: dict[str, torch.Size] = {}
+        self._root_device: torch.device | None = None  # fixed once setup_environment ran
+        self._batch_passthrough = False  # CPU and no input casting: batch_to_device has nothing to do  # full shapes of the model's state, before sharding
 
     # ----------------------------------------------------------------- configuration by the host
     def configure(
@@ -151,6 +154,8 @@ class Strategy:
     @property
     def root_device(self) -> torch.device:
         """The device this process computes on."""
+        if self._root_device is not None:
+            return self._root_device
         return self.devices[self.local_rank % len(self.devices)]
 
     @property
@@ -160,6 +165,11 @@ class Strategy:
 
     def setup_environment(self) -> None:
         """Prepare the device (and, for distributed strategies, the process group)."""
+        self._root_device = None
+        self._root_device = self.root_device  # ranks are known now; the hot path reads the cache
+        self._batch_passthrough = self._root_device.type == "cpu" and (
+            self.precision.is_mixed or self.precision.compute_dtype == torch.float32
+        )
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
 
@@ -249,10 +259,12 @@ class Strategy:
 
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         """Context skipping gradient synchronisation (all micro-batches but the last one)."""
-        return contextlib.nullcontext()
+        return NULL_CONTEXT
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move the tensors of ``batch`` to :attr:`root_device` and cast them for "-true" precisions."""
+        if self._batch_passthrough:
+            return batch
         device = self.root_device
         if device.type != "cpu":
             from lightning_utilities.core.apply_func import apply_to_collection
