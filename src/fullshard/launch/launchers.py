@@ -317,7 +317,7 @@ def wait_for_local_children() -> None:
     """
     job = _running_job
     if job is not None and not job._stopped:
-        job._monitor.join()
+        job._monitor.join(timeout=60)  # a child stuck in its own teardown must not keep rank 0 forever
 
 
 def _rerun_command(main_module: types.ModuleType, argv: Sequence[str], executable: str) -> list[str]:
