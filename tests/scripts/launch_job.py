@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fullshard.launch import LocalEnvironment, SubprocessScriptLauncher
+from fullshard.launch import LocalEnvironment, SubprocessScriptLauncher, wait_for_local_children
 
 
 def work(scenario: str, env: LocalEnvironment, ready_dir: str | None) -> float:
@@ -32,13 +32,14 @@ def work(scenario: str, env: LocalEnvironment, ready_dir: str | None) -> float:
     print(f"launch-test rank={rank} pid={os.getpid()}", flush=True)
     if scenario == "raise_rank1_before_init" and rank == 1:
         raise ValueError("boom on rank 1")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{env.main_address}:{env.main_port}",
-        rank=rank,
-        world_size=2,
-        timeout=timedelta(seconds=60),
-    )
+    if not dist.is_initialized():  # a second launch reuses the group, as the Trainer does
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{env.main_address}:{env.main_port}",
+            rank=rank,
+            world_size=2,
+            timeout=timedelta(seconds=60),
+        )
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
     if rank == 1 and scenario == "raise_rank1":
@@ -58,8 +59,6 @@ def work(scenario: str, env: LocalEnvironment, ready_dir: str | None) -> float:
         (Path(ready_dir) / "rank0_waiting").touch()
         time.sleep(60)
     dist.all_reduce(total)
-    dist.barrier()
-    dist.destroy_process_group()
     return total.item()
 
 
@@ -72,6 +71,11 @@ def main() -> None:
     if scenario == "two_launches":
         results.append(launcher.launch(work, scenario, env, ready_dir))
     print(f"launch-test rank={env.local_rank()} results={results}", flush=True)
+    # Tear down once, at the end; rank 0 hosts the store and lets rank 1 leave first.
+    dist.barrier()
+    if env.local_rank() == 0:
+        wait_for_local_children()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
