@@ -163,6 +163,7 @@ class Job:
         (self.optimizer,) = self.trainer.optimizers
         self.times: dict[str, list[float]] = {}
         self.parts: dict[str, list[float]] = {}
+        self.sizes: dict[str, int] = {}  # bytes of each checkpoint, from the last repeat
 
     def path(self, who: str, fmt: str) -> Path:
         return self.root / (f"{who}.ckpt" if fmt == "full" else f"{who}-sharded")
@@ -495,7 +496,7 @@ def write_docs(section: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="times every operation is timed")
+    parser.add_argument("--repeats", type=int, default=7, help="times every operation is timed")
     parser.add_argument("--depth", type=int, default=8, help="number of blocks")
     parser.add_argument("--width", type=int, default=2048, help="features of each Linear")
     parser.add_argument(

@@ -22,10 +22,12 @@ Configurations (columns): ``ddp`` (``strategy="ddp"``); ``no_shard``, ``shard_gr
 changes nothing on CPU: the parameters are in host memory already). DDP builds its layers in
 ``configure_model`` too, so every configuration starts from the same point.
 
-Each configuration runs twice (``--malloc both``): under glibc's malloc as it comes, and with
-its mmap threshold held at 128 KiB (``MALLOC_MMAP_THRESHOLD_``). glibc otherwise raises that
-threshold as large blocks are freed, after which FSDP's gather-use-free buffers fragment the
-heap (see the notes that ``--write-docs`` writes).
+Each configuration runs twice (``--malloc both``): under glibc's malloc as it comes, and
+"tuned": glibc's mmap threshold held at 128 KiB (``MALLOC_MMAP_THRESHOLD_``) and torch's
+transparent huge pages on (``THP_MEM_ALLOC_ENABLE=1``). glibc otherwise raises that threshold
+as large blocks are freed, after which FSDP's gather-use-free buffers fragment the heap; huge
+pages make the fresh mappings that the fixed threshold brings cheap. See the notes that
+``--write-docs`` writes.
 
 What is measured:
 
@@ -59,6 +61,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import fullshard
+from fullshard.strategies import FSDPStrategy
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -68,6 +77,7 @@ TARGET = 0.55  # FULL_SHARD's per-rank peak at most this times DDP's
 RUN_TIMEOUT_S = 300
 MIB = 1024 * 1024
 FIXED_MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value, held there (see the docs section)
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @dataclass(frozen=True)
@@ -112,68 +122,69 @@ def peak_rss_kib() -> int:
 # The worker: one configuration, one rank (the Trainer starts rank 1 from the same command).
 
 
+class Block(nn.Module):
+    """One FSDP unit: ``Linear(width, width)`` then ReLU."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+class Model(fullshard.Module):
+    """``depth`` blocks, built in ``configure_model``; notes the resident memory just before."""
+
+    def __init__(self, depth: int, width: int) -> None:
+        super().__init__()
+        self.depth, self.width = depth, width
+        self.baseline_kib = 0
+        self.blocks = nn.Sequential()
+
+    def configure_model(self) -> None:
+        self.baseline_kib = rss_kib()
+        self.blocks = nn.Sequential(*(Block(self.width) for _ in range(self.depth)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.blocks(x)
+        return out
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        out: torch.Tensor = self(batch[0])
+        return out.pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+
+class Probe(fullshard.Callback):
+    """Peak memory after setup and after each step; each step's wall and CPU time."""
+
+    def __init__(self) -> None:
+        self.setup_peak_kib = 0
+        self.step_s: list[float] = []
+        self.step_cpu_s: list[float] = []  # this process's CPU time, all threads, user + system
+        self.step_peak_kib: list[int] = []  # peak so far, at the end of each step
+        self.step_end_kib: list[int] = []  # resident at the end of each step
+        self._start = self._start_cpu = 0.0
+
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        self.setup_peak_kib = peak_rss_kib()
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        self._start = time.perf_counter()
+        self._start_cpu = time.process_time()
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.step_s.append(time.perf_counter() - self._start)
+        self.step_cpu_s.append(time.process_time() - self._start_cpu)
+        self.step_peak_kib.append(peak_rss_kib())
+        self.step_end_kib.append(rss_kib())
+
+
 def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
-    import torch
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    import fullshard
-    from fullshard.strategies import FSDPStrategy
-
-    class Block(nn.Module):
-        def __init__(self, width: int) -> None:
-            super().__init__()
-            self.linear = nn.Linear(width, width)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.linear(x))
-
-    class Model(fullshard.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.baseline_kib = 0
-            self.blocks: nn.Sequential | None = None
-
-        def configure_model(self) -> None:
-            self.baseline_kib = rss_kib()
-            self.blocks = nn.Sequential(*(Block(args.width) for _ in range(args.depth)))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            assert self.blocks is not None
-            return self.blocks(x)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.AdamW(self.parameters(), lr=1e-4)
-
-    class Probe(fullshard.Callback):
-        """Peak memory after setup, and each step's wall time."""
-
-        def __init__(self) -> None:
-            self.setup_peak_kib = 0
-            self.step_s: list[float] = []
-            self.step_cpu_s: list[float] = []  # this process's CPU time, all threads, user + system
-            self.step_peak_kib: list[int] = []  # peak so far, at the end of each step
-            self.step_end_kib: list[int] = []  # resident at the end of each step
-            self._start = self._start_cpu = 0.0
-
-        def on_fit_start(self, trainer: Any, module: Any) -> None:
-            self.setup_peak_kib = peak_rss_kib()
-
-        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
-            self._start = time.perf_counter()
-            self._start_cpu = time.process_time()
-
-        def on_train_batch_end(
-            self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
-        ) -> None:
-            self.step_s.append(time.perf_counter() - self._start)
-            self.step_cpu_s.append(time.process_time() - self._start_cpu)
-            self.step_peak_kib.append(peak_rss_kib())
-            self.step_end_kib.append(rss_kib())
-
+    """Train ``config`` on this rank (rank 0 also starts rank 1) and write this rank's JSON file."""
     if config.sharding is None:
         strategy: Any = "ddp"
     else:
@@ -186,7 +197,7 @@ def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
     steps = args.warmup + args.steps
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(steps * args.batch_size * WORLD_SIZE, args.width, generator=generator))
-    model = Model()
+    model = Model(args.depth, args.width)
     probe = Probe()
     with tempfile.TemporaryDirectory() as root:
         trainer = fullshard.Trainer(
@@ -247,11 +258,11 @@ class Allocator:
 
 
 ALLOCATORS = (
-    Allocator("default", "glibc malloc as it comes", {}),
+    Allocator("default", "Default: glibc malloc as it comes", {}),
     Allocator(
-        "fixed",
-        f"glibc mmap threshold fixed at {FIXED_MMAP_THRESHOLD // 1024} KiB",
-        {"MALLOC_MMAP_THRESHOLD_": str(FIXED_MMAP_THRESHOLD)},
+        "tuned",
+        f"Tuned: glibc mmap threshold held at {FIXED_MMAP_THRESHOLD // 1024} KiB, torch huge pages on",
+        {"MALLOC_MMAP_THRESHOLD_": str(FIXED_MMAP_THRESHOLD), "THP_MEM_ALLOC_ENABLE": "1"},
     ),
 )
 
@@ -278,17 +289,17 @@ class Result:
 
     @property
     def first_step_peak_mib(self) -> float:
-        return max((run["step_peak_kib"][0] - run["baseline_kib"]) / 1024 for run in self.ranks)
+        return max(float(run["step_peak_kib"][0] - run["baseline_kib"]) / 1024 for run in self.ranks)
 
     @property
     def step_s(self) -> float:
         run = self.ranks[0]
-        return statistics.median(run["step_s"][run["warmup"] :])
+        return float(statistics.median(run["step_s"][run["warmup"] :]))
 
     @property
     def cpu_s(self) -> float:
         run = self.ranks[0]
-        return statistics.median(run["step_cpu_s"][run["warmup"] :])
+        return float(statistics.median(run["step_cpu_s"][run["warmup"] :]))
 
     @property
     def estimate_mib(self) -> float | None:
@@ -355,8 +366,9 @@ def render_section(args: argparse.Namespace, rounds: list[tuple[Allocator, list[
     first = every[0].ranks[0]
     numel = max(r.ranks[0]["numel"] for r in every)
     loads = [r.load for r in every]
+    thp = THP_SETTING.read_text().strip() if THP_SETTING.exists() else "absent"
     tables = "\n\n".join(
-        f"{allocator.title.capitalize()}"
+        allocator.title
         + (f" (`{' '.join(f'{k}={v}' for k, v in allocator.env.items())}`)" if allocator.env else "")
         + f":\n\n{render_table(results)}\n\n{target_line(results)}"
         for allocator, results in rounds
@@ -376,7 +388,9 @@ python benchmarks/memory.py --write-docs
   `empty_init=True`; DDP builds it in `configure_model` as well.
 - Machine: {os.cpu_count()} cores ({platform.machine()}), torch {first["torch"]}, {WORLD_SIZE} processes
   with {first["threads"]} intra-op thread each; 1-minute load average at the starts of the runs
-  {min(loads):.2f} to {max(loads):.2f}; {datetime.date.today().isoformat()}.
+  {min(loads):.2f} to {max(loads):.2f} (the benchmark's own 2 processes make up to about 2 of it;
+  more means other work competed for the cores and the wall times are noisy);
+  {datetime.date.today().isoformat()}.
 
 {tables}
 
@@ -405,8 +419,11 @@ python benchmarks/memory.py --write-docs
   (sharded parameters and gradients, AdamW state), and the holes they leave stay resident, so
   the heap grows from step to step. Setting any of glibc's `MALLOC_MMAP_THRESHOLD_`,
   `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`, `MALLOC_MMAP_MAX_` turns the adjustment off
-  (mallopt(3)); the price is a fresh `mmap`, page faults and zeroing for every large buffer,
-  which shows in the CPU time. DDP allocates its large tensors once, so it hardly changes.
+  (mallopt(3)). Then every large buffer is a fresh mapping that the kernel faults in and
+  zeroes; with 4 KiB pages that costs much CPU time. `THP_MEM_ALLOC_ENABLE=1` makes torch
+  align tensors of 2 MB and more to 2 MB and ask for transparent huge pages (it needs
+  `{THP_SETTING}` at `madvise` or `always`; here: {thp}), so a buffer takes a few
+  faults instead of thousands. DDP allocates its large tensors once, so it hardly changes.
 - Speed on CPU says little about GPUs: gloo over loopback and 1-thread matmuls, not NCCL.
 """
 
@@ -438,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
         help="glibc malloc settings to run under (default: both)",
     )
     parser.add_argument("--warmup", type=int, default=3, help="steps before timing")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per process and step")
     parser.add_argument("--depth", type=int, default=24, help="number of blocks")
     parser.add_argument("--width", type=int, default=2048, help="features of each Linear")

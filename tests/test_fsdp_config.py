@@ -165,6 +165,7 @@ def test_policy_forms_select_the_same_modules() -> None:
             r"device_mesh must be a \(replicas, shard_size\) tuple or a DeviceMesh, got list",
         ),
         ({"param_init_fn": print}, MisconfigurationError, r"param_init_fn is set by FSDPStrategy itself"),
+        ({"cpu_mmap_threshold": 0}, MisconfigurationError, r"cpu_mmap_threshold=0 is invalid: use a size in bytes"),
         (
             {"backward_prefetch": "sometimes"},
             MisconfigurationError,
@@ -234,3 +235,16 @@ def test_precision_mapping() -> None:
     assert type(FSDPPrecision("16-mixed").scaler).__name__ == "ShardedGradScaler"
     own = MixedPrecision(param_dtype=torch.float16)
     assert FSDPPrecision("bf16-mixed", mixed_precision=own).mixed_precision_config is own
+
+
+def test_fixed_mmap_threshold_on_glibc() -> None:
+    import platform
+
+    from fullshard.strategies.fsdp import fix_malloc_mmap_threshold
+
+    changed = fix_malloc_mmap_threshold(128 * 1024)
+    assert changed == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+    assert (
+        FSDPStrategy().cpu_mmap_threshold == 128 * 1024
+        and FSDPStrategy(cpu_mmap_threshold=None).cpu_mmap_threshold is None
+    )
