@@ -2,9 +2,9 @@
 
 Run from the repository root::
 
-    python benchmarks/memory.py                  # every configuration, then the tables
+    python benchmarks/memory.py                  # every run, then the tables
     python benchmarks/memory.py --write-docs     # also rewrite its section of docs/benchmarks.md
-    python benchmarks/memory.py --malloc default # only with glibc malloc as it comes
+    python benchmarks/memory.py --main-only      # only the main table (5 runs instead of 8)
     python benchmarks/memory.py --config full_shard --out /tmp/fsdp-mem   # one run, both ranks
 
 It takes about 6 minutes on 2 idle cores and needs about 5 GB of memory.
@@ -22,12 +22,12 @@ Configurations (columns): ``ddp`` (``strategy="ddp"``); ``no_shard``, ``shard_gr
 changes nothing on CPU: the parameters are in host memory already). DDP builds its layers in
 ``configure_model`` too, so every configuration starts from the same point.
 
-Each configuration runs twice (``--malloc both``): under glibc's malloc as it comes, and
-"tuned": glibc's mmap threshold held at 128 KiB (``MALLOC_MMAP_THRESHOLD_``) and torch's
-transparent huge pages on (``THP_MEM_ALLOC_ENABLE=1``). glibc otherwise raises that threshold
-as large blocks are freed, after which FSDP's gather-use-free buffers fragment the heap; huge
-pages make the fresh mappings that the fixed threshold brings cheap. See the notes that
-``--write-docs`` writes.
+The main table runs every configuration with fullshard's defaults; on CPU those include
+``FSDPStrategy(cpu_mmap_threshold=128 * 1024)``, which holds glibc's mmap threshold fixed (see
+[Note: CPU memory under FSDP] in ``fullshard/strategies/fsdp.py``). A second table compares,
+for DDP and FULL_SHARD, the defaults with ``cpu_mmap_threshold=None`` (glibc as it comes) and
+with torch's transparent huge pages on (``THP_MEM_ALLOC_ENABLE=1``, read by torch once, at
+start-up).
 
 What is measured:
 
@@ -57,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,6 @@ WORLD_SIZE = 2
 TARGET = 0.55  # FULL_SHARD's per-rank peak at most this times DDP's
 RUN_TIMEOUT_S = 300
 MIB = 1024 * 1024
-FIXED_MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value, held there (see the docs section)
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -98,6 +97,37 @@ CONFIGS = (
     Config("full_shard_offload", "FULL_SHARD + CPU offload", "FULL_SHARD", cpu_offload=True),
 )
 BY_NAME = {c.name: c for c in CONFIGS}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A set of runs under one memory setting: extra environment, extra FSDPStrategy arguments."""
+
+    name: str
+    title: str
+    configs: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    fsdp_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+DEFAULTS = Variant("defaults", "fullshard's defaults", tuple(BY_NAME))
+VARIANTS = (
+    DEFAULTS,
+    # DDP does not touch malloc: its "glibc as it comes" run is the defaults' run.
+    Variant(
+        "glibc",
+        "`cpu_mmap_threshold=None`: glibc as it comes",
+        ("full_shard",),
+        fsdp_kwargs={"cpu_mmap_threshold": None},
+    ),
+    Variant(
+        "hugepages",
+        "defaults + `THP_MEM_ALLOC_ENABLE=1`",
+        ("ddp", "full_shard"),
+        env=(("THP_MEM_ALLOC_ENABLE", "1"),),
+    ),
+)
+VARIANT_BY_NAME = {v.name: v for v in VARIANTS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +213,7 @@ class Probe(fullshard.Callback):
         self.step_end_kib.append(rss_kib())
 
 
-def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
+def run_worker(config: Config, variant: Variant, out_dir: Path, args: argparse.Namespace) -> None:
     """Train ``config`` on this rank (rank 0 also starts rank 1) and write this rank's JSON file."""
     if config.sharding is None:
         strategy: Any = "ddp"
@@ -193,6 +223,7 @@ def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
             sharding_strategy=config.sharding,
             cpu_offload=config.cpu_offload,
             empty_init=True,
+            **variant.fsdp_kwargs,
         )
     steps = args.warmup + args.steps
     generator = torch.Generator().manual_seed(0)
@@ -216,6 +247,7 @@ def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
     plan = getattr(trainer.strategy, "wrap_plan", None)
     result = {
         "config": config.name,
+        "variant": variant.name,
         "rank": trainer.global_rank,
         "baseline_kib": model.baseline_kib,
         "setup_peak_kib": probe.setup_peak_kib,
@@ -237,7 +269,7 @@ def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
     added = (peak_kib - model.baseline_kib) / 1024
     median = statistics.median(probe.step_s[args.warmup :])
     print(
-        f"{config.label} rank {trainer.global_rank}: peak +{added:.0f} MiB "
+        f"{config.label} ({variant.name}) rank {trainer.global_rank}: peak +{added:.0f} MiB "
         f"(after setup +{(probe.setup_peak_kib - model.baseline_kib) / 1024:.0f} MiB), "
         f"median step {median:.3f} s -> {path}",
         flush=True,
@@ -245,31 +277,12 @@ def run_worker(config: Config, out_dir: Path, args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The driver: every configuration as its own command, under each allocator setting, then tables.
-
-
-@dataclass(frozen=True)
-class Allocator:
-    """How glibc's malloc is set up for one round of runs (through its environment variables)."""
-
-    name: str
-    title: str
-    env: dict[str, str]
-
-
-ALLOCATORS = (
-    Allocator("default", "Default: glibc malloc as it comes", {}),
-    Allocator(
-        "tuned",
-        f"Tuned: glibc mmap threshold held at {FIXED_MMAP_THRESHOLD // 1024} KiB, torch huge pages on",
-        {"MALLOC_MMAP_THRESHOLD_": str(FIXED_MMAP_THRESHOLD), "THP_MEM_ALLOC_ENABLE": "1"},
-    ),
-)
+# The driver: every run as its own command, then the tables.
 
 
 @dataclass(frozen=True)
 class Result:
-    """One configuration's numbers under one allocator setting, read from its ranks' JSON files."""
+    """One run's numbers, read from its ranks' JSON files."""
 
     config: Config
     ranks: list[dict[str, Any]]  # by rank
@@ -307,27 +320,44 @@ class Result:
         return None if est is None else est / MIB
 
 
-def run_config(config: Config, allocator: Allocator, args: argparse.Namespace, out_dir: Path) -> Result:
+Results = dict[str, dict[str, Result]]  # variant name -> config name -> result
+
+
+def run_one(config: Config, variant: Variant, args: argparse.Namespace, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--config", config.name, "--out", str(out_dir)]
+    command += ["--variant", variant.name]
     for flag in ("warmup", "steps", "batch_size", "depth", "width"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     # 2 processes on 2 cores: one intra-op thread each, so the ranks do not compete for cores.
-    # Rank 1 inherits this environment from rank 0, allocator settings included.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **allocator.env}
+    # Rank 1 inherits this environment from rank 0.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **dict(variant.env)}
     load = os.getloadavg()[0]
     started = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if done.returncode != 0:
-        raise RuntimeError(f"{config.name} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        raise RuntimeError(
+            f"{config.name} ({variant.name}) failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
     ranks = [json.loads((out_dir / f"{config.name}-rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
     result = Result(config, ranks, load)
     print(
-        f"{allocator.name:<8} {config.label:<25} peak {result.peak_mib:6.0f} MB  "
-        f"{1 / result.step_s:5.2f} it/s  (load {load:.2f}, {time.perf_counter() - started:.0f} s)",
+        f"{variant.name:<10} {config.label:<25} peak {result.peak_mib:6.0f} MB  {1 / result.step_s:5.2f} it/s  "
+        f"{result.cpu_s:5.2f} CPU s/step  (load {load:.2f}, {time.perf_counter() - started:.0f} s)",
         flush=True,
     )
     return result
+
+
+def run_all(variants: list[Variant], args: argparse.Namespace) -> Results:
+    results: Results = {}
+    with tempfile.TemporaryDirectory(prefix="fullshard-memory-") as tmp:
+        for variant in variants:
+            results[variant.name] = {
+                name: run_one(BY_NAME[name], variant, args, Path(tmp) / variant.name)
+                for name in variant.configs
+            }
+    return results
 
 
 def render_table(results: list[Result]) -> str:
@@ -361,18 +391,46 @@ def target_line(results: list[Result]) -> str:
     return f"Target, FULL_SHARD's per-rank peak at most {TARGET}x DDP's: {ratio:.2f}x, {verdict}."
 
 
-def render_section(args: argparse.Namespace, rounds: list[tuple[Allocator, list[Result]]]) -> str:
-    every = [r for _, results in rounds for r in results]
-    first = every[0].ranks[0]
-    numel = max(r.ranks[0]["numel"] for r in every)
+def render_variants(results: Results) -> str:
+    """DDP and FULL_SHARD under each memory setting (DDP's glibc run is the defaults' run)."""
+    header = (
+        "| | DDP memory (MB) | FULL_SHARD memory (MB) | FULL_SHARD vs DDP | DDP it/s | FULL_SHARD it/s "
+        "| DDP CPU s/step | FULL_SHARD CPU s/step |"
+    )
+    lines = [header, "| --- |" + " ---: |" * 7]
+    for variant in VARIANTS:
+        runs = results.get(variant.name, {})
+        if "full_shard" not in runs:
+            continue
+        ddp, fsdp = runs.get("ddp", results[DEFAULTS.name]["ddp"]), runs["full_shard"]
+        cells = [
+            f"{ddp.peak_mib:.0f}",
+            f"{fsdp.peak_mib:.0f}",
+            f"{fsdp.peak_mib / ddp.peak_mib:.2f}x",
+            f"{1 / ddp.step_s:.2f}",
+            f"{1 / fsdp.step_s:.2f}",
+            f"{ddp.cpu_s:.2f}",
+            f"{fsdp.cpu_s:.2f}",
+        ]
+        lines.append(f"| {variant.title} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_section(args: argparse.Namespace, results: Results) -> str:
+    every = [r for runs in results.values() for r in runs.values()]
+    main = [results[DEFAULTS.name][c.name] for c in CONFIGS]
+    first = main[0].ranks[0]
+    numel = max(r.ranks[0]["numel"] for r in main)
     loads = [r.load for r in every]
     thp = THP_SETTING.read_text().strip() if THP_SETTING.exists() else "absent"
-    tables = "\n\n".join(
-        allocator.title
-        + (f" (`{' '.join(f'{k}={v}' for k, v in allocator.env.items())}`)" if allocator.env else "")
-        + f":\n\n{render_table(results)}\n\n{target_line(results)}"
-        for allocator, results in rounds
-    )
+    variants = ""
+    if len(results) > 1:
+        variants = f"""
+Memory settings, DDP and FULL_SHARD (same measurements; DDP does not touch malloc, so its
+`cpu_mmap_threshold=None` numbers are the defaults' run):
+
+{render_variants(results)}
+"""
     return f"""{SECTION}
 
 Per-rank peak memory and speed of DDP and FSDP's sharding strategies, in 2 CPU processes
@@ -392,8 +450,10 @@ python benchmarks/memory.py --write-docs
   more means other work competed for the cores and the wall times are noisy);
   {datetime.date.today().isoformat()}.
 
-{tables}
+{render_table(main)}
 
+{target_line(main)}
+{variants}
 - Memory: each process's peak resident set size (`getrusage` `ru_maxrss`) at the end of `fit`
   ({args.warmup + args.steps} steps), minus its resident set size when `configure_model` starts
   (after imports and the process group): what building, wrapping and training the model added
@@ -412,18 +472,17 @@ python benchmarks/memory.py --write-docs
   are in host memory already (torch's offload path needs an accelerator); the column is there
   to show that. Its wrap plan estimate counts only the accelerator memory an offloaded run
   would use, and on CPU there is none.
-- glibc's malloc: a request of at least the mmap threshold gets its own `mmap`, which goes back
-  to the system on `free`; but each time such a block is freed, glibc raises the threshold to
-  that block's size (up to 32 MiB). FSDP gathers a 16 MB unit, frees it, gathers the next:
-  after the first free these buffers come from the heap instead, in between long-lived tensors
-  (sharded parameters and gradients, AdamW state), and the holes they leave stay resident, so
-  the heap grows from step to step. Setting any of glibc's `MALLOC_MMAP_THRESHOLD_`,
-  `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`, `MALLOC_MMAP_MAX_` turns the adjustment off
-  (mallopt(3)). Then every large buffer is a fresh mapping that the kernel faults in and
-  zeroes; with 4 KiB pages that costs much CPU time. `THP_MEM_ALLOC_ENABLE=1` makes torch
-  align tensors of 2 MB and more to 2 MB and ask for transparent huge pages (it needs
-  `{THP_SETTING}` at `madvise` or `always`; here: {thp}), so a buffer takes a few
-  faults instead of thousands. DDP allocates its large tensors once, so it hardly changes.
+- Memory settings: glibc's malloc gives a request of at least its mmap threshold its own
+  mapping, returned to the system on `free`, but raises the threshold to the size of each such
+  block freed (up to 32 MiB). FSDP gathers a 16 MB unit, frees it, gathers the next; after the
+  first free these buffers come from the heap, between long-lived shards and AdamW state, and
+  the holes they leave stay resident, so with `cpu_mmap_threshold=None` the heap grows step
+  after step. fullshard's default on CPU holds the threshold at 128 KiB, so every gathered
+  unit is a fresh mapping that the kernel faults in and zeroes, 4 KiB at a time: that is the
+  extra CPU time. `THP_MEM_ALLOC_ENABLE=1` (set before the script starts; torch reads it once)
+  makes torch align tensors of 2 MB and more to 2 MB and ask for transparent huge pages (it
+  needs `{THP_SETTING}` at `madvise` or `always`; here: {thp}), so
+  a unit takes a few faults instead of thousands.
 - Speed on CPU says little about GPUs: gloo over loopback and 1-thread matmuls, not NCCL.
 """
 
@@ -447,13 +506,11 @@ def write_docs(section: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=list(BY_NAME), help="run only this configuration (as a worker)")
-    parser.add_argument("--out", type=Path, help="with --config: directory for the per-rank JSON files")
     parser.add_argument(
-        "--malloc",
-        choices=[*(a.name for a in ALLOCATORS), "both"],
-        default="both",
-        help="glibc malloc settings to run under (default: both)",
+        "--variant", choices=list(VARIANT_BY_NAME), default=DEFAULTS.name, help="with --config"
     )
+    parser.add_argument("--out", type=Path, help="with --config: directory for the per-rank JSON files")
+    parser.add_argument("--main-only", action="store_true", help="skip the memory-settings runs")
     parser.add_argument("--warmup", type=int, default=3, help="steps before timing")
     parser.add_argument("--steps", type=int, default=6, help="timed steps")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per process and step")
@@ -469,15 +526,15 @@ def main(argv: list[str] | None = None) -> None:
         if args.out is None:
             parser.error("--config needs --out DIR (both ranks write their JSON file there)")
         args.out.mkdir(parents=True, exist_ok=True)
-        run_worker(BY_NAME[args.config], args.out, args)
+        run_worker(BY_NAME[args.config], VARIANT_BY_NAME[args.variant], args.out, args)
         return
-    allocators = [a for a in ALLOCATORS if args.malloc in (a.name, "both")]
-    with tempfile.TemporaryDirectory(prefix="fullshard-memory-") as tmp:
-        rounds = [(a, [run_config(c, a, args, Path(tmp) / a.name) for c in CONFIGS]) for a in allocators]
-    for allocator, results in rounds:
-        print(f"\n{allocator.title}:\n\n{render_table(results)}\n\n{target_line(results)}")
+    results = run_all([DEFAULTS] if args.main_only else list(VARIANTS), args)
+    main_results = [results[DEFAULTS.name][c.name] for c in CONFIGS]
+    print(f"\n{render_table(main_results)}\n\n{target_line(main_results)}")
+    if len(results) > 1:
+        print(f"\n{render_variants(results)}")
     if args.write_docs:
-        write_docs(render_section(args, rounds))
+        write_docs(render_section(args, results))
 
 
 if __name__ == "__main__":
