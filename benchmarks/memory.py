@@ -422,7 +422,9 @@ def render_section(args: argparse.Namespace, results: Results) -> str:
     first = main[0].ranks[0]
     numel = max(r.ranks[0]["numel"] for r in main)
     loads = [r.load for r in every]
-    thp = THP_SETTING.read_text().strip() if THP_SETTING.exists() else "absent"
+    thp = "absent"  # the file reads like "always [madvise] never", the bracketed one chosen
+    if THP_SETTING.exists():
+        thp = next((w[1:-1] for w in THP_SETTING.read_text().split() if w.startswith("[")), "unknown")
     variants = ""
     if len(results) > 1:
         variants = f"""
@@ -480,9 +482,9 @@ python benchmarks/memory.py --write-docs
   after step. fullshard's default on CPU holds the threshold at 128 KiB, so every gathered
   unit is a fresh mapping that the kernel faults in and zeroes, 4 KiB at a time: that is the
   extra CPU time. `THP_MEM_ALLOC_ENABLE=1` (set before the script starts; torch reads it once)
-  makes torch align tensors of 2 MB and more to 2 MB and ask for transparent huge pages (it
-  needs `{THP_SETTING}` at `madvise` or `always`; here: {thp}), so
-  a unit takes a few faults instead of thousands.
+  makes torch align tensors of 2 MB and more to 2 MB and ask for transparent huge pages, so a
+  unit takes a few faults instead of thousands (it needs
+  `{THP_SETTING}` at `madvise` or `always`; here: `{thp}`).
 - Speed on CPU says little about GPUs: gloo over loopback and 1-thread matmuls, not NCCL.
 """
 

@@ -384,7 +384,9 @@ class FSDPStrategy(ParallelStrategy):
             world_size=world,
             shard_size=shard,
             sharding_strategy=self.sharding_strategy.name,
-            cpu_offload=self.cpu_offload.offload_params,
+            # a configured CPU run does not offload (see _fsdp_kwargs); a plan made ahead is for the target
+            cpu_offload=self.cpu_offload.offload_params
+            and not (self.cluster_environment is not None and self.root_device.type == "cpu"),
             param_dtype=self.precision.param_dtype if self.mixed_precision is None else torch.float32,
             compute_dtype=self.precision.compute_dtype
             if self.mixed_precision is None
