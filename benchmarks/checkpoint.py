@@ -5,8 +5,9 @@ Run from the repository root::
     python benchmarks/checkpoint.py                  # measure, print the tables
     python benchmarks/checkpoint.py --write-docs     # also rewrite its section of docs/benchmarks.md
 
-It takes about 2 minutes on 2 cores and needs about 4 GB of memory and 2 GB of disk. Run it
-alone: other work on the machine, on its disk above all, moves the numbers a lot.
+It takes about 4 minutes on 2 cores and needs about 4 GB of memory and 2 GB of disk. Run it
+alone: other work on the machine, on its disk above all, moves the numbers a lot; when it sees
+other benchmarks or test runs meanwhile it says so, and does not write the docs.
 
 One job of 2 processes (CPU, gloo, one intra-op thread each) builds a parameter-dominated
 model (8 blocks of ``Linear(2048, 2048)``: 33.6M parameters, 134 MB in float32) under
@@ -42,7 +43,13 @@ wrote, from memory. The tables show medians over the repeats.
 Steps inside the plain calls are timed too (the gather, ``torch.save``, the fsync; the sharded
 state dicts, ``dcp.save``), and the checksums on their own: CRC-32 of one rank's files of the
 sharded checkpoint (what each rank computes at a save), and ``fullshard.checkpoint.layout.verify``
-of each checkpoint on rank 0 (which reads every byte).
+of each checkpoint (which reads every byte) in a process of its own, as ``fullshard checkpoint
+inspect --verify`` runs it.
+
+``FSDPStrategy`` fixes glibc's mmap threshold on CPU (``cpu_mmap_threshold``, see [Note: CPU
+memory under FSDP]), which makes every large allocation a fresh mapping: it slows the gathers
+and loads of both columns alike. So the job runs twice, with the strategy's default and with
+``cpu_mmap_threshold=None`` (glibc's adaptive threshold); ``--cpu-mmap-threshold`` picks one.
 """
 
 from __future__ import annotations
@@ -76,7 +83,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
-from fullshard.checkpoint.layout import crc32_of, verify
+from fullshard.checkpoint.layout import crc32_of
 from fullshard.strategies import FSDPStrategy
 
 HERE = Path(__file__).resolve().parent
@@ -98,6 +105,14 @@ ROWS = (
     ("sharded_load", "Sharded load", "sharded_load/plain", "sharded_load/fullshard"),
 )
 TARGET_ROWS = ("full_save", "full_load", "sharded_save", "sharded_load")  # the issue's comparison
+# times layout.verify(argv[1]) alone, without the interpreter's start and imports
+VERIFY = (
+    "import sys, time\n"
+    "from fullshard.checkpoint.layout import verify\n"
+    "start = time.perf_counter()\n"
+    "verify(sys.argv[1])\n"
+    "print(time.perf_counter() - start)\n"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +158,12 @@ class Job:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.root = Path(args.dir)
-        self.strategy = FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full", empty_init=True)
+        self.strategy = FSDPStrategy(
+            auto_wrap_policy={Block},
+            state_dict_type="full",
+            empty_init=True,
+            **({} if args.cpu_mmap_threshold == "default" else {"cpu_mmap_threshold": _threshold(args)}),
+        )
         self.trainer = fullshard.Trainer(
             accelerator="cpu",
             devices=WORLD_SIZE,
@@ -264,7 +284,7 @@ class Job:
 
     def measure_checksums(self) -> None:
         """CRC-32 of this rank's files of the sharded checkpoint (what each rank computes at a
-        save), and a full ``verify`` of each checkpoint on rank 0."""
+        save), and ``layout.verify`` of each checkpoint (all its bytes), from rank 0."""
         os.sync()
         dist.barrier()
         files = sorted(self.path("fullshard", "sharded").glob(f"data-*/__{self.rank}_*.distcp"))
@@ -276,9 +296,11 @@ class Job:
         if self.rank == 0:
             self.record(self.parts, "crc32", crc_s)
             for fmt in FORMATS:
-                start = time.perf_counter()
-                verify(self.path("fullshard", fmt))
-                self.record(self.parts, f"verify_{fmt}", time.perf_counter() - start)
+                # in a process of its own, as `fullshard checkpoint inspect --verify` runs it: this
+                # one has FSDP's malloc settings and threads, which make reading slower
+                command = [sys.executable, "-c", VERIFY, str(self.path("fullshard", fmt))]
+                done = subprocess.run(command, capture_output=True, text=True, check=True)
+                self.record(self.parts, f"verify_{fmt}", float(done.stdout.split()[-1]))
         dist.barrier()
 
     def clean(self) -> None:
@@ -290,6 +312,10 @@ class Job:
                 else:
                     path.unlink()
         dist.barrier()
+
+
+def _threshold(args: argparse.Namespace) -> int | None:
+    return None if args.cpu_mmap_threshold == "none" else int(args.cpu_mmap_threshold)
 
 
 def run_worker(args: argparse.Namespace) -> None:
@@ -307,6 +333,7 @@ def run_worker(args: argparse.Namespace) -> None:
             "parts": job.parts,
             "sizes": job.sizes,
             "numel": plan.total_numel,
+            "cpu_mmap_threshold": job.strategy.cpu_mmap_threshold,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         }
@@ -336,7 +363,9 @@ def other_work() -> set[str]:
     return found
 
 
-def run_job(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def run_job(args: argparse.Namespace, work: Path, threshold: str) -> dict[str, Any]:
+    """Run the job with ``FSDPStrategy(cpu_mmap_threshold=...)`` as ``threshold`` says."""
+    work.mkdir()
     out = work / "result.json"
     ckpts = work / "checkpoints"
     ckpts.mkdir()
@@ -351,6 +380,7 @@ def run_job(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     ]
     for flag in ("repeats", "depth", "width"):
         command += [f"--{flag}", str(getattr(args, flag))]
+    command += ["--cpu-mmap-threshold", threshold]
     # 2 processes on 2 cores: one intra-op thread each. Rank 1 inherits this environment.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     load = os.getloadavg()[0]
@@ -409,13 +439,13 @@ def render_parts(result: dict[str, Any]) -> str:
         ("Sharded save: `dcp.save`, files written and fsynced", "dcp_save", *sharded),
         (f"Sharded save: CRC-32 of one rank's files ({shard_mb:.0f} MB)", "crc32", *sharded),
         (
-            "`layout.verify` of the full checkpoint (rank 0)",
+            "`layout.verify` of the full checkpoint",
             "verify_full",
             "full_load/fullshard",
             "fullshard full load",
         ),
         (
-            "`layout.verify` of the sharded checkpoint (rank 0, every rank's files)",
+            "`layout.verify` of the sharded checkpoint (every rank's files)",
             "verify_sharded",
             "sharded_load/fullshard",
             "fullshard sharded load",
@@ -439,12 +469,40 @@ def target_line(result: dict[str, Any]) -> str:
     return f"{head} missed for {', '.join(missed)}; met for the others."
 
 
-def render_section(args: argparse.Namespace, result: dict[str, Any]) -> str:
-    numel = result["numel"]
-    full_mb = result["sizes"]["plain/full"] / MB
+def allocator(result: dict[str, Any]) -> str:
+    threshold = result["cpu_mmap_threshold"]
+    if threshold is None:
+        return "`cpu_mmap_threshold=None`: glibc's adaptive mmap threshold"
+    return f"`cpu_mmap_threshold={threshold}`: glibc's mmap threshold fixed at {threshold // 1024} KiB"
+
+
+def render_result(result: dict[str, Any]) -> str:
+    """One allocator setting: the comparison, the target, where the time goes."""
     times = {key: statistics.median(values) for key, values in result["times"].items()}
-    parts = {key: statistics.median(values) for key, values in result["parts"].items()}
     gap = times["full_save/fullshard"] - times["full_save/plain"]
+    fsync = statistics.median(result["parts"]["fsync"])
+    return f"""### {allocator(result)}
+
+1-minute load average {result["load"]:.2f} at the start.
+
+{render_table(result)}
+
+{target_line(result)}
+
+fullshard's full save takes {gap:+.2f} s against the plain call; an fsync of the file alone
+takes {fsync:.2f} s.
+
+Where the time goes (steps timed inside the plain calls, and the checksums on their own):
+
+{render_parts(result)}
+"""
+
+
+def render_section(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
+    first = results[0]
+    numel = first["numel"]
+    full_mb = first["sizes"]["plain/full"] / MB
+    parts = "\n".join(render_result(result) for result in results)
     return f"""{SECTION}
 
 Save and load times of fullshard's full and sharded checkpoints against the torch calls they
@@ -457,27 +515,28 @@ python benchmarks/checkpoint.py --write-docs
 - State: {args.depth} blocks of `Linear({args.width}, {args.width})`, {numel / 1e6:.1f}M parameters ({numel * 4 / MB:.0f} MB
   in float32) and AdamW's two moments ({numel * 8 / MB:.0f} MB), after one training step: a
   {full_mb:.0f} MB full checkpoint; each rank holds half of it.
-- Machine: {os.cpu_count()} cores ({platform.machine()}), torch {result["torch"]}, {WORLD_SIZE} processes with
-  {result["threads"]} intra-op thread each; checkpoints on the local disk; 1-minute load average
-  {result["load"]:.2f} at the start; {datetime.date.today().isoformat()}.
+- Machine: {os.cpu_count()} cores ({platform.machine()}), torch {first["torch"]}, {WORLD_SIZE} processes with
+  {first["threads"]} intra-op thread each; checkpoints on the local disk; {datetime.date.today().isoformat()}.
+- Memory allocator: on CPU, `FSDPStrategy` fixes glibc's mmap threshold by default
+  (`cpu_mmap_threshold`, see [Note: CPU memory under FSDP]), so that every large tensor is
+  mapped afresh and returned when freed. That slows the gathers, loads and reads of both
+  columns alike; the job runs once with it and once with glibc's adaptive threshold.
 - Medians of {args.repeats} repeats. Every timing starts and ends with a barrier and is taken on
   rank 0; before each, all data written earlier is flushed (`os.sync`), so no operation pays
   for the previous one's writeback. The page cache is not dropped: loads read the files the
   repeat just wrote, from memory.
 
-{render_table(result)}
-
-{target_line(result)}
+{parts}
+What is compared:
 
 - Full save. Plain: `get_model_state_dict` / `get_optimizer_state_dict` (`full_state_dict=True`,
   `cpu_offload=False`) on every rank, `torch.save` on rank 0; "plain + fsync" adds an fsync of
   the file. fullshard: `trainer.save_checkpoint(path)` with `state_dict_type="full"`: the same
   gather, then the [atomic commit](checkpoints.md): a temporary file, fsync, rename, fsync of
   the directory. The plain call returns with its data still in the page cache, fullshard with
-  it on disk; that is the difference: {gap:.2f} s, where an fsync of the file takes
-  {parts["fsync"]:.2f} s. fullshard fsyncs in a thread while `torch.save` is still writing
-  ([Note: early writeback] in `checkpoint/io.py`), which hides part of the fsync: compare
-  the "plain + fsync" row.
+  it on disk. fullshard fsyncs in a thread while `torch.save` is still writing ([Note: early
+  writeback] in `checkpoint/io.py`), so the disk works during the writing and only the rest of
+  the fsync is added: the longer `torch.save` takes, the more of the fsync it hides.
 - Full load. Plain: `torch.load` on rank 0 (`weights_only=True`, the default; fullshard needs
   `False` for the rest of the training state), then `set_model_state_dict` /
   `set_optimizer_state_dict` with `broadcast_from_rank0=True`. fullshard:
@@ -490,10 +549,7 @@ python benchmarks/checkpoint.py --write-docs
 - Sharded load. Plain: the sharded state dicts, `torch.distributed.checkpoint.load`, then
   `set_model_state_dict` / `set_optimizer_state_dict`. fullshard first checks the commit
   record, every file's size and the saved shapes on rank 0.
-
-Where the time goes (steps timed inside the plain calls, and the checksums on their own):
-
-{render_parts(result)}
+- `layout.verify` runs in a process of its own, as `fullshard checkpoint inspect --verify` does.
 
 Checksums are computed at every sharded save, but verified only on request (`fullshard
 checkpoint inspect --verify`, `layout.verify`), not at every load: a load checks that every file
@@ -526,6 +582,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--depth", type=int, default=8, help="number of blocks")
     parser.add_argument("--width", type=int, default=2048, help="features of each Linear")
     parser.add_argument(
+        "--cpu-mmap-threshold",
+        help="run only with FSDPStrategy(cpu_mmap_threshold=...): bytes, 'none' (glibc's adaptive "
+        "threshold) or 'default' (the strategy's default); without it, both 'default' and 'none'",
+    )
+    parser.add_argument(
         "--dir", type=Path, help="where to write the checkpoints (default: a temporary directory)"
     )
     parser.add_argument(
@@ -536,22 +597,28 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    thresholds = ["default", "none"] if args.cpu_mmap_threshold is None else [args.cpu_mmap_threshold]
+    if not all(t in ("default", "none") or t.isdigit() for t in thresholds):
+        parser.error(f"--cpu-mmap-threshold {args.cpu_mmap_threshold!r}: give bytes, 'none' or 'default'")
     if args.worker:  # rank 0 here; its Trainer runs the same command for rank 1
         if args.out is None or args.dir is None:
             parser.error("--worker needs --out FILE and --dir DIR")
         run_worker(args)
         return
     with tempfile.TemporaryDirectory(prefix="fullshard-checkpoint-", dir=args.dir) as work:
-        result = run_job(args, Path(work))
-    print(f"\n{render_table(result)}\n\n{target_line(result)}\n\n{render_parts(result)}")
-    print(f"\n(job {result['wall_s']:.0f} s, load average {result['load']:.2f} at the start)")
-    if result["others"]:
-        print("\nOther benchmarks or tests ran during the job; the timings are not reliable:")
-        print("\n".join(f"  {line}" for line in result["others"]))
+        results = [run_job(args, Path(work) / threshold, threshold) for threshold in thresholds]
+    for result in results:
+        print(f"\n{allocator(result)}:\n\n{render_table(result)}\n\n{target_line(result)}")
+        print(f"\n{render_parts(result)}")
+        print(f"\n(job {result['wall_s']:.0f} s, load average {result['load']:.2f} at the start)")
+    others = sorted({line for result in results for line in result["others"]})
+    if others:
+        print("\nOther benchmarks or tests ran meanwhile; the timings are not reliable:")
+        print("\n".join(f"  {line}" for line in others))
         if args.write_docs:
             sys.exit(f"Not writing {DOCS.relative_to(REPO)}: run again when the machine is idle.")
     if args.write_docs:
-        write_docs(render_section(args, result))
+        write_docs(render_section(args, results))
 
 
 if __name__ == "__main__":

@@ -41,3 +41,8 @@ class CorruptCheckpointError(CheckpointError):
 
 class ProcessFailedError(FullshardError, RuntimeError):
     """Another process of the job failed; this one was stopped because of it."""
+
+
+class RankDivergenceError(FullshardError, RuntimeError):
+    """The processes of a job took different paths (one skipped a step, or ran out of data,
+    while the others went on into a collective)."""

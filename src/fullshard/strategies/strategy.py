@@ -292,6 +292,16 @@ class Strategy:
         """Agree on a decision across ranks: all of them (``all=True``) or any of them."""
         return decision
 
+    def check_rank_agreement(self, event: str, key: str, detail: str) -> None:
+        """Called by the host on a rank that does something its peers must do too, at the same
+        point: skip a step (``training_step`` returned None), or run out of data.
+
+        Multi-process strategies wait (briefly) for every rank to report the same ``event`` and
+        ``key``, and raise :class:`~fullshard.errors.RankDivergenceError` naming the ranks that
+        did and did not, instead of leaving the others blocked in a collective. Nothing to check
+        with one process.
+        """
+
     # ----------------------------------------------------------------------------- checkpoints
     def get_state(
         self, optimizers: Sequence[Optimizer], *, full: bool
