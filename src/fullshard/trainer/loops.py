@@ -71,6 +71,9 @@ def run_train_epoch(trainer: Trainer) -> None:
         try:
             batch = next(iterator)
         except StopIteration:
+            strategy.check_rank_agreement(
+                "end_of_data", str(batch_idx), f"the training data ended after {batch_idx} batches"
+            )
             break
         batch = strategy.batch_to_device(batch)
         for cb in hooks["on_train_batch_start"]:
@@ -79,7 +82,13 @@ def run_train_epoch(trainer: Trainer) -> None:
         with strategy.no_backward_sync(enabled=not boundary):
             output = strategy.training_step(batch, batch_idx)
             loss = extract_loss(output)
-            if loss is not None:
+            if loss is None:
+                strategy.check_rank_agreement(
+                    "skip",
+                    f"{trainer.current_epoch}:{batch_idx}",
+                    f"training_step returned None at epoch {trainer.current_epoch}, batch {batch_idx}",
+                )
+            else:
                 if accumulate > 1:
                     loss = loss / accumulate
                 for cb in hooks["on_before_backward"]:
