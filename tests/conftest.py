@@ -43,6 +43,7 @@ def quiet_trainer(root: Path, **kwargs: Any) -> Any:
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
+        enable_model_summary=False,
         default_root_dir=root,
     )
     return fullshard.Trainer(**{**defaults, **kwargs})

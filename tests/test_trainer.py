@@ -33,7 +33,8 @@ def test_fit_counts_steps_and_epochs(tmp_path: Path) -> None:
     assert model.losses[-1] < model.losses[0]
     trainer = _trainer(tmp_path, max_steps=5, limit_train_batches=0.5)
     trainer.fit(MLP(), DataLoader(make_data(), batch_size=16))
-    assert trainer.num_training_batches == 3 and trainer.global_step == 5 and trainer.current_epoch == 1
+    # an epoch cut short by max_steps still ends (hooks, checkpoint), as in Lightning
+    assert trainer.num_training_batches == 3 and trainer.global_step == 5 and trainer.current_epoch == 2
 
 
 def test_gradient_accumulation_equals_a_larger_batch(tmp_path: Path) -> None:
@@ -48,18 +49,28 @@ def test_gradient_accumulation_equals_a_larger_batch(tmp_path: Path) -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def _grad_norm(module: Any) -> float:
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+
+
 class _GradNorms(fullshard.Callback):
+    """Gradient norms after backward, before the optimizer step (unclipped, as in Lightning) and
+    after the step (clipped: gradients stay until the next window zeroes them)."""
+
     def __init__(self) -> None:
         self.before: list[float] = []
+        self.before_step: list[float] = []
         self.after: list[float] = []
 
     def on_after_backward(self, trainer: Any, module: Any) -> None:
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
-        self.before.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+        self.before.append(_grad_norm(module))
 
     def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
-        self.after.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+        self.before_step.append(_grad_norm(module))
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.after.append(_grad_norm(module))
 
 
 def test_gradient_clipping_by_norm_and_value(tmp_path: Path) -> None:
@@ -68,12 +79,13 @@ def test_gradient_clipping_by_norm_and_value(tmp_path: Path) -> None:
         MLP(), DataLoader(make_data(), batch_size=16)
     )
     assert all(b > 0.01 for b in norms.before)
+    assert norms.before_step == norms.before
     assert norms.after == pytest.approx([0.01] * 3, rel=1e-4)
 
     class _MaxGrad(fullshard.Callback):
         peak = 0.0
 
-        def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             _MaxGrad.peak = max(_MaxGrad.peak, max(float(p.grad.abs().max()) for p in module.parameters()))
 
     _trainer(
@@ -116,8 +128,10 @@ def test_logging_and_validation(tmp_path: Path) -> None:
     assert "train_loss" in trainer.progress_bar_metrics
     log_file = next(Path(tmp_path).glob("fullshard_logs/version_0/metrics.csv"))
     rows = list(csv.DictReader(log_file.open()))
-    assert [int(r["step"]) for r in rows if r.get("train_loss")] == [2, 4, 6, 8, 10, 12]
-    assert len([r for r in rows if r.get("val_loss")]) == 4  # every 3 of 6 batches, 2 epochs
+    # Lightning's step numbers: the step count before the logging step (the 2nd step logs at 1)
+    assert [int(r["step"]) for r in rows if r.get("train_loss")] == [1, 3, 5, 7, 9, 11]
+    # every 3 of 6 batches, 2 epochs, at the number of steps taken before that validation
+    assert [int(r["step"]) for r in rows if r.get("val_loss")] == [2, 5, 8, 11]
     result = trainer.validate(MLP(), DataLoader(make_data(), batch_size=32))
     assert set(result[0]) == {"val_loss"}
 

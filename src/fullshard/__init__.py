@@ -1,15 +1,31 @@
-"""fullshard: train PyTorch models too big for one device."""
+"""fullshard: train PyTorch models too big for one device.
+
+The names a Lightning script imports are here too (``LightningModule``, ``LightningDataModule``,
+``Trainer``, ``Callback``, ``seed_everything``; callbacks in :mod:`fullshard.callbacks`, loggers
+in :mod:`fullshard.loggers`), so a script ports by changing its imports (docs/lightning.md).
+"""
 
 import logging as _logging
 
-from fullshard.module import Module
+from fullshard.datamodule import DataModule, LightningDataModule
+from fullshard.module import LightningModule, Module
 from fullshard.seed import seed_everything
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.trainer import Trainer
 
 __version__ = "0.1.0"
-__all__ = ["Callback", "ModelCheckpoint", "Module", "Trainer", "__version__", "seed_everything"]
+__all__ = [
+    "Callback",
+    "DataModule",
+    "LightningDataModule",
+    "LightningModule",
+    "ModelCheckpoint",
+    "Module",
+    "Trainer",
+    "__version__",
+    "seed_everything",
+]
 
 # Info messages (the FSDP wrap plan, ...) go to stderr unless the application configures logging.
 _log = _logging.getLogger("fullshard")

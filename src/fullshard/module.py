@@ -1,15 +1,25 @@
-"""``fullshard.Module``: an ``nn.Module`` with the hooks the Trainer drives."""
+"""``fullshard.Module``: an ``nn.Module`` with the hooks the Trainer drives.
+
+The hooks, their arguments and the order in which the Trainer calls them are Lightning 2.x's
+(see docs/lightning.md for the recorded order), so a ``LightningModule`` ports by changing its
+import; ``fullshard.LightningModule`` is another name for this class.
+"""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.optim import Optimizer
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from fullshard.trainer.loggers import Logger
     from fullshard.trainer.trainer import Trainer
 
 OptimizerConfig = Any
@@ -17,47 +27,83 @@ OptimizerConfig = Any
 optionally ``"lr_scheduler"`` (a scheduler, or a dict ``{"scheduler", "interval", "frequency"}``)."""
 
 
+class AttributeDict(dict[str, Any]):
+    """A dict whose keys are also attributes: ``hparams.lr`` is ``hparams["lr"]``."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(
+                f"hparams has no {key!r}; it holds {sorted(self) or 'nothing'}. Record it with "
+                "self.save_hyperparameters() in __init__."
+            ) from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        del self[key]
+
+
+def _not_defined(module: Module, method: str, why: str) -> NotImplementedError:
+    return NotImplementedError(f"{type(module).__name__} does not define {method}; {why}")
+
+
 class Module(nn.Module):
     """Base class for models trained by :class:`fullshard.Trainer`.
 
-    Override :meth:`training_step` and :meth:`configure_optimizers`; optionally
-    :meth:`validation_step`, :meth:`configure_model` (to build big layers directly on the right
-    device, or sharded) and the checkpoint hooks.
+    Override :meth:`training_step` and :meth:`configure_optimizers`; optionally the evaluation
+    steps, :meth:`configure_model` (to build big layers directly on the right device, or
+    sharded), and any of the hooks below. Every hook is also a :class:`~fullshard.Callback` hook;
+    callbacks run before the module's hook, except that checkpointing and early-stopping
+    callbacks run after ``on_train_epoch_end`` of the module (so they see what it logged).
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
-        self.hparams: dict[str, Any] = {}
+        self._hparams = AttributeDict()
 
-    # ------------------------------------------------------------------------------- hooks
+    # ------------------------------------------------------------------------------- steps
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         """Compute the loss of one batch.
 
-        Return the loss tensor, a dict with a ``"loss"`` entry, or None to skip the batch.
+        Return the loss tensor, a dict with a ``"loss"`` entry, or None to skip the batch
+        (under several processes every rank must skip the same batch; see docs/lightning.md).
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} does not define training_step(batch, batch_idx); the Trainer needs "
-            "it to compute a loss. Override it and return the loss tensor."
+        raise _not_defined(
+            self, "training_step(batch, batch_idx)", "the Trainer needs it to compute a loss. Override it "
+            "and return the loss tensor."
         )
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         """Evaluate one validation batch; log metrics with :meth:`log`."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not define validation_step(batch, batch_idx), but validation data "
-            "was given. Override validation_step, or pass no val_dataloaders."
+        raise _not_defined(
+            self, "validation_step(batch, batch_idx)", "but validation data was given. Override "
+            "validation_step, or pass no validation dataloaders."
         )
+
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        """Evaluate one test batch (``Trainer.test``); log metrics with :meth:`log`."""
+        raise _not_defined(
+            self, "test_step(batch, batch_idx)", "Trainer.test() calls it for every test batch. Override it."
+        )
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        """Return the prediction for one batch (``Trainer.predict``). By default ``self(batch)``."""
+        return self(batch)
 
     def configure_optimizers(self) -> OptimizerConfig:
         """Return an optimizer, or ``{"optimizer": opt, "lr_scheduler": sched_or_config}``.
 
         A scheduler config is a dict ``{"scheduler": sched, "interval": "step" | "epoch",
-        "frequency": n}``. Called after the strategy wrapped the model, so ``self.parameters()``
-        are the parameters that will be trained.
+        "frequency": n, "monitor": metric, "name": name}``. Called after the strategy wrapped the
+        model, so ``self.parameters()`` are the parameters that will be trained.
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} does not define configure_optimizers(); the Trainer needs an optimizer. "
-            "Override it, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
+        raise _not_defined(
+            self, "configure_optimizers()", "the Trainer needs an optimizer. Override it, e.g. "
+            "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
         )
 
     def configure_model(self) -> None:
@@ -69,26 +115,131 @@ class Module(nn.Module):
         ``if self.model is not None: return``.
         """
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add or change entries of a checkpoint as it is written."""
+    # -------------------------------------------------------------------------- data hooks
+    # A module may provide its own data, as in Lightning; the Trainer uses these when no
+    # dataloaders or DataModule are passed.
+    def train_dataloader(self) -> Any:
+        """The training dataloader, when none is passed to ``fit``."""
+        raise _not_defined(self, "train_dataloader()", "pass train_dataloaders= or a datamodule= to fit().")
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Read custom entries of a checkpoint as it is restored (before the weights load)."""
+    def val_dataloader(self) -> Any:
+        """The validation dataloader, when none is passed."""
+        raise _not_defined(self, "val_dataloader()", "pass val_dataloaders= or a datamodule=.")
+
+    def test_dataloader(self) -> Any:
+        """The test dataloader, when none is passed to ``test``."""
+        raise _not_defined(self, "test_dataloader()", "pass dataloaders= or a datamodule= to test().")
+
+    def predict_dataloader(self) -> Any:
+        """The prediction dataloader, when none is passed to ``predict``."""
+        raise _not_defined(self, "predict_dataloader()", "pass dataloaders= or a datamodule= to predict().")
+
+    # ------------------------------------------------------------------------------- hooks
+    def setup(self, stage: str) -> None:
+        """Called on every process at the start of ``fit``/``validate``/``test``/``predict``
+        (``stage`` is that name), before ``configure_model``."""
+
+    def teardown(self, stage: str) -> None:
+        """Called on every process at the end of ``fit``/``validate``/``test``/``predict``."""
 
     def on_fit_start(self) -> None:
-        """Called when training starts, after setup and before the first epoch."""
+        """Called when fit starts, after setup and restoring a checkpoint."""
 
     def on_fit_end(self) -> None:
-        """Called when training ends."""
+        """Called when fit ends."""
+
+    def on_train_start(self) -> None:
+        """Called before the first training epoch (after the sanity validation)."""
+
+    def on_train_end(self) -> None:
+        """Called after the last training epoch."""
 
     def on_train_epoch_start(self) -> None:
         """Called at the start of each training epoch."""
 
     def on_train_epoch_end(self) -> None:
-        """Called at the end of each training epoch."""
+        """Called at the end of each training epoch; what it logs reaches loggers and monitors at once."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        """Called before ``training_step``. Return -1 to skip the rest of this epoch."""
+        return None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Called after each training batch (after the optimizer step, when one happened).
+        ``outputs`` is what ``training_step`` returned, as a dict with a ``"loss"`` entry."""
+
+    def on_validation_start(self) -> None:
+        """Called before a validation run (also the sanity run)."""
+
+    def on_validation_end(self) -> None:
+        """Called after a validation run."""
+
+    def on_validation_epoch_start(self) -> None:
+        """Called before the first validation batch."""
 
     def on_validation_epoch_end(self) -> None:
-        """Called after each validation run, when its metrics are reduced."""
+        """Called after the last validation batch; what it logs reaches loggers and monitors at once."""
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before ``validation_step``."""
+
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after ``validation_step`` with what it returned."""
+
+    def on_test_start(self) -> None:
+        """Called before a test run."""
+
+    def on_test_end(self) -> None:
+        """Called after a test run."""
+
+    def on_test_epoch_start(self) -> None:
+        """Called before the first test batch."""
+
+    def on_test_epoch_end(self) -> None:
+        """Called after the last test batch."""
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before ``test_step``."""
+
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after ``test_step`` with what it returned."""
+
+    def on_predict_start(self) -> None:
+        """Called before a prediction run."""
+
+    def on_predict_end(self) -> None:
+        """Called after a prediction run."""
+
+    def on_predict_epoch_start(self) -> None:
+        """Called before the first prediction batch."""
+
+    def on_predict_epoch_end(self) -> None:
+        """Called after the last prediction batch."""
+
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called before ``predict_step``."""
+
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Called after ``predict_step`` with the prediction."""
+
+    def on_before_zero_grad(self, optimizer: Optimizer) -> None:
+        """Called before gradients are zeroed (after ``training_step``, before ``backward``, on the
+        first micro-batch of each accumulation window)."""
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        """Called before ``loss.backward()``."""
+
+    def on_after_backward(self) -> None:
+        """Called after ``loss.backward()``: gradients are there (sharded, under FSDP), unclipped."""
+
+    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
+        """Called before the optimizer step, before gradients are clipped (unscaled under "16-mixed")."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Add or change entries of a checkpoint as it is written."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read custom entries of a checkpoint as it is restored (before the weights load)."""
 
     # ----------------------------------------------------------------------------- helpers
     @property
@@ -97,44 +248,106 @@ class Module(nn.Module):
         if self._trainer is None:
             raise RuntimeError(
                 f"{type(self).__name__} is not attached to a Trainer. `self.trainer` is available inside "
-                "the hooks called by Trainer.fit() / Trainer.validate()."
+                "the hooks called by Trainer.fit() / validate() / test() / predict()."
             )
         return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        self._trainer = trainer
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """The hyperparameters recorded by :meth:`save_hyperparameters` (``self.hparams.lr``)."""
+        return self._hparams
 
     @property
     def device(self) -> torch.device:
         """The device this module computes on."""
-        if self._trainer is not None:
+        if self._trainer is not None and self._trainer.strategy.module is not None:
             return self._trainer.strategy.root_device
         for param in self.parameters():
             return param.device
         return torch.device("cpu")
+
+    @property
+    def global_rank(self) -> int:
+        """Rank of this process among all processes of the job (0 without a Trainer)."""
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its machine (0 without a Trainer)."""
+        return self._trainer.local_rank if self._trainer is not None else 0
+
+    @property
+    def current_epoch(self) -> int:
+        """The Trainer's current epoch (0 without a Trainer)."""
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far (0 without a Trainer)."""
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def logger(self) -> Logger | None:
+        """The Trainer's first logger, if any."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Logger]:
+        """The Trainer's loggers."""
+        return self._trainer.loggers if self._trainer is not None else []
+
+    def optimizers(self) -> Any:
+        """The optimizer(s) the Trainer built from :meth:`configure_optimizers` (one, or a list)."""
+        optimizers = self.trainer.optimizers
+        return optimizers[0] if len(optimizers) == 1 else optimizers
+
+    def lr_schedulers(self) -> Any:
+        """The LR scheduler(s) from :meth:`configure_optimizers` (None, one, or a list)."""
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
 
     def log(
         self,
         name: str,
         value: Any,
         prog_bar: bool = False,
-        sync_dist: bool = False,
+        logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
         reduce_fx: str = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
         batch_size: int | None = None,
-        logger: bool = True,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
     ) -> None:
-        """Record a scalar metric.
+        """Record a scalar metric (Lightning's arguments and defaults).
 
         Args:
             name: metric name.
             value: a number or a one-element tensor.
             prog_bar: show it in the progress bar.
-            sync_dist: reduce it across processes (costs a collective each call).
-            on_step: record the value of each step. Defaults to True in training, False in validation.
-            on_epoch: record the ``reduce_fx`` over the epoch. Defaults to False in training, True
-                in validation. With both on, the metric appears as ``name_step`` and ``name_epoch``.
+            logger: send it to the loggers (default True).
+            on_step: record the value of each step. Default: True in ``training_step`` and the
+                training batch hooks, False elsewhere.
+            on_epoch: record the ``reduce_fx`` over the epoch. Default: the opposite of ``on_step``.
+                With both on, the metric appears as ``name_step`` and ``name_epoch``.
             reduce_fx: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"`` (epoch and cross-process reduction).
-            batch_size: weight of this value in the epoch mean (default 1).
-            logger: send it to the logger.
+            sync_dist: reduce it across processes (costs a collective each call); an epoch mean
+                then weights every batch of every process by its size.
+            batch_size: weight of this value in the epoch mean. Default: inferred from the current
+                batch (the size of the first dimension of its first tensor), as Lightning does.
+            enable_graph, sync_dist_group, add_dataloader_idx, metric_attribute, rank_zero_only:
+                accepted for Lightning compatibility; values are always detached, reduced over
+                the whole job, and taken from the one dataloader per stage.
         """
         self.trainer._metrics.log(
             name,
@@ -145,27 +358,41 @@ class Module(nn.Module):
             on_epoch=on_epoch,
             reduce_fx=reduce_fx,
             batch_size=batch_size,
-            logger=logger,
+            logger=True if logger is None else logger,
         )
 
-    def log_dict(self, metrics: Mapping[str, Any], **kwargs: Any) -> None:
-        """Call :meth:`log` for each entry of ``metrics`` with the same options."""
-        for name, value in metrics.items():
+    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
+        """Call :meth:`log` for each entry of ``dictionary`` with the same options."""
+        for name, value in dictionary.items():
             self.log(name, value, **kwargs)
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Gather tensors (or collections of them) from every process: each tensor gets a new first
+        dimension of size world size. A no-op stacking with one process."""
+        from lightning_utilities.core.apply_func import apply_to_collection
+
+        strategy = self.trainer.strategy
+
+        def gather(tensor: torch.Tensor) -> torch.Tensor:
+            return strategy.all_gather(tensor, sync_grads=sync_grads)
+
+        return apply_to_collection(data, torch.Tensor, gather)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
         if self._trainer is None or self._trainer.is_global_zero:
             print(*args, **kwargs)
 
-    def save_hyperparameters(self, *names: str, **values: Any) -> None:
+    def save_hyperparameters(self, *names: str, ignore: str | list[str] | None = None, **values: Any) -> None:
         """Store constructor arguments in :attr:`hparams` (and so in every checkpoint).
 
         Called without arguments inside ``__init__`` it records every argument of ``__init__``;
-        ``names`` selects some of them; keyword ``values`` are stored as given.
+        ``names`` selects some of them, ``ignore`` leaves some out; keyword ``values`` are
+        stored as given.
         """
         frame = inspect.currentframe()
         caller = frame.f_back if frame is not None else None
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         if caller is not None and not values:
             arguments = inspect.getargvalues(caller)
             local = {k: arguments.locals[k] for k in arguments.args if k != "self"}
@@ -177,5 +404,31 @@ class Module(nn.Module):
                     f"save_hyperparameters got {unknown}, which are not arguments of the calling "
                     f"function (it has {sorted(local)}). Pass argument names, or keyword values."
                 )
-            self.hparams.update({k: v for k, v in local.items() if not names or k in names})
-        self.hparams.update(values)
+            self._hparams.update(
+                {k: v for k, v in local.items() if (not names or k in names) and k not in ignored}
+            )
+        self._hparams.update(values)
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | Path,
+        map_location: Any = None,
+        strict: bool = True,
+        **kwargs: Any,
+    ) -> Self:
+        """Build the module from a checkpoint (full or sharded, fullshard's or Lightning's).
+
+        The module is created as ``cls(**hparams, **kwargs)`` from the hyperparameters saved with
+        it (``kwargs`` override them), ``configure_model()`` runs, and the weights are loaded
+        (``strict``: the keys must match exactly) onto ``map_location`` (default: CPU).
+        """
+        from fullshard.checkpoint.module_loading import load_module_from_checkpoint
+
+        return load_module_from_checkpoint(
+            cls, checkpoint_path, map_location=map_location, strict=strict, **kwargs
+        )
+
+
+LightningModule = Module
+"""Lightning's name for :class:`Module`, so ported scripts keep their class statements."""

@@ -228,11 +228,16 @@ class Strategy:
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         """Run the user's ``validation_step`` through the wrapper, in the precision's context."""
+        return self.evaluation_step("validation_step", batch, batch_idx)
+
+    def evaluation_step(self, method: str, batch: Any, batch_idx: int) -> Any:
+        """Run the user's ``validation_step``, ``test_step`` or ``predict_step`` (``method``)
+        through the wrapper, in the precision's context."""
         model = self._require_model()
         with self.precision.forward_context():
             if model is self.module:
-                return model.validation_step(batch, batch_idx)  # type: ignore[operator]
-            return _redirected_call(model, self.module, "validation_step", batch, batch_idx)  # type: ignore[arg-type]
+                return getattr(model, method)(batch, batch_idx)
+            return _redirected_call(model, self.module, method, batch, batch_idx)  # type: ignore[arg-type]
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss`` (scaled under "16-mixed")."""
@@ -291,6 +296,24 @@ class Strategy:
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a decision across ranks: all of them (``all=True``) or any of them."""
         return decision
+
+    def all_gather(self, tensor: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+        """Every rank's ``tensor`` stacked along a new first dimension (of size world size).
+
+        ``sync_grads``: let gradients flow back through the gather.
+        """
+        import torch.distributed as dist
+
+        if self.world_size == 1 or not dist.is_initialized():
+            return tensor.unsqueeze(0)
+        tensor = tensor.contiguous()
+        if sync_grads:
+            from torch.distributed.nn.functional import all_gather as differentiable_all_gather
+
+            return torch.stack(differentiable_all_gather(tensor))
+        gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(gathered, tensor)
+        return torch.stack(gathered)
 
     def check_rank_agreement(self, event: str, key: str, detail: str) -> None:
         """Called by the host on a rank that does something its peers must do too, at the same

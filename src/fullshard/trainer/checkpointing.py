@@ -32,7 +32,7 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
     import fullshard
 
     strategy = trainer.strategy
-    module = trainer.model
+    module = trainer.lightning_module
     checkpoint: dict[str, Any] = {
         "fullshard_version": fullshard.__version__,
         "strategy": strategy.strategy_name or type(strategy).__name__,
@@ -71,7 +71,7 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     the loop runs, so that nothing between here and the first step consumes random numbers.
     """
     strategy = trainer.strategy
-    module = trainer.model
+    module = trainer.lightning_module
     module.on_load_checkpoint(checkpoint)
     for callback in trainer.callbacks:
         callback.on_load_checkpoint(trainer, module, checkpoint)

@@ -13,7 +13,6 @@ Iterable datasets and custom samplers are used as given (resuming them mid-epoch
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +26,8 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
 )
+
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from fullshard.errors import MisconfigurationError
 
@@ -81,22 +82,30 @@ class PreparedLoader:
 
 
 def prepare_dataloader(
-    loader: Any, *, shuffle_default: bool, num_replicas: int, rank: int, seed: int, name: str
+    loader: Any,
+    *,
+    shuffle_default: bool,
+    num_replicas: int,
+    rank: int,
+    seed: int,
+    name: str,
+    distributed: bool = True,
 ) -> PreparedLoader:
-    """Check ``loader`` and, for map-style data, rebuild it as in [Note: reproducible data order]."""
+    """Check ``loader`` and, for map-style data, rebuild it as in [Note: reproducible data order]
+    (unless ``distributed`` is False: then it is used as given)."""
     if not isinstance(loader, DataLoader):
         raise MisconfigurationError(
             f"{name} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
             "Wrap your dataset: DataLoader(dataset, batch_size=...)."
         )
-    if isinstance(loader.dataset, IterableDataset):
+    if isinstance(loader.dataset, IterableDataset) or not distributed:
         return PreparedLoader(loader, seed, resumable=False)
     sampler = loader.sampler
     if not isinstance(sampler, RandomSampler | SequentialSampler) or not isinstance(
         loader.batch_sampler, BatchSampler
     ):
         if num_replicas > 1 and not isinstance(sampler, DistributedSampler):
-            warnings.warn(
+            rank_zero_warn(
                 f"{name} uses a custom sampler ({type(sampler).__name__}), which the Trainer keeps as is: "
                 "every process will read the samples it yields. Make it split the data by rank "
                 "(e.g. a DistributedSampler) so processes do not train on the same samples.",

@@ -1,9 +1,14 @@
-"""The training and validation loops the Trainer runs.
+"""The training loop the Trainer runs (evaluation loops are in ``evaluation.py``).
 
-The hot path (one micro-batch) does: move the batch, run the step through the strategy,
-backward, and on the last micro-batch of an accumulation window clip and step. Callback
-dispatch goes only to callbacks that override a hook (see ``Trainer._hooks``), so idle
-callbacks cost nothing per step.
+Hooks are called in Lightning 2.x's order (recorded from Lightning in tests/porting/expected/;
+docs/lightning.md lists it): for each batch ``on_train_batch_start``, ``training_step``, on the
+first micro-batch of an accumulation window ``on_before_zero_grad`` and ``zero_grad``, then
+``on_before_backward``, ``backward``, ``on_after_backward``, on the last micro-batch
+``on_before_optimizer_step``, clipping and ``optimizer.step()``, then ``on_train_batch_end``,
+step metrics to the loggers, and validation when due.
+
+The hot path (one micro-batch) stays lean: hook dispatch goes only to callbacks and module
+methods that override a hook (see ``Trainer._hooks``), so idle hooks cost nothing per step.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullshard.errors import MisconfigurationError
+from fullshard.trainer import evaluation
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
@@ -34,23 +40,29 @@ def extract_loss(output: Any) -> torch.Tensor | None:
     )
 
 
+def _batch_outputs(output: Any, loss: torch.Tensor | None) -> Any:
+    """What ``on_train_batch_end`` receives, as in Lightning: a dict with the (normalised,
+    detached) ``"loss"`` and the other entries of a dict result; None for a skipped step."""
+    if loss is None:
+        return None
+    outputs = {k: v for k, v in output.items() if k != "loss"} if isinstance(output, Mapping) else {}
+    outputs["loss"] = loss.detach()
+    return outputs
+
+
 def run_fit(trainer: Trainer) -> None:
-    """Train until ``max_steps`` or ``max_epochs`` is reached."""
-    module = trainer.model
+    """Sanity validation, then training until ``max_steps``/``max_epochs`` or a stop request."""
+    evaluation.run_sanity_check(trainer)
     trainer._call("on_train_start")
     while not trainer._done():
         run_train_epoch(trainer)
-        if trainer.should_stop:
-            break
     trainer._call("on_train_end")
-    module.on_fit_end()
-    trainer._call("on_fit_end")
 
 
 def run_train_epoch(trainer: Trainer) -> None:
     """One epoch (or its remainder, when resuming mid-epoch)."""
     strategy = trainer.strategy
-    module = trainer.model
+    module = trainer.lightning_module
     metrics = trainer._metrics
     loader = trainer._train_loader
     assert loader is not None
@@ -58,13 +70,20 @@ def run_train_epoch(trainer: Trainer) -> None:
     start = trainer._batches_in_epoch
     trainer.batch_idx_start = start
     accumulate = trainer.accumulate_grad_batches
-    val_every = trainer._val_check_batches
     hooks = trainer._hooks
+    batch_start_callbacks = hooks["on_train_batch_start"]
+    module_batch_start = trainer._module_hook("on_train_batch_start")
+    batch_end = hooks["on_train_batch_end"]
+    zero_grad_hooks = hooks["on_before_zero_grad"]
+    before_backward = hooks["on_before_backward"]
+    after_backward = hooks["on_after_backward"]
 
     metrics.stage = "train"
+    metrics.in_step = False
+    trainer._resume_point = None
     module.train()
-    module.on_train_epoch_start()
     trainer._call("on_train_epoch_start")
+    metrics.in_step = True
     iterator = loader.iterate(trainer.current_epoch, skip_batches=start)
     batch_idx = start
     while batch_idx < num_batches:
@@ -76,8 +95,12 @@ def run_train_epoch(trainer: Trainer) -> None:
             )
             break
         batch = strategy.batch_to_device(batch)
-        for cb in hooks["on_train_batch_start"]:
-            cb.on_train_batch_start(trainer, module, batch, batch_idx)
+        metrics.set_batch(batch)
+        trainer.is_last_batch = batch_idx + 1 == num_batches
+        for hook in batch_start_callbacks:
+            hook(batch, batch_idx)
+        if module_batch_start is not None and module_batch_start(batch, batch_idx) == -1:
+            break  # Lightning's contract: -1 skips the rest of the epoch
         boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
         with strategy.no_backward_sync(enabled=not boundary):
             output = strategy.training_step(batch, batch_idx)
@@ -89,34 +112,50 @@ def run_train_epoch(trainer: Trainer) -> None:
                     f"training_step returned None at epoch {trainer.current_epoch}, batch {batch_idx}",
                 )
             else:
+                if batch_idx % accumulate == 0:
+                    for optimizer in trainer.optimizers:
+                        for hook in zero_grad_hooks:
+                            hook(optimizer)
+                        optimizer.zero_grad(set_to_none=True)
                 if accumulate > 1:
                     loss = loss / accumulate
-                for cb in hooks["on_before_backward"]:
-                    cb.on_before_backward(trainer, module, loss)
+                for hook in before_backward:
+                    hook(loss)
                 strategy.backward(loss)
-                for cb in hooks["on_after_backward"]:
-                    cb.on_after_backward(trainer, module)
+                for hook in after_backward:
+                    hook()
         trainer._batches_in_epoch = batch_idx = batch_idx + 1
-        if boundary:
+        trainer._total_batch_idx += 1
+        if boundary and loss is not None:
             _optimizer_step(trainer)
-        for cb in hooks["on_train_batch_end"]:
-            cb.on_train_batch_end(trainer, module, output, batch, batch_idx - 1)
-        if val_every and batch_idx % val_every == 0:
-            run_validation(trainer)
+        if batch_end:
+            outputs = _batch_outputs(output, loss)
+            for hook in batch_end:
+                hook(outputs, batch, batch_idx - 1)
+        if boundary:
+            _log_step_metrics(trainer)
+        if trainer._should_validate(batch_idx):
+            if boundary:
+                module.zero_grad(set_to_none=True)  # free gradient memory for the evaluation
+            evaluation.run_validation(trainer)
             metrics.stage = "train"
+            metrics.set_batch(batch)
+        if boundary:
+            _step_schedulers(trainer, "step", plateau=True)
+            trainer._batches_that_stepped += 1
         if trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
-            trainer.should_stop = True
-        if trainer.should_stop:
             break
-    if math.isinf(num_batches) or batch_idx >= num_batches:
-        _end_train_epoch(trainer)
+        if trainer._stop_requested():
+            break
+    _end_train_epoch(trainer)
 
 
 def _optimizer_step(trainer: Trainer) -> None:
     strategy = trainer.strategy
-    module = trainer.model
-    hooks = trainer._hooks
+    before_step = trainer._hooks["on_before_optimizer_step"]
     for optimizer in trainer.optimizers:
+        for hook in before_step:
+            hook(optimizer)
         if trainer.gradient_clip_val is not None:
             if trainer.gradient_clip_algorithm == "norm":
                 strategy.clip_gradients_norm(optimizer, trainer.gradient_clip_val)
@@ -124,73 +163,58 @@ def _optimizer_step(trainer: Trainer) -> None:
                 strategy.unscale_gradients(optimizer)
                 params = [p for group in optimizer.param_groups for p in group["params"]]
                 torch.nn.utils.clip_grad_value_(params, trainer.gradient_clip_val)
-        for cb in hooks["on_before_optimizer_step"]:
-            cb.on_before_optimizer_step(trainer, module, optimizer)
         strategy.optimizer_step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
     trainer.global_step += 1
-    step = trainer.global_step
+    _step_schedulers(trainer, "step", plateau=False)
+    if trainer.is_last_batch:
+        _step_schedulers(trainer, "epoch", plateau=False)
+
+
+def _step_schedulers(trainer: Trainer, interval: str, *, plateau: bool) -> None:
+    """Step the schedulers of ``interval`` that are (or are not) ``ReduceLROnPlateau``, as
+    Lightning orders them: plateau ones after the validation that produces their metric."""
     for config in trainer.lr_scheduler_configs:
-        if config.interval == "step" and step % config.frequency == 0:
+        if config.interval != interval or config.is_plateau != plateau:
+            continue
+        count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+        if count % config.frequency == 0:
             config.step(trainer.callback_metrics)
-    if step % trainer.log_every_n_steps == 0:
+
+
+def _log_step_metrics(trainer: Trainer) -> None:
+    step = trainer._batches_that_stepped
+    if (step + 1) % trainer.log_every_n_steps == 0 or trainer.should_stop or trainer.fast_dev_run:
         values = trainer._metrics.pop_step_log()
         if values:
-            trainer._log_metrics(values)
+            trainer._log_metrics(values, step)
 
 
 def _end_train_epoch(trainer: Trainer) -> None:
-    """Epoch-level metrics, epoch schedulers, then the epoch-end hooks (checkpoints save here)."""
-    trainer._epoch_finished = True
-    trainer._metrics.stage = "train"
-    values = trainer._metrics.reduce_epoch("train")
-    if values:
-        trainer._log_metrics(values)
-    epoch = trainer.current_epoch
-    for config in trainer.lr_scheduler_configs:
-        if config.interval == "epoch" and (epoch + 1) % config.frequency == 0:
-            config.step(trainer.callback_metrics)
-    trainer.model.on_train_epoch_end()
+    """Epoch-level metrics, the epoch-end hooks (checkpoints save here), then epoch schedulers.
+
+    [Note: epochs cut short]
+    An epoch that ends early (``max_steps``, a stop request, ``on_train_batch_start`` returning
+    -1) still ends as in Lightning: its epoch-end hooks run and ``current_epoch`` moves on. A
+    checkpoint written then or afterwards still records the position inside the cut epoch, so
+    ``fit(ckpt_path=...)`` with a larger ``max_steps`` continues exactly where training stopped.
+    """
+    metrics = trainer._metrics
+    cut_short = not math.isinf(trainer.num_training_batches) and (
+        trainer._batches_in_epoch < trainer.num_training_batches
+    )
+    trainer._resume_point = (trainer.current_epoch, trainer._batches_in_epoch) if cut_short else None
+    trainer._epoch_finished = not cut_short
+    metrics.stage = "train"
+    metrics.in_step = False
+    metrics.reduce_epoch("train")
     trainer._call("on_train_epoch_end")
+    values = metrics.pop_epoch_log()
+    if values:
+        trainer._log_metrics(values, max(trainer._batches_that_stepped - 1, 0))
+    _step_schedulers(trainer, "epoch", plateau=True)
+    metrics.in_step = True
     trainer.current_epoch += 1
     trainer._batches_in_epoch = 0
     trainer._epoch_finished = False
-
-
-@torch.no_grad()
-def run_validation(trainer: Trainer) -> dict[str, float]:
-    """One pass over the validation data; returns the epoch-level validation metrics."""
-    loader = trainer._val_loader
-    if loader is None or trainer.num_val_batches == 0:
-        return {}
-    strategy = trainer.strategy
-    module = trainer.model
-    hooks = trainer._hooks
-    metrics = trainer._metrics
-    was_training = module.training
-    metrics.stage = "val"
-    module.eval()
-    trainer._call("on_validation_start")
-    trainer._call("on_validation_epoch_start")
-    iterator = loader.iterate(0)
-    batch_idx = 0
-    while batch_idx < trainer.num_val_batches:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            break
-        batch = strategy.batch_to_device(batch)
-        for cb in hooks["on_validation_batch_start"]:
-            cb.on_validation_batch_start(trainer, module, batch, batch_idx)
-        output = strategy.validation_step(batch, batch_idx)
-        for cb in hooks["on_validation_batch_end"]:
-            cb.on_validation_batch_end(trainer, module, output, batch, batch_idx)
-        batch_idx += 1
-    values = metrics.reduce_epoch("val")
-    if values:
-        trainer._log_metrics(values)
-    module.on_validation_epoch_end()
-    trainer._call("on_validation_epoch_end")
-    trainer._call("on_validation_end")
-    module.train(was_training)
-    return values
+    if math.isinf(trainer.num_training_batches):
+        trainer.is_last_batch = False

@@ -1,16 +1,30 @@
-"""What ``Module.log`` records: step values, epoch reductions, and where each one goes."""
+"""What ``Module.log`` records: step values, epoch reductions, and where each one goes.
+
+[Note: when logged values become visible]
+As in Lightning: a value logged with ``on_step`` is in ``callback_metrics`` at once and reaches
+the loggers after the optimizer step, every ``log_every_n_steps`` steps. Values logged with
+``on_epoch`` inside a step are accumulated (a mean weights each batch by its size) and reduced
+when the epoch ends, *before* the epoch-end hooks run, so callbacks see them there. Values
+logged inside an epoch-end hook are epoch values already. Everything an epoch produced is sent
+to the loggers in one row after the epoch-end hooks, so what ``on_validation_epoch_end`` logs
+reaches ``ModelCheckpoint``/``EarlyStopping`` (which act in ``on_validation_end``) and the
+loggers of the same validation run.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from fullshard.errors import MisconfigurationError
 from fullshard.strategies.strategy import ReduceOp
 
 _REDUCE_FX: tuple[ReduceOp, ...] = ("mean", "sum", "max", "min")
+STAGES = ("train", "validate", "test", "predict")
 
 
 @dataclass
@@ -36,6 +50,23 @@ class _EpochAccumulator:
         self.weight += weight
 
 
+def extract_batch_size(batch: Any) -> int | None:
+    """The size of a batch as Lightning infers it: the first dimension of the first tensor found
+    (depth first through mappings and sequences); None when the batch holds no tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.size(0)) if batch.ndim else 1
+    if isinstance(batch, str | bytes):
+        return None
+    if isinstance(batch, Mapping):
+        batch = batch.values()
+    if isinstance(batch, Iterable):
+        for item in batch:
+            size = extract_batch_size(item)
+            if size is not None:
+                return size
+    return None
+
+
 class MetricsCollector:
     """Collects values from ``Module.log`` and reduces them per step and per epoch.
 
@@ -46,10 +77,26 @@ class MetricsCollector:
     def __init__(self, all_reduce: Callable[[torch.Tensor, ReduceOp], torch.Tensor]) -> None:
         self._all_reduce = all_reduce
         self.stage = "train"
+        self.in_step = True  # False while an epoch-level hook runs
         self.callback_metrics: dict[str, torch.Tensor] = {}
+        self.logged_metrics: dict[str, float] = {}
         self._prog_bar: set[str] = set()
-        self._pending_log: dict[str, torch.Tensor] = {}
-        self._epoch: dict[str, dict[str, _EpochAccumulator]] = {"train": {}, "val": {}}
+        self._pending_step: dict[str, dict[str, torch.Tensor]] = {stage: {} for stage in STAGES}
+        self._pending_epoch: dict[str, torch.Tensor] = {}
+        self._epoch: dict[str, dict[str, _EpochAccumulator]] = {stage: {} for stage in STAGES}
+        self._published: set[str] = set()
+        self._batch: Any = None
+        self._batch_size: int | None = None
+
+    def set_batch(self, batch: Any) -> None:
+        """The batch being processed (its size weights epoch means)."""
+        self._batch = batch
+        self._batch_size = None
+
+    def _current_batch_size(self) -> int:
+        if self._batch_size is None:
+            self._batch_size = extract_batch_size(self._batch) or 1
+        return self._batch_size
 
     def log(
         self,
@@ -70,31 +117,55 @@ class MetricsCollector:
                 f"log({name!r}, reduce_fx={reduce_fx!r}): reduce_fx must be one of "
                 f"{', '.join(map(repr, _REDUCE_FX))}."
             )
-        tensor = self._to_tensor(name, value)
-        training = self.stage == "train"
-        on_step = training if on_step is None else on_step
-        on_epoch = (not training) if on_epoch is None else on_epoch
+        in_step = self.in_step
+        if on_step is None:
+            on_step = in_step and self.stage == "train"
+        if on_epoch is None:
+            on_epoch = not on_step
+        if on_step and not in_step:
+            raise MisconfigurationError(
+                f"log({name!r}, on_step=True) was called in an epoch-level hook, where there is no step. "
+                "Use on_step=False (the default there), or log it in training_step."
+            )
         if not on_step and not on_epoch:
             raise ValueError(f"log({name!r}) with on_step=False and on_epoch=False records nothing; set one.")
+        tensor = self._to_tensor(name, value)
         reduce: ReduceOp = reduce_fx  # type: ignore[assignment]
         if on_step:
-            if sync_dist:
-                tensor = self._all_reduce(tensor, reduce)
+            step_value = self._all_reduce(tensor, reduce) if sync_dist else tensor
             key = f"{name}_step" if on_epoch else name
-            self.callback_metrics[key] = tensor
+            self.callback_metrics[key] = step_value
             if on_epoch:
-                self.callback_metrics[name] = tensor
+                self.callback_metrics[name] = step_value
             if prog_bar:
                 self._prog_bar.add(key)
             if logger:
-                self._pending_log[key] = tensor
-        if on_epoch:
-            key = f"{name}_epoch" if on_step else name
-            accumulators = self._epoch[self.stage]
-            acc = accumulators.get(key)
-            if acc is None:
-                acc = accumulators[key] = _EpochAccumulator(reduce, sync_dist, prog_bar, logger)
-            acc.update(tensor, float(batch_size) if batch_size is not None else 1.0)
+                self._pending_step[self.stage][key] = step_value
+        if not on_epoch:
+            return
+        key = f"{name}_epoch" if on_step else name
+        if not in_step:  # an epoch-end hook: this is the epoch's value already
+            if sync_dist:
+                tensor = self._all_reduce(tensor, reduce)
+            self._publish_epoch_value(key, tensor, prog_bar, logger)
+            return
+        accumulators = self._epoch[self.stage]
+        acc = accumulators.get(key)
+        if acc is None:
+            acc = accumulators[key] = _EpochAccumulator(reduce, sync_dist, prog_bar, logger)
+        if batch_size is None and reduce == "mean":
+            batch_size = self._current_batch_size()
+        acc.update(tensor, float(batch_size) if batch_size is not None else 1.0)
+
+    def _publish_epoch_value(self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool) -> None:
+        self.callback_metrics[key] = value
+        self._published.add(key)
+        if key.endswith("_epoch"):
+            self.callback_metrics[key[: -len("_epoch")]] = value
+        if prog_bar:
+            self._prog_bar.add(key)
+        if logger:
+            self._pending_epoch[key] = value
 
     @staticmethod
     def _to_tensor(name: str, value: Any) -> torch.Tensor:
@@ -105,19 +176,25 @@ class MetricsCollector:
                     "Reduce it first (e.g. value.mean())."
                 )
             return value.detach().reshape(()).float()
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return torch.tensor(float(value))
         raise TypeError(f"log({name!r}) got a {type(value).__name__}; log a number or a one-element tensor.")
 
+    def has_step_log(self) -> bool:
+        """Whether the current stage logged step values since the last :meth:`pop_step_log`."""
+        return bool(self._pending_step[self.stage])
+
     def pop_step_log(self) -> dict[str, float]:
-        """The step values logged since the last call, as floats for a logger."""
-        out = {k: float(v) for k, v in self._pending_log.items()}
-        self._pending_log.clear()
+        """The step values the current stage logged since the last call, as floats for a logger."""
+        pending = self._pending_step[self.stage]
+        out = {k: float(v) for k, v in pending.items()}
+        pending.clear()
+        self.logged_metrics.update(out)
         return out
 
-    def reduce_epoch(self, stage: str) -> dict[str, float]:
-        """Finish the accumulated metrics of ``stage``'s epoch; returns those meant for the logger."""
-        for_logger: dict[str, float] = {}
+    def reduce_epoch(self, stage: str) -> None:
+        """Finish the accumulated metrics of ``stage``'s epoch (collective when any is
+        ``sync_dist``); the results go to ``callback_metrics`` and wait for :meth:`pop_epoch_log`."""
         accumulators = self._epoch[stage]
         for key, acc in accumulators.items():
             if acc.value is None:
@@ -129,15 +206,34 @@ class MetricsCollector:
                     weight = self._all_reduce(weight, "sum")
             if acc.reduce_fx == "mean":
                 value = value / weight
-            self.callback_metrics[key] = value
-            if key.endswith("_epoch"):
-                self.callback_metrics[key[: -len("_epoch")]] = value
-            if acc.prog_bar:
-                self._prog_bar.add(key)
-            if acc.logger:
-                for_logger[key] = float(value)
+            self._publish_epoch_value(key, value, acc.prog_bar, acc.logger)
         accumulators.clear()
-        return for_logger
+
+    def pop_epoch_log(self) -> dict[str, float]:
+        """The epoch values waiting for the loggers, as floats."""
+        out = {k: float(v) for k, v in self._pending_epoch.items()}
+        self._pending_epoch.clear()
+        self.logged_metrics.update(out)
+        return out
+
+    def epoch_results(self) -> dict[str, float]:
+        """The epoch values published since the last call (what ``validate``/``test`` return)."""
+        out = {k: float(self.callback_metrics[k]) for k in self._published if k in self.callback_metrics}
+        self._published.clear()
+        return out
+
+    def snapshot(self) -> tuple[dict[str, torch.Tensor], set[str]]:
+        """The visible state, to put back with :meth:`restore` (after the sanity validation)."""
+        return dict(self.callback_metrics), set(self._prog_bar)
+
+    def restore(self, snapshot: tuple[dict[str, torch.Tensor], set[str]]) -> None:
+        """Forget everything logged since :meth:`snapshot` was taken."""
+        self.callback_metrics, self._prog_bar = dict(snapshot[0]), set(snapshot[1])
+        for pending in self._pending_step.values():
+            pending.clear()
+        self._pending_epoch.clear()
+        for accumulators in self._epoch.values():
+            accumulators.clear()
 
     def progress_bar_metrics(self) -> dict[str, float]:
         """The latest values of the metrics logged with ``prog_bar=True``."""

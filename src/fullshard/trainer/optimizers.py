@@ -9,12 +9,14 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from lightning_utilities.core.rank_zero import rank_zero_warn
+
 from fullshard.errors import MisconfigurationError
 
 _INTERVALS = ("step", "epoch")
 _ACCEPTED = (
     "an optimizer, a list of optimizers, a dict {'optimizer': opt, 'lr_scheduler': sched_or_config}, "
-    "or a list of such dicts"
+    "a list of such dicts, or two lists ([optimizers], [schedulers])"
 )
 
 
@@ -26,11 +28,24 @@ class LRSchedulerConfig:
     interval: str = "epoch"
     frequency: int = 1
     monitor: str | None = None
+    name: str | None = None
+    strict: bool = True
+
+    @property
+    def is_plateau(self) -> bool:
+        """Whether the scheduler steps on a metric (``ReduceLROnPlateau``)."""
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
     def step(self, metrics: Mapping[str, torch.Tensor]) -> None:
         """Step the scheduler; ``ReduceLROnPlateau`` gets the value of :attr:`monitor`."""
-        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if self.is_plateau:
             if self.monitor is None or self.monitor not in metrics:
+                if self.monitor is not None and not self.strict:
+                    rank_zero_warn(
+                        f"ReduceLROnPlateau's metric {self.monitor!r} was not logged; the scheduler is not "
+                        "stepped this time (strict=False)."
+                    )
+                    return
                 raise MisconfigurationError(
                     f"ReduceLROnPlateau needs the metric named by 'monitor' ({self.monitor!r}), which was not "
                     f"logged; logged metrics: {', '.join(sorted(metrics)) or 'none'}. Return "
@@ -41,9 +56,9 @@ class LRSchedulerConfig:
             self.scheduler.step()
 
 
-def _scheduler_config(value: Any) -> LRSchedulerConfig:
+def _scheduler_config(value: Any, monitor: str | None = None) -> LRSchedulerConfig:
     if isinstance(value, Mapping):
-        unknown = set(value) - {"scheduler", "interval", "frequency", "monitor", "name"}
+        unknown = set(value) - {"scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau"}
         if "scheduler" not in value or unknown:
             raise MisconfigurationError(
                 f"An lr_scheduler config must be a dict with a 'scheduler' and optionally 'interval', "
@@ -57,12 +72,19 @@ def _scheduler_config(value: Any) -> LRSchedulerConfig:
         frequency = value.get("frequency", 1)
         if not isinstance(frequency, int) or frequency < 1:
             raise MisconfigurationError(f"lr_scheduler 'frequency' must be an int >= 1, got {frequency!r}.")
-        return LRSchedulerConfig(value["scheduler"], interval, frequency, value.get("monitor"))
+        return LRSchedulerConfig(
+            value["scheduler"],
+            interval,
+            frequency,
+            value.get("monitor", monitor),
+            value.get("name"),
+            bool(value.get("strict", True)),
+        )
     if not hasattr(value, "step") or not hasattr(value, "state_dict"):
         raise MisconfigurationError(
             f"lr_scheduler must be a torch LR scheduler or a config dict, got {type(value).__name__}."
         )
-    return LRSchedulerConfig(value)
+    return LRSchedulerConfig(value, monitor=monitor)
 
 
 def parse_optimizers(config: Any) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
@@ -71,6 +93,21 @@ def parse_optimizers(config: Any) -> tuple[list[Optimizer], list[LRSchedulerConf
     Raises:
         MisconfigurationError: the result has none of the accepted forms.
     """
+    if config is None:
+        raise MisconfigurationError(
+            "configure_optimizers() returned None; the Trainer needs an optimizer. Return "
+            f"{_ACCEPTED}."
+        )
+    if (
+        isinstance(config, list | tuple)
+        and len(config) == 2
+        and all(isinstance(part, list | tuple) for part in config)
+        and all(isinstance(o, Optimizer) for o in config[0])
+    ):  # Lightning's two lists: ([optimizers], [schedulers])
+        optimizers = list(config[0])
+        if not optimizers:
+            raise MisconfigurationError(f"configure_optimizers() returned no optimizer; return {_ACCEPTED}.")
+        return optimizers, [_scheduler_config(s) for s in config[1]]
     entries: Sequence[Any] = config if isinstance(config, list | tuple) else [config]
     if not entries:
         raise MisconfigurationError(
@@ -84,7 +121,7 @@ def parse_optimizers(config: Any) -> tuple[list[Optimizer], list[LRSchedulerConf
         elif isinstance(entry, Mapping) and isinstance(entry.get("optimizer"), Optimizer):
             optimizers.append(entry["optimizer"])
             if entry.get("lr_scheduler") is not None:
-                schedulers.append(_scheduler_config(entry["lr_scheduler"]))
+                schedulers.append(_scheduler_config(entry["lr_scheduler"], entry.get("monitor")))
         else:
             raise MisconfigurationError(
                 f"configure_optimizers() returned {type(config).__name__} holding {type(entry).__name__}; "

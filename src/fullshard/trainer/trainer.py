@@ -1,23 +1,28 @@
-"""The Trainer: the host that drives a Strategy through fit and validate."""
+"""The Trainer: the host that drives a Strategy through fit, validate, test and predict."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import os
-import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
+from torch import nn
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 
-from fullshard.errors import MisconfigurationError
+from fullshard.datamodule import DataModule
+from fullshard.errors import MisconfigurationError, RankDivergenceError
 from fullshard.launch import ClusterEnvironment, SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.seed import current_seed
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
-from fullshard.trainer import checkpointing, loops
+from fullshard.trainer import arguments, checkpointing, evaluation, loops
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
 from fullshard.trainer.loggers import CSVLogger, Logger
@@ -25,9 +30,13 @@ from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.model_checkpoint import ModelCheckpoint, commit_time
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
 from fullshard.trainer.progress import ProgressBar
+from fullshard.trainer.summary import format_results, model_summary
+
+log = logging.getLogger("fullshard")
 
 _ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
-_HOOKS = [name for name in vars(Callback) if name.startswith("on_")]
+_HOOKS = [name for name in vars(Callback) if name.startswith("on_") or name in ("setup", "teardown")]
+_CALLBACK_ONLY = frozenset({"on_sanity_check_start", "on_sanity_check_end", "on_exception"})
 
 
 def _resolve_accelerator(accelerator: str) -> str:
@@ -93,63 +102,155 @@ def _local_environment_type() -> type:
     return LocalEnvironment
 
 
+class _DataSources:
+    """Where each stage's dataloader comes from: given to the call, a DataModule, or the module."""
+
+    def __init__(self, datamodule: DataModule | None = None, **loaders: Any) -> None:
+        self.datamodule = datamodule
+        self.loaders = loaders
+
+    def get(self, kind: str, module: Module) -> Any:
+        """The ``kind`` ("train", "val", "test", "predict") loader, or None when there is none."""
+        given = self.loaders.get(kind)
+        if given is not None:
+            return _single_loader(given, kind)
+        method = f"{kind}_dataloader"
+        for source, base in ((self.datamodule, DataModule), (module, Module)):
+            if source is not None and _overrides(source, base, method):
+                return _single_loader(getattr(source, method)(), kind)
+        return None
+
+    def has(self, kind: str, module: Module) -> bool:
+        """Whether a ``kind`` loader will be found (without building it)."""
+        if self.loaders.get(kind) is not None:
+            return True
+        method = f"{kind}_dataloader"
+        return any(
+            source is not None and _overrides(source, base, method)
+            for source, base in ((self.datamodule, DataModule), (module, Module))
+        )
+
+
+def _monitoring_types() -> tuple[type, ...]:
+    """Callbacks that act on metrics an epoch-end hook of the module may log."""
+    try:  # TODO(lead): plain import once early_stopping.py lands
+        from fullshard.trainer.early_stopping import EarlyStopping
+    except ImportError:
+        return (ModelCheckpoint,)
+    return (ModelCheckpoint, EarlyStopping)
+
+
+def _overrides(obj: Any, base: type, name: str) -> bool:
+    return getattr(type(obj), name, None) is not getattr(base, name, None)
+
+
+def _single_loader(loader: Any, kind: str) -> Any:
+    if isinstance(loader, list | tuple) and not isinstance(loader, DataLoader):
+        if len(loader) != 1:
+            raise MisconfigurationError(
+                f"{len(loader)} {kind} dataloaders were given; fullshard runs one dataloader per stage. "
+                "Concatenate the datasets (torch.utils.data.ConcatDataset) or run the stage once per loader."
+            )
+        loader = loader[0]
+    if not isinstance(loader, DataLoader):
+        raise MisconfigurationError(
+            f"The {kind} dataloader must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
+            "Wrap your dataset: DataLoader(dataset, batch_size=...)."
+        )
+    return loader
+
+
 class Trainer:
-    """Runs training and validation of a :class:`fullshard.Module` with a strategy.
+    """Runs training, validation, test and prediction of a :class:`fullshard.Module` with a strategy.
+
+    The arguments are Lightning 2.x's, with its defaults (docs/lightning.md lists what differs).
 
     Args:
         accelerator: ``"auto"``, ``"cpu"`` or ``"cuda"`` (``"gpu"`` is an alias).
+        strategy: ``"auto"``, a registered name (``"ddp"``, ``"fsdp"``, ...) or a
+            :class:`~fullshard.strategies.Strategy` instance.
         devices: processes per node: ``"auto"``, an int, -1 (all GPUs) or a list of GPU indices.
         num_nodes: number of machines.
-        strategy: ``"auto"``, a registered name (``"ddp"``, ``"single_device"``, ...) or a
-            :class:`~fullshard.strategies.Strategy` instance.
         precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or ``"bf16-true"``.
-        max_epochs: stop after this many epochs (default 1000 when ``max_steps`` is not set).
+        logger: a :class:`~fullshard.loggers.Logger`, a list of them, True/None for a
+            :class:`~fullshard.loggers.CSVLogger` in ``default_root_dir``, or False.
+        callbacks: extra :class:`~fullshard.Callback` instances.
+        fast_dev_run: run this many batches (True: 1) of each stage, with no logging,
+            checkpointing or sanity run, to find bugs fast.
+        max_epochs: stop after this many epochs (default 1000 when ``max_steps`` is not set; -1: no limit).
+        min_epochs: do not stop early (``EarlyStopping``, ``should_stop``) before this many epochs.
         max_steps: stop after this many optimizer steps (-1: no limit).
-        limit_train_batches: batches per training epoch: a fraction (float) or a count (int).
-        limit_val_batches: batches per validation run: a fraction (float) or a count (int).
+        min_steps: do not stop early before this many optimizer steps.
+        limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches:
+            batches per epoch of each stage: a fraction (float) or a count (int).
         val_check_interval: validate every this fraction of an epoch (float) or number of
             training batches (int).
+        check_val_every_n_epoch: validate in every n-th epoch; None with an int
+            ``val_check_interval`` counts batches across epochs.
+        num_sanity_val_steps: validation batches run before training to catch bugs (-1: all).
+        log_every_n_steps: send step metrics to the loggers every this many optimizer steps.
+        enable_checkpointing: add a :class:`~fullshard.ModelCheckpoint` when none is given.
+        enable_progress_bar: show a progress bar on global rank 0.
+        enable_model_summary: log a summary of the model's layers and parameters when fit starts.
         accumulate_grad_batches: micro-batches per optimizer step.
         gradient_clip_val: clip gradients to this norm (or value, see ``gradient_clip_algorithm``).
         gradient_clip_algorithm: ``"norm"`` (default) or ``"value"``.
-        callbacks: extra :class:`~fullshard.trainer.callbacks.Callback` instances.
-        logger: a :class:`~fullshard.trainer.loggers.Logger`, a list of them, True/None for a
-            :class:`~fullshard.trainer.loggers.CSVLogger` in ``default_root_dir``, or False.
-        log_every_n_steps: send step metrics to the logger every this many optimizer steps.
+        deterministic: ``torch.use_deterministic_algorithms`` (True, or ``"warn"`` to warn only).
+        benchmark: ``torch.backends.cudnn.benchmark`` (None leaves it as it is).
+        inference_mode: accepted for Lightning compatibility; evaluation runs under
+            ``torch.no_grad`` (inference tensors cannot be used by FSDP afterwards).
+        use_distributed_sampler: rebuild map-style loaders around a distributed, resumable
+            sampler (see docs/getting-started.md); False uses the loaders as given.
+        detect_anomaly: run with ``torch.autograd.detect_anomaly``.
         default_root_dir: where logs and checkpoints go by default (current directory).
-        enable_checkpointing: add a :class:`ModelCheckpoint` (every epoch) when none is given.
-        enable_progress_bar: show a progress bar on global rank 0.
     """
 
     def __init__(
         self,
         *,
         accelerator: str = "auto",
+        strategy: str | Strategy = "auto",
         devices: Any = "auto",
         num_nodes: int = 1,
-        strategy: str | Strategy = "auto",
         precision: Any = "32-true",
-        max_epochs: int | None = None,
-        max_steps: int = -1,
-        limit_train_batches: int | float = 1.0,
-        limit_val_batches: int | float = 1.0,
-        val_check_interval: int | float = 1.0,
-        accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
-        callbacks: Callback | Iterable[Callback] | None = None,
         logger: Logger | Iterable[Logger] | bool | None = None,
-        log_every_n_steps: int = 50,
+        callbacks: Callback | Iterable[Callback] | None = None,
+        fast_dev_run: int | bool = False,
+        max_epochs: int | None = None,
+        min_epochs: int | None = None,
+        max_steps: int = -1,
+        min_steps: int | None = None,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        val_check_interval: int | float | None = None,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int | None = None,
+        log_every_n_steps: int | None = None,
+        enable_checkpointing: bool | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_model_summary: bool | None = None,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: int | float | None = None,
+        gradient_clip_algorithm: str | None = None,
+        deterministic: bool | str | None = None,
+        benchmark: bool | None = None,
+        inference_mode: bool = True,
+        use_distributed_sampler: bool = True,
+        detect_anomaly: bool = False,
         default_root_dir: str | Path | None = None,
-        enable_checkpointing: bool = True,
-        enable_progress_bar: bool = True,
+        **lightning_only: Any,
     ) -> None:
-        self._check_counts(
+        arguments.reject_unknown(lightning_only)
+        self.fast_dev_run = arguments.fast_dev_run_batches(fast_dev_run)
+        log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps
+        arguments.check_counts(
             num_nodes=num_nodes,
             accumulate_grad_batches=accumulate_grad_batches,
             log_every_n_steps=log_every_n_steps,
         )
-        if max_steps != -1 and (not isinstance(max_steps, int) or max_steps < 0):
+        if max_steps != -1 and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
             raise MisconfigurationError(
                 f"max_steps={max_steps!r} is invalid: use -1 (no limit) or an int >= 0."
             )
@@ -157,48 +258,64 @@ class Trainer:
             raise MisconfigurationError(
                 f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0."
             )
-        if gradient_clip_algorithm not in ("norm", "value"):
-            raise MisconfigurationError(
-                f"gradient_clip_algorithm={gradient_clip_algorithm!r} is invalid: use 'norm' or 'value'."
-            )
-        if gradient_clip_val is not None and (
-            not isinstance(gradient_clip_val, int | float) or gradient_clip_val <= 0
+        arguments.check_optional_count("min_epochs", min_epochs, 0)
+        arguments.check_optional_count("min_steps", min_steps, 0)
+        arguments.check_optional_count("check_val_every_n_epoch", check_val_every_n_epoch, 1)
+        if num_sanity_val_steps is not None and (
+            isinstance(num_sanity_val_steps, bool)
+            or not isinstance(num_sanity_val_steps, int)
+            or num_sanity_val_steps < -1
         ):
             raise MisconfigurationError(
-                f"gradient_clip_val={gradient_clip_val!r} is invalid: use a number > 0 or None."
+                f"num_sanity_val_steps={num_sanity_val_steps!r} is invalid: use an int >= 0, or -1 for the "
+                "whole validation set."
             )
-        if (
-            isinstance(val_check_interval, bool)
-            or not isinstance(val_check_interval, int | float)
-            or val_check_interval <= 0
-        ):
+        gradient_clip_algorithm = gradient_clip_algorithm or "norm"
+        arguments.check_clipping(gradient_clip_val, gradient_clip_algorithm)
+        val_check_interval = 1.0 if val_check_interval is None else val_check_interval
+        arguments.check_val_check_interval(val_check_interval)
+        if isinstance(val_check_interval, float) and check_val_every_n_epoch is None:
             raise MisconfigurationError(
-                f"val_check_interval={val_check_interval!r} is invalid: use a fraction of an epoch in (0.0, 1.0] "
-                "or a number of training batches (int >= 1)."
+                f"val_check_interval={val_check_interval} (a fraction of an epoch) needs "
+                "check_val_every_n_epoch to be set; with check_val_every_n_epoch=None pass a number of "
+                "batches (int)."
             )
-        if isinstance(val_check_interval, float) and val_check_interval > 1.0:
-            raise MisconfigurationError(
-                f"val_check_interval={val_check_interval} is a float above 1.0; a float is a fraction of the epoch. "
-                f"For a number of batches pass an int, e.g. val_check_interval={int(val_check_interval)}."
-            )
-        limit_batches(
-            limit_train_batches,
-            math.inf if isinstance(limit_train_batches, int) else 1,
-            "limit_train_batches",
-        )
-        limit_batches(
-            limit_val_batches, math.inf if isinstance(limit_val_batches, int) else 1, "limit_val_batches"
-        )
+        limits = {
+            "limit_train_batches": limit_train_batches,
+            "limit_val_batches": limit_val_batches,
+            "limit_test_batches": limit_test_batches,
+            "limit_predict_batches": limit_predict_batches,
+        }
+        limits = {k: (1.0 if v is None else v) for k, v in limits.items()}
+        arguments.check_limits(**limits)
+        arguments.check_deterministic(deterministic)
 
+        if self.fast_dev_run:
+            limits = dict.fromkeys(limits, self.fast_dev_run)
+            max_steps, max_epochs, num_sanity_val_steps = self.fast_dev_run, 1, 0
+            val_check_interval, check_val_every_n_epoch = 1.0, 1
+            logger = False
+        self.limit_train_batches = limits["limit_train_batches"]
+        self.limit_val_batches = limits["limit_val_batches"]
+        self.limit_test_batches = limits["limit_test_batches"]
+        self.limit_predict_batches = limits["limit_predict_batches"]
         self.max_steps = max_steps
         self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 else -1)
-        self.limit_train_batches = limit_train_batches
-        self.limit_val_batches = limit_val_batches
+        self.min_epochs = min_epochs
+        self.min_steps = min_steps
         self.val_check_interval = val_check_interval
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.num_sanity_val_steps = 2 if num_sanity_val_steps is None else num_sanity_val_steps
         self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_val = gradient_clip_val or None
         self.gradient_clip_algorithm = gradient_clip_algorithm
         self.log_every_n_steps = log_every_n_steps
+        self.deterministic = deterministic
+        self.benchmark = benchmark
+        self.inference_mode = inference_mode
+        self.use_distributed_sampler = use_distributed_sampler
+        self.detect_anomaly = detect_anomaly
+        self.enable_model_summary = enable_model_summary is not False
         self.default_root_dir = str(default_root_dir) if default_root_dir is not None else os.getcwd()
 
         self._accelerator = _resolve_accelerator(accelerator)
@@ -209,34 +326,42 @@ class Trainer:
             devices=device_list, num_nodes=num_nodes, cluster_environment=environment, precision=precision
         )
 
-        self.callbacks = self._build_callbacks(callbacks, enable_checkpointing, enable_progress_bar)
+        self.callbacks = self._build_callbacks(
+            callbacks, enable_checkpointing is not False, enable_progress_bar is not False
+        )
         self.loggers = self._build_loggers(logger)
 
         self.current_epoch = 0
         self.global_step = 0
         self.should_stop = False
+        self.sanity_checking = False
+        self.is_last_batch = False
         self.batch_idx_start = 0
         self.num_training_batches: int | float = 0
         self.num_val_batches: int | float = 0
+        self.num_test_batches: int | float = 0
+        self.num_predict_batches: int | float = 0
         self.optimizers: list[Optimizer] = []
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
         self._batches_in_epoch = 0
+        self._batches_that_stepped = 0  # Lightning's step for loggers, see [Note: logger steps]
+        self._total_batch_idx = 0
         self._epoch_finished = False
+        self._resume_point: tuple[int, int] | None = None  # see [Note: epochs cut short]
+        self._stage: str | None = None
         self._module: Module | None = None
+        self._datamodule: DataModule | None = None
         self._train_loader: PreparedLoader | None = None
         self._val_loader: PreparedLoader | None = None
-        self._val_check_batches = 0
+        self._test_loader: PreparedLoader | None = None
+        self._predict_loader: PreparedLoader | None = None
+        self._raw_train_loader: Any = None
+        self._val_check_batch: int | float = 0
         self._metrics = MetricsCollector(self._strategy.all_reduce)
-        self._hooks: dict[str, list[Callback]] = {}
+        self._hooks: dict[str, list[Callable[..., Any]]] = {}
         self._spawn_state: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------ construction
-    @staticmethod
-    def _check_counts(**values: Any) -> None:
-        for name, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise MisconfigurationError(f"{name}={value!r} is invalid: use an int >= 1.")
-
     @staticmethod
     def _resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
         if isinstance(strategy, Strategy):
@@ -265,13 +390,16 @@ class Trainer:
             if not isinstance(cb, Callback):
                 raise MisconfigurationError(
                     f"callbacks must be fullshard Callback instances, got {type(cb).__name__}. Subclass "
-                    "fullshard.Callback."
+                    "fullshard.Callback (a Lightning callback ports by changing its import)."
                 )
         if checkpointing and not any(isinstance(cb, ModelCheckpoint) for cb in given):
             given.append(ModelCheckpoint())
         if progress_bar and not any(isinstance(cb, ProgressBar) for cb in given):
             given.insert(0, ProgressBar())
-        return given
+        # As in Lightning, checkpointing callbacks act last, after every other callback.
+        return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
+            cb for cb in given if isinstance(cb, ModelCheckpoint)
+        ]
 
     def _build_loggers(self, logger: Logger | Iterable[Logger] | bool | None) -> list[Logger]:
         if logger is None or logger is True:
@@ -294,11 +422,26 @@ class Trainer:
         return self._strategy
 
     @property
-    def model(self) -> Module:
-        """The module being trained (unwrapped)."""
-        if self._module is None:
-            raise RuntimeError("Trainer.model is set once fit() or validate() starts.")
+    def model(self) -> nn.Module | None:
+        """The model as the strategy runs it (wrapped in DDP/FSDP once set up), as in Lightning;
+        the user's module before that. :attr:`lightning_module` is always the user's module."""
+        if self._strategy.model is not None:
+            return self._strategy.model
         return self._module
+
+    @property
+    def lightning_module(self) -> Module:
+        """The user's :class:`~fullshard.Module` (unwrapped)."""
+        if self._module is None:
+            raise RuntimeError(
+                "Trainer.lightning_module is set once fit(), validate(), test() or predict() is called."
+            )
+        return self._module
+
+    @property
+    def datamodule(self) -> DataModule | None:
+        """The DataModule of the current (or last) call, if one was given."""
+        return self._datamodule
 
     @property
     def global_rank(self) -> int:
@@ -311,9 +454,19 @@ class Trainer:
         return self._strategy.local_rank
 
     @property
+    def node_rank(self) -> int:
+        """Rank of this process's node."""
+        return self._strategy.node_rank
+
+    @property
     def world_size(self) -> int:
         """Number of processes in the job."""
         return self._strategy.world_size
+
+    @property
+    def num_devices(self) -> int:
+        """Devices (processes) per node."""
+        return len(self._strategy.devices)
 
     @property
     def is_global_zero(self) -> bool:
@@ -321,9 +474,34 @@ class Trainer:
         return self._strategy.is_global_zero
 
     @property
+    def training(self) -> bool:
+        """True while the training loop runs (not during its validation)."""
+        return self._stage == "fit" and self._metrics.stage == "train"
+
+    @property
+    def validating(self) -> bool:
+        """True while a validation run (in fit, or ``validate``) runs."""
+        return self._stage in ("fit", "validate") and self._metrics.stage == "validate"
+
+    @property
+    def testing(self) -> bool:
+        """True during ``test``."""
+        return self._stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        """True during ``predict``."""
+        return self._stage == "predict"
+
+    @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """The latest value of every logged metric."""
         return self._metrics.callback_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, float]:
+        """The latest value of every metric sent to the loggers."""
+        return self._metrics.logged_metrics
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
@@ -336,9 +514,55 @@ class Trainer:
         return self.loggers[0] if self.loggers else None
 
     @property
+    def log_dir(self) -> str:
+        """The first logger's directory, else ``default_root_dir``."""
+        return self.loggers[0].log_dir if self.loggers else self.default_root_dir
+
+    @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
         """The first :class:`ModelCheckpoint` among the callbacks."""
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+    @property
+    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
+        """Every :class:`ModelCheckpoint` among the callbacks."""
+        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+
+    @property
+    def max_epochs_reached(self) -> bool:
+        """Whether training stopped because ``max_epochs`` was reached."""
+        return self.max_epochs >= 0 and self.current_epoch >= self.max_epochs
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """The number of optimizer steps ``fit`` will take (as Lightning estimates it): usable in
+        ``configure_optimizers``, e.g. for ``OneCycleLR(total_steps=...)``."""
+        if self.max_epochs == -1:
+            return math.inf if self.max_steps == -1 else self.max_steps
+        if self._train_loader is None:
+            if self._raw_train_loader is None:
+                raise RuntimeError(
+                    "estimated_stepping_batches needs the training dataloader: read it inside fit() "
+                    "(e.g. in configure_optimizers)."
+                )
+            self._setup_train_loader(self._raw_train_loader)
+        total = self.num_training_batches
+        if math.isinf(total):
+            return self.max_steps if self.max_steps != -1 else math.inf
+        steps = math.ceil(total / self.accumulate_grad_batches) * max(self.max_epochs, 1)
+        return min(steps, self.max_steps) if self.max_steps != -1 else steps
+
+    @property
+    def _logger_step(self) -> int:
+        """The step number loggers get now.
+
+        [Note: logger steps]
+        Lightning logs step metrics at the number of optimizer steps taken *before* the current
+        one (the first step logs at 0), and epoch-end training metrics at that of the epoch's
+        last step; validation in the middle of training logs at the count so far. fullshard uses
+        the same numbers, so curves of a ported script line up with its Lightning ones.
+        """
+        return self._batches_that_stepped
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
@@ -349,43 +573,179 @@ class Trainer:
     def fit(
         self,
         model: Module,
-        train_dataloaders: Any,
+        train_dataloaders: Any = None,
         val_dataloaders: Any = None,
+        datamodule: DataModule | None = None,
         ckpt_path: str | Path | None = None,
     ) -> None:
-        """Train ``model``; resume from ``ckpt_path`` (a file, or ``"last"``) when given."""
-        self._check_module(model)
-        self._module = model
-        self._launch(self._run, "fit", model, train_dataloaders, val_dataloaders, ckpt_path)
+        """Train ``model``; resume from ``ckpt_path`` (a path, ``"last"`` or ``"best"``) when given.
+
+        Data comes from ``train_dataloaders``/``val_dataloaders``, a ``datamodule`` (also accepted
+        in place of ``train_dataloaders``), or the module's own ``train_dataloader()``/``val_dataloader()``.
+        """
+        if isinstance(train_dataloaders, DataModule):
+            datamodule, train_dataloaders = train_dataloaders, None
+        sources = self._sources(datamodule, train=train_dataloaders, val=val_dataloaders)
+        self._preflight("fit", model, sources)
+        self._launch(self._run, "fit", model, sources, ckpt_path)
 
     def validate(
-        self, model: Module, dataloaders: Any, ckpt_path: str | Path | None = None
+        self,
+        model: Module | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | Path | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
-        """Run one validation pass; returns ``[metrics]``."""
-        self._check_module(model)
-        self._module = model
-        result = self._launch(self._run, "validate", model, None, dataloaders, ckpt_path)
-        return [dict(result or {})]
+        """Run one validation pass; returns ``[metrics]`` (the epoch values logged in it)."""
+        return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
-    def save_checkpoint(self, path: str | Path) -> None:
-        """Write a checkpoint of the whole training state to ``path``.
+    def test(
+        self,
+        model: Module | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | Path | None = None,
+        verbose: bool = True,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
+        """Run one pass over the test data with ``test_step``; returns ``[metrics]``."""
+        return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
-        Every process must call this (it gathers per-rank state); global rank 0 writes the file.
+    def predict(
+        self,
+        model: Module | None = None,
+        dataloaders: Any = None,
+        datamodule: DataModule | None = None,
+        return_predictions: bool | None = None,
+        ckpt_path: str | Path | None = None,
+    ) -> list[Any] | None:
+        """Run ``predict_step`` over the prediction data; returns the list of per-batch predictions.
+
+        As in Lightning, each process predicts its own share of the data (the distributed
+        sampler's split; when the dataset does not divide evenly some samples are repeated to keep
+        the processes in step), and the list returned is this process's. On global rank 0 with
+        the default launcher that is the process that called ``predict``; gather across
+        processes with ``self.all_gather`` in ``on_predict_epoch_end`` if you need all of them.
+        """
+        keep = True if return_predictions is None else return_predictions
+        result = self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule, keep)
+        return result if keep else None
+
+    def _evaluate(
+        self,
+        stage: str,
+        model: Module | None,
+        dataloaders: Any,
+        ckpt_path: str | Path | None,
+        verbose: bool,
+        datamodule: DataModule | None,
+        keep_predictions: bool = True,
+    ) -> Any:
+        if isinstance(dataloaders, DataModule):
+            datamodule, dataloaders = dataloaders, None
+        if model is None:
+            if self._module is None:
+                raise MisconfigurationError(
+                    f"Trainer.{stage}() was called without a model and no earlier fit() gave one. Pass the "
+                    f"model: trainer.{stage}(model, dataloaders)."
+                )
+            model = self._module
+            if ckpt_path is None and self._fitted and self._best_checkpoint() is not None:
+                ckpt_path = "best"
+                rank_zero_info(
+                    f"Trainer.{stage}() without a model uses the best checkpoint of the previous fit; pass "
+                    f"ckpt_path='last' or a path to choose another."
+                )
+        kind = "val" if stage == "validate" else stage
+        sources = self._sources(datamodule, **{kind: dataloaders})
+        self._preflight(stage, model, sources)
+        return self._launch(self._run, stage, model, sources, ckpt_path, verbose, keep_predictions)
+
+    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
+        """Write a checkpoint of the whole training state to ``filepath``.
+
+        Every process must call this (it gathers per-rank state); global rank 0 writes the file
+        (or each process its shards, with ``state_dict_type="sharded"``). ``weights_only``: leave
+        out optimizer and scheduler states.
         """
         if self._module is None or self._strategy.module is None:
             raise RuntimeError(
-                "save_checkpoint() needs a model that was set up by fit() or validate() first."
+                "save_checkpoint() needs a model that was set up by fit(), validate(), test() or predict() first."
             )
         checkpoint = checkpointing.dump_checkpoint(self)
-        self._strategy.save_checkpoint(checkpoint, path, self.optimizers)
+        optimizers = () if weights_only else self.optimizers
+        if weights_only:
+            checkpoint["lr_schedulers"] = []
+        self._strategy.save_checkpoint(checkpoint, filepath, optimizers)
 
-    @staticmethod
-    def _check_module(model: Any) -> None:
+    def _sources(self, datamodule: Any, **loaders: Any) -> _DataSources:
+        if datamodule is not None and not isinstance(datamodule, DataModule):
+            raise MisconfigurationError(
+                f"datamodule must be a fullshard.DataModule, got {type(datamodule).__name__}. Subclass "
+                "fullshard.DataModule (a LightningDataModule ports by changing its import)."
+            )
+        if datamodule is not None and any(v is not None for v in loaders.values()):
+            raise MisconfigurationError(
+                "Both dataloaders and a datamodule were given; pass one of them (the DataModule's "
+                "*_dataloader() methods provide the loaders)."
+            )
+        for kind, loader in loaders.items():
+            if loader is not None:
+                _single_loader(loader, kind)
+        return _DataSources(datamodule, **loaders)
+
+    def _preflight(self, stage: str, model: Any, sources: _DataSources) -> None:
+        """Find what needs no process before starting any (see docs/lightning.md, errors)."""
         if not isinstance(model, Module):
             raise MisconfigurationError(
                 f"Trainer expects a fullshard.Module, got {type(model).__name__}. Subclass fullshard.Module "
-                "and define training_step and configure_optimizers."
+                "(fullshard.LightningModule is the same class) and define training_step and "
+                "configure_optimizers."
             )
+        self._module = model
+        self._datamodule = sources.datamodule
+        step = {"fit": "training_step", "validate": "validation_step", "test": "test_step"}.get(stage)
+        if step is not None and not _overrides(model, Module, step):
+            raise MisconfigurationError(
+                f"Trainer.{stage}() needs {type(model).__name__}.{step}(batch, batch_idx), which is not "
+                f"defined. Define it in {type(model).__name__}."
+            )
+        kind = {"fit": "train", "validate": "val"}.get(stage, stage)
+        if not sources.has(kind, model):
+            raise MisconfigurationError(
+                f"Trainer.{stage}() got no {kind} data: pass dataloaders, a datamodule= with "
+                f"{kind}_dataloader(), or define {kind}_dataloader() in {type(model).__name__}."
+            )
+        if stage == "fit":
+            if not _overrides(model, Module, "configure_optimizers"):
+                raise MisconfigurationError(
+                    f"{type(model).__name__} does not define configure_optimizers(); the Trainer needs an "
+                    "optimizer. Define it, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
+                )
+            if sources.has("val", model) and not _overrides(model, Module, "validation_step"):
+                rank_zero_warn(
+                    "Validation data was given but the module has no validation_step; validation is skipped."
+                )
+            self._preflight_optimizers(model, sources)
+
+    def _preflight_optimizers(self, model: Module, sources: _DataSources) -> None:
+        """Check what configure_optimizers returns, when the model has its parameters already.
+
+        A model whose layers are built in configure_model() (or that configure_optimizers cannot
+        serve yet) is checked after setup instead. The optimizers built here are discarded.
+        """
+        if _overrides(model, Module, "configure_model") or next(model.parameters(), None) is None:
+            return
+        self._raw_train_loader = sources.loaders.get("train")
+        model.trainer = self
+        try:
+            config = model.configure_optimizers()
+        except Exception:  # needs something only a running fit has: checked after setup instead
+            return
+        finally:
+            model.trainer = None
+            self._train_loader = None
+        parse_optimizers(config)
 
     def _launch(self, function: Any, *args: Any) -> Any:
         launcher = self._strategy.launcher
@@ -395,35 +755,34 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- running
     def _run(
-        self, stage: str, model: Module, train_loader: Any, val_loader: Any, ckpt_path: str | Path | None
-    ) -> dict[str, float] | None:
+        self,
+        stage: str,
+        model: Module,
+        sources: _DataSources,
+        ckpt_path: str | Path | None,
+        verbose: bool = True,
+        keep_predictions: bool = True,
+    ) -> Any:
         strategy = self._strategy
         strategy.setup_environment()
+        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+        self._stage = stage
         self._module = model
-        model._trainer = self
-        self._hooks = {
-            name: [cb for cb in self.callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
-            for name in _HOOKS
-        }
-        for cb in self.callbacks:
-            cb.setup(self, model, stage)
+        self._datamodule = sources.datamodule
+        model.trainer = self
+        self._hooks = self._build_hooks(model)
+        self._configure_torch()
+        datamodule = sources.datamodule
+        if datamodule is not None:
+            datamodule.trainer = self
+            if self.local_rank == 0:
+                datamodule.prepare_data()
+            strategy.barrier("prepare_data")
+            datamodule.setup(stage)
+        self._call("setup", stage)
         try:
-            self._setup_model(model, stage)
-            self._setup_data(train_loader, val_loader)
-            checkpoint = self._load_checkpoint(ckpt_path, stage) if ckpt_path is not None else None
-            if stage == "validate":
-                return loops.run_validation(self)
-            self._log_hyperparams(model)
-            model.on_fit_start()
-            self._call("on_fit_start")
-            if checkpoint is not None:
-                checkpointing.restore_rng_states(self, checkpoint)
-            loops.run_fit(self)
-            if isinstance(strategy.launcher, SpawnLauncher):
-                # gathering the weights is collective (FSDP): every rank takes part, rank 0 sends them
-                self._spawn_state = {k: v.detach().cpu() for k, v in strategy.module_state_dict().items()}
-            self._finalize_loggers("success")
-            return None
+            with torch.autograd.set_detect_anomaly(self.detect_anomaly):
+                return self._run_stage(stage, model, sources, ckpt_path, verbose, keep_predictions)
         except BaseException as exception:
             strategy.on_exception(exception)
             for cb in self.callbacks:
@@ -431,97 +790,262 @@ class Trainer:
             self._finalize_loggers("failed")
             raise
         finally:
-            for cb in self.callbacks:
-                cb.teardown(self, model, stage)
+            self._call("teardown", stage)
+            if datamodule is not None:
+                datamodule.teardown(stage)
+            self._stage = None
 
-    def _setup_model(self, model: Module, stage: str) -> None:
+    def _run_stage(
+        self,
+        stage: str,
+        model: Module,
+        sources: _DataSources,
+        ckpt_path: str | Path | None,
+        verbose: bool,
+        keep_predictions: bool,
+    ) -> Any:
+        self._setup_model(model, stage, sources)
+        self._setup_data(stage, model, sources)
+        checkpoint = self._load_checkpoint(ckpt_path, stage) if ckpt_path is not None else None
+        if stage != "fit":
+            if stage == "predict":
+                result: Any = evaluation.run_predict(self, keep_predictions)
+            else:
+                metrics = evaluation.run_validation(self) if stage == "validate" else evaluation.run_test(self)
+                if verbose and self.is_global_zero and metrics:
+                    self.print(format_results(stage, metrics))
+                result = [metrics]
+            self._finalize_loggers("success")
+            return result
+        self._log_hyperparams(model)
+        if self.enable_model_summary and self.is_global_zero:
+            log.info(model_summary(model))
+        self.should_stop = False
+        self._call("on_fit_start")
+        if checkpoint is not None:
+            checkpointing.restore_rng_states(self, checkpoint)
+        loops.run_fit(self)
+        self._call("on_fit_end")
+        self._fitted = True
+        if isinstance(self._strategy.launcher, SpawnLauncher):
+            # gathering the weights is collective (FSDP): every rank takes part, rank 0 sends them
+            self._spawn_state = {k: v.detach().cpu() for k, v in self._strategy.module_state_dict().items()}
+        self._finalize_loggers("success")
+        return None
+
+    _fitted = False
+
+    def _configure_torch(self) -> None:
+        if self.deterministic is not None:
+            torch.use_deterministic_algorithms(bool(self.deterministic), warn_only=self.deterministic == "warn")
+            if self.deterministic and self._strategy.root_device.type == "cuda":
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if self.benchmark is not None:
+            torch.backends.cudnn.benchmark = self.benchmark
+
+    def _build_hooks(self, module: Module) -> dict[str, list[Callable[..., Any]]]:
+        """For every hook, the callables to call in order: the callbacks that override it, then the
+        module if it does; checkpointing and early stopping come after the module in
+        ``on_train_epoch_end`` so they see what it logged (Lightning's order)."""
+        monitors = _monitoring_types()
+        hooks: dict[str, list[Callable[..., Any]]] = {}
+        for name in _HOOKS:
+            callbacks = [cb for cb in self.callbacks if _overrides(cb, Callback, name)]
+            monitoring = [
+                cb for cb in callbacks if name == "on_train_epoch_end" and isinstance(cb, monitors)
+            ]
+            calls: list[Callable[..., Any]] = [
+                functools.partial(getattr(cb, name), self, module) for cb in callbacks if cb not in monitoring
+            ]
+            module_hook = self._module_hook(name, module)
+            if module_hook is not None:
+                calls.append(module_hook)
+            calls += [functools.partial(getattr(cb, name), self, module) for cb in monitoring]
+            hooks[name] = calls
+        return hooks
+
+    def _module_hook(self, name: str, module: Module | None = None) -> Callable[..., Any] | None:
+        """The module's ``name`` hook when it overrides it, else None."""
+        module = module if module is not None else self.lightning_module
+        if name in _CALLBACK_ONLY or not _overrides(module, Module, name):
+            return None
+        return getattr(module, name)  # type: ignore[no-any-return]
+
+    def _setup_model(self, model: Module, stage: str, sources: _DataSources) -> None:
         strategy = self._strategy
         with strategy.tensor_init_context(), strategy.model_sharded_context():
             model.configure_model()
         strategy.setup_module(model)
         if stage == "fit":
+            self._raw_train_loader = sources.get("train", model)
+            self._train_loader = None
             optimizers, self.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
             self.optimizers = [strategy.setup_optimizer(o) for o in optimizers]
 
-    def _setup_data(self, train_loader: Any, val_loader: Any) -> None:
-        strategy = self._strategy
-        sampler_kwargs = strategy.distributed_sampler_kwargs
-        seed = current_seed()
-        self._train_loader = self._val_loader = None
-        self.num_training_batches = self.num_val_batches = 0
-        if train_loader is not None:
-            self._train_loader = prepare_dataloader(
-                train_loader, shuffle_default=True, seed=seed, name="train_dataloaders", **sampler_kwargs
-            )
-            available = len(self._train_loader) if self._train_loader.has_len() else math.inf
-            self.num_training_batches = limit_batches(
-                self.limit_train_batches, available, "limit_train_batches"
-            )
-            if self.num_training_batches == 0:
-                warnings.warn(
-                    "The training dataloader yields no batches (or limit_train_batches=0): nothing to train.",
-                    stacklevel=3,
-                )
-        if val_loader is not None:
-            self._val_loader = prepare_dataloader(
-                val_loader, shuffle_default=False, seed=seed, name="val_dataloaders", **sampler_kwargs
-            )
-            available = len(self._val_loader) if self._val_loader.has_len() else math.inf
-            self.num_val_batches = limit_batches(self.limit_val_batches, available, "limit_val_batches")
-        self._val_check_batches = self._compute_val_check_batches()
+    def _prepare(self, loader: Any, kind: str, limit: int | float) -> tuple[PreparedLoader, int | float]:
+        prepared = prepare_dataloader(
+            loader,
+            shuffle_default=kind == "train",
+            seed=current_seed(),
+            name=f"The {kind} dataloader",
+            distributed=self.use_distributed_sampler,
+            **self._strategy.distributed_sampler_kwargs,
+        )
+        available = len(prepared) if prepared.has_len() else math.inf
+        return prepared, limit_batches(limit, available, f"limit_{kind}_batches")
 
-    def _compute_val_check_batches(self) -> int:
+    def _setup_train_loader(self, loader: Any) -> None:
+        self._train_loader, self.num_training_batches = self._prepare(loader, "train", self.limit_train_batches)
+
+    def _setup_data(self, stage: str, model: Module, sources: _DataSources) -> None:
+        self._val_loader = self._test_loader = self._predict_loader = None
+        self.num_val_batches = self.num_test_batches = self.num_predict_batches = 0
+        if stage == "fit":
+            if self._train_loader is None:
+                self._setup_train_loader(self._raw_train_loader)
+            if self.num_training_batches == 0:
+                rank_zero_warn("The training dataloader yields no batches (or limit_train_batches=0): nothing to train.")
+            self._check_same_batch_count(self.num_training_batches, "training")
+        if stage in ("fit", "validate") and _overrides(model, Module, "validation_step"):
+            loader = sources.get("val", model)
+            if loader is not None:
+                self._val_loader, self.num_val_batches = self._prepare(loader, "val", self.limit_val_batches)
+        elif stage == "test":
+            self._test_loader, self.num_test_batches = self._prepare(sources.get("test", model), "test", self.limit_test_batches)
+        elif stage == "predict":
+            self._predict_loader, self.num_predict_batches = self._prepare(sources.get("predict", model), "predict", self.limit_predict_batches)
+        self._val_check_batch = self._compute_val_check_batch() if stage == "fit" else 0
+
+    def _check_same_batch_count(self, count: int | float, what: str) -> None:
+        """Every rank must run as many batches, or the ones that finish first leave the others
+        waiting in a collective; a map-style loader's count is known now, so compare it once."""
+        if self.world_size == 1:
+            return
+        counts = self._strategy.all_gather_object(count)
+        if len(set(counts)) > 1:
+            listed = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
+            raise RankDivergenceError(
+                f"The processes have different numbers of {what} batches per epoch ({listed}), so the ones "
+                "that finish first would wait for the others forever. Give every process the same number "
+                "of batches: use the Trainer's distributed sampler (use_distributed_sampler=True, the "
+                "default) or make your own sampler split the data evenly."
+            )
+
+    def _compute_val_check_batch(self) -> int | float:
         if self._val_loader is None or self.num_val_batches == 0:
             return 0
-        if isinstance(self.val_check_interval, int):
-            return self.val_check_interval
+        interval = self.val_check_interval
+        if isinstance(interval, int):
+            if (
+                self.check_val_every_n_epoch is not None
+                and not math.isinf(self.num_training_batches)
+                and interval > self.num_training_batches
+            ):
+                raise MisconfigurationError(
+                    f"val_check_interval={interval} is more than the {self.num_training_batches} training batches "
+                    "of an epoch. Pass a smaller number, or check_val_every_n_epoch=None to count batches "
+                    "across epochs."
+                )
+            return interval
         if math.isinf(self.num_training_batches):
-            if self.val_check_interval == 1.0:
-                return 0  # validated at the end of each epoch instead
+            if interval == 1.0:
+                return math.inf  # validated at the end of each epoch
             raise MisconfigurationError(
                 "val_check_interval is a fraction, but the training dataloader has no length. Pass a number "
                 "of batches instead, e.g. val_check_interval=1000."
             )
-        return max(1, int(self.num_training_batches * self.val_check_interval))
+        return max(1, int(self.num_training_batches * interval))
+
+    def _sanity_batches(self) -> int | float:
+        if self._val_loader is None or self.num_sanity_val_steps == 0:
+            return 0
+        if self.num_sanity_val_steps == -1:
+            return self.num_val_batches
+        return min(self.num_sanity_val_steps, self.num_val_batches)
+
+    def _should_validate(self, batches_done: int) -> bool:
+        """Whether validation runs after the ``batches_done``-th batch of this epoch (Lightning's rule)."""
+        every = self._val_check_batch
+        if not every:
+            return False
+        n_epoch = self.check_val_every_n_epoch
+        if n_epoch is not None and (self.current_epoch + 1) % n_epoch != 0:
+            return False
+        if self._stop_requested():
+            return True
+        if math.isinf(every):
+            return self.is_last_batch
+        count = self._total_batch_idx if n_epoch is None else batches_done
+        return count % every == 0  # type: ignore[operator]
 
     def _load_checkpoint(self, ckpt_path: str | Path, stage: str) -> dict[str, Any] | None:
-        path = self._resolve_ckpt_path(ckpt_path)
+        path = self._resolve_ckpt_path(ckpt_path, stage)
         if path is None:
             return None
-        if stage == "validate":
+        if stage != "fit":
             return self._strategy.load_checkpoint(path, weights_only=True)
         checkpoint = self._strategy.load_checkpoint(
             path, self.optimizers, check=checkpointing.scheduler_check(self, path)
         )
         checkpointing.restore_checkpoint(self, checkpoint)
+        self._batches_that_stepped = self.global_step
         return checkpoint
 
-    def _resolve_ckpt_path(self, ckpt_path: str | Path) -> str | None:
+    def _best_checkpoint(self) -> str | None:
+        callback = self.checkpoint_callback
+        return callback.best_model_path or None if callback is not None else None
+
+    def _resolve_ckpt_path(self, ckpt_path: str | Path, stage: str) -> str | None:
+        if str(ckpt_path) == "best":
+            best = self._best_checkpoint()
+            if best is None:
+                raise MisconfigurationError(
+                    f"{stage}(ckpt_path='best') needs a best checkpoint, but "
+                    + (
+                        "the Trainer has no ModelCheckpoint callback."
+                        if self.checkpoint_callback is None
+                        else "its ModelCheckpoint has saved none yet (fit first)."
+                    )
+                    + " Pass ckpt_path='last' or a path instead."
+                )
+            return best
         if str(ckpt_path) != "last":
             return str(ckpt_path)
-        candidates = [cb.newest_checkpoint() for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+        candidates = [cb.newest_checkpoint() for cb in self.checkpoint_callbacks]
         found = [c for c in candidates if c is not None]
         if not found:
-            warnings.warn(
-                "fit(ckpt_path='last') found no checkpoint in the ModelCheckpoint directories; training starts "
-                "from scratch.",
-                stacklevel=4,
+            rank_zero_warn(
+                f"{stage}(ckpt_path='last') found no checkpoint in the ModelCheckpoint directories; "
+                + ("training starts from scratch." if stage == "fit" else "the model's current weights are used.")
             )
             return None
         return max(found, key=lambda p: commit_time(Path(p)))
 
     # ----------------------------------------------------------------- helpers for the loops
-    def _call(self, hook: str) -> None:
-        module = self.model
-        for cb in self._hooks.get(hook, ()):
-            getattr(cb, hook)(self, module)
+    def _call(self, hook: str, *args: Any) -> None:
+        for function in self._hooks.get(hook, ()):
+            function(*args)
+
+    def _can_stop_early(self) -> bool:
+        epochs_ok = self.min_epochs is None or self.current_epoch >= self.min_epochs - 1
+        steps_ok = self.min_steps is None or self.global_step >= self.min_steps
+        return epochs_ok and steps_ok
+
+    def _stop_requested(self) -> bool:
+        return self.should_stop and self._can_stop_early()
 
     def _done(self) -> bool:
-        if self.should_stop or self.num_training_batches == 0:
+        if self.num_training_batches == 0:
             return True
         if self.max_steps >= 0 and self.global_step >= self.max_steps:
             return True
-        return self.max_epochs >= 0 and self.current_epoch >= self.max_epochs
+        if self.max_epochs >= 0 and self.current_epoch >= self.max_epochs:
+            return True
+        if self.should_stop:
+            if self._can_stop_early():
+                return True
+            self.should_stop = False  # Lightning's rule: min_epochs/min_steps win over a stop request
+        return False
 
     def _is_optimizer_step_boundary(self) -> bool:
         """True right after an optimizer step (no gradients are being accumulated)."""
@@ -529,32 +1053,35 @@ class Trainer:
         return n % self.accumulate_grad_batches == 0 or n == self.num_training_batches
 
     def _loop_state(self) -> dict[str, Any]:
+        epoch, batches = self._resume_point or (self.current_epoch, self._batches_in_epoch)
         return {
-            "epoch": self.current_epoch,
+            "epoch": epoch,
             "global_step": self.global_step,
-            "batches_in_epoch": self._batches_in_epoch,
+            "batches_in_epoch": batches,
             "epoch_finished": self._epoch_finished,
+            "total_batch_idx": self._total_batch_idx,
         }
 
     def _restore_loop_state(self, state: dict[str, Any]) -> None:
         self.global_step = int(state["global_step"])
         self.current_epoch = int(state["epoch"])
         self._batches_in_epoch = int(state["batches_in_epoch"])
+        self._total_batch_idx = int(state.get("total_batch_idx", 0))
         if state.get("epoch_finished"):
             self.current_epoch += 1
             self._batches_in_epoch = 0
         self._epoch_finished = False
 
-    def _log_metrics(self, values: dict[str, float]) -> None:
-        if self.is_global_zero:
+    def _log_metrics(self, values: dict[str, float], step: int) -> None:
+        if self.is_global_zero and self.loggers:
             values = {**values, "epoch": float(self.current_epoch)}
             for logger in self.loggers:
-                logger.log_metrics(values, step=self.global_step)
+                logger.log_metrics(values, step=step)
 
     def _log_hyperparams(self, model: Module) -> None:
         if self.is_global_zero and model.hparams:
             for logger in self.loggers:
-                logger.log_hyperparams(model.hparams)
+                logger.log_hyperparams(dict(model.hparams))
 
     def _finalize_loggers(self, status: str) -> None:
         if self.is_global_zero:
@@ -567,8 +1094,10 @@ class Trainer:
         return {
             "state_dict": self._spawn_state,
             "callback_metrics": {k: v.cpu() for k, v in self.callback_metrics.items()},
+            "logged_metrics": dict(self.logged_metrics),
             "global_step": self.global_step,
             "current_epoch": self.current_epoch,
+            "best_model_path": self._best_checkpoint(),
         }
 
     def _apply_spawn_result(self, result: dict[str, Any]) -> None:
@@ -577,6 +1106,11 @@ class Trainer:
         if module is not None and result["state_dict"]:
             module.configure_model()
             module.load_state_dict(result["state_dict"])
+            self._fitted = True
         self._metrics.callback_metrics.update(result["callback_metrics"])
+        self._metrics.logged_metrics.update(result["logged_metrics"])
         self.global_step = result["global_step"]
         self.current_epoch = result["current_epoch"]
+        callback = self.checkpoint_callback
+        if callback is not None and result.get("best_model_path"):
+            callback.best_model_path = result["best_model_path"]

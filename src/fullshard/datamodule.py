@@ -1,0 +1,89 @@
+"""``fullshard.DataModule``: the data of a project in one class, as Lightning's ``LightningDataModule``."""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from fullshard.module import AttributeDict
+
+if TYPE_CHECKING:
+    from fullshard.trainer.trainer import Trainer
+
+
+class DataModule:
+    """Groups the dataloaders of a project and the steps that prepare them.
+
+    The Trainer calls, in this order: :meth:`prepare_data` (once per machine, on local rank 0,
+    before the others go on: download or tokenize here, without setting state), :meth:`setup`
+    (on every process, with the stage: ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``),
+    then the ``*_dataloader`` methods the stage needs, and :meth:`teardown` at the end.
+    Pass it as ``trainer.fit(model, datamodule=dm)`` (or in place of the training dataloaders).
+    """
+
+    def __init__(self) -> None:
+        self.trainer: Trainer | None = None
+        self._hparams = AttributeDict()
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """Values recorded by :meth:`save_hyperparameters`."""
+        return self._hparams
+
+    def save_hyperparameters(self, *names: str, **values: Any) -> None:
+        """Record the arguments of the calling ``__init__`` (or ``names`` of them, or ``values``)."""
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is not None and not values:
+            arguments = inspect.getargvalues(caller)
+            local = {k: arguments.locals[k] for k in arguments.args if k != "self"}
+            self._hparams.update({k: v for k, v in local.items() if not names or k in names})
+        self._hparams.update(values)
+
+    def prepare_data(self) -> None:
+        """Download or preprocess once per machine (local rank 0 only). Do not set state here."""
+
+    def setup(self, stage: str) -> None:
+        """Build datasets on every process; ``stage`` is the Trainer call being made."""
+
+    def teardown(self, stage: str) -> None:
+        """Release what :meth:`setup` built."""
+
+    def train_dataloader(self) -> Any:
+        """The training dataloader (``fit``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define train_dataloader(), which fit() needs. Override it and "
+            "return a DataLoader."
+        )
+
+    def val_dataloader(self) -> Any:
+        """The validation dataloader (``fit`` and ``validate``); optional for ``fit``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define val_dataloader(), which validate() needs. Override it "
+            "and return a DataLoader."
+        )
+
+    def test_dataloader(self) -> Any:
+        """The test dataloader (``test``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define test_dataloader(), which test() needs. Override it and "
+            "return a DataLoader."
+        )
+
+    def predict_dataloader(self) -> Any:
+        """The prediction dataloader (``predict``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not define predict_dataloader(), which predict() needs. Override "
+            "it and return a DataLoader."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to store in checkpoints (empty by default)."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+LightningDataModule = DataModule
+"""Lightning's name for :class:`DataModule`."""
