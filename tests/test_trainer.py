@@ -217,6 +217,7 @@ def test_checkpoint_contents_and_plain_load(tmp_path: Path) -> None:
         "global_step": 3,
         "batches_in_epoch": 3,
         "epoch_finished": False,
+        "total_batch_idx": 3,
     }
     assert checkpoint["extra"] == 42 and checkpoint["world_size"] == 1
     assert len(checkpoint["rng_states"]) == 1 and checkpoint["strategy"] == "single_device"

@@ -42,6 +42,7 @@ from fullshard.checkpoint.layout import (
     fsync_file,
     leftover_data_dirs,
 )
+from fullshard.checkpoint.lightning import convert_checkpoint, is_lightning_checkpoint
 from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
 from fullshard.errors import CheckpointError, CorruptCheckpointError
 
@@ -258,13 +259,20 @@ def _load_full(
     strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None
 ) -> dict[str, Any]:
     tensors: dict[str, Any] = {}
+    # on every rank: under FSDP with manual wrap() learning the shapes is collective
+    shapes = strategy.full_shapes()
 
     def read() -> dict[str, Any]:
         checkpoint = load_checkpoint_file(path)
+        if is_lightning_checkpoint(checkpoint):  # [Note: Lightning checkpoints] in lightning.py
+            check_state_dict_matches(shapes, checkpoint["state_dict"])  # before its optimizer states
+            checkpoint = convert_checkpoint(
+                checkpoint, str(path), module=strategy.module, optimizers=optimizers, shapes=shapes
+            )
         if "optimizer_count" not in checkpoint and "optimizer_states" in checkpoint:
             checkpoint["optimizer_count"] = len(checkpoint["optimizer_states"])
         _check_meta(checkpoint, path, len(optimizers), check)
-        check_state_dict_matches(strategy.full_shapes(), checkpoint["state_dict"])
+        check_state_dict_matches(shapes, checkpoint["state_dict"])
         tensors["state_dict"] = checkpoint.pop("state_dict")
         tensors["optimizer_states"] = checkpoint.pop("optimizer_states")
         return checkpoint

@@ -9,7 +9,12 @@ The layout (see DESIGN.md, checkpoint contract)::
       "lr_schedulers": [one per scheduler],
       "grad_scaler": dict, "loops": {"epoch", "global_step", "batches_in_epoch", "epoch_finished"},
       "callbacks": {state_key: state}, "rng_states": [one per rank], "hyper_parameters": dict,
+      "epoch": int, "global_step": int, "pytorch-lightning_version": str,   for Lightning's readers
     }
+
+Everything in it loads with ``torch.load(weights_only=True)`` (which Lightning's
+``load_from_checkpoint`` uses) as long as the hyperparameters and callback states are plain
+data: see [Note: portable RNG states].
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError
 from fullshard.seed import rng_states, set_rng_states
 
@@ -33,15 +39,17 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
 
     strategy = trainer.strategy
     module = trainer.lightning_module
+    loops = trainer._loop_state()
     checkpoint: dict[str, Any] = {
+        **lightning_entries(loops),
         "fullshard_version": fullshard.__version__,
         "strategy": strategy.strategy_name or type(strategy).__name__,
         "world_size": strategy.world_size,
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "grad_scaler": strategy.precision.state_dict(),
-        "loops": trainer._loop_state(),
+        "loops": loops,
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
-        "rng_states": strategy.all_gather_object(rng_states()),
+        "rng_states": [_portable(s) for s in strategy.all_gather_object(rng_states())],
         "hyper_parameters": dict(getattr(module, "hparams", {})),
     }
     module.on_save_checkpoint(checkpoint)
@@ -82,7 +90,21 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     for callback in trainer.callbacks:
         if callback.state_key in callback_states:
             callback.load_state_dict(callback_states[callback.state_key])
+    if is_lightning_checkpoint(checkpoint):
+        _warn_unused_callback_states(trainer, checkpoint)
     trainer._restore_loop_state(checkpoint["loops"])
+
+
+def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    known = {callback.state_key for callback in trainer.callbacks}
+    unused = sorted(set(checkpoint.get("callbacks", {})) - known)
+    if unused and trainer.is_global_zero:
+        warnings.warn(
+            f"The Lightning {lightning_version(checkpoint)} checkpoint holds the states of callbacks that "
+            f"this run has no match for, which are ignored: {'; '.join(unused)}. These callbacks (e.g. "
+            "Lightning's ModelCheckpoint, whose state fullshard's does not read) start afresh.",
+            stacklevel=3,
+        )
 
 
 def restore_rng_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
@@ -99,4 +121,26 @@ def restore_rng_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
             stacklevel=2,
         )
         return
-    set_rng_states(states[rank])
+    set_rng_states(_native(states[rank]))
+
+
+# [Note: portable RNG states]
+# NumPy's generator state holds an ndarray, which ``torch.load(weights_only=True)`` refuses (and
+# Lightning's load_from_checkpoint loads that way): it is stored as a list of ints instead, and
+# turned back into an array on restore. Checkpoints that hold the array still restore.
+def _portable(states: dict[str, Any]) -> dict[str, Any]:
+    numpy_state = states.get("numpy")
+    if numpy_state is None or not hasattr(numpy_state[1], "tolist"):
+        return states
+    kind, keys, *rest = numpy_state
+    return {**states, "numpy": (kind, keys.tolist(), *rest)}
+
+
+def _native(states: dict[str, Any]) -> dict[str, Any]:
+    numpy_state = states.get("numpy")
+    if numpy_state is None or not isinstance(numpy_state[1], list):
+        return states
+    import numpy as np
+
+    kind, keys, *rest = numpy_state
+    return {**states, "numpy": (kind, np.asarray(keys, dtype=np.uint32), *rest)}

@@ -38,10 +38,14 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
     def __init__(self, dataset: Dataset[Any], **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)
         self.skip = 0
+        self.skip_epoch = -1
 
     def __iter__(self) -> Iterator[Any]:
         indices = list(super().__iter__())
-        skip, self.skip = self.skip, 0  # only for the epoch being resumed
+        # only for the epoch being resumed: an iterator that was never advanced (a resumed epoch
+        # with nothing left) must not carry the skip over into the next epoch
+        skip = self.skip if self.skip_epoch == self.epoch else 0
+        self.skip = 0
         return iter(indices[skip:])
 
 
@@ -74,6 +78,7 @@ class PreparedLoader:
         if skip_batches and isinstance(sampler, ResumableDistributedSampler):
             batch_size = self.loader.batch_size or 1
             sampler.skip = skip_batches * batch_size
+            sampler.skip_epoch = epoch
             return iter(self.loader)
         iterator = iter(self.loader)
         for _ in range(skip_batches):  # not resumable by index: replay the data

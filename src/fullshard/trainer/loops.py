@@ -71,8 +71,8 @@ def run_train_epoch(trainer: Trainer) -> None:
     trainer.batch_idx_start = start
     accumulate = trainer.accumulate_grad_batches
     hooks = trainer._hooks
-    batch_start_callbacks = hooks["on_train_batch_start"]
-    module_batch_start = trainer._module_hook("on_train_batch_start")
+    module_batch_start = trainer._module_hook("on_train_batch_start")  # its result counts: called apart
+    batch_start_callbacks = [h for h in hooks["on_train_batch_start"] if h != module_batch_start]
     batch_end = hooks["on_train_batch_end"]
     zero_grad_hooks = hooks["on_before_zero_grad"]
     before_backward = hooks["on_before_backward"]

@@ -1,9 +1,37 @@
-"""``ModelCheckpoint``: save checkpoints during training, keep the best ``k`` and the last one."""
+"""``ModelCheckpoint``: save checkpoints during ``fit``, keep the best ``k`` and the last one.
+
+It follows Lightning 2.x: the same arguments, file names, triggers and retention, with the
+differences listed in docs/callbacks.md. A checkpoint is whatever ``trainer.save_checkpoint``
+writes: one file, or a directory of shards with ``state_dict_type="sharded"``.
+
+[Note: when ModelCheckpoint saves]
+A save is triggered by ``every_n_train_steps`` (after the optimizer step, in
+``on_train_batch_end``), by ``train_time_interval`` (same place, once that much time passed) or
+by ``every_n_epochs`` (at the end of the training epoch, or after validation, see
+:meth:`ModelCheckpoint._should_save_on_train_epoch_end`). Nothing is saved during the sanity
+validation, outside ``fit``, in a ``fast_dev_run``, or twice at one global step. A step- or
+time-triggered save whose ``monitor`` has not been logged yet (a validation metric before the
+first validation) is put off: it happens after the next validation when checkpoints are taken
+there, else at the next trigger that finds the metric.
+
+[Note: atomic commit]
+``trainer.save_checkpoint`` commits a checkpoint atomically. A checkpoint that falls out of the
+top ``k`` (or an older ``last``) is deleted only after every checkpoint of the same save event,
+``last`` included, has been committed, so an interrupted save never leaves fewer complete
+checkpoints than before. Paths still referenced (best, top ``k``, last) are never deleted.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+import numbers
+import os
 import re
 import shutil
+import time
+import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,229 +46,584 @@ if TYPE_CHECKING:
     from fullshard.module import Module
     from fullshard.trainer.trainer import Trainer
 
+__all__ = ["ModelCheckpoint"]
+
+log = logging.getLogger(__name__)
+
+# A field of a filename template: "{name}" or "{name:format_spec}". The name runs up to the
+# first ":" or "}", so it may hold "/" or "." (logged names such as "val/loss").
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 
 
 class ModelCheckpoint(Callback):
-    """Save a checkpoint every ``every_n_epochs`` epochs or ``every_n_train_steps`` optimizer steps.
+    """Save checkpoints during training (see [Note: when ModelCheckpoint saves]).
 
     Args:
-        dirpath: directory for the files; default ``<default_root_dir>/checkpoints``.
+        dirpath: directory for the checkpoints. Default: ``<log_dir>/checkpoints`` of the first
+            logger (``save_dir/name/version_N/checkpoints``), else ``<default_root_dir>/checkpoints``.
         filename: name template without extension; fields are ``{epoch}``, ``{step}`` and any
-            logged metric, e.g. ``"{epoch}-{val_loss:.3f}"``. Default ``"epoch={epoch}-step={step}"``.
-        monitor: metric ranking checkpoints for ``save_top_k``; None ranks by recency.
+            logged metric, with an optional format spec: ``"{epoch}-{val_loss:.2f}"``. A field
+            whose metric is not logged reads 0. Default ``"{epoch}-{step}"``.
+        monitor: metric that ranks checkpoints; None: keep the newest.
+        verbose: log each save (and each checkpoint not admitted) at INFO level on rank 0.
+        save_last: also write ``last.ckpt`` whenever a checkpoint is saved (True), or make it
+            a symbolic link to that checkpoint (``"link"``, no extra write).
+        save_top_k: keep the best ``k`` checkpoints (-1: all, 0: none besides ``last``). With
+            ``monitor=None``, Lightning accepts only -1, 0 and 1; fullshard also keeps the ``k``
+            newest for ``k > 1``.
+        save_on_exception: save a checkpoint when ``fit`` raises (single-process runs only).
+        save_weights_only: leave optimizer and scheduler states out of the checkpoints.
         mode: ``"min"`` or ``"max"``: which end of ``monitor`` is best.
-        save_top_k: how many checkpoints to keep (-1 all, 0 none besides ``last``).
-        save_last: also keep ``last.ckpt``, the newest checkpoint, for ``fit(ckpt_path="last")``.
-        every_n_train_steps: save after every this many optimizer steps.
-        every_n_epochs: save at the end of every this many epochs (the default, 1, when neither
-            interval is given).
+        auto_insert_metric_name: write fields as ``name=value`` (``"{epoch}"`` -> ``epoch=3``).
+        every_n_train_steps: save every this many optimizer steps (0/None: not by steps).
+        train_time_interval: save when this much time (a ``datetime.timedelta``) has passed.
+        every_n_epochs: save every this many epochs; the default (1) applies when no trigger is
+            given. The three triggers exclude each other.
+        save_on_train_epoch_end: take epoch checkpoints at the end of the training epoch (True)
+            or after validation (False); None decides as Lightning does.
+        enable_version_counter: when the file name exists already, append ``-v1``, ``-v2``, ...
+            instead of overwriting it.
 
-    A checkpoint that falls out of the top ``k`` is deleted only after its successor is written.
+    After training, :attr:`best_model_path` and :attr:`best_model_score` (a tensor) describe the
+    best checkpoint, :attr:`best_k_models` maps each kept path to its score,
+    :attr:`kth_best_model_path` is the worst kept one and :attr:`last_model_path` the ``last``.
     """
 
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = "last"
     FILE_EXTENSION = ".ckpt"
-    LAST_NAME = "last"
+    STARTING_VERSION = 1
 
     def __init__(
         self,
-        dirpath: str | Path | None = None,
+        dirpath: str | os.PathLike[str] | None = None,
         filename: str | None = None,
         monitor: str | None = None,
-        mode: str = "min",
+        verbose: bool = False,
+        save_last: bool | str | None = None,
         save_top_k: int = 1,
-        save_last: bool | None = None,
+        save_on_exception: bool = False,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
         every_n_train_steps: int | None = None,
+        train_time_interval: timedelta | None = None,
         every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
     ) -> None:
-        if mode not in ("min", "max"):
-            raise MisconfigurationError(f"ModelCheckpoint(mode={mode!r}) is invalid: use 'min' or 'max'.")
-        if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise MisconfigurationError(
-                f"ModelCheckpoint(save_top_k={save_top_k!r}) is invalid: use -1 (keep all), 0 (none) or k >= 1."
-            )
-        for arg, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise MisconfigurationError(
-                    f"ModelCheckpoint({arg}={value!r}) is invalid: use a positive int, or 0/None to disable."
-                )
-        self.dirpath = Path(dirpath) if dirpath is not None else None
-        self.filename = filename or "epoch={epoch}-step={step}"
-        self.monitor = monitor
-        self.mode = mode
-        self.save_top_k = save_top_k
-        self.save_last = save_last
-        self.every_n_train_steps = every_n_train_steps or 0
-        self.every_n_epochs = (
-            every_n_epochs if every_n_epochs is not None else (0 if every_n_train_steps else 1)
+        _check_arguments(
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor,
+            save_last=save_last,
+            save_top_k=save_top_k,
+            mode=mode,
+            every_n_train_steps=every_n_train_steps,
+            train_time_interval=train_time_interval,
+            every_n_epochs=every_n_epochs,
+            save_on_train_epoch_end=save_on_train_epoch_end,
+            flags={
+                "verbose": verbose,
+                "save_on_exception": save_on_exception,
+                "save_weights_only": save_weights_only,
+                "auto_insert_metric_name": auto_insert_metric_name,
+                "enable_version_counter": enable_version_counter,
+            },
         )
-        self.best_k_models: dict[str, float] = {}
+        self.dirpath: str | None = (
+            os.path.realpath(os.path.expanduser(os.fspath(dirpath))) if dirpath is not None else None
+        )
+        self.filename = filename
+        self.monitor = monitor
+        self.verbose = verbose
+        self.save_last = save_last
+        self.save_top_k = save_top_k
+        self.save_on_exception = save_on_exception
+        self.save_weights_only = save_weights_only
+        self.mode = mode
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self._save_on_train_epoch_end = save_on_train_epoch_end
+        self._enable_version_counter = enable_version_counter
+        no_trigger = every_n_train_steps is None and every_n_epochs is None and train_time_interval is None
+        self._every_n_epochs: int = 1 if no_trigger else (every_n_epochs or 0)
+        self._every_n_train_steps: int = every_n_train_steps or 0
+        self._train_time_interval = train_time_interval
+
+        self.best_k_models: dict[str, torch.Tensor] = {}
+        self.kth_best_model_path = ""
+        self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf)
         self.best_model_path = ""
+        self.best_model_score: torch.Tensor | None = None
+        self.current_score: torch.Tensor | None = None
         self.last_model_path = ""
-        self._saved: list[str] = []  # in order of saving, for monitor=None
-        self._last_saved_step = -1
+        self._newest: list[str] = []  # monitor=None, save_top_k > 1: kept paths, oldest first
+        self._last_global_step_saved = 0  # nothing to save before the first step
+        self._last_checkpoint_saved = ""
+        self._last_time_checked: float | None = None
+        self._defer_save_until_validation = False
+        self._fitting = False
+        self._validation_has_run = False
+        self._to_remove: list[str] = []
+        self._warned: set[str] = set()
+
+    @property
+    def every_n_epochs(self) -> int:
+        """Epochs between checkpoints (0: not by epochs)."""
+        return self._every_n_epochs
+
+    @property
+    def every_n_train_steps(self) -> int:
+        """Optimizer steps between checkpoints (0: not by steps)."""
+        return self._every_n_train_steps
+
+    @property
+    def train_time_interval(self) -> timedelta | None:
+        """Time between checkpoints, or None."""
+        return self._train_time_interval
 
     @property
     @override
     def state_key(self) -> str:
-        return (
-            f"ModelCheckpoint{{monitor={self.monitor!r}, mode={self.mode!r}, every_n_train_steps="
-            f"{self.every_n_train_steps}, every_n_epochs={self.every_n_epochs}}}"
-        )
+        key = {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "every_n_train_steps": self._every_n_train_steps,
+            "every_n_epochs": self._every_n_epochs,
+            "train_time_interval": self._train_time_interval,
+        }
+        return f"{type(self).__qualname__}{key!r}"
+
+    # ----------------------------------------------------------------------------------- hooks
+    @override
+    def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
+        self._fitting = stage == "fit"
+        self._validation_has_run = False
+        # Rank 0 decides (a logger's version is picked from what is on its disk) and tells the others.
+        self.dirpath = trainer.strategy.broadcast(self._resolve_dirpath(trainer) if trainer.is_global_zero else None)
+        if trainer.is_global_zero and stage == "fit" and self.save_top_k != 0:
+            if os.path.isdir(self.dirpath) and os.listdir(self.dirpath):
+                warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", stacklevel=2)
 
     @override
-    def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
-        if self.dirpath is None:
-            self.dirpath = Path(trainer.default_root_dir) / "checkpoints"
+    def on_train_start(self, trainer: Trainer, pl_module: Module) -> None:
+        self._last_time_checked = time.monotonic()
+        # The state at the step training starts from is saved already (0 steps, or the checkpoint
+        # this run resumed from), so the first save is due after a step of this run.
+        self._last_global_step_saved = trainer.global_step
 
     @override
     def on_train_batch_end(
-        self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        every = self.every_n_train_steps
-        due = every and step > 0 and step % every == 0 and step != self._last_saved_step
-        if due and trainer._is_optimizer_step_boundary():
-            self.save(trainer)
+        step_due = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
+        time_due = False
+        now = time.monotonic()
+        if self._train_time_interval is not None:
+            last = self._last_time_checked
+            time_due = last is not None and now - last >= self._train_time_interval.total_seconds()
+            time_due = trainer.strategy.broadcast(time_due)  # clocks differ across ranks: rank 0 decides
+        if not (step_due or time_due):
+            return
+        if time_due:
+            self._last_time_checked = now
+        candidates = self._monitor_candidates(trainer)
+        if self.monitor is not None and (
+            self.monitor not in candidates
+            # The metric is stale when a validation follows this last batch of the epoch.
+            or (trainer.is_last_batch and not self._should_save_on_train_epoch_end(trainer) and _validates_now(trainer))
+        ):
+            self._defer_save_until_validation = True
+            return
+        if self._should_skip_saving_checkpoint(trainer):
+            return
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+        self._remove_pending(trainer)
 
     @override
-    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
-        every = self.every_n_epochs
-        if (
-            every
-            and (trainer.current_epoch + 1) % every == 0
-            and trainer.global_step != self._last_saved_step
-        ):
-            self.save(trainer)
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
+        if self._should_skip_saving_checkpoint(trainer) or not self._should_save_on_train_epoch_end(trainer):
+            return
+        self._save_epoch_checkpoints(trainer, self._monitor_candidates(trainer))
 
-    # --------------------------------------------------------------------------------- saving
-    def format_filename(self, trainer: Trainer) -> str:
-        """The file name (with extension) for a checkpoint at the trainer's current position."""
-        values: dict[str, Any] = {"epoch": trainer.current_epoch, "step": trainer.global_step}
-        values.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: Module) -> None:
+        if not trainer.sanity_checking:
+            self._validation_has_run = True
+        if self._should_skip_saving_checkpoint(trainer) or self._should_save_on_train_epoch_end(trainer):
+            return
+        candidates = self._monitor_candidates(trainer)
+        if self._defer_save_until_validation:
+            self._defer_save_until_validation = False
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+            self._remove_pending(trainer)
+            return
+        self._save_epoch_checkpoints(trainer, candidates)
 
-        def substitute(match: re.Match[str]) -> str:
-            key, spec = match.group(1), match.group(2) or ""
-            if key not in values:
-                raise MisconfigurationError(
-                    f"ModelCheckpoint(filename={self.filename!r}) refers to {{{key}}}, which is not a logged "
-                    f"metric. Known fields: {', '.join(sorted(values))}."
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: Module) -> None:
+        # save_last promises a last checkpoint even when no trigger fired (e.g. stopped by max_steps).
+        if self.save_last and not self._last_checkpoint_saved and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._remove_pending(trainer)
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: Module, exception: BaseException) -> None:
+        if not self.save_on_exception or not self._fitting or trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        if self._last_global_step_saved == trainer.global_step:
+            return
+        if trainer.world_size > 1:
+            # Saving is collective: a rank that failed alone would leave the others waiting in it.
+            if trainer.is_global_zero:
+                warnings.warn(
+                    "ModelCheckpoint(save_on_exception=True) saves only in single-process runs; no checkpoint "
+                    f"was written for this {type(exception).__name__}.",
+                    stacklevel=2,
                 )
-            return ("{" + spec + "}").format(values[key]) if spec else str(values[key])
-
-        return _FIELD.sub(substitute, self.filename) + self.FILE_EXTENSION
-
-    def _score(self, trainer: Trainer) -> float | None:
-        if self.monitor is None:
-            return None
-        value = trainer.callback_metrics.get(self.monitor)
-        if value is None:
-            raise MisconfigurationError(
-                f"ModelCheckpoint(monitor={self.monitor!r}) cannot find {self.monitor!r} among the logged "
-                f"metrics ({', '.join(sorted(trainer.callback_metrics)) or 'none'}). Log it with "
-                "self.log(...) in training_step or validation_step, or change `monitor`."
-            )
-        return float(value.item() if isinstance(value, torch.Tensor) else value)
-
-    def _is_better(self, score: float, than: float) -> bool:
-        return score < than if self.mode == "min" else score > than
-
-    def save(self, trainer: Trainer) -> None:
-        """Save a checkpoint now (all ranks call this), then apply the retention rules."""
-        assert self.dirpath is not None
-        self._last_saved_step = trainer.global_step
-        score = self._score(trainer)
-        path = str(self.dirpath / self.format_filename(trainer))
-        to_delete: list[str] = []
-        if self.save_top_k != 0:
-            keep = self._admit(path, score)
-            if keep:
-                trainer.save_checkpoint(path)
-                to_delete = self._evict()
-        if self.save_last:
-            last = str(self.dirpath / (self.LAST_NAME + self.FILE_EXTENSION))
-            trainer.save_checkpoint(last)
-            self.last_model_path = last
-        # [Note: atomic commit] the new checkpoints are complete; only now drop old ones.
-        if trainer.is_global_zero:
-            for old in to_delete:
-                if old != path:
-                    _remove_checkpoint(Path(old))
-        trainer.strategy.barrier("model_checkpoint")
-
-    def _admit(self, path: str, score: float | None) -> bool:
-        if score is None:
-            if path in self._saved:
-                self._saved.remove(path)
-            self._saved.append(path)
-            self.best_model_path = path
-            return True
-        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k or path in self.best_k_models:
-            self.best_k_models[path] = score
-        else:
-            worst = self._worst()
-            if not self._is_better(score, self.best_k_models[worst]):
-                return False
-            self.best_k_models[path] = score
-        best = min if self.mode == "min" else max
-        self.best_model_path = best(self.best_k_models, key=self.best_k_models.__getitem__)
-        return True
-
-    def _worst(self) -> str:
-        worst = max if self.mode == "min" else min
-        return worst(self.best_k_models, key=self.best_k_models.__getitem__)
-
-    def _evict(self) -> list[str]:
-        if self.save_top_k == -1:
-            return []
-        evicted: list[str] = []
-        if self.monitor is None:
-            while len(self._saved) > self.save_top_k:
-                evicted.append(self._saved.pop(0))
-        else:
-            while len(self.best_k_models) > self.save_top_k:
-                worst = self._worst()
-                del self.best_k_models[worst]
-                evicted.append(worst)
-        return evicted
-
-    @property
-    def best_model_score(self) -> float | None:
-        """The monitored value of :attr:`best_model_path` (None without ``monitor``)."""
-        return self.best_k_models.get(self.best_model_path)
-
-    def newest_checkpoint(self) -> str | None:
-        """``last.ckpt`` when complete, else the newest complete checkpoint in :attr:`dirpath`
-        (a sharded directory whose save was interrupted is skipped)."""
-        if self.dirpath is None or not self.dirpath.is_dir():
-            return None
-        last = self.dirpath / (self.LAST_NAME + self.FILE_EXTENSION)
-        if _is_complete(last):
-            return str(last)
-        found = [p for p in self.dirpath.glob("*" + self.FILE_EXTENSION) if _is_complete(p)]
-        return str(max(found, key=commit_time)) if found else None
+            return
+        candidates = self._monitor_candidates(trainer)
+        filepath = self.format_checkpoint_name(candidates)
+        self._save_checkpoint(trainer, filepath)
+        self._save_last_checkpoint(trainer, candidates)
+        log.info(f"{type(exception).__name__} raised ({exception}); saved checkpoint to {filepath}")
 
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
-            "dirpath": str(self.dirpath) if self.dirpath is not None else None,
+            "monitor": self.monitor,
+            "best_model_score": self.best_model_score,
             "best_model_path": self.best_model_path,
+            "current_score": self.current_score,
+            "dirpath": self.dirpath,
             "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": self.kth_value,
             "last_model_path": self.last_model_path,
-            "saved": list(self._saved),
-            "last_saved_step": self._last_saved_step,
+            "newest_model_paths": list(self._newest),
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        same_dir = state_dict.get("dirpath") == (str(self.dirpath) if self.dirpath is not None else None)
-        self._last_saved_step = state_dict.get("last_saved_step", -1)
-        if not same_dir:  # the files it lists live elsewhere; start a fresh ranking here
+        saved_dir = state_dict.get("dirpath", self.dirpath)
+        if saved_dir == self.dirpath:
+            self.best_model_score = state_dict["best_model_score"]
+            self.kth_best_model_path = state_dict.get("kth_best_model_path", self.kth_best_model_path)
+            self.kth_value = state_dict.get("kth_value", self.kth_value)
+            self.best_k_models = dict(state_dict.get("best_k_models", self.best_k_models))
+            self.last_model_path = state_dict.get("last_model_path", self.last_model_path)
+            self._newest = list(state_dict.get("newest_model_paths", self._newest))
+        else:
+            warnings.warn(
+                f"ModelCheckpoint's dirpath changed from {saved_dir!r} (in the checkpoint) to {self.dirpath!r}: "
+                "only best_model_path is restored; best_model_score, best_k_models, kth_best_model_path, "
+                "kth_value and last_model_path start afresh.",
+                stacklevel=2,
+            )
+        self.best_model_path = state_dict["best_model_path"]
+
+    # ------------------------------------------------------------------------------- decisions
+    def _should_skip_saving_checkpoint(self, trainer: Trainer) -> bool:
+        return (
+            bool(trainer.fast_dev_run)
+            or not self._fitting
+            or trainer.sanity_checking
+            or self._last_global_step_saved == trainer.global_step
+        )
+
+    def _should_save_on_train_epoch_end(self, trainer: Trainer) -> bool:
+        """Lightning's rule for where epoch checkpoints are taken when not told."""
+        if self._save_on_train_epoch_end is not None:
+            return self._save_on_train_epoch_end
+        if trainer.check_val_every_n_epoch != 1:
+            return False  # validation does not run every epoch: save after it
+        if trainer.num_val_batches == 0:
+            return True  # no validation: save at the end of the training epoch
+        return trainer.val_check_interval == 1.0  # validation several times an epoch: after it
+
+    def _monitor_candidates(self, trainer: Trainer) -> dict[str, torch.Tensor]:
+        """The logged metrics, with ``epoch`` and ``step`` as ints (logged values win)."""
+        candidates = dict(trainer.callback_metrics)
+        epoch, step = candidates.get("epoch"), candidates.get("step")
+        candidates["epoch"] = epoch.int() if isinstance(epoch, torch.Tensor) else torch.tensor(trainer.current_epoch)
+        candidates["step"] = step.int() if isinstance(step, torch.Tensor) else torch.tensor(trainer.global_step)
+        return candidates
+
+    def check_monitor_top_k(self, trainer: Trainer, current: torch.Tensor | None = None) -> bool:
+        """Whether a checkpoint scoring ``current`` enters the top ``k`` (all ranks agree)."""
+        if current is None:
+            return False
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        better = torch.lt if self.mode == "min" else torch.gt
+        decision = bool(better(current.cpu(), self.best_k_models[self.kth_best_model_path]))
+        return trainer.strategy.reduce_boolean_decision(decision, all=True)
+
+    # ---------------------------------------------------------------------------------- saving
+    def _save_epoch_checkpoints(self, trainer: Trainer, candidates: dict[str, torch.Tensor]) -> None:
+        if self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0:
+            self._save_topk_checkpoint(trainer, candidates)
+        # last follows a checkpoint saved at this step (a "link" is refreshed anyway)
+        if self._last_global_step_saved == trainer.global_step or (
+            self.save_last == "link" and self._last_checkpoint_saved
+        ):
+            self._save_last_checkpoint(trainer, candidates)
+        self._remove_pending(trainer)
+
+    def _save_topk_checkpoint(self, trainer: Trainer, candidates: dict[str, torch.Tensor]) -> None:
+        if self.save_top_k == 0:
             return
-        self.best_model_path = state_dict.get("best_model_path", "")
-        self.best_k_models = dict(state_dict.get("best_k_models", {}))
-        self.last_model_path = state_dict.get("last_model_path", "")
-        self._saved = list(state_dict.get("saved", []))
+        if self.monitor is None:
+            self._save_none_monitor_checkpoint(trainer, candidates)
+            return
+        if self.monitor not in candidates:
+            message = (
+                f"ModelCheckpoint(monitor={self.monitor!r}) cannot find {self.monitor!r} among the logged metrics "
+                f"({', '.join(map(repr, candidates))}). Log it with self.log({self.monitor!r}, value) in "
+                "training_step or validation_step, or change `monitor`."
+            )
+            if self._validation_has_run:
+                raise MisconfigurationError(message)
+            if trainer.is_global_zero and message not in self._warned:
+                self._warned.add(message)
+                warnings.warn(message + " No checkpoint is saved until it is logged.", stacklevel=2)
+        current = candidates.get(self.monitor)
+        if self.check_monitor_top_k(trainer, current):
+            assert current is not None
+            self._update_best_and_save(current.detach().cpu(), trainer, candidates)
+        elif self.verbose and current is not None:
+            self._info(
+                trainer,
+                f"Epoch {int(candidates['epoch'])}, global step {int(candidates['step'])}: {self.monitor!r} "
+                f"was not in top {self.save_top_k}",
+            )
+
+    def _update_best_and_save(
+        self, current: torch.Tensor, trainer: Trainer, candidates: dict[str, torch.Tensor]
+    ) -> None:
+        k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+        replaced: str | None = None
+        if len(self.best_k_models) == k and k > 0:
+            replaced = self.kth_best_model_path
+            self.best_k_models.pop(replaced)
+        if torch.isnan(current):  # NaN never ranks: keep it as the worst possible score
+            current = torch.tensor(math.inf if self.mode == "min" else -math.inf)
+        filepath = self._get_metric_interpolated_filepath_name(candidates, trainer, replaced)
+        self.current_score = current
+        self.best_k_models[filepath] = current
+        if len(self.best_k_models) == k:
+            worst = max if self.mode == "min" else min
+            self.kth_best_model_path = worst(self.best_k_models, key=lambda p: self.best_k_models[p].item())
+            self.kth_value = self.best_k_models[self.kth_best_model_path]
+        best = min if self.mode == "min" else max
+        self.best_model_path = best(self.best_k_models, key=lambda p: self.best_k_models[p].item())
+        self.best_model_score = self.best_k_models[self.best_model_path]
+        if self.verbose:
+            assert self.best_model_score is not None
+            self._info(
+                trainer,
+                f"Epoch {int(candidates['epoch'])}, global step {int(candidates['step'])}: {self.monitor!r} "
+                f"reached {current.item():0.5f} (best {self.best_model_score.item():0.5f}), saving model to "
+                f"{filepath!r} as top {k}",
+            )
+        self._save_checkpoint(trainer, filepath)
+        if replaced and self._should_remove_checkpoint(trainer, replaced, filepath):
+            self._to_remove.append(replaced)
+
+    def _save_none_monitor_checkpoint(self, trainer: Trainer, candidates: dict[str, torch.Tensor]) -> None:
+        filepath = self._get_metric_interpolated_filepath_name(candidates, trainer, self.best_model_path)
+        previous, self.best_model_path = self.best_model_path, filepath
+        if self.save_top_k > 1:
+            self._newest = [p for p in self._newest if p != filepath] + [filepath]
+        self._save_checkpoint(trainer, filepath)
+        if self.save_top_k == 1 and previous and self._should_remove_checkpoint(trainer, previous, filepath):
+            self._to_remove.append(previous)
+        while self.save_top_k > 1 and len(self._newest) > self.save_top_k:
+            oldest = self._newest.pop(0)
+            if self._should_remove_checkpoint(trainer, oldest, filepath):
+                self._to_remove.append(oldest)
+        if self.verbose:
+            self._info(
+                trainer,
+                f"Epoch {int(candidates['epoch'])}, global step {int(candidates['step'])}: saving model to {filepath!r}",
+            )
+
+    def _save_last_checkpoint(self, trainer: Trainer, candidates: dict[str, torch.Tensor]) -> None:
+        if not self.save_last:
+            return
+        filepath = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST)
+        if self._enable_version_counter:
+            version = self.STARTING_VERSION
+            while self.file_exists(filepath, trainer) and filepath != self.last_model_path:
+                filepath = self.format_checkpoint_name(candidates, self.CHECKPOINT_NAME_LAST, ver=version)
+                version += 1
+        previous, self.last_model_path = self.last_model_path, filepath  # set first: it is part of the state
+        if self.save_last == "link" and self._last_checkpoint_saved and self.save_top_k != 0:
+            self._link_checkpoint(trainer, self._last_checkpoint_saved, filepath)
+        else:
+            self._save_checkpoint(trainer, filepath)
+        if previous and self._should_remove_checkpoint(trainer, previous, filepath):
+            self._to_remove.append(previous)
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        if os.path.islink(filepath):
+            # A "last" link of an earlier run: write a real checkpoint, not into the link's target.
+            if trainer.is_global_zero:
+                os.unlink(filepath)
+            trainer.strategy.barrier("model_checkpoint_unlink")
+        trainer.save_checkpoint(filepath, weights_only=self.save_weights_only)
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+
+    @staticmethod
+    def _link_checkpoint(trainer: Trainer, filepath: str, linkpath: str) -> None:
+        """Make ``linkpath`` a relative symbolic link to ``filepath`` (a copy where links fail)."""
+        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+            _remove_path(linkpath)
+            try:
+                os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), linkpath)
+            except OSError:
+                warnings.warn(
+                    f"ModelCheckpoint(save_last='link'): cannot create a symbolic link at {linkpath!r}; "
+                    "copying the checkpoint instead.",
+                    stacklevel=2,
+                )
+                if os.path.isdir(filepath):
+                    shutil.copytree(filepath, linkpath)
+                else:
+                    shutil.copy2(filepath, linkpath)
+        trainer.strategy.barrier("model_checkpoint_link")
+
+    def _should_remove_checkpoint(self, trainer: Trainer, previous: str, current: str) -> bool:
+        """Delete ``previous`` unless it is ``current``, the checkpoint this run resumed from, or
+        outside :attr:`dirpath` (not ours)."""
+        if previous == current:
+            return False
+        old = Path(previous).absolute()
+        # TODO(lead): read trainer.ckpt_path directly once the Trainer exposes it.
+        resumed_from = getattr(trainer, "ckpt_path", None)
+        if resumed_from is not None and old == Path(resumed_from).absolute():
+            return False
+        assert self.dirpath is not None
+        return Path(self.dirpath).absolute() in old.parents
+
+    def _remove_pending(self, trainer: Trainer) -> None:
+        """Delete what this save event evicted (see [Note: atomic commit])."""
+        if not self._to_remove:
+            return
+        live = {self.best_model_path, self.last_model_path, self._last_checkpoint_saved, *self.best_k_models, *self._newest}
+        doomed = [p for p in dict.fromkeys(self._to_remove) if p not in live]
+        self._to_remove = []
+        if trainer.is_global_zero:
+            for path in doomed:
+                _remove_path(path)
+        trainer.strategy.barrier("model_checkpoint_remove")
+
+    # ------------------------------------------------------------------------------------ names
+    def _format_checkpoint_name(
+        self,
+        filename: str | None,
+        metrics: dict[str, Any],
+        prefix: str | None = None,
+        auto_insert_metric_name: bool = True,
+    ) -> str:
+        template = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
+
+        def fill(match: re.Match[str]) -> str:
+            name, spec = match.group(1), (match.group(2) or ":")[1:]
+            value = metrics.get(name, 0)  # Lightning writes 0 for a metric not logged (yet)
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                value = value.item()
+            text = format(value, spec)
+            return name + self.CHECKPOINT_EQUALS_CHAR + text if auto_insert_metric_name else text
+
+        name = _FIELD.sub(fill, template)
+        return self.CHECKPOINT_JOIN_CHAR.join([prefix, name]) if prefix is not None else name
+
+    def format_checkpoint_name(
+        self,
+        metrics: dict[str, Any],
+        filename: str | None = None,
+        ver: int | None = None,
+        prefix: str | None = None,
+    ) -> str:
+        """The path for a checkpoint with ``metrics`` (``epoch``, ``step``, logged values).
+
+        ``ModelCheckpoint(filename="{epoch}-{val_loss:.2f}")`` gives ``epoch=2-val_loss=0.12.ckpt``
+        in :attr:`dirpath`; ``ver=1`` appends ``-v1``.
+        """
+        name = self._format_checkpoint_name(
+            filename or self.filename, metrics, prefix=prefix, auto_insert_metric_name=self.auto_insert_metric_name
+        )
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
+        name += self.FILE_EXTENSION
+        return os.path.join(self.dirpath, name) if self.dirpath else name
+
+    def _get_metric_interpolated_filepath_name(
+        self, candidates: dict[str, torch.Tensor], trainer: Trainer, del_filepath: str | None = None
+    ) -> str:
+        filepath = self.format_checkpoint_name(candidates)
+        if self._enable_version_counter:
+            version = self.STARTING_VERSION
+            while self.file_exists(filepath, trainer) and filepath != del_filepath:
+                filepath = self.format_checkpoint_name(candidates, ver=version)
+                version += 1
+        return filepath
+
+    def file_exists(self, filepath: str | os.PathLike[str], trainer: Trainer) -> bool:
+        """Whether ``filepath`` exists, as rank 0 sees it (every rank gets the same answer)."""
+        exists = os.path.lexists(filepath) if trainer.is_global_zero else False
+        return trainer.strategy.reduce_boolean_decision(exists, all=False)
+
+    def _resolve_dirpath(self, trainer: Trainer) -> str:
+        if self.dirpath is not None:
+            return self.dirpath
+        if trainer.loggers:
+            return os.path.join(trainer.loggers[0].log_dir, "checkpoints")
+        return os.path.join(trainer.default_root_dir, "checkpoints")
+
+    # ------------------------------------------------------------------------------------ misc
+    def to_yaml(self, filepath: str | os.PathLike[str] | None = None) -> None:
+        """Write :attr:`best_k_models` (path: score) as YAML, by default to ``dirpath/best_k_models.yaml``."""
+        if filepath is None:
+            if self.dirpath is None:
+                raise MisconfigurationError(
+                    "ModelCheckpoint.to_yaml() without a path needs dirpath, which is known once fit() started. "
+                    "Pass a path: to_yaml('best_k_models.yaml')."
+                )
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        lines = [f"{_yaml_string(path)}: {_yaml_float(score.item())}\n" for path, score in self.best_k_models.items()]
+        Path(filepath).write_text("".join(lines) or "{}\n", encoding="utf-8")
+
+    def newest_checkpoint(self) -> str | None:
+        """The newest complete checkpoint in :attr:`dirpath` (for ``fit(ckpt_path="last")``); a
+        sharded directory whose save was interrupted is skipped."""
+        if self.dirpath is None or not os.path.isdir(self.dirpath):
+            return None
+        found = [p for p in Path(self.dirpath).rglob("*" + self.FILE_EXTENSION) if _is_complete(p)]
+        if not found:
+            return None
+        newest = max(commit_time(p) for p in found)
+        # a "last" written at the same moment as the checkpoint it copies or links is preferred
+        at_newest = [p for p in found if commit_time(p) == newest]
+        lasts = [p for p in at_newest if p.name.startswith(self.CHECKPOINT_NAME_LAST)]
+        return str((lasts or at_newest)[0])
+
+    def _info(self, trainer: Trainer, message: str) -> None:
+        if trainer.is_global_zero:
+            log.info(message)
+
+
+def _validates_now(trainer: Trainer) -> bool:
+    """Whether a validation run is expected after the current (last) batch of the epoch."""
+    if not trainer.num_val_batches:
+        return False
+    every = trainer.check_val_every_n_epoch
+    return every is None or (trainer.current_epoch + 1) % every == 0
 
 
 def _is_complete(path: Path) -> bool:
@@ -249,11 +632,87 @@ def _is_complete(path: Path) -> bool:
 
 
 def commit_time(path: Path) -> int:
+    """When the checkpoint at ``path`` (a file, a sharded directory, or a link to one) was committed."""
     return (path if path.is_file() else path / RECORD_NAME).stat().st_mtime_ns
 
 
-def _remove_checkpoint(path: Path) -> None:
-    if path.is_dir():
+def _remove_path(path: str) -> None:
+    """Delete a checkpoint: a link (never its target), a file, or a sharded directory."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.remove(path)
+    elif os.path.isdir(path):
         shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
+
+
+def _yaml_string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def _yaml_float(value: float) -> str:
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    return repr(value)
+
+
+def _check_arguments(
+    *,
+    dirpath: Any,
+    filename: Any,
+    monitor: Any,
+    save_last: Any,
+    save_top_k: Any,
+    mode: Any,
+    every_n_train_steps: Any,
+    train_time_interval: Any,
+    every_n_epochs: Any,
+    save_on_train_epoch_end: Any,
+    flags: dict[str, Any],
+) -> None:
+    def bad(name: str, value: Any, accepted: str) -> MisconfigurationError:
+        return MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is invalid: {accepted}.")
+
+    def is_int(value: Any) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    if dirpath is not None:
+        if not isinstance(dirpath, str | os.PathLike):
+            raise bad("dirpath", dirpath, "use a local directory path (str or pathlib.Path), or None")
+        if "://" in os.fspath(dirpath):
+            raise bad("dirpath", dirpath, "only local directories are supported; pass a local path")
+    if filename is not None and (not isinstance(filename, str) or not filename):
+        raise bad("filename", filename, "use a name template such as '{epoch}-{val_loss:.2f}', or None")
+    if monitor is not None and (not isinstance(monitor, str) or not monitor):
+        raise bad("monitor", monitor, "use the name of a logged metric, or None")
+    if save_last not in (None, True, False, "link") or isinstance(save_last, int) and not isinstance(save_last, bool):
+        raise bad("save_last", save_last, "use True, False, None or 'link'")
+    if not is_int(save_top_k) or save_top_k < -1:
+        raise bad("save_top_k", save_top_k, "use -1 (keep all), 0 (none besides last) or k >= 1")
+    if mode not in ("min", "max"):
+        raise bad("mode", mode, "use 'min' or 'max'")
+    for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+        if value is not None and (not is_int(value) or value < 0):
+            raise bad(name, value, "use a positive int, or 0/None to disable it")
+    if train_time_interval is not None and (
+        not isinstance(train_time_interval, timedelta) or train_time_interval < timedelta(0)
+    ):
+        raise bad("train_time_interval", train_time_interval, "use a datetime.timedelta >= 0, or None")
+    if save_on_train_epoch_end is not None and not isinstance(save_on_train_epoch_end, bool):
+        raise bad("save_on_train_epoch_end", save_on_train_epoch_end, "use True, False or None")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise bad(name, value, "use True or False")
+    triggers = {
+        "every_n_train_steps": every_n_train_steps if every_n_train_steps else None,
+        "every_n_epochs": every_n_epochs if every_n_epochs else None,
+        "train_time_interval": train_time_interval,
+    }
+    given = {k: v for k, v in triggers.items() if v is not None}
+    if len(given) > 1:
+        listed = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise MisconfigurationError(
+            f"ModelCheckpoint({listed}): pass only one of every_n_train_steps, every_n_epochs and "
+            "train_time_interval. To save on several schedules, use one ModelCheckpoint for each."
+        )

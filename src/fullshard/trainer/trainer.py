@@ -145,16 +145,17 @@ def _overrides(obj: Any, base: type, name: str) -> bool:
 
 
 def _single_loader(loader: Any, kind: str) -> Any:
-    if isinstance(loader, list | tuple) and not isinstance(loader, DataLoader):
+    argument = {"train": "train_dataloaders", "val": "val_dataloaders"}.get(kind, "dataloaders")
+    if isinstance(loader, list | tuple) and loader and all(isinstance(x, DataLoader) for x in loader):
         if len(loader) != 1:
             raise MisconfigurationError(
-                f"{len(loader)} {kind} dataloaders were given; fullshard runs one dataloader per stage. "
+                f"{argument} holds {len(loader)} dataloaders; fullshard runs one dataloader per stage. "
                 "Concatenate the datasets (torch.utils.data.ConcatDataset) or run the stage once per loader."
             )
         loader = loader[0]
     if not isinstance(loader, DataLoader):
         raise MisconfigurationError(
-            f"The {kind} dataloader must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
+            f"{argument} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
             "Wrap your dataset: DataLoader(dataset, batch_size=...)."
         )
     return loader

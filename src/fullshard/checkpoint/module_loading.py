@@ -1,0 +1,151 @@
+"""``Module.load_from_checkpoint``: build a module from a checkpoint, without a Trainer.
+
+Works in one process without a process group, for full and sharded checkpoints written by
+fullshard and for Lightning ``.ckpt`` files, and behaves as Lightning's ``load_from_checkpoint``
+does: the module is created from the saved hyperparameters (keyword arguments override them),
+``configure_model()`` and ``on_load_checkpoint(checkpoint)`` run, the weights load, and the module
+is moved to the device its weights were loaded on. Like Lightning it is left in training mode:
+call ``.eval()`` for inference.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from fullshard.checkpoint.io import load_checkpoint_file
+from fullshard.checkpoint.layout import META_NAME, detect_format
+from fullshard.checkpoint.tools import _committed, _read_dcp
+from fullshard.checkpoint.validate import check_state_dict_matches
+from fullshard.errors import CheckpointNotFoundError
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def _default_map_location(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage | None:
+    """Keep each tensor on the device it was saved from, or CPU when that device is not here
+    (Lightning's default)."""
+    if location.startswith("cuda") and not torch.cuda.is_available():
+        return storage.cpu()
+    if location.startswith("mps") and not torch.backends.mps.is_available():
+        return storage.cpu()
+    return None
+
+
+def _read_full(path: Path, map_location: Any) -> dict[str, Any]:
+    return load_checkpoint_file(path, map_location=map_location or _default_map_location)
+
+
+def _read_sharded(path: Path, map_location: Any) -> dict[str, Any]:
+    """The non-tensor entries and the model weights of a sharded checkpoint, assembled whole
+    (on CPU, then moved to ``map_location``); the optimizer states are not read."""
+    if map_location is not None and not isinstance(map_location, str | torch.device):
+        raise TypeError(
+            f"map_location={map_location!r}: a sharded checkpoint is read onto the CPU and then moved, so "
+            "map_location must be a device ('cpu', 'cuda:0', torch.device(...)) or None. To remap devices "
+            "with a dict or function, consolidate it first: fullshard checkpoint consolidate PATH OUT.ckpt."
+        )
+    _, data = _committed(path)
+    checkpoint = load_checkpoint_file(data / META_NAME, require_state_dict=False)
+    weights = _read_dcp(data, prefix="model.").get("model", {})
+    device = torch.device(map_location) if map_location is not None else None
+    checkpoint["state_dict"] = {
+        k: v.to(device) if device is not None and isinstance(v, torch.Tensor) else v for k, v in weights.items()
+    }
+    return checkpoint
+
+
+def _init_arguments(cls: type[M], checkpoint: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``cls.__init__``'s arguments: the saved hyperparameters, overridden by ``kwargs``.
+
+    As in Lightning, saved hyperparameters that ``__init__`` does not take are left out (unless
+    it takes ``**kwargs``), and a checkpoint whose hyperparameters were saved as one argument
+    (``hparams_name``) passes them as that argument.
+    """
+    parameters = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    names = [
+        n
+        for n, p in list(parameters.items())[1:]
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    unknown = sorted(set(kwargs) - set(names))
+    if unknown and not takes_any:
+        raise TypeError(
+            f"{cls.__name__}.load_from_checkpoint() got {', '.join(unknown)}, which {cls.__name__}.__init__ "
+            f"does not take (it takes {', '.join(names) or 'no arguments'}). Pass only arguments of "
+            "__init__; they override the hyperparameters saved in the checkpoint."
+        )
+    saved = dict(checkpoint["hyper_parameters"])
+    hparams_name = checkpoint.get("hparams_name")
+    if isinstance(hparams_name, str) and hparams_name in names and hparams_name not in kwargs:
+        saved = {hparams_name: saved}
+    elif not takes_any:
+        saved = {k: v for k, v in saved.items() if k in names}
+    return {**saved, **kwargs}
+
+
+def load_module_from_checkpoint(
+    cls: type[M],
+    checkpoint_path: str | Path,
+    map_location: Any = None,
+    strict: bool = True,
+    **kwargs: Any,
+) -> M:
+    """Create ``cls`` from the checkpoint at ``checkpoint_path`` (see the module docstring).
+
+    Args:
+        cls: the module class; created as ``cls(**hyper_parameters, **kwargs)``.
+        checkpoint_path: a full checkpoint file, a sharded checkpoint directory, or a Lightning
+            ``.ckpt`` file.
+        map_location: as for ``torch.load``; default: the device each tensor was saved from, or
+            the CPU when that device is not available. A sharded checkpoint takes a device only.
+        strict: the checkpoint's weights and the module's must have exactly the same names (shapes
+            must match either way).
+        kwargs: arguments of ``cls.__init__`` that override the saved hyperparameters.
+
+    Raises:
+        CheckpointNotFoundError: nothing at the path, or a directory that holds no checkpoint.
+        IncompleteCheckpointError, CorruptCheckpointError: a checkpoint that cannot be trusted.
+        StateDictMismatchError: the weights are another model's (all differences listed).
+        TypeError: ``kwargs`` that ``cls.__init__`` does not take.
+    """
+    path = Path(checkpoint_path)
+    if not path.exists():
+        raise CheckpointNotFoundError(
+            f"{cls.__name__}.load_from_checkpoint(): nothing at {str(path)!r}. Pass the path of a checkpoint "
+            "file or directory that Trainer.save_checkpoint() or ModelCheckpoint wrote (or a Lightning .ckpt)."
+        )
+    if detect_format(path) == "full":
+        checkpoint = _read_full(path, map_location)
+    else:
+        checkpoint = _read_sharded(path, map_location)
+    checkpoint["hyper_parameters"] = {**checkpoint.get("hyper_parameters", {}), **kwargs}
+
+    model = cls(**_init_arguments(cls, checkpoint, kwargs))
+    configure_model = getattr(model, "configure_model", None)
+    if callable(configure_model):
+        configure_model()
+    on_load_checkpoint = getattr(model, "on_load_checkpoint", None)
+    if callable(on_load_checkpoint):
+        on_load_checkpoint(checkpoint)
+
+    state_dict = checkpoint["state_dict"]
+    expected = {k: v.shape for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    check_state_dict_matches(expected, state_dict, strict=strict)
+    keys = model.load_state_dict(state_dict, strict=strict)
+    if not strict and (keys.missing_keys or keys.unexpected_keys):
+        warnings.warn(
+            f"{cls.__name__}.load_from_checkpoint(strict=False) loaded {str(path)!r} partially: "
+            f"not in the checkpoint (left as initialised): {keys.missing_keys or 'none'}; in the checkpoint "
+            f"but not in the module (ignored): {keys.unexpected_keys or 'none'}.",
+            stacklevel=2,
+        )
+    tensors = (v for v in state_dict.values() if isinstance(v, torch.Tensor))
+    first = next(tensors, None)
+    return model.to(first.device) if first is not None else model
