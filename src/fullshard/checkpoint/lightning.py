@@ -149,6 +149,7 @@ def loop_state(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
             "global_step": int(checkpoint.get("global_step", 0)),
             "batches_in_epoch": 0,
             "epoch_finished": False,
+            "total_batch_idx": 0,
         }
     optim = fit_loop.get("epoch_loop.automatic_optimization.optim_progress", {})
     manual = fit_loop.get("epoch_loop.manual_optimization.optim_step_progress", {})
@@ -157,6 +158,7 @@ def loop_state(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
     )
     epochs = _progress(fit_loop, "epoch_progress")
     batches = _progress(fit_loop, "epoch_loop.batch_progress")
+    total_batches = fit_loop.get("epoch_loop.batch_progress", {}).get("total", {}).get("processed", 0)
     epoch = epochs.get("completed", 0)
     finished = epochs.get("processed", 0) > epoch
     mid_epoch = not finished and epochs.get("started", 0) > epoch
@@ -165,6 +167,7 @@ def loop_state(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
         "global_step": global_step,
         "batches_in_epoch": batches.get("processed", 0) if (finished or mid_epoch) else 0,
         "epoch_finished": finished,
+        "total_batch_idx": int(total_batches),
     }
 
 

@@ -287,7 +287,10 @@ def _check_arguments(
         raise bad("min_delta", min_delta, "use a number >= 0 (the size of an improvement that counts)")
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
         raise bad("patience", patience, "use an int >= 0 (checks without improvement before stopping)")
-    for name, value in (("stopping_threshold", stopping_threshold), ("divergence_threshold", divergence_threshold)):
+    for name, value in (
+        ("stopping_threshold", stopping_threshold),
+        ("divergence_threshold", divergence_threshold),
+    ):
         if value is not None and not is_number(value):
             raise bad(name, value, "use a number, or None to disable it")
     for name, value in flags.items():

@@ -134,7 +134,7 @@ class LearningRateMonitor(Callback):
     def _optimizer_stats(self, optimizer: Optimizer, names: list[str]) -> dict[str, float]:
         stats: dict[str, float] = {}
         use_betas = "betas" in optimizer.defaults
-        for group, name in zip(optimizer.param_groups, names):
+        for group, name in zip(optimizer.param_groups, names, strict=True):
             lr = float(group["lr"])
             stats[name] = lr
             self.lrs[name].append(lr)
@@ -169,7 +169,9 @@ class LearningRateMonitor(Callback):
             name = config.name
             base = name if name is not None else f"lr-{type(optimizer).__name__}"
             seen.append(optimizer)
-            entries.append((optimizer, _group_names(optimizer, base, counts, count=name is None), config.interval))
+            entries.append(
+                (optimizer, _group_names(optimizer, base, counts, count=name is None), config.interval)
+            )
         for optimizer in trainer.optimizers:
             optimizer = getattr(optimizer, "optimizer", optimizer)  # a wrapper around the torch optimizer
             if any(optimizer is s for s in seen):
@@ -180,7 +182,9 @@ class LearningRateMonitor(Callback):
         return entries
 
 
-def _group_names(optimizer: Optimizer, base: str, counts: defaultdict[type, int], *, count: bool) -> list[str]:
+def _group_names(
+    optimizer: Optimizer, base: str, counts: defaultdict[type, int], *, count: bool
+) -> list[str]:
     kind = type(optimizer)
     if count:
         counts[kind] += 1

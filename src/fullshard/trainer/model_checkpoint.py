@@ -201,10 +201,11 @@ class ModelCheckpoint(Callback):
         self._fitting = stage == "fit"
         self._validation_has_run = False
         # Rank 0 decides (a logger's version is picked from what is on its disk) and tells the others.
-        self.dirpath = trainer.strategy.broadcast(self._resolve_dirpath(trainer) if trainer.is_global_zero else None)
-        if trainer.is_global_zero and stage == "fit" and self.save_top_k != 0:
-            if os.path.isdir(self.dirpath) and os.listdir(self.dirpath):
-                warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", stacklevel=2)
+        dirpath = trainer.strategy.broadcast(self._resolve_dirpath(trainer) if trainer.is_global_zero else "")
+        self.dirpath = dirpath
+        warn = trainer.is_global_zero and stage == "fit" and self.save_top_k != 0
+        if warn and os.path.isdir(dirpath) and os.listdir(dirpath):
+            warnings.warn(f"Checkpoint directory {dirpath} exists and is not empty.", stacklevel=2)
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: Module) -> None:
@@ -232,7 +233,11 @@ class ModelCheckpoint(Callback):
         if self.monitor is not None and (
             self.monitor not in candidates
             # The metric is stale when a validation follows this last batch of the epoch.
-            or (trainer.is_last_batch and not self._should_save_on_train_epoch_end(trainer) and _validates_now(trainer))
+            or (
+                trainer.is_last_batch
+                and not self._should_save_on_train_epoch_end(trainer)
+                and _validates_now(trainer)
+            )
         ):
             self._defer_save_until_validation = True
             return
@@ -266,7 +271,11 @@ class ModelCheckpoint(Callback):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: Module) -> None:
         # save_last promises a last checkpoint even when no trigger fired (e.g. stopped by max_steps).
-        if self.save_last and not self._last_checkpoint_saved and not self._should_skip_saving_checkpoint(trainer):
+        if (
+            self.save_last
+            and not self._last_checkpoint_saved
+            and not self._should_skip_saving_checkpoint(trainer)
+        ):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             self._remove_pending(trainer)
 
@@ -348,8 +357,12 @@ class ModelCheckpoint(Callback):
         """The logged metrics, with ``epoch`` and ``step`` as ints (logged values win)."""
         candidates = dict(trainer.callback_metrics)
         epoch, step = candidates.get("epoch"), candidates.get("step")
-        candidates["epoch"] = epoch.int() if isinstance(epoch, torch.Tensor) else torch.tensor(trainer.current_epoch)
-        candidates["step"] = step.int() if isinstance(step, torch.Tensor) else torch.tensor(trainer.global_step)
+        candidates["epoch"] = (
+            epoch.int() if isinstance(epoch, torch.Tensor) else torch.tensor(trainer.current_epoch)
+        )
+        candidates["step"] = (
+            step.int() if isinstance(step, torch.Tensor) else torch.tensor(trainer.global_step)
+        )
         return candidates
 
     def check_monitor_top_k(self, trainer: Trainer, current: torch.Tensor | None = None) -> bool:
@@ -445,11 +458,6 @@ class ModelCheckpoint(Callback):
             oldest = self._newest.pop(0)
             if self._should_remove_checkpoint(trainer, oldest, filepath):
                 self._to_remove.append(oldest)
-        if self.verbose:
-            self._info(
-                trainer,
-                f"Epoch {int(candidates['epoch'])}, global step {int(candidates['step'])}: saving model to {filepath!r}",
-            )
 
     def _save_last_checkpoint(self, trainer: Trainer, candidates: dict[str, torch.Tensor]) -> None:
         if not self.save_last:
@@ -469,8 +477,10 @@ class ModelCheckpoint(Callback):
             self._to_remove.append(previous)
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        if os.path.islink(filepath):
-            # A "last" link of an earlier run: write a real checkpoint, not into the link's target.
+        is_link = os.path.islink(filepath) if trainer.is_global_zero else False
+        if trainer.strategy.reduce_boolean_decision(is_link, all=False):
+            # A "last" link (of an earlier run, or before save_last changed): write a real checkpoint
+            # in its place, not into the checkpoint it points to.
             if trainer.is_global_zero:
                 os.unlink(filepath)
             trainer.strategy.barrier("model_checkpoint_unlink")
@@ -514,7 +524,13 @@ class ModelCheckpoint(Callback):
         """Delete what this save event evicted (see [Note: atomic commit])."""
         if not self._to_remove:
             return
-        live = {self.best_model_path, self.last_model_path, self._last_checkpoint_saved, *self.best_k_models, *self._newest}
+        live = {
+            self.best_model_path,
+            self.last_model_path,
+            self._last_checkpoint_saved,
+            *self.best_k_models,
+            *self._newest,
+        }
         doomed = [p for p in dict.fromkeys(self._to_remove) if p not in live]
         self._to_remove = []
         if trainer.is_global_zero:
@@ -537,7 +553,13 @@ class ModelCheckpoint(Callback):
             value = metrics.get(name, 0)  # Lightning writes 0 for a metric not logged (yet)
             if isinstance(value, torch.Tensor) and value.dim() == 0:
                 value = value.item()
-            text = format(value, spec)
+            try:
+                text = format(value, spec)
+            except ValueError as err:
+                raise MisconfigurationError(
+                    f"ModelCheckpoint(filename={template!r}): cannot format {name!r} = {value!r} with "
+                    f"{{{name}:{spec}}} ({err}). Change the format spec, e.g. {{{name}:.4f}} for a float."
+                ) from None
             return name + self.CHECKPOINT_EQUALS_CHAR + text if auto_insert_metric_name else text
 
         name = _FIELD.sub(fill, template)
@@ -556,7 +578,10 @@ class ModelCheckpoint(Callback):
         in :attr:`dirpath`; ``ver=1`` appends ``-v1``.
         """
         name = self._format_checkpoint_name(
-            filename or self.filename, metrics, prefix=prefix, auto_insert_metric_name=self.auto_insert_metric_name
+            filename or self.filename,
+            metrics,
+            prefix=prefix,
+            auto_insert_metric_name=self.auto_insert_metric_name,
         )
         if ver is not None:
             name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
@@ -576,7 +601,7 @@ class ModelCheckpoint(Callback):
 
     def file_exists(self, filepath: str | os.PathLike[str], trainer: Trainer) -> bool:
         """Whether ``filepath`` exists, as rank 0 sees it (every rank gets the same answer)."""
-        exists = os.path.lexists(filepath) if trainer.is_global_zero else False
+        exists = os.path.exists(filepath) if trainer.is_global_zero else False
         return trainer.strategy.reduce_boolean_decision(exists, all=False)
 
     def _resolve_dirpath(self, trainer: Trainer) -> str:
@@ -596,7 +621,10 @@ class ModelCheckpoint(Callback):
                     "Pass a path: to_yaml('best_k_models.yaml')."
                 )
             filepath = os.path.join(self.dirpath, "best_k_models.yaml")
-        lines = [f"{_yaml_string(path)}: {_yaml_float(score.item())}\n" for path, score in self.best_k_models.items()]
+        lines = [
+            f"{_yaml_string(path)}: {_yaml_float(score.item())}\n"
+            for path, score in self.best_k_models.items()
+        ]
         Path(filepath).write_text("".join(lines) or "{}\n", encoding="utf-8")
 
     def newest_checkpoint(self) -> str | None:
@@ -686,7 +714,7 @@ def _check_arguments(
         raise bad("filename", filename, "use a name template such as '{epoch}-{val_loss:.2f}', or None")
     if monitor is not None and (not isinstance(monitor, str) or not monitor):
         raise bad("monitor", monitor, "use the name of a logged metric, or None")
-    if save_last not in (None, True, False, "link") or isinstance(save_last, int) and not isinstance(save_last, bool):
+    if not (save_last is None or isinstance(save_last, bool) or save_last == "link"):
         raise bad("save_last", save_last, "use True, False, None or 'link'")
     if not is_int(save_top_k) or save_top_k < -1:
         raise bad("save_top_k", save_top_k, "use -1 (keep all), 0 (none besides last) or k >= 1")

@@ -131,6 +131,39 @@ class _DataSources:
         )
 
 
+# LightningModule hooks that fullshard does not call, with what to do instead. A hook that
+# exists in Lightning and is silently not called is the worst kind of gap (DESIGN.md).
+_LIGHTNING_ONLY_HOOKS = {
+    "optimizer_step": "put per-step logic in on_before_optimizer_step or a callback's on_train_batch_end",
+    "optimizer_zero_grad": "gradients are zeroed with set_to_none=True; use on_before_zero_grad to act first",
+    "backward": "use on_before_backward / on_after_backward",
+    "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
+    "lr_scheduler_step": "return schedulers from configure_optimizers; they are stepped for you",
+    "configure_callbacks": "pass the callbacks to Trainer(callbacks=[...])",
+    "on_before_batch_transfer": "move or transform the batch at the start of training_step",
+    "transfer_batch_to_device": "move the batch at the start of training_step",
+    "on_after_batch_transfer": "transform the batch at the start of training_step",
+    "configure_sharded_model": "rename it configure_model",
+    "on_validation_model_eval": "the Trainer calls module.eval() itself",
+    "on_validation_model_train": "the Trainer calls module.train() itself",
+}
+
+
+def _check_lightning_only_hooks(model: Module) -> None:
+    if getattr(model, "automatic_optimization", True) is False:
+        raise MisconfigurationError(
+            f"{type(model).__name__} sets automatic_optimization = False (Lightning's manual optimization), "
+            "which fullshard does not support: the Trainer runs backward and the optimizer step. Return the "
+            "loss from training_step instead."
+        )
+    defined = [name for name in _LIGHTNING_ONLY_HOOKS if callable(getattr(type(model), name, None))]
+    for name in defined:
+        rank_zero_warn(
+            f"{type(model).__name__}.{name}() is a Lightning hook that fullshard does not call; "
+            f"{_LIGHTNING_ONLY_HOOKS[name]} (docs/lightning.md)."
+        )
+
+
 def _monitoring_types() -> tuple[type, ...]:
     """Callbacks that act on metrics an epoch-end hook of the module may log."""
     try:  # TODO(lead): plain import once early_stopping.py lands
@@ -705,6 +738,7 @@ class Trainer:
             )
         self._module = model
         self._datamodule = sources.datamodule
+        _check_lightning_only_hooks(model)
         step = {"fit": "training_step", "validate": "validation_step", "test": "test_step"}.get(stage)
         if step is not None and not _overrides(model, Module, step):
             raise MisconfigurationError(

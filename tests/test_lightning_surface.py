@@ -1,0 +1,313 @@
+"""The Lightning-shaped surface in one process: hooks, test/predict, DataModule, sanity run,
+Trainer options, metric timing, errors found before any process starts."""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import fullshard
+from conftest import SCRIPTS, quiet_trainer
+from fullshard.errors import MisconfigurationError
+
+sys.path.insert(0, str(SCRIPTS))
+from train_mlp import MLP, make_data
+
+
+class Recorder(MLP):
+    """Records the hooks called on the module and what was logged in epoch-end hooks."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+        self.calls: list[str] = []
+
+    def setup(self, stage: str) -> None:
+        self.calls.append(f"setup:{stage}")
+
+    def teardown(self, stage: str) -> None:
+        self.calls.append(f"teardown:{stage}")
+
+    def on_train_start(self) -> None:
+        self.calls.append("on_train_start")
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.calls.append("on_train_batch_start")
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        self.calls.append("on_before_backward")
+
+    def on_after_backward(self) -> None:
+        self.calls.append("on_after_backward")
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        self.calls.append("on_before_optimizer_step")
+
+    def on_before_zero_grad(self, optimizer: Any) -> None:
+        self.calls.append("on_before_zero_grad")
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        assert set(outputs) == {"loss"} and outputs["loss"].requires_grad is False
+        self.calls.append("on_train_batch_end")
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val_epoch_end_step", float(self.global_step))
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train_epoch_end_epoch", float(self.current_epoch))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_loss", F.mse_loss(self.net(x).squeeze(-1), y))
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.net(batch[0]).squeeze(-1)
+
+
+def test_module_hooks_are_called_in_lightnings_order(tmp_path: Path) -> None:
+    model = Recorder(hidden=16)
+    trainer = quiet_trainer(tmp_path, max_steps=2, num_sanity_val_steps=0)
+    trainer.fit(model, DataLoader(make_data(), batch_size=16))
+    per_step = [
+        "on_train_batch_start",
+        "on_before_zero_grad",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_train_batch_end",
+    ]
+    assert model.calls == ["setup:fit", "on_train_start", *per_step, *per_step, "teardown:fit"]
+    assert model.hparams.hidden == 16 and model.global_step == 2 and model.global_rank == 0
+
+
+def test_epoch_end_logs_reach_monitors_and_loggers_at_once(tmp_path: Path) -> None:
+    seen: list[float] = []
+
+    class Monitor(fullshard.Callback):
+        def on_validation_end(self, trainer: Any, module: Any) -> None:
+            seen.append(float(trainer.callback_metrics["val_epoch_end_step"]))
+
+    trainer = quiet_trainer(tmp_path, max_epochs=2, callbacks=[Monitor()], logger=True)
+    loader = DataLoader(make_data(), batch_size=16)
+    trainer.fit(Recorder(), loader, DataLoader(make_data(), batch_size=32))
+    assert seen == [0.0, 6.0, 12.0]  # sanity run, then after each epoch of 6 steps: never one behind
+    assert trainer.logged_metrics["train_epoch_end_epoch"] == 1.0  # the last epoch's value arrives
+    rows = list(csv.DictReader(next(tmp_path.glob("fullshard_logs/version_0/metrics.csv")).open()))
+    # logged at Lightning's steps (the epoch's last step, 0-based); the sanity run is not logged
+    assert [(int(r["step"]), float(r["val_epoch_end_step"])) for r in rows if r.get("val_epoch_end_step")] == [
+        (5, 6.0),
+        (11, 12.0),
+    ]
+    assert [int(r["step"]) for r in rows if r.get("train_epoch_end_epoch")] == [5, 11]
+
+
+def test_test_and_predict(tmp_path: Path) -> None:
+    model = Recorder()
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(model, DataLoader(make_data(), batch_size=16))
+    data = make_data()
+    result = trainer.test(model, DataLoader(data, batch_size=40))
+    with torch.no_grad():
+        expected = F.mse_loss(model.net(data.tensors[0]).squeeze(-1), data.tensors[1])
+    # batches of 40, 40 and 16 weighted by size: the mean over the whole dataset
+    assert result == [{"test_loss": pytest.approx(float(expected), rel=1e-5)}]
+    predictions = trainer.predict(model, DataLoader(data, batch_size=40))
+    assert predictions is not None and [p.shape[0] for p in predictions] == [40, 40, 16]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.cat(predictions), model.net(data.tensors[0]).squeeze(-1))
+    assert trainer.predict(model, DataLoader(data, batch_size=40), return_predictions=False) is None
+    assert model.calls.count("setup:test") == 1 and model.calls[-1] == "teardown:predict"
+
+
+def test_datamodule_and_module_dataloaders(tmp_path: Path) -> None:
+    class Data(fullshard.LightningDataModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def prepare_data(self) -> None:
+            self.calls.append("prepare_data")
+
+        def setup(self, stage: str) -> None:
+            self.calls.append(f"setup:{stage}")
+            self.data = make_data()
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(self.data, batch_size=16)
+
+        def val_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(self.data, batch_size=32)
+
+        def test_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(self.data, batch_size=32)
+
+    dm = Data()
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    model = Recorder()
+    trainer.fit(model, datamodule=dm)
+    assert "val_loss" in trainer.callback_metrics and trainer.datamodule is dm
+    trainer.test(datamodule=dm)
+    assert dm.calls == ["prepare_data", "setup:fit", "prepare_data", "setup:test"]
+
+    class OwnData(Recorder):
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(make_data(), batch_size=16)
+
+    trainer = quiet_trainer(tmp_path, max_steps=3)
+    trainer.fit(OwnData())
+    assert trainer.global_step == 3
+
+
+def test_sanity_run_fast_dev_run_and_validation_schedule(tmp_path: Path) -> None:
+    class CountVal(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.val_batches = 0
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.val_batches += 1
+            super().validation_step(batch, batch_idx)
+
+    train, val = DataLoader(make_data(), batch_size=16), DataLoader(make_data(), batch_size=16)
+    model = CountVal()
+    quiet_trainer(tmp_path, max_epochs=1).fit(model, train, val)
+    assert model.val_batches == 2 + 6  # num_sanity_val_steps=2, then a full validation
+    model = CountVal()
+    trainer = quiet_trainer(tmp_path, max_epochs=4, check_val_every_n_epoch=2, num_sanity_val_steps=0)
+    trainer.fit(model, train, val)
+    assert model.val_batches == 2 * 6
+    model = CountVal()
+    trainer = quiet_trainer(tmp_path, max_epochs=1, val_check_interval=0.5, num_sanity_val_steps=0)
+    trainer.fit(model, train, val)
+    assert model.val_batches == 2 * 6
+    model = CountVal()
+    trainer = quiet_trainer(tmp_path, fast_dev_run=2, logger=True, enable_checkpointing=True)
+    trainer.fit(model, train, val)
+    assert (trainer.global_step, model.val_batches) == (2, 2)
+    assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("fullshard_logs"))
+
+
+def test_scheduler_forms_and_estimated_stepping_batches(tmp_path: Path) -> None:
+    totals: list[float] = []
+
+    class OneCycle(Recorder):
+        def configure_optimizers(self) -> Any:
+            total = self.trainer.estimated_stepping_batches
+            totals.append(total)
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [opt], [torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=int(total))]
+
+    trainer = quiet_trainer(tmp_path, max_epochs=3, accumulate_grad_batches=4)
+    trainer.fit(OneCycle(), DataLoader(make_data(), batch_size=16))  # 6 batches: 2 steps per epoch
+    assert totals[-1] == 6 and trainer.global_step == 6
+
+    class Plateau(Recorder):
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+            return {"optimizer": opt, "lr_scheduler": sched, "monitor": "val_loss"}
+
+    trainer = quiet_trainer(tmp_path, max_epochs=2)
+    trainer.fit(Plateau(), DataLoader(make_data(), batch_size=16), DataLoader(make_data(), batch_size=16))
+    assert trainer.lr_scheduler_configs[0].monitor == "val_loss"
+
+
+def test_batch_size_is_inferred_for_epoch_means(tmp_path: Path) -> None:
+    class Sizes(Recorder):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("mean_size", float(batch[0].shape[0]))  # weighted by itself: sum(n^2) / sum(n)
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1, num_sanity_val_steps=0)
+    trainer.fit(Sizes(), DataLoader(make_data(), batch_size=16), DataLoader(make_data(n=40), batch_size=16))
+    assert float(trainer.callback_metrics["mean_size"]) == pytest.approx((16 * 16 * 2 + 8 * 8) / 40)
+
+
+def test_ckpt_path_best_and_last(tmp_path: Path) -> None:
+    checkpoint = fullshard.ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="val_loss", save_last=True)
+    trainer = quiet_trainer(tmp_path, max_epochs=2, callbacks=[checkpoint])
+    model = Recorder()
+    train, val = DataLoader(make_data(), batch_size=16), DataLoader(make_data(), batch_size=32)
+    trainer.fit(model, train, val)
+    assert checkpoint.best_model_path
+    best = trainer.validate(model, val, ckpt_path="best", verbose=False)
+    assert best[0]["val_loss"] == pytest.approx(float(checkpoint.best_model_score), rel=1e-5)
+    assert trainer.test(ckpt_path="last", dataloaders=val, verbose=False)[0]["test_loss"] > 0
+    with pytest.raises(MisconfigurationError, match=r"ckpt_path='best'\) needs a best checkpoint"):
+        quiet_trainer(tmp_path).validate(model, val, ckpt_path="best")
+
+
+def test_trainer_properties(tmp_path: Path) -> None:
+    trainer = quiet_trainer(tmp_path, max_steps=2)
+    assert trainer.model is None
+    model = Recorder()
+    trainer.fit(model, DataLoader(make_data(), batch_size=16))
+    assert trainer.lightning_module is model and trainer.model is model  # one process: not wrapped
+    assert trainer.estimated_stepping_batches == 2
+    assert model.all_gather(torch.tensor([1.0, 2.0])).shape == (1, 2)
+    assert isinstance(model.optimizers(), torch.optim.Optimizer) and model.lr_schedulers() is None
+
+
+def test_deterministic_sets_torch(tmp_path: Path) -> None:
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        quiet_trainer(tmp_path, max_steps=1, deterministic=True).fit(Recorder(), DataLoader(make_data(), batch_size=16))
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def test_errors_before_any_process_starts(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'max_epoch'. Did you mean 'max_epochs'"):
+        fullshard.Trainer(max_epoch=3)
+    with pytest.raises(MisconfigurationError, match=r"Trainer\(profiler='simple'\) is a Lightning option"):
+        fullshard.Trainer(profiler="simple")
+    fullshard.Trainer(accelerator="cpu", profiler=None, sync_batchnorm=False)  # Lightning's "off" values pass
+    trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+
+    class NoOptimizer(Recorder):
+        def configure_optimizers(self) -> Any:
+            return None
+
+    # a 2-process Trainer: each error below comes at once, with no process started
+    with pytest.raises(MisconfigurationError, match=r"configure_optimizers\(\) returned None"):
+        trainer.fit(NoOptimizer(), DataLoader(make_data()))
+    with pytest.raises(MisconfigurationError, match=r"train_dataloaders must be a torch.utils.data.DataLoader, got TensorDataset"):
+        trainer.fit(Recorder(), make_data())
+    with pytest.raises(MisconfigurationError, match=r"Trainer.test\(\) needs MLP.test_step"):
+        trainer.test(MLP(), DataLoader(make_data()))
+    with pytest.raises(MisconfigurationError, match=r"Trainer.fit\(\) got no train data"):
+        trainer.fit(Recorder())
+
+    class Manual(Recorder):
+        automatic_optimization = False
+
+    with pytest.raises(MisconfigurationError, match=r"manual optimization"):
+        trainer.fit(Manual(), DataLoader(make_data()))
+
+    class CustomStep(Recorder):
+        def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_trainer(tmp_path, max_steps=1).fit(CustomStep(), DataLoader(make_data(), batch_size=16))
+    assert any("optimizer_step() is a Lightning hook that fullshard does not call" in str(w.message) for w in caught)
+
+
+def test_log_in_epoch_hook_with_on_step_is_refused(tmp_path: Path) -> None:
+    class Bad(Recorder):
+        def on_train_epoch_end(self) -> None:
+            self.log("x", 1.0, on_step=True)
+
+    with pytest.raises(MisconfigurationError, match=r"log\('x', on_step=True\) was called in an epoch-level hook"):
+        quiet_trainer(tmp_path, max_epochs=1).fit(Bad(), DataLoader(make_data(), batch_size=16))
+    assert math.isfinite(1.0)
