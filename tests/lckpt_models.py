@@ -27,7 +27,6 @@ LIGHTNING_SCRIPT = Path(__file__).parent / "scripts" / "lckpt_lightning.py"
 # A separate environment with Lightning (never a dependency of fullshard), used when this
 # interpreter has no Lightning; the tests that need Lightning are skipped when neither has it.
 LIGHTNING_VENV_PYTHON = Path("/tmp/lvenv/bin/python")
-BATCHES_PER_EPOCH = 8
 
 
 class MLP(fullshard.Module):
@@ -71,21 +70,26 @@ def loader() -> DataLoader:
     return DataLoader(make_data(), batch_size=4, shuffle=False)
 
 
-def plain_continuation(checkpoint: dict[str, Any], steps: int) -> dict[str, Any]:
-    """Continue a Lightning checkpoint of ``MLP`` with a plain PyTorch loop (no Trainer) until
-    ``steps`` optimizer steps in all: what an uninterrupted run would have done.
+def batches(world_size: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch of global batches: with ``world_size`` processes each rank takes every
+    ``world_size``-th sample (DistributedSampler without shuffling), 4 per step, so a step's
+    global batch is ``4 * world_size`` consecutive samples."""
+    x, y = make_data().tensors
+    size = 4 * world_size
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
 
-    The checkpoint's position is read from its own counters: it was saved after
-    ``global_step`` steps, one per batch of the unshuffled loader.
-    """
+
+def plain_continuation(
+    checkpoint: dict[str, Any], steps: list[tuple[torch.Tensor, torch.Tensor]]
+) -> dict[str, Any]:
+    """Continue a checkpoint of ``MLP`` with a plain PyTorch loop (no Trainer) over the batches
+    ``steps``: what the uninterrupted run would have done from the checkpoint's state."""
     model = MLP(**checkpoint["hyper_parameters"])
     model.load_state_dict(checkpoint["state_dict"])
     opt, sched = make_optimizer(model)
     opt.load_state_dict(checkpoint["optimizer_states"][0])
     sched.load_state_dict(checkpoint["lr_schedulers"][0])
-    batches = list(loader())
-    for step in range(checkpoint["global_step"], steps):
-        x, y = batches[step % BATCHES_PER_EPOCH]
+    for x, y in steps:
         model.calls += 1
         loss = F.mse_loss(model.net(x), y)
         opt.zero_grad(set_to_none=True)

@@ -4,6 +4,7 @@ Trainer options, metric timing, errors found before any process starts."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import sys
 import warnings
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
-from conftest import SCRIPTS, quiet_trainer
+from conftest import SCRIPTS, check_ok, quiet_trainer, run_script
 from fullshard.errors import MisconfigurationError
 
 sys.path.insert(0, str(SCRIPTS))
@@ -311,3 +312,19 @@ def test_log_in_epoch_hook_with_on_step_is_refused(tmp_path: Path) -> None:
     with pytest.raises(MisconfigurationError, match=r"log\('x', on_step=True\) was called in an epoch-level hook"):
         quiet_trainer(tmp_path, max_epochs=1).fit(Bad(), DataLoader(make_data(), batch_size=16))
     assert math.isfinite(1.0)
+
+
+@pytest.mark.multiprocess
+def test_validation_loss_is_the_same_on_1_2_and_3_processes(tmp_path: Path) -> None:
+    sys.path.insert(0, str(SCRIPTS))
+    from val_weighting import Fixed
+    from val_weighting import make_data as val_data
+
+    data = val_data()
+    with torch.no_grad():
+        expected = float(F.mse_loss(Fixed().layer(data.tensors[0]).squeeze(-1), data.tensors[1]))
+    for devices, strategy in ((1, "ddp"), (2, "fsdp"), (3, "ddp")):
+        out = tmp_path / f"{devices}.json"
+        check_ok(run_script("val_weighting.py", "--out", str(out), "--devices", str(devices), "--strategy", strategy))
+        # each batch weighs its size (the short last batch less), so the mean is the dataset's
+        assert json.loads(out.read_text())["val_loss"] == pytest.approx(expected, rel=1e-6), devices

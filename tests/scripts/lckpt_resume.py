@@ -3,7 +3,7 @@ tests/test_lightning_checkpoints.py.
 
 python tests/scripts/lckpt_resume.py --ckpt lightning.ckpt --strategy fsdp --devices 2 --out DIR
 
-Trains to the end of epoch 2 and writes ``DIR/final.pt`` (the full weights, optimizer and
+Trains to the end of epoch 2 (or ``--max-steps``) and writes ``DIR/final.pt`` (the full weights, optimizer and
 scheduler states, counters and the warnings rank 0 saw while resuming).
 """
 
@@ -40,6 +40,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--max-steps", type=int, default=-1, help="stop here (the checkpoint's step: load only)")
     args = p.parse_args()
 
     fullshard.seed_everything(7)
@@ -49,6 +50,7 @@ def main() -> None:
         devices=args.devices,
         strategy=make_strategy(args.strategy),
         max_epochs=2,
+        max_steps=args.max_steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
