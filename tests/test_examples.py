@@ -42,3 +42,14 @@ def test_regressor_example_trains_and_resumes(tmp_path: Path) -> None:
     )
     check_ok(result)
     assert "best checkpoint:" in result.stdout and "step=42" in result.stdout
+
+
+def test_readme_use_it_block_runs(tmp_path: Path) -> None:
+    """The README's "Use it" code is a complete script a newcomer can paste and run."""
+    section = (ROOT / "README.md").read_text().split("## Use it", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert code, "README's Use it section has no Python block"
+    script = tmp_path / "use_it.py"
+    script.write_text(code.group(1))
+    check_ok(_run([str(script)], cwd=tmp_path))
+    assert (tmp_path / "model.ckpt").is_file()

@@ -31,12 +31,15 @@ def _versions(python: str) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", default="/tmp/lvenv/bin/python", help="a Python with lightning installed")
-    parser.add_argument("scripts", nargs="*", default=list(SCRIPTS), choices=[*SCRIPTS, []])
+    parser.add_argument("scripts", nargs="*", help=f"some of {', '.join(SCRIPTS)} (default: all)")
     args = parser.parse_args()
+    unknown = sorted(set(args.scripts) - set(SCRIPTS))
+    if unknown:
+        parser.error(f"unknown scripts {unknown}; choose from {', '.join(SCRIPTS)}")
     versions = _versions(args.python)
     EXPECTED.mkdir(exist_ok=True)
     failed = []
-    for script in args.scripts:
+    for script in args.scripts or SCRIPTS:
         with tempfile.TemporaryDirectory() as tmp:
             result, record = run_port(script, "lightning", "ddp", Path(tmp), python=args.python)
         problems = [] if result.returncode == 0 else [f"exit {result.returncode}"]
