@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -26,8 +27,6 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
 )
-
-from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from fullshard.errors import MisconfigurationError
 

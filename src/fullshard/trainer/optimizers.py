@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.optim import Optimizer
-
 from lightning_utilities.core.rank_zero import rank_zero_warn
+from torch.optim import Optimizer
 
 from fullshard.errors import MisconfigurationError
 
@@ -104,10 +103,10 @@ def parse_optimizers(config: Any) -> tuple[list[Optimizer], list[LRSchedulerConf
         and all(isinstance(part, list | tuple) for part in config)
         and all(isinstance(o, Optimizer) for o in config[0])
     ):  # Lightning's two lists: ([optimizers], [schedulers])
-        optimizers = list(config[0])
-        if not optimizers:
+        listed = list(config[0])
+        if not listed:
             raise MisconfigurationError(f"configure_optimizers() returned no optimizer; return {_ACCEPTED}.")
-        return optimizers, [_scheduler_config(s) for s in config[1]]
+        return listed, [_scheduler_config(s) for s in config[1]]
     entries: Sequence[Any] = config if isinstance(config, list | tuple) else [config]
     if not entries:
         raise MisconfigurationError(

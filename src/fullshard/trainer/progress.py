@@ -157,7 +157,13 @@ class ProgressBar(Callback):
 
     @override
     def on_validation_batch_end(
-        self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        pl_module: Module,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         bar = self._val_bar
         if bar is None:

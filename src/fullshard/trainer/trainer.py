@@ -14,154 +14,29 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from torch import nn
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
 
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError, RankDivergenceError
-from fullshard.launch import ClusterEnvironment, SpawnLauncher, select_cluster_environment
+from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.seed import current_seed
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.trainer import arguments, checkpointing, evaluation, loops
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
+from fullshard.trainer.devices import resolve_accelerator, resolve_devices
 from fullshard.trainer.loggers import CSVLogger, Logger
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.model_checkpoint import ModelCheckpoint, commit_time
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
+from fullshard.trainer.preflight import DataSources, check_lightning_only_hooks, overrides, single_loader
 from fullshard.trainer.progress import ProgressBar
 from fullshard.trainer.summary import format_results, model_summary
 
 log = logging.getLogger("fullshard")
 
-_ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 _HOOKS = [name for name in vars(Callback) if name.startswith("on_") or name in ("setup", "teardown")]
 _CALLBACK_ONLY = frozenset({"on_sanity_check_start", "on_sanity_check_end", "on_exception"})
-
-
-def _resolve_accelerator(accelerator: str) -> str:
-    if accelerator not in _ACCELERATORS:
-        raise MisconfigurationError(
-            f"accelerator={accelerator!r} is not supported. Use one of {', '.join(map(repr, _ACCELERATORS))}."
-        )
-    if accelerator == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if accelerator in ("cuda", "gpu"):
-        if not torch.cuda.is_available():
-            raise MisconfigurationError(
-                f"accelerator={accelerator!r} was requested but torch sees no CUDA device "
-                f"(torch {torch.__version__}). Use accelerator='cpu', or install a CUDA build of torch."
-            )
-        return "cuda"
-    return "cpu"
-
-
-def _resolve_devices(
-    devices: Any, accelerator: str, env: ClusterEnvironment, num_nodes: int
-) -> list[torch.device]:
-    accepted = "'auto', a positive int, -1 (all GPUs), or a list of GPU indices"
-    if isinstance(devices, str) and devices not in ("auto", "-1"):
-        try:
-            devices = int(devices)
-        except ValueError:
-            raise MisconfigurationError(f"devices={devices!r} is not understood; use {accepted}.") from None
-    available = torch.cuda.device_count() if accelerator == "cuda" else None
-    if devices == "auto":
-        if env.creates_processes_externally and not isinstance(env, _local_environment_type()):
-            devices = max(env.world_size() // num_nodes, 1)
-        else:
-            devices = available if accelerator == "cuda" else 1
-    if devices in (-1, "-1"):
-        if accelerator != "cuda":
-            raise MisconfigurationError(
-                "devices=-1 means 'all GPUs' and needs accelerator='cuda'; on CPU pass a count."
-            )
-        devices = available
-    if isinstance(devices, bool) or not isinstance(devices, int | list | tuple):
-        raise MisconfigurationError(f"devices={devices!r} is not understood; use {accepted}.")
-    if isinstance(devices, int):
-        if devices < 1:
-            raise MisconfigurationError(f"devices={devices} is invalid; use {accepted}.")
-        indices = list(range(devices))
-    else:
-        indices = list(devices)
-        if not indices or not all(isinstance(i, int) and i >= 0 for i in indices):
-            raise MisconfigurationError(f"devices={devices!r} is invalid; use {accepted}.")
-    if accelerator == "cuda":
-        if available is not None and max(indices) >= available:
-            raise MisconfigurationError(
-                f"devices={devices!r} asks for GPU {max(indices)}, but only {available} GPU(s) are visible."
-            )
-        return [torch.device("cuda", i) for i in indices]
-    return [torch.device("cpu")] * len(indices)
-
-
-def _local_environment_type() -> type:
-    from fullshard.launch import LocalEnvironment
-
-    return LocalEnvironment
-
-
-class _DataSources:
-    """Where each stage's dataloader comes from: given to the call, a DataModule, or the module."""
-
-    def __init__(self, datamodule: DataModule | None = None, **loaders: Any) -> None:
-        self.datamodule = datamodule
-        self.loaders = loaders
-
-    def get(self, kind: str, module: Module) -> Any:
-        """The ``kind`` ("train", "val", "test", "predict") loader, or None when there is none."""
-        given = self.loaders.get(kind)
-        if given is not None:
-            return _single_loader(given, kind)
-        method = f"{kind}_dataloader"
-        for source, base in ((self.datamodule, DataModule), (module, Module)):
-            if source is not None and _overrides(source, base, method):
-                return _single_loader(getattr(source, method)(), kind)
-        return None
-
-    def has(self, kind: str, module: Module) -> bool:
-        """Whether a ``kind`` loader will be found (without building it)."""
-        if self.loaders.get(kind) is not None:
-            return True
-        method = f"{kind}_dataloader"
-        return any(
-            source is not None and _overrides(source, base, method)
-            for source, base in ((self.datamodule, DataModule), (module, Module))
-        )
-
-
-# LightningModule hooks that fullshard does not call, with what to do instead. A hook that
-# exists in Lightning and is silently not called is the worst kind of gap (DESIGN.md).
-_LIGHTNING_ONLY_HOOKS = {
-    "optimizer_step": "put per-step logic in on_before_optimizer_step or a callback's on_train_batch_end",
-    "optimizer_zero_grad": "gradients are zeroed with set_to_none=True; use on_before_zero_grad to act first",
-    "backward": "use on_before_backward / on_after_backward",
-    "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
-    "lr_scheduler_step": "return schedulers from configure_optimizers; they are stepped for you",
-    "configure_callbacks": "pass the callbacks to Trainer(callbacks=[...])",
-    "on_before_batch_transfer": "move or transform the batch at the start of training_step",
-    "transfer_batch_to_device": "move the batch at the start of training_step",
-    "on_after_batch_transfer": "transform the batch at the start of training_step",
-    "configure_sharded_model": "rename it configure_model",
-    "on_validation_model_eval": "the Trainer calls module.eval() itself",
-    "on_validation_model_train": "the Trainer calls module.train() itself",
-}
-
-
-def _check_lightning_only_hooks(model: Module) -> None:
-    if getattr(model, "automatic_optimization", True) is False:
-        raise MisconfigurationError(
-            f"{type(model).__name__} sets automatic_optimization = False (Lightning's manual optimization), "
-            "which fullshard does not support: the Trainer runs backward and the optimizer step. Return the "
-            "loss from training_step instead."
-        )
-    defined = [name for name in _LIGHTNING_ONLY_HOOKS if callable(getattr(type(model), name, None))]
-    for name in defined:
-        rank_zero_warn(
-            f"{type(model).__name__}.{name}() is a Lightning hook that fullshard does not call; "
-            f"{_LIGHTNING_ONLY_HOOKS[name]} (docs/lightning.md)."
-        )
 
 
 def _monitoring_types() -> tuple[type, ...]:
@@ -171,27 +46,6 @@ def _monitoring_types() -> tuple[type, ...]:
     except ImportError:
         return (ModelCheckpoint,)
     return (ModelCheckpoint, EarlyStopping)
-
-
-def _overrides(obj: Any, base: type, name: str) -> bool:
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
-
-
-def _single_loader(loader: Any, kind: str) -> Any:
-    argument = {"train": "train_dataloaders", "val": "val_dataloaders"}.get(kind, "dataloaders")
-    if isinstance(loader, list | tuple) and loader and all(isinstance(x, DataLoader) for x in loader):
-        if len(loader) != 1:
-            raise MisconfigurationError(
-                f"{argument} holds {len(loader)} dataloaders; fullshard runs one dataloader per stage. "
-                "Concatenate the datasets (torch.utils.data.ConcatDataset) or run the stage once per loader."
-            )
-        loader = loader[0]
-    if not isinstance(loader, DataLoader):
-        raise MisconfigurationError(
-            f"{argument} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
-            "Wrap your dataset: DataLoader(dataset, batch_size=...)."
-        )
-    return loader
 
 
 class Trainer:
@@ -314,13 +168,13 @@ class Trainer:
                 "check_val_every_n_epoch to be set; with check_val_every_n_epoch=None pass a number of "
                 "batches (int)."
             )
-        limits = {
+        given_limits = {
             "limit_train_batches": limit_train_batches,
             "limit_val_batches": limit_val_batches,
             "limit_test_batches": limit_test_batches,
             "limit_predict_batches": limit_predict_batches,
         }
-        limits = {k: (1.0 if v is None else v) for k, v in limits.items()}
+        limits: dict[str, int | float] = {k: (1.0 if v is None else v) for k, v in given_limits.items()}
         arguments.check_limits(**limits)
         arguments.check_deterministic(deterministic)
 
@@ -352,9 +206,9 @@ class Trainer:
         self.enable_model_summary = enable_model_summary is not False
         self.default_root_dir = str(default_root_dir) if default_root_dir is not None else os.getcwd()
 
-        self._accelerator = _resolve_accelerator(accelerator)
+        self._accelerator = resolve_accelerator(accelerator)
         environment = select_cluster_environment()
-        device_list = _resolve_devices(devices, self._accelerator, environment, num_nodes)
+        device_list = resolve_devices(devices, self._accelerator, environment, num_nodes)
         self._strategy = self._resolve_strategy(strategy, len(device_list) * num_nodes)
         self._strategy.configure(
             devices=device_list, num_nodes=num_nodes, cluster_environment=environment, precision=precision
@@ -712,7 +566,7 @@ class Trainer:
             checkpoint["lr_schedulers"] = []
         self._strategy.save_checkpoint(checkpoint, filepath, optimizers)
 
-    def _sources(self, datamodule: Any, **loaders: Any) -> _DataSources:
+    def _sources(self, datamodule: Any, **loaders: Any) -> DataSources:
         if datamodule is not None and not isinstance(datamodule, DataModule):
             raise MisconfigurationError(
                 f"datamodule must be a fullshard.DataModule, got {type(datamodule).__name__}. Subclass "
@@ -725,10 +579,10 @@ class Trainer:
             )
         for kind, loader in loaders.items():
             if loader is not None:
-                _single_loader(loader, kind)
-        return _DataSources(datamodule, **loaders)
+                single_loader(loader, kind)
+        return DataSources(datamodule, **loaders)
 
-    def _preflight(self, stage: str, model: Any, sources: _DataSources) -> None:
+    def _preflight(self, stage: str, model: Any, sources: DataSources) -> None:
         """Find what needs no process before starting any (see docs/lightning.md, errors)."""
         if not isinstance(model, Module):
             raise MisconfigurationError(
@@ -738,9 +592,9 @@ class Trainer:
             )
         self._module = model
         self._datamodule = sources.datamodule
-        _check_lightning_only_hooks(model)
+        check_lightning_only_hooks(model)
         step = {"fit": "training_step", "validate": "validation_step", "test": "test_step"}.get(stage)
-        if step is not None and not _overrides(model, Module, step):
+        if step is not None and not overrides(model, Module, step):
             raise MisconfigurationError(
                 f"Trainer.{stage}() needs {type(model).__name__}.{step}(batch, batch_idx), which is not "
                 f"defined. Define it in {type(model).__name__}."
@@ -752,24 +606,24 @@ class Trainer:
                 f"{kind}_dataloader(), or define {kind}_dataloader() in {type(model).__name__}."
             )
         if stage == "fit":
-            if not _overrides(model, Module, "configure_optimizers"):
+            if not overrides(model, Module, "configure_optimizers"):
                 raise MisconfigurationError(
                     f"{type(model).__name__} does not define configure_optimizers(); the Trainer needs an "
                     "optimizer. Define it, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
                 )
-            if sources.has("val", model) and not _overrides(model, Module, "validation_step"):
+            if sources.has("val", model) and not overrides(model, Module, "validation_step"):
                 rank_zero_warn(
                     "Validation data was given but the module has no validation_step; validation is skipped."
                 )
             self._preflight_optimizers(model, sources)
 
-    def _preflight_optimizers(self, model: Module, sources: _DataSources) -> None:
+    def _preflight_optimizers(self, model: Module, sources: DataSources) -> None:
         """Check what configure_optimizers returns, when the model has its parameters already.
 
         A model whose layers are built in configure_model() (or that configure_optimizers cannot
         serve yet) is checked after setup instead. The optimizers built here are discarded.
         """
-        if _overrides(model, Module, "configure_model") or next(model.parameters(), None) is None:
+        if overrides(model, Module, "configure_model") or next(model.parameters(), None) is None:
             return
         self._raw_train_loader = sources.loaders.get("train")
         model.trainer = self
@@ -793,7 +647,7 @@ class Trainer:
         self,
         stage: str,
         model: Module,
-        sources: _DataSources,
+        sources: DataSources,
         ckpt_path: str | Path | None,
         verbose: bool = True,
         keep_predictions: bool = True,
@@ -834,7 +688,7 @@ class Trainer:
         self,
         stage: str,
         model: Module,
-        sources: _DataSources,
+        sources: DataSources,
         ckpt_path: str | Path | None,
         verbose: bool,
         keep_predictions: bool,
@@ -885,7 +739,7 @@ class Trainer:
         monitors = _monitoring_types()
         hooks: dict[str, list[Callable[..., Any]]] = {}
         for name in _HOOKS:
-            callbacks = [cb for cb in self.callbacks if _overrides(cb, Callback, name)]
+            callbacks = [cb for cb in self.callbacks if overrides(cb, Callback, name)]
             monitoring = [
                 cb for cb in callbacks if name == "on_train_epoch_end" and isinstance(cb, monitors)
             ]
@@ -902,11 +756,11 @@ class Trainer:
     def _module_hook(self, name: str, module: Module | None = None) -> Callable[..., Any] | None:
         """The module's ``name`` hook when it overrides it, else None."""
         module = module if module is not None else self.lightning_module
-        if name in _CALLBACK_ONLY or not _overrides(module, Module, name):
+        if name in _CALLBACK_ONLY or not overrides(module, Module, name):
             return None
         return getattr(module, name)  # type: ignore[no-any-return]
 
-    def _setup_model(self, model: Module, stage: str, sources: _DataSources) -> None:
+    def _setup_model(self, model: Module, stage: str, sources: DataSources) -> None:
         strategy = self._strategy
         with strategy.tensor_init_context(), strategy.model_sharded_context():
             model.configure_model()
@@ -932,7 +786,7 @@ class Trainer:
     def _setup_train_loader(self, loader: Any) -> None:
         self._train_loader, self.num_training_batches = self._prepare(loader, "train", self.limit_train_batches)
 
-    def _setup_data(self, stage: str, model: Module, sources: _DataSources) -> None:
+    def _setup_data(self, stage: str, model: Module, sources: DataSources) -> None:
         self._val_loader = self._test_loader = self._predict_loader = None
         self.num_val_batches = self.num_test_batches = self.num_predict_batches = 0
         if stage == "fit":
@@ -941,7 +795,7 @@ class Trainer:
             if self.num_training_batches == 0:
                 rank_zero_warn("The training dataloader yields no batches (or limit_train_batches=0): nothing to train.")
             self._check_same_batch_count(self.num_training_batches, "training")
-        if stage in ("fit", "validate") and _overrides(model, Module, "validation_step"):
+        if stage in ("fit", "validate") and overrides(model, Module, "validation_step"):
             loader = sources.get("val", model)
             if loader is not None:
                 self._val_loader, self.num_val_batches = self._prepare(loader, "val", self.limit_val_batches)

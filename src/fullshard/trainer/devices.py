@@ -1,0 +1,75 @@
+"""Resolving the Trainer's ``accelerator`` and ``devices`` arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fullshard.errors import MisconfigurationError
+from fullshard.launch import ClusterEnvironment
+
+_ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
+
+
+def resolve_accelerator(accelerator: str) -> str:
+    if accelerator not in _ACCELERATORS:
+        raise MisconfigurationError(
+            f"accelerator={accelerator!r} is not supported. Use one of {', '.join(map(repr, _ACCELERATORS))}."
+        )
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if accelerator in ("cuda", "gpu"):
+        if not torch.cuda.is_available():
+            raise MisconfigurationError(
+                f"accelerator={accelerator!r} was requested but torch sees no CUDA device "
+                f"(torch {torch.__version__}). Use accelerator='cpu', or install a CUDA build of torch."
+            )
+        return "cuda"
+    return "cpu"
+
+
+def resolve_devices(
+    devices: Any, accelerator: str, env: ClusterEnvironment, num_nodes: int
+) -> list[torch.device]:
+    accepted = "'auto', a positive int, -1 (all GPUs), or a list of GPU indices"
+    if isinstance(devices, str) and devices not in ("auto", "-1"):
+        try:
+            devices = int(devices)
+        except ValueError:
+            raise MisconfigurationError(f"devices={devices!r} is not understood; use {accepted}.") from None
+    available = torch.cuda.device_count() if accelerator == "cuda" else None
+    if devices == "auto":
+        if env.creates_processes_externally and not isinstance(env, _local_environment_type()):
+            devices = max(env.world_size() // num_nodes, 1)
+        else:
+            devices = available if accelerator == "cuda" else 1
+    if devices in (-1, "-1"):
+        if accelerator != "cuda":
+            raise MisconfigurationError(
+                "devices=-1 means 'all GPUs' and needs accelerator='cuda'; on CPU pass a count."
+            )
+        devices = available
+    if isinstance(devices, bool) or not isinstance(devices, int | list | tuple):
+        raise MisconfigurationError(f"devices={devices!r} is not understood; use {accepted}.")
+    if isinstance(devices, int):
+        if devices < 1:
+            raise MisconfigurationError(f"devices={devices} is invalid; use {accepted}.")
+        indices = list(range(devices))
+    else:
+        indices = list(devices)
+        if not indices or not all(isinstance(i, int) and i >= 0 for i in indices):
+            raise MisconfigurationError(f"devices={devices!r} is invalid; use {accepted}.")
+    if accelerator == "cuda":
+        if available is not None and max(indices) >= available:
+            raise MisconfigurationError(
+                f"devices={devices!r} asks for GPU {max(indices)}, but only {available} GPU(s) are visible."
+            )
+        return [torch.device("cuda", i) for i in indices]
+    return [torch.device("cpu")] * len(indices)
+
+
+def _local_environment_type() -> type:
+    from fullshard.launch import LocalEnvironment
+
+    return LocalEnvironment

@@ -1,0 +1,95 @@
+"""What the Trainer checks before starting any process, and where each stage's data comes from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_utilities.core.rank_zero import rank_zero_warn
+from torch.utils.data import DataLoader
+
+from fullshard.datamodule import DataModule
+from fullshard.errors import MisconfigurationError
+from fullshard.module import Module
+
+
+class DataSources:
+    """Where each stage's dataloader comes from: given to the call, a DataModule, or the module."""
+
+    def __init__(self, datamodule: DataModule | None = None, **loaders: Any) -> None:
+        self.datamodule = datamodule
+        self.loaders = loaders
+
+    def get(self, kind: str, module: Module) -> Any:
+        """The ``kind`` ("train", "val", "test", "predict") loader, or None when there is none."""
+        given = self.loaders.get(kind)
+        if given is not None:
+            return single_loader(given, kind)
+        method = f"{kind}_dataloader"
+        for source, base in ((self.datamodule, DataModule), (module, Module)):
+            if source is not None and overrides(source, base, method):
+                return single_loader(getattr(source, method)(), kind)
+        return None
+
+    def has(self, kind: str, module: Module) -> bool:
+        """Whether a ``kind`` loader will be found (without building it)."""
+        if self.loaders.get(kind) is not None:
+            return True
+        method = f"{kind}_dataloader"
+        return any(
+            source is not None and overrides(source, base, method)
+            for source, base in ((self.datamodule, DataModule), (module, Module))
+        )
+
+
+# LightningModule hooks that fullshard does not call, with what to do instead. A hook that
+# exists in Lightning and is silently not called is the worst kind of gap (DESIGN.md).
+_LIGHTNING_ONLY_HOOKS = {
+    "optimizer_step": "put per-step logic in on_before_optimizer_step or a callback's on_train_batch_end",
+    "optimizer_zero_grad": "gradients are zeroed with set_to_none=True; use on_before_zero_grad to act first",
+    "backward": "use on_before_backward / on_after_backward",
+    "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
+    "lr_scheduler_step": "return schedulers from configure_optimizers; they are stepped for you",
+    "configure_callbacks": "pass the callbacks to Trainer(callbacks=[...])",
+    "on_before_batch_transfer": "move or transform the batch at the start of training_step",
+    "transfer_batch_to_device": "move the batch at the start of training_step",
+    "on_after_batch_transfer": "transform the batch at the start of training_step",
+    "configure_sharded_model": "rename it configure_model",
+    "on_validation_model_eval": "the Trainer calls module.eval() itself",
+    "on_validation_model_train": "the Trainer calls module.train() itself",
+}
+
+
+def check_lightning_only_hooks(model: Module) -> None:
+    if getattr(model, "automatic_optimization", True) is False:
+        raise MisconfigurationError(
+            f"{type(model).__name__} sets automatic_optimization = False (Lightning's manual optimization), "
+            "which fullshard does not support: the Trainer runs backward and the optimizer step. Return the "
+            "loss from training_step instead."
+        )
+    defined = [name for name in _LIGHTNING_ONLY_HOOKS if callable(getattr(type(model), name, None))]
+    for name in defined:
+        rank_zero_warn(
+            f"{type(model).__name__}.{name}() is a Lightning hook that fullshard does not call; "
+            f"{_LIGHTNING_ONLY_HOOKS[name]} (docs/lightning.md)."
+        )
+
+
+def overrides(obj: Any, base: type, name: str) -> bool:
+    return getattr(type(obj), name, None) is not getattr(base, name, None)
+
+
+def single_loader(loader: Any, kind: str) -> Any:
+    argument = {"train": "train_dataloaders", "val": "val_dataloaders"}.get(kind, "dataloaders")
+    if isinstance(loader, list | tuple) and loader and all(isinstance(x, DataLoader) for x in loader):
+        if len(loader) != 1:
+            raise MisconfigurationError(
+                f"{argument} holds {len(loader)} dataloaders; fullshard runs one dataloader per stage. "
+                "Concatenate the datasets (torch.utils.data.ConcatDataset) or run the stage once per loader."
+            )
+        loader = loader[0]
+    if not isinstance(loader, DataLoader):
+        raise MisconfigurationError(
+            f"{argument} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
+            "Wrap your dataset: DataLoader(dataset, batch_size=...)."
+        )
+    return loader
