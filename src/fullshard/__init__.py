@@ -11,6 +11,8 @@ from fullshard.datamodule import DataModule, LightningDataModule
 from fullshard.module import LightningModule, Module
 from fullshard.seed import seed_everything
 from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.early_stopping import EarlyStopping
+from fullshard.trainer.lr_monitor import LearningRateMonitor
 from fullshard.trainer.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.trainer import Trainer
 
@@ -18,7 +20,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Callback",
     "DataModule",
+    "EarlyStopping",
     "LightningDataModule",
+    "LearningRateMonitor",
     "LightningModule",
     "ModelCheckpoint",
     "Module",

@@ -16,6 +16,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+from recording import RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
+from reference import global_batches, mean_loss, state_close
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -28,9 +30,6 @@ else:
     import fullshard as L
     from fullshard.callbacks import Callback
     from fullshard.loggers import CSVLogger
-
-from recording import RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
-from reference import global_batches, mean_loss, state_close
 
 SEED, EPOCHS, BATCH, ACCUMULATE, LIMIT_TRAIN, CLIP, LR = 7, 2, 4, 4, 6, 0.5, 0.2
 

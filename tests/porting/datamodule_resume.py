@@ -18,17 +18,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-FRAMEWORK = os.environ.get("PORT_FRAMEWORK", "fullshard")
-if FRAMEWORK == "lightning":
-    import lightning.pytorch as L
-    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-else:
-    import fullshard as L
-    from fullshard.callbacks import Callback, ModelCheckpoint
-
 from recording import (
     RecordCallbackHooks,
     RecordDataModuleHooks,
@@ -41,6 +30,16 @@ from recording import (
     value,
 )
 from reference import global_batches, mean_loss, state_close
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+FRAMEWORK = os.environ.get("PORT_FRAMEWORK", "fullshard")
+if FRAMEWORK == "lightning":
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+else:
+    import fullshard as L
+    from fullshard.callbacks import Callback, ModelCheckpoint
 
 SEED, BATCH, FIRST_EPOCHS, EPOCHS = 11, 8, 2, 4
 

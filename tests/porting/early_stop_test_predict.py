@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from recording import RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
+from reference import rank_indices
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -28,9 +30,6 @@ if FRAMEWORK == "lightning":
 else:
     import fullshard as L
     from fullshard.callbacks import Callback, EarlyStopping, ModelCheckpoint
-
-from recording import RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
-from reference import rank_indices
 
 SEED, BATCH, CLASSES = 3, 8, 3
 # The score the module reports at each validated epoch (1, 3, 5, ...): best at epoch 3, worse at 5,

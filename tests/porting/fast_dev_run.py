@@ -17,6 +17,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+from recording import RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
+from reference import rank_indices
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -27,9 +29,6 @@ if FRAMEWORK == "lightning":
 else:
     import fullshard as L
     from fullshard.callbacks import Callback
-
-from recording import RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
-from reference import rank_indices
 
 SEED, BATCH = 5, 4
 

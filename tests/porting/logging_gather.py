@@ -17,6 +17,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from recording import RECORD, RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -27,8 +28,6 @@ if FRAMEWORK == "lightning":
 else:
     import fullshard as L
     from fullshard.callbacks import Callback
-
-from recording import RECORD, RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
 
 SEED, BATCH, MAX_STEPS = 13, 8, 7
 

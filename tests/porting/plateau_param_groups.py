@@ -17,6 +17,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+from recording import RECORD, RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
+from reference import global_batches, mean_loss, state_close
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -29,9 +31,6 @@ else:
     import fullshard as L
     from fullshard.callbacks import Callback, LearningRateMonitor
     from fullshard.loggers import CSVLogger
-
-from recording import RECORD, RecordCallbackHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
-from reference import global_batches, mean_loss, state_close
 
 SEED, EPOCHS, BATCH = 42, 3, 8
 

@@ -17,6 +17,7 @@ parses ``--strategy`` and ``--out DIR``, runs ``main`` and writes ``DIR/rank<N>.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -135,10 +136,8 @@ def _record_call(who: str, hook: str, trainer: Any, params: tuple[str, ...], arg
     RECORD.events.append(text)
     RECORD.states.append(_state(trainer) if trainer is not None else "-")
     if trainer is not None and RECORD.rank is None:
-        try:
+        with contextlib.suppress(Exception):
             RECORD.rank = int(trainer.global_rank)
-        except Exception:
-            pass
 
 
 # --------------------------------------------------------------------------------- mixins

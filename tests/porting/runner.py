@@ -51,7 +51,8 @@ def run_port(
         env=env,
     )
     ranks = []
-    deadline = time.monotonic() + 20  # a child may still be writing after the launching process left
+    # a child may still be writing after the launching process left (not long after a failure)
+    deadline = time.monotonic() + (20 if result.returncode == 0 else 3)
     for rank in range(WORLD_SIZE):
         path = out / f"rank{rank}.json"
         while not path.exists() and time.monotonic() < deadline:

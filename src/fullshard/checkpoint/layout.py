@@ -127,6 +127,13 @@ def detect_format(path: str | Path) -> Format:
             "the commit record was written. Resume from an earlier checkpoint; the next save to this path "
             "cleans it up."
         )
+    if ".metadata" in entries and META_NAME in entries:
+        raise CheckpointError(
+            f"{str(path)!r} looks like a sharded checkpoint written by Lightning's FSDPStrategy (a "
+            f"torch.distributed.checkpoint directory with {META_NAME}, but no {RECORD_NAME}). Turn it into "
+            "one file with Lightning's `python -m lightning.pytorch.utilities.consolidate_checkpoint "
+            f"{path}` and pass that file: fullshard reads Lightning's single-file checkpoints."
+        )
     if ".metadata" in entries:
         raise CheckpointError(
             f"{str(path)!r} is a torch.distributed.checkpoint directory, but not one fullshard wrote (it has no "

@@ -91,7 +91,10 @@ def parameter_names(module: nn.Module, optimizer: Optimizer) -> list[list[str]]:
 def _optimizer_state(
     saved: Mapping[str, Any], names: list[list[str]], shapes: Mapping[str, torch.Size], index: int
 ) -> dict[str, Any]:
-    """One ``optimizer.state_dict()`` (parameters numbered) keyed by parameter names instead."""
+    """One ``optimizer.state_dict()`` (parameters numbered) keyed by parameter names instead.
+
+    A state keyed by names already (Lightning's sharded FSDP checkpoints, once consolidated) is
+    mapped name by name in the same way, which checks that the names are this model's."""
     saved_groups = saved["param_groups"]
     saved_sizes = [len(g["params"]) for g in saved_groups]
     sizes = [len(g) for g in names]
@@ -106,6 +109,9 @@ def _optimizer_state(
     mismatched = []
     for group, group_names in zip(saved_groups, names, strict=True):
         for number, name in zip(group["params"], group_names, strict=True):
+            if isinstance(number, str) and number != name:
+                mismatched.append(f"{number} (this run's optimizer has {name} in its place)")
+                continue
             if number not in saved["state"]:
                 continue  # a parameter that never had a gradient has no state
             entry = saved["state"][number]

@@ -9,12 +9,8 @@ from fullshard.launch.environments import (
     expand_slurm_hostlist,
     select_cluster_environment,
 )
-from fullshard.launch.launchers import (
-    Launcher,
-    SpawnLauncher,
-    SubprocessScriptLauncher,
-    wait_for_local_children,
-)
+from fullshard.launch.launchers import Launcher, SubprocessScriptLauncher, wait_for_local_children
+from fullshard.launch.spawn import SpawnLauncher
 
 __all__ = [
     "ClusterEnvironment",

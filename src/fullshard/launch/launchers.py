@@ -1,9 +1,9 @@
 """Launchers: start one process per device, and make a failure in any of them end the whole job.
 
-``SubprocessScriptLauncher`` re-runs the user's command once per extra device (``python
-train.py`` becomes N processes); ``SpawnLauncher`` starts the processes with
-``torch.multiprocessing`` and works where there is no script to re-run (notebooks, with
-``start_method="fork"``).
+``SubprocessScriptLauncher`` (here) re-runs the user's command once per extra device (``python
+train.py`` becomes N processes); ``SpawnLauncher`` (:mod:`fullshard.launch.spawn`) starts the
+processes with ``torch.multiprocessing`` and works where there is no script to re-run
+(notebooks, with ``start_method="fork"``).
 
 [Note: a failure ends the job]
 A distributed job whose processes wait on each other must never hang because one of them
@@ -19,33 +19,23 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-import torch
-import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import (
-    ProcessContext,
-    ProcessExitedException,
-    ProcessRaisedException,
-    start_processes,
-)
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError, ProcessFailedError
 from fullshard.launch.environments import ClusterEnvironment
 
-__all__ = ["Launcher", "SpawnLauncher", "SubprocessScriptLauncher"]
+__all__ = ["Launcher", "SubprocessScriptLauncher", "wait_for_local_children"]
 
 T = TypeVar("T")
 
@@ -326,8 +316,9 @@ def _rerun_command(main_module: types.ModuleType, argv: Sequence[str], executabl
         raise MisconfigurationError(
             "SubprocessScriptLauncher starts one more copy of your program per extra device, but this"
             " Python session has no script to start again (interactive shell, notebook or `python -c`)."
-            " Run your code as a script (`python train.py`), or use SpawnLauncher (start_method='fork'"
-            " in a notebook)."
+            " Run your code as a script (`python train.py`), or start the processes from this session:"
+            " strategy='ddp_notebook' (SpawnLauncher with start_method='fork'; for FSDP,"
+            " FSDPStrategy(start_method='fork'))."
         )
     spec = getattr(main_module, "__spec__", None)
     if spec is not None:  # started with `python -m name`

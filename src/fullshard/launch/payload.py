@@ -7,6 +7,7 @@ See [Note: the spawn payload] in :mod:`fullshard.launch.spawn`.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import pickle
 import sys
@@ -55,7 +56,7 @@ def main_is_importable() -> bool:
     path = getattr(main, "__file__", None)
     if path is None:
         return False
-    return os.path.splitext(os.path.basename(path))[0] != "ipython"
+    return bool(os.path.splitext(os.path.basename(path))[0] != "ipython")
 
 
 class _MainRecordingPickler(pickle.Pickler):
@@ -185,7 +186,7 @@ class _TracingPickler(pickle._Pickler):  # type: ignore[name-defined,misc]
     def save(self, obj: Any, save_persistent_id: bool = True) -> None:
         self.stack.append(obj)
         try:
-            super().save(obj, save_persistent_id)
+            super().save(obj, save_persistent_id)  # type: ignore[misc]
         except Exception:
             if self.failed_at is None:  # the innermost save sees the exception first
                 self.failed_at = list(self.stack)
@@ -204,7 +205,7 @@ _CONTAINERS = (dict, list, tuple, set, frozenset)
 
 def _path(stack: list[Any]) -> str:
     parts: list[str] = []
-    for parent, child in zip(stack, stack[1:], strict=False):
+    for parent, child in itertools.pairwise(stack):
         if isinstance(parent, dict):
             key = next((k for k, v in parent.items() if v is child), None)
             if isinstance(key, str) and key.isidentifier():

@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from fullshard.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 from fullshard.strategies.strategy import NULL_CONTEXT
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ class DDPStrategy(ParallelStrategy):
         timeout: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         start_method: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         state_dict_type: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+        rank_agreement_timeout: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         **ddp_kwargs: passed on to ``DistributedDataParallel`` (``find_unused_parameters``,
             ``gradient_as_bucket_view``, ``static_graph``, ...).
     """
@@ -38,6 +39,7 @@ class DDPStrategy(ParallelStrategy):
         timeout: timedelta | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
         state_dict_type: str = "full",
+        rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(
@@ -45,6 +47,7 @@ class DDPStrategy(ParallelStrategy):
             timeout=timeout,
             start_method=start_method,
             state_dict_type=state_dict_type,
+            rank_agreement_timeout=rank_agreement_timeout,
         )
         self.ddp_kwargs = ddp_kwargs
 
@@ -59,9 +62,22 @@ class DDPStrategy(ParallelStrategy):
         registry.register(
             "ddp_spawn",
             cls,
-            description="DistributedDataParallel with workers started by torch.multiprocessing (notebooks).",
+            description=(
+                "DistributedDataParallel with fresh workers started by torch.multiprocessing; model and data"
+                " must pickle and their classes be importable (not defined in a notebook)."
+            ),
             start_method="spawn",
         )
+        for name in ("ddp_notebook", "ddp_fork"):
+            registry.register(
+                name,
+                cls,
+                description=(
+                    "DistributedDataParallel with workers forked from this process: for notebooks and"
+                    " `python -c` (classes defined there work); one CPU thread per worker."
+                ),
+                start_method="fork",
+            )
         registry.register(
             "ddp_find_unused_parameters_true",
             cls,

@@ -17,7 +17,7 @@ from typing_extensions import override
 from fullshard.errors import MisconfigurationError
 from fullshard.policies import Policy, WrapPlan, build_plan, normalize_policy, resolve_policy
 from fullshard.precision import FSDPPrecision, Precision
-from fullshard.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -163,7 +163,7 @@ class FSDPStrategy(ParallelStrategy):
             are mapped separately and returned to the system when freed, so gathered units do
             not stay resident (see [Note: CPU memory under FSDP]); None keeps glibc's adaptive
             default (faster, much more memory).
-        process_group_backend, timeout, start_method: as for
+        process_group_backend, timeout, start_method, rank_agreement_timeout: as for
             :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         **kwargs: passed to ``FullyShardedDataParallel`` (``limit_all_gathers``, ``forward_prefetch``,
             ``backward_prefetch``, ``sync_module_states``, ``process_group``, ...).
@@ -188,6 +188,7 @@ class FSDPStrategy(ParallelStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
+        rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -195,6 +196,7 @@ class FSDPStrategy(ParallelStrategy):
             timeout=timeout,
             start_method=start_method,
             state_dict_type=state_dict_type,
+            rank_agreement_timeout=rank_agreement_timeout,
         )
         from torch.distributed.fsdp import MixedPrecision
 

@@ -6,14 +6,16 @@ import atexit
 import contextlib
 import logging
 import os
+import time
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import Store
 from typing_extensions import override
 
-from fullshard.errors import MisconfigurationError
+from fullshard.errors import MisconfigurationError, RankDivergenceError
 from fullshard.launch import (
     ClusterEnvironment,
     Launcher,
@@ -28,8 +30,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+DEFAULT_RANK_AGREEMENT_TIMEOUT = timedelta(seconds=30)
 _BACKENDS = ("gloo", "nccl", "mpi", "ucc")
-_START_METHODS = ("popen", "spawn", "forkserver")
+_START_METHODS = ("popen", "spawn", "fork", "forkserver")
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
     "mean": dist.ReduceOp.SUM,
@@ -73,10 +76,16 @@ class ParallelStrategy(Strategy):
             the device type.
         timeout: how long collectives wait for a peer before failing.
         start_method: ``"popen"`` re-runs the user's script once per extra process (the default;
-            works from any script), ``"spawn"``/``"forkserver"`` start workers with
-            :mod:`torch.multiprocessing` (for notebooks; the model must be picklable).
+            works from any script). The others start the processes with
+            :mod:`torch.multiprocessing` from the calling process: ``"fork"`` as copies of it
+            (notebooks, ``python -c``; one CPU thread per process; refused once CUDA is
+            initialised), ``"spawn"``/``"forkserver"`` as fresh interpreters (the model and data
+            must pickle, and their classes be importable from a module).
         state_dict_type: checkpoint format: ``"full"`` (one file) or ``"sharded"`` (a directory
             with a file per process, loadable at any world size).
+        rank_agreement_timeout: how long a rank that skips a step or runs out of data waits for
+            the others to do the same before raising
+            :class:`~fullshard.errors.RankDivergenceError` (see :meth:`check_rank_agreement`).
     """
 
     def __init__(
@@ -86,6 +95,7 @@ class ParallelStrategy(Strategy):
         timeout: timedelta | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
         state_dict_type: str = "full",
+        rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
     ) -> None:
         super().__init__(state_dict_type=state_dict_type)
         if process_group_backend is not None and process_group_backend not in _BACKENDS:
@@ -104,9 +114,16 @@ class ParallelStrategy(Strategy):
                 f"timeout must be a datetime.timedelta, got {type(timeout).__name__} ({timeout!r}). "
                 "For example: timeout=datetime.timedelta(minutes=10)."
             )
+        if not isinstance(rank_agreement_timeout, timedelta) or rank_agreement_timeout <= timedelta(0):
+            raise MisconfigurationError(
+                f"rank_agreement_timeout must be a positive datetime.timedelta, got {rank_agreement_timeout!r}. "
+                "For example: rank_agreement_timeout=datetime.timedelta(seconds=30)."
+            )
         self._process_group_backend = process_group_backend
         self.timeout = timeout or DEFAULT_TIMEOUT
         self.start_method = start_method
+        self.rank_agreement_timeout = rank_agreement_timeout
+        self._agreements: dict[tuple[str, str], int] = {}  # reports made so far, by (event, key)
         self._launcher: Launcher | None = None
 
     @property
@@ -238,3 +255,93 @@ class ParallelStrategy(Strategy):
             return decision
         votes = self.all_reduce(torch.tensor(int(decision), device=self.root_device), op="sum")
         return bool(votes.item() == self.world_size) if all else bool(votes.item() > 0)
+
+    # ---------------------------------------------------------------------- rank agreement
+    @override
+    def check_rank_agreement(self, event: str, key: str, detail: str) -> None:
+        """Wait (at most :attr:`rank_agreement_timeout`) until every rank has reported ``event``
+        at ``key``; raise :class:`~fullshard.errors.RankDivergenceError` if some never do.
+
+        [Note: rank agreement]
+        A rank that skips a step (or runs out of data) while the others go on leaves them in the
+        step's collectives, waiting for it until the process group's timeout (30 minutes by
+        default). Only the rank that deviates knows it does, so it is the one that checks: each
+        reporting rank adds one to a counter in the process group's key-value store, under a key
+        made of the event, its key and how often this rank reported that pair before (a second
+        ``fit`` meets the same keys again), and polls the counter. When every rank reported, all
+        go on; a rank still waiting at the deadline raises, naming who reported and who did not,
+        and the launcher ends the rest of the job (see [Note: a failure ends the job]). The
+        store is not a collective, so a peer blocked in one cannot block the check, and steps
+        without a report cost nothing.
+        """
+        if self.world_size == 1 or not dist.is_initialized():
+            return
+        seen = self._agreements.get((event, key), 0)
+        self._agreements[(event, key)] = seen + 1
+        prefix = f"fullshard/agreement/{event}/{key}/{seen}"
+        rank_keys = [f"{prefix}/rank{rank}" for rank in range(self.world_size)]
+        store = _default_store()
+        store.set(rank_keys[self.global_rank], detail)
+        deadline = time.monotonic() + self.rank_agreement_timeout.total_seconds()
+        arrived = store.add(f"{prefix}/count", 1)
+        pause = 0.005
+        while arrived < self.world_size:
+            if time.monotonic() >= deadline:
+                reported = [rank for rank, name in enumerate(rank_keys) if store.check([name])]
+                timeout = self.rank_agreement_timeout
+                raise _divergence_error(event, key, detail, reported, self.world_size, timeout)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            arrived = store.add(f"{prefix}/count", 0)
+        if store.add(f"{prefix}/done", 1) == self.world_size:  # the last rank to leave cleans up
+            for name in [*rank_keys, f"{prefix}/count", f"{prefix}/done"]:
+                with contextlib.suppress(Exception):
+                    store.delete_key(name)
+
+
+def _default_store() -> Store:
+    """The key-value store the default process group was initialised with.
+
+    torch has no public accessor for it (``init_process_group`` builds it from the init method
+    and keeps it to itself); this private one has been stable for years. A store of our own would
+    need its own port and could not follow torchrun's agent store, so it is used here, and only here.
+    """
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def _divergence_error(
+    event: str, key: str, detail: str, reported: list[int], world_size: int, timeout: timedelta
+) -> RankDivergenceError:
+    missing = [r for r in range(world_size) if r not in reported]
+    waited = f"{timeout.total_seconds():g} s"
+    did, did_not = _ranks(reported), _ranks(missing)
+    if event == "skip":
+        return RankDivergenceError(
+            f"{did.capitalize()} skipped a training step ({detail}), but {did_not} did not within {waited}:"
+            f" {did_not} went on into the step's collectives (the gradient reduction), where {did_not} would"
+            " wait for the skipping ranks until the process group's timeout. Under a multi-process strategy"
+            " every rank must skip the same steps. Return a zero loss that keeps the graph instead of None"
+            " (e.g. `return loss * 0`), so that every rank runs backward, or decide to skip on every rank at"
+            " once (e.g. with `self.trainer.strategy.reduce_boolean_decision(skip, all=False)`)."
+        )
+    if event == "end_of_data":
+        return RankDivergenceError(
+            f"{did.capitalize()} ran out of training data ({detail}), but {did_not} did not within {waited}:"
+            f" {did_not} still had batches and went on into the next step's collectives, where {did_not}"
+            " would wait for the others until the process group's timeout. Every rank must get the same number"
+            " of batches per epoch: make every rank's data the same length (an IterableDataset must yield as"
+            " many batches on every rank: drop or pad the remainder), or set limit_train_batches to a count"
+            " every rank reaches."
+        )
+    return RankDivergenceError(
+        f"{did.capitalize()} reported {event!r} at {key} ({detail}), but {did_not} did not within {waited}."
+        " Every rank must take the same path here; make the ranks agree."
+    )

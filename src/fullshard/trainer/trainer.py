@@ -41,10 +41,8 @@ _CALLBACK_ONLY = frozenset({"on_sanity_check_start", "on_sanity_check_end", "on_
 
 def _monitoring_types() -> tuple[type, ...]:
     """Callbacks that act on metrics an epoch-end hook of the module may log."""
-    try:  # TODO(lead): plain import once early_stopping.py lands
-        from fullshard.trainer.early_stopping import EarlyStopping
-    except ImportError:
-        return (ModelCheckpoint,)
+    from fullshard.trainer.early_stopping import EarlyStopping
+
     return (ModelCheckpoint, EarlyStopping)
 
 
