@@ -42,6 +42,10 @@ class MLP(fullshard.Module):
         self.calls += 1
         return F.mse_loss(self.net(x), y)
 
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self.net(x), y))
+
     def configure_optimizers(self) -> Any:
         opt, sched = make_optimizer(self)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

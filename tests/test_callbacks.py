@@ -1050,11 +1050,15 @@ def test_early_stopping_matches_lightning(
 
 def test_early_stopping_state_survives_a_resume(tmp_path: Path) -> None:
     vals = [5, 4, 4.5, 4.6, 4.7, 4.8]  # patience 3: stops after epoch 4
-    straight = _fit(tmp_path / "a", _Scripted(vals), [EarlyStopping("val_loss", patience=3)], max_epochs=10)
+
+    def momentum(m: Any) -> Any:  # (a stateless optimizer cannot be resumed yet: see the report of issue 7)
+        return torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+
+    straight = _fit(tmp_path / "a", _Scripted(vals, momentum), [EarlyStopping("val_loss", patience=3)], max_epochs=10)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "c", save_last=True)
-    _fit(tmp_path, _Scripted(vals), [EarlyStopping("val_loss", patience=3), ckpt], max_epochs=3)
+    _fit(tmp_path, _Scripted(vals, momentum), [EarlyStopping("val_loss", patience=3), ckpt], max_epochs=3)
     es = EarlyStopping("val_loss", patience=3)
-    resumed_model = _Scripted(vals)
+    resumed_model = _Scripted(vals, momentum)
     resumed_model.validations = 3  # the script's position, which is not part of the checkpoint
     trainer = quiet_trainer(tmp_path, callbacks=[es], max_epochs=10, enable_model_summary=False)
     trainer.fit(resumed_model, _data(48), _data(16, 1), ckpt_path=ckpt.last_model_path)

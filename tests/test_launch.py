@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import fullshard
 from fullshard.errors import MisconfigurationError, ProcessFailedError
 from fullshard.launch import (
     LocalEnvironment,
@@ -351,7 +352,7 @@ def test_rerun_command_for_a_module(spec_name: str, module_arg: str) -> None:
 
 def test_rerun_command_refuses_interactive_sessions() -> None:
     main = _module("__main__", file=None, spec_name=None)
-    with pytest.raises(MisconfigurationError, match=r"no script to start again.*use SpawnLauncher"):
+    with pytest.raises(MisconfigurationError, match=r"no script to start again.*strategy='ddp_notebook'"):
         _rerun_command(main, ["-c"], "/bin/python")
 
 
@@ -438,21 +439,29 @@ class _JobRun:
 
 
 def _run_job(scenario: str, tmp_path: Path, *, interrupt_when_ready: bool = False) -> _JobRun:
+    return _run_python(
+        [str(JOB_SCRIPT), scenario, str(tmp_path)],
+        tmp_path,
+        ready_file=tmp_path / "rank0_waiting" if interrupt_when_ready else None,
+    )
+
+
+def _run_python(args: list[str], cwd: Path, *, ready_file: Path | None = None) -> _JobRun:
+    """Run ``python *args`` in ``cwd``; with ``ready_file``, send it SIGINT once that file exists."""
     start = time.monotonic()
     # A session of its own, so that a hung job can be killed whole (its process group).
     process = subprocess.Popen(
-        [sys.executable, str(JOB_SCRIPT), scenario, str(tmp_path)],
+        [sys.executable, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=cwd,
         start_new_session=True,
         env={name: value for name, value in os.environ.items() if name not in _CLUSTER_VARIABLES},
     )
     try:
-        if interrupt_when_ready:
-            _wait_for(
-                lambda: (tmp_path / "rank0_waiting").exists() or process.poll() is not None, JOB_TIMEOUT_S
-            )
+        if ready_file is not None:
+            _wait_for(lambda: ready_file.exists() or process.poll() is not None, JOB_TIMEOUT_S)
             process.send_signal(signal.SIGINT)
         # communicate() returns once every process holding the pipes has ended: a leftover
         # child makes it time out.
@@ -570,13 +579,15 @@ def _init_gloo() -> int:
 _BIG = 1_000_000  # elements: 4 MB, far more than a pipe holds, and enough for multi-threaded ops
 
 
-def _spawned_sum(scale: float) -> tuple[float, torch.Tensor]:
+def _spawned_sum(scale: float, weights: torch.Tensor) -> tuple[float, torch.Tensor, bool]:
     rank = _init_gloo()
     total = torch.tensor([scale * (rank + 1)])
     dist.all_reduce(total)
     dist.barrier()
     dist.destroy_process_group()
-    return total.item(), torch.ones(_BIG) * (rank + 1)
+    # Each process must own its copy of what it was given: ranks that shared the parent's
+    # parameter memory would all step the same parameters.
+    return total.item(), torch.ones(_BIG) * (rank + 1), weights.is_shared()
 
 
 def _spawned_failure() -> None:
@@ -608,8 +619,10 @@ def test_spawn_launcher_returns_rank_0_result(clean_env: pytest.MonkeyPatch, sta
     assert torch.ones(_BIG).sum().item() == _BIG
     trainer = _RecordingTrainer()
     launcher = SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1, start_method=start_method)
-    total, big = launcher.launch(_spawned_sum, 2.0, trainer=trainer)
+    weights = torch.arange(4.0)
+    total, big, shared = launcher.launch(_spawned_sum, 2.0, trainer=trainer, weights=weights)
     assert total == 6.0
+    assert not shared and not weights.is_shared()
     assert big.shape == (_BIG,) and big.sum().item() == _BIG  # rank 0's tensor, readable after it exited
     assert trainer.applied is not None
     assert trainer.applied["local_rank"] == 0
@@ -629,3 +642,161 @@ def test_spawn_launcher_reports_the_first_failure(
         launcher.launch(_spawned_failure)
     assert time.monotonic() - start < PROMPT_S
     assert "fullshard: spawned local rank 1 failed" in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook paths: fork, and spawn's checks (every path ends, with one clear error)
+
+
+def test_fork_names_are_registered() -> None:
+    from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy
+
+    for name in ("ddp_notebook", "ddp_fork"):
+        strategy = STRATEGY_REGISTRY.get(name)
+        assert type(strategy) is DDPStrategy and strategy.start_method == "fork"
+        assert "notebooks" in STRATEGY_REGISTRY.describe()[name]
+    assert DDPStrategy(start_method="fork").start_method == "fork"
+
+
+def test_notebook_strategy_gets_a_fork_launcher(clean_env: pytest.MonkeyPatch) -> None:
+    trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp_notebook", logger=False)
+    launcher = trainer.strategy.launcher
+    assert isinstance(launcher, SpawnLauncher) and launcher.start_method == "fork"
+    assert launcher.is_interactive_compatible
+
+
+def test_fork_is_refused_once_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1, start_method="fork")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    match = r"start_method='fork'.*cannot start processes after CUDA was initialised.*strategy='ddp_spawn'"
+    with pytest.raises(MisconfigurationError, match=match):
+        launcher.launch(_add, 1, 2, scale=1)  # CUDA initialised after the launcher was made
+    with pytest.raises(MisconfigurationError, match=match):
+        SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1, start_method="fork")
+
+
+def test_fork_is_refused_where_the_platform_has_none(
+    clean_env: pytest.MonkeyPatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    with pytest.raises(MisconfigurationError, match=r"start_method='fork'.*is not available.*has no fork"):
+        fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp_notebook", logger=False)
+
+
+class _TinyModule(fullshard.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _collate_first(batch: list[Any]) -> Any:
+    return torch.utils.data.default_collate(batch)
+
+
+@pytest.mark.parametrize(
+    ("unpicklable", "match"),
+    [
+        (
+            "lambda_collate_fn",
+            r"does not pickle \(found at args\[2\] \(\w+\) \.loaders\.train \(DataLoader\) \.collate_fn"
+            r" \(function\)\): PicklingError: Can't pickle <function <lambda>",
+        ),
+        ("generator", r"does not pickle \(found at args\[1\] \(_TinyModule\) \.stream \(generator\)\)"),
+    ],
+)
+def test_spawn_refuses_what_does_not_pickle_before_starting(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, unpicklable: str, match: str
+) -> None:
+    import multiprocessing
+
+    model = _TinyModule()
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4))
+    collate = (lambda batch: _collate_first(batch)) if unpicklable == "lambda_collate_fn" else _collate_first
+    if unpicklable == "generator":
+        model.stream = (step for step in range(3))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, collate_fn=collate)
+    trainer = fullshard.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_steps=1,
+        logger=False,
+        default_root_dir=tmp_path,
+    )
+    start = time.monotonic()
+    with pytest.raises(
+        MisconfigurationError, match=rf"(?s)^start_method='spawn' .*{match}.*No process was started"
+    ):
+        trainer.fit(model, loader)
+    assert time.monotonic() - start < 5
+    assert multiprocessing.active_children() == []
+
+
+_INTERACTIVE_FIT = """
+import torch, fullshard
+from torch.utils.data import DataLoader, TensorDataset
+
+class Net(fullshard.Module):  # defined in __main__ of `python -c`: no other process can import it
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.notes = list(range(300_000))  # pickles to far more than a pipe holds
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+model = Net()
+before = model.layer.weight.detach().clone()
+trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy=STRATEGY, max_steps=3, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4))
+changed = not torch.equal(before, model.layer.weight)
+print(f"interactive-fit global_step={trainer.global_step} weights_changed={changed}")
+"""
+
+
+@pytest.mark.multiprocess
+def test_spawn_from_python_c_refuses_a_main_class_before_starting(tmp_path: Path) -> None:
+    run = _run_python(["-c", _INTERACTIVE_FIT.replace("STRATEGY", "'ddp_spawn'")], tmp_path)
+    assert run.returncode != 0, str(run)
+    assert run.seconds < 20, str(run)
+    assert (
+        "MisconfigurationError: start_method='spawn' starts fresh Python processes, which must import every"
+        " class and function the model, the data and the Trainer use; Net (class) is defined in the __main__"
+        " module of this session" in run.stderr
+    ), str(run)
+    assert "No process was started" in run.stderr and "use strategy='ddp_notebook'" in run.stderr, str(run)
+    assert "spawned local rank" not in run.stderr, str(run)
+
+
+@pytest.mark.multiprocess
+def test_spawn_ends_when_the_processes_cannot_rebuild_the_module(tmp_path: Path) -> None:
+    # The launching process cannot tell (its script's __main__ is re-created in the new processes),
+    # and the payload is larger than a pipe holds: the parent must not block writing it.
+    run = _run_python([str(Path(__file__).parent / "scripts" / "launch_spawn_guard.py")], tmp_path)
+    assert run.returncode != 0, str(run)
+    assert run.seconds < 20, str(run)
+    assert re.search(
+        r"ProcessFailedError: Spawned local rank \d failed first.*\n"
+        r"MisconfigurationError: Spawned local rank \d could not rebuild what the launching process sent it"
+        r" \(AttributeError: Can't get attribute 'Hidden' on <module '__mp_main__'",
+        run.stderr,
+    ), str(run)
+    assert "not under `if __name__ == '__main__':`" in run.stderr, str(run)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["ddp_notebook", "ddp_fork"])
+def test_fork_trains_a_class_defined_in_python_c(tmp_path: Path, strategy: str) -> None:
+    run = _run_python(["-c", _INTERACTIVE_FIT.replace("STRATEGY", repr(strategy))], tmp_path)
+    assert run.returncode == 0, str(run)
+    assert "interactive-fit global_step=3 weights_changed=True" in run.stdout, str(run)

@@ -22,9 +22,8 @@ from fullshard.errors import MisconfigurationError
 __all__ = ["SpawnPayload", "main_is_importable", "pickle_payload", "unpickle_payload"]
 
 NOTEBOOK_ADVICE = (
-    "In a notebook, a REPL or `python -c`, use strategy='ddp_notebook' (DDP with start_method='fork'; for"
-    " FSDP, FSDPStrategy(start_method='fork')): its processes start as copies of this one, so nothing needs"
-    " to be pickled or imported."
+    "In a notebook, a REPL or `python -c`, use strategy='ddp_notebook' (start_method='fork'; for FSDP,"
+    " FSDPStrategy(start_method='fork')), which starts the processes as copies of this one and pickles nothing."
 )
 _MAX_NAMES = 5  # __main__ objects named in one message
 
@@ -218,4 +217,4 @@ def _path(stack: list[Any]) -> str:
                 parts.append(f"[{index}]")
         if not isinstance(child, _CONTAINERS) and parts:
             parts.append(f" ({type(child).__qualname__}) ")
-    return "".join(parts).strip()
+    return "".join(parts).strip().lstrip(".")

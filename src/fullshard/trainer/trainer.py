@@ -16,14 +16,14 @@ from torch import nn
 from torch.optim import Optimizer
 
 from fullshard.datamodule import DataModule
-from fullshard.errors import MisconfigurationError, RankDivergenceError
+from fullshard.errors import MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
-from fullshard.seed import current_seed
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.trainer import arguments, checkpointing, evaluation, loops
 from fullshard.trainer.callbacks import Callback
-from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
+from fullshard.trainer.data import PreparedLoader
+from fullshard.trainer.data_setup import DataSetup
 from fullshard.trainer.devices import resolve_accelerator, resolve_devices
 from fullshard.trainer.loggers import CSVLogger, Logger
 from fullshard.trainer.metrics import MetricsCollector
@@ -46,7 +46,7 @@ def _monitoring_types() -> tuple[type, ...]:
     return (ModelCheckpoint, EarlyStopping)
 
 
-class Trainer:
+class Trainer(DataSetup):
     """Runs training, validation, test and prediction of a :class:`fullshard.Module` with a strategy.
 
     The arguments are Lightning 2.x's, with its defaults (docs/lightning.md lists what differs).
@@ -768,87 +768,6 @@ class Trainer:
             self._train_loader = None
             optimizers, self.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
             self.optimizers = [strategy.setup_optimizer(o) for o in optimizers]
-
-    def _prepare(self, loader: Any, kind: str, limit: int | float) -> tuple[PreparedLoader, int | float]:
-        prepared = prepare_dataloader(
-            loader,
-            shuffle_default=kind == "train",
-            seed=current_seed(),
-            name=f"The {kind} dataloader",
-            distributed=self.use_distributed_sampler,
-            **self._strategy.distributed_sampler_kwargs,
-        )
-        available = len(prepared) if prepared.has_len() else math.inf
-        return prepared, limit_batches(limit, available, f"limit_{kind}_batches")
-
-    def _setup_train_loader(self, loader: Any) -> None:
-        self._train_loader, self.num_training_batches = self._prepare(loader, "train", self.limit_train_batches)
-
-    def _setup_data(self, stage: str, model: Module, sources: DataSources) -> None:
-        self._val_loader = self._test_loader = self._predict_loader = None
-        self.num_val_batches = self.num_test_batches = self.num_predict_batches = 0
-        if stage == "fit":
-            if self._train_loader is None:
-                self._setup_train_loader(self._raw_train_loader)
-            if self.num_training_batches == 0:
-                rank_zero_warn("The training dataloader yields no batches (or limit_train_batches=0): nothing to train.")
-            self._check_same_batch_count(self.num_training_batches, "training")
-        if stage in ("fit", "validate") and overrides(model, Module, "validation_step"):
-            loader = sources.get("val", model)
-            if loader is not None:
-                self._val_loader, self.num_val_batches = self._prepare(loader, "val", self.limit_val_batches)
-        elif stage == "test":
-            self._test_loader, self.num_test_batches = self._prepare(sources.get("test", model), "test", self.limit_test_batches)
-        elif stage == "predict":
-            self._predict_loader, self.num_predict_batches = self._prepare(sources.get("predict", model), "predict", self.limit_predict_batches)
-        self._val_check_batch = self._compute_val_check_batch() if stage == "fit" else 0
-
-    def _check_same_batch_count(self, count: int | float, what: str) -> None:
-        """Every rank must run as many batches, or the ones that finish first leave the others
-        waiting in a collective; a map-style loader's count is known now, so compare it once."""
-        if self.world_size == 1:
-            return
-        counts = self._strategy.all_gather_object(count)
-        if len(set(counts)) > 1:
-            listed = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
-            raise RankDivergenceError(
-                f"The processes have different numbers of {what} batches per epoch ({listed}), so the ones "
-                "that finish first would wait for the others forever. Give every process the same number "
-                "of batches: use the Trainer's distributed sampler (use_distributed_sampler=True, the "
-                "default) or make your own sampler split the data evenly."
-            )
-
-    def _compute_val_check_batch(self) -> int | float:
-        if self._val_loader is None or self.num_val_batches == 0:
-            return 0
-        interval = self.val_check_interval
-        if isinstance(interval, int):
-            if (
-                self.check_val_every_n_epoch is not None
-                and not math.isinf(self.num_training_batches)
-                and interval > self.num_training_batches
-            ):
-                raise MisconfigurationError(
-                    f"val_check_interval={interval} is more than the {self.num_training_batches} training batches "
-                    "of an epoch. Pass a smaller number, or check_val_every_n_epoch=None to count batches "
-                    "across epochs."
-                )
-            return interval
-        if math.isinf(self.num_training_batches):
-            if interval == 1.0:
-                return math.inf  # validated at the end of each epoch
-            raise MisconfigurationError(
-                "val_check_interval is a fraction, but the training dataloader has no length. Pass a number "
-                "of batches instead, e.g. val_check_interval=1000."
-            )
-        return max(1, int(self.num_training_batches * interval))
-
-    def _sanity_batches(self) -> int | float:
-        if self._val_loader is None or self.num_sanity_val_steps == 0:
-            return 0
-        if self.num_sanity_val_steps == -1:
-            return self.num_val_batches
-        return min(self.num_sanity_val_steps, self.num_val_batches)
 
     def _should_validate(self, batches_done: int) -> bool:
         """Whether validation runs after the ``batches_done``-th batch of this epoch (Lightning's rule)."""
