@@ -146,12 +146,20 @@ def _end_epoch(cb: Any, trainer: Any) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "metrics", "expected"),
     [
-        ({"filename": "{epoch}-{val_loss:.2f}"}, {"epoch": 0, "val_loss": 0.123456}, "epoch=0-val_loss=0.12.ckpt"),
+        (
+            {"filename": "{epoch}-{val_loss:.2f}"},
+            {"epoch": 0, "val_loss": 0.123456},
+            "epoch=0-val_loss=0.12.ckpt",
+        ),
         ({}, {"epoch": 0, "step": 100}, "epoch=0-step=100.ckpt"),
         ({"filename": "{epoch:03d}"}, {"epoch": 5}, "epoch=005.ckpt"),
         ({"filename": "{missing:d}"}, {}, "missing=0.ckpt"),
         ({"filename": "{epoch}-{epoch_test}"}, {"epoch": 1, "epoch_test": 7}, "epoch=1-epoch_test=7.ckpt"),
-        ({"filename": "{epoch}-{val/loss:.2f}"}, {"epoch": 2, "val/loss": 0.123}, "epoch=2-val/loss=0.12.ckpt"),
+        (
+            {"filename": "{epoch}-{val/loss:.2f}"},
+            {"epoch": 2, "val/loss": 0.123},
+            "epoch=2-val/loss=0.12.ckpt",
+        ),
         ({"filename": "{val.acc:.1f}"}, {"val.acc": torch.tensor(0.5)}, "val.acc=0.5.ckpt"),
         (
             {"filename": "epoch={epoch}-validation_loss={val_loss:.2f}", "auto_insert_metric_name": False},
@@ -161,7 +169,9 @@ def _end_epoch(cb: Any, trainer: Any) -> None:
         ({"filename": "{step}"}, {"step": torch.tensor(3, dtype=torch.int32)}, "step=3.ckpt"),
     ],
 )
-def test_filename_templates_as_lightning(kwargs: dict[str, Any], metrics: dict[str, Any], expected: str) -> None:
+def test_filename_templates_as_lightning(
+    kwargs: dict[str, Any], metrics: dict[str, Any], expected: str
+) -> None:
     assert ModelCheckpoint(**kwargs).format_checkpoint_name(metrics) == expected
 
 
@@ -169,8 +179,12 @@ def test_filename_version_prefix_and_directory(tmp_path: Path) -> None:
     cb = ModelCheckpoint(dirpath=tmp_path / "c", filename="{epoch}")
     assert cb.dirpath == os.path.realpath(tmp_path / "c")
     assert cb.format_checkpoint_name({"epoch": 1}, ver=2) == os.path.join(cb.dirpath, "epoch=1-v2.ckpt")
-    assert cb.format_checkpoint_name({"epoch": 1}, prefix="run") == os.path.join(cb.dirpath, "run-epoch=1.ckpt")
-    assert cb.format_checkpoint_name({"epoch": 1}, filename="{epoch}-last") == os.path.join(cb.dirpath, "epoch=1-last.ckpt")
+    assert cb.format_checkpoint_name({"epoch": 1}, prefix="run") == os.path.join(
+        cb.dirpath, "run-epoch=1.ckpt"
+    )
+    assert cb.format_checkpoint_name({"epoch": 1}, filename="{epoch}-last") == os.path.join(
+        cb.dirpath, "epoch=1-last.ckpt"
+    )
     with pytest.raises(MisconfigurationError, match=r"cannot format 'val_loss' = 0.5 with \{val_loss:d\}"):
         ModelCheckpoint(filename="{val_loss:d}").format_checkpoint_name({"val_loss": 0.5})
 
@@ -183,14 +197,26 @@ def test_filename_version_prefix_and_directory(tmp_path: Path) -> None:
         ({"save_top_k": True}, r"ModelCheckpoint\(save_top_k=True\) is invalid"),
         ({"every_n_epochs": -1}, r"ModelCheckpoint\(every_n_epochs=-1\) is invalid: use a positive int"),
         ({"every_n_train_steps": 1.5}, r"ModelCheckpoint\(every_n_train_steps=1.5\) is invalid"),
-        ({"train_time_interval": 60}, r"ModelCheckpoint\(train_time_interval=60\) is invalid: use a datetime"),
-        ({"save_last": "copy"}, r"ModelCheckpoint\(save_last='copy'\) is invalid: use True, False, None or 'link'"),
+        (
+            {"train_time_interval": 60},
+            r"ModelCheckpoint\(train_time_interval=60\) is invalid: use a datetime",
+        ),
+        (
+            {"save_last": "copy"},
+            r"ModelCheckpoint\(save_last='copy'\) is invalid: use True, False, None or 'link'",
+        ),
         ({"save_last": 1}, r"ModelCheckpoint\(save_last=1\) is invalid"),
-        ({"save_weights_only": "yes"}, r"ModelCheckpoint\(save_weights_only='yes'\) is invalid: use True or False"),
+        (
+            {"save_weights_only": "yes"},
+            r"ModelCheckpoint\(save_weights_only='yes'\) is invalid: use True or False",
+        ),
         ({"save_on_train_epoch_end": 1}, r"ModelCheckpoint\(save_on_train_epoch_end=1\) is invalid"),
         ({"monitor": 3}, r"ModelCheckpoint\(monitor=3\) is invalid: use the name of a logged metric"),
         ({"filename": ""}, r"ModelCheckpoint\(filename=''\) is invalid: use a name template"),
-        ({"dirpath": "s3://bucket/ckpts"}, r"dirpath='s3://bucket/ckpts'\) is invalid: only local directories"),
+        (
+            {"dirpath": "s3://bucket/ckpts"},
+            r"dirpath='s3://bucket/ckpts'\) is invalid: only local directories",
+        ),
         (
             {"every_n_train_steps": 5, "every_n_epochs": 1},
             r"ModelCheckpoint\(every_n_train_steps=5, every_n_epochs=1\): pass only one of every_n_train_steps, "
@@ -210,7 +236,8 @@ def test_model_checkpoint_bad_arguments(kwargs: dict[str, Any], match: str) -> N
 def test_triggers_default_and_state_key() -> None:
     assert (ModelCheckpoint().every_n_epochs, ModelCheckpoint().every_n_train_steps) == (1, 0)
     assert ModelCheckpoint(every_n_train_steps=5).every_n_epochs == 0
-    assert ModelCheckpoint(every_n_train_steps=0).every_n_epochs == 0  # an explicit trigger disables the default
+    # an explicit trigger, even 0, disables the default
+    assert ModelCheckpoint(every_n_train_steps=0).every_n_epochs == 0
     assert ModelCheckpoint(train_time_interval=timedelta(0)).every_n_epochs == 0
     assert ModelCheckpoint(monitor="val_loss", every_n_train_steps=3).state_key == (
         "ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 3, 'every_n_epochs': 0, "
@@ -268,7 +295,9 @@ def test_missing_monitor_warns_before_validation_and_raises_after(tmp_path: Path
     cb = ModelCheckpoint(dirpath=tmp_path / "c", monitor="val_acc")
     _start(cb, trainer)
     _step(cb, trainer)
-    with pytest.warns(UserWarning, match=r"ModelCheckpoint\(monitor='val_acc'\) cannot find 'val_acc'.*'train_loss'"):
+    with pytest.warns(
+        UserWarning, match=r"ModelCheckpoint\(monitor='val_acc'\) cannot find 'val_acc'.*'train_loss'"
+    ):
         _end_epoch(cb, trainer)
     assert trainer.saved == []
     _step(cb, trainer)
@@ -364,11 +393,16 @@ def test_top_k_keeps_the_best_and_deletes_only_after_last_is_written(tmp_path: P
         _end_epoch(cb, trainer)
     assert _files(tmp_path / "c") == ["epoch=1-step=2.ckpt", "epoch=3-step=4.ckpt", "last.ckpt"]
     # when last.ckpt of epoch 3 was written, the evicted epoch=2 checkpoint still existed
-    assert trainer.saved[-1] == ("c/last.ckpt", False, ["epoch=1-step=2.ckpt", "epoch=2-step=3.ckpt", "epoch=3-step=4.ckpt", "last.ckpt"])
+    assert trainer.saved[-1] == (
+        "c/last.ckpt",
+        False,
+        ["epoch=1-step=2.ckpt", "epoch=2-step=3.ckpt", "epoch=3-step=4.ckpt", "last.ckpt"],
+    )
     c = os.path.realpath(tmp_path / "c")
     assert cb.best_model_path == os.path.join(c, "epoch=3-step=4.ckpt")
     assert cb.best_model_score == torch.tensor(0.5)
-    assert cb.kth_best_model_path == os.path.join(c, "epoch=1-step=2.ckpt") and cb.kth_value == torch.tensor(1.0)
+    assert cb.kth_best_model_path == os.path.join(c, "epoch=1-step=2.ckpt")
+    assert cb.kth_value == torch.tensor(1.0)
     assert {os.path.basename(k): float(v) for k, v in cb.best_k_models.items()} == {
         "epoch=1-step=2.ckpt": 1.0,
         "epoch=3-step=4.ckpt": 0.5,
@@ -400,7 +434,9 @@ def test_monitor_none_keeps_the_newest(tmp_path: Path) -> None:
     for _ in range(3):
         _step(cb, trainer)
     assert _files(tmp_path / "d") == ["epoch=0-step=5.ckpt", "epoch=0-step=6.ckpt"]
-    assert cb.state_dict()["newest_model_paths"] == [str(Path(cb.dirpath or "", n)) for n in _files(tmp_path / "d")]
+    assert cb.state_dict()["newest_model_paths"] == [
+        str(Path(cb.dirpath or "", n)) for n in _files(tmp_path / "d")
+    ]
 
 
 def test_save_last_link_points_at_the_newest_checkpoint(tmp_path: Path) -> None:
@@ -411,7 +447,8 @@ def test_save_last_link_points_at_the_newest_checkpoint(tmp_path: Path) -> None:
         _step(cb, trainer)
     assert _files(tmp_path / "c") == ["epoch=0-step=3.ckpt", "last.ckpt->epoch=0-step=3.ckpt"]
     assert (tmp_path / "c" / "last.ckpt").read_text() == "step 3"
-    assert [name for name, _, _ in trainer.saved] == [f"c/epoch=0-step={i}.ckpt" for i in (1, 2, 3)]  # no copies
+    # last.ckpt was never written: it is a link
+    assert [name for name, _, _ in trainer.saved] == [f"c/epoch=0-step={i}.ckpt" for i in (1, 2, 3)]
 
 
 def test_a_real_save_replaces_a_link_without_touching_its_target(tmp_path: Path) -> None:
@@ -421,7 +458,9 @@ def test_a_real_save_replaces_a_link_without_touching_its_target(tmp_path: Path)
     (folder / "last.ckpt").symlink_to("keep.ckpt")
     trainer = _fake(tmp_path)
     cb = ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_top_k=0, save_last=True)
-    cb.load_state_dict({**cb.state_dict(), "dirpath": cb.dirpath, "last_model_path": str(folder / "last.ckpt")})
+    cb.load_state_dict(
+        {**cb.state_dict(), "dirpath": cb.dirpath, "last_model_path": str(folder / "last.ckpt")}
+    )
     _start(cb, trainer)
     _step(cb, trainer)
     assert not (folder / "last.ckpt").is_symlink() and (folder / "last.ckpt").read_text() == "step 1"
@@ -445,7 +484,7 @@ def test_version_counter(tmp_path: Path) -> None:
     trainer = _fake(tmp_path)
     _start(cb, trainer)
     _step(cb, trainer)
-    assert (folder / "epoch=0-step=1.ckpt").read_text() == "step 1" and (folder / "last.ckpt").read_text() == "step 1"
+    assert [(folder / n).read_text() for n in ("epoch=0-step=1.ckpt", "last.ckpt")] == ["step 1", "step 1"]
 
 
 def test_a_checkpoint_resumed_from_is_not_deleted(tmp_path: Path) -> None:
@@ -460,7 +499,9 @@ def test_a_checkpoint_resumed_from_is_not_deleted(tmp_path: Path) -> None:
 
 def test_save_weights_only_reaches_save_checkpoint(tmp_path: Path) -> None:
     trainer = _fake(tmp_path)
-    cb = ModelCheckpoint(dirpath=tmp_path / "c", every_n_train_steps=1, save_weights_only=True, save_last=True)
+    cb = ModelCheckpoint(
+        dirpath=tmp_path / "c", every_n_train_steps=1, save_weights_only=True, save_last=True
+    )
     _start(cb, trainer)
     _step(cb, trainer)
     assert [weights_only for _, weights_only, _ in trainer.saved] == [True, True]
@@ -554,7 +595,14 @@ def _es_run(es: EarlyStopping, tmp_path: Path, values: list[float], **attributes
         ({"stopping_threshold": 4.0}, [5, 4.0, 3.9], 3, EarlyStoppingReason.STOPPING_THRESHOLD, 0, 4.0),
         ({"divergence_threshold": 6}, [5, 6, 6.1], 3, EarlyStoppingReason.DIVERGENCE_THRESHOLD, 1, 5.0),
         ({}, [5, math.inf], 2, EarlyStoppingReason.NON_FINITE_METRIC, 0, 5.0),
-        ({"patience": 2, "check_finite": False}, [5, math.nan, math.nan], 3, EarlyStoppingReason.PATIENCE_EXHAUSTED, 2, 5.0),
+        (
+            {"patience": 2, "check_finite": False},
+            [5, math.nan, math.nan],
+            3,
+            EarlyStoppingReason.PATIENCE_EXHAUSTED,
+            2,
+            5.0,
+        ),
         ({"patience": 5}, [5, 4, 3], None, EarlyStoppingReason.NOT_STOPPED, 0, 3.0),
     ],
 )
@@ -626,7 +674,11 @@ def test_early_stopping_checks_where_lightning_does(
 
 
 def test_early_stopping_skips_sanity_check_fast_dev_run_and_other_stages(tmp_path: Path) -> None:
-    for attributes, stage in (({"sanity_checking": True}, "fit"), ({"fast_dev_run": 1}, "fit"), ({}, "validate")):
+    for attributes, stage in (
+        ({"sanity_checking": True}, "fit"),
+        ({"fast_dev_run": 1}, "fit"),
+        ({}, "validate"),
+    ):
         trainer = _fake(tmp_path, check_val_every_n_epoch=2, **attributes)
         _metrics(trainer, val_loss=1.0)
         es = EarlyStopping(monitor="val_loss", patience=0)
@@ -639,7 +691,8 @@ def test_early_stopping_skips_sanity_check_fast_dev_run_and_other_stages(tmp_pat
 def test_one_rank_asking_to_stop_stops_all(tmp_path: Path) -> None:
     es = EarlyStopping(monitor="val_loss")
     trainer = _es_run(es, tmp_path, [5, 4], strategy=_Strategy(other_votes=(True,)))
-    assert trainer.should_stop and es.stopped_epoch == 0 and es.wait_count == 0  # this rank saw an improvement
+    # this rank saw an improvement, the other one asked to stop
+    assert trainer.should_stop and es.stopped_epoch == 0 and es.wait_count == 0
     assert trainer.strategy.reductions == [(False, False)]  # reduced with all=False: any rank is enough
     es = EarlyStopping(monitor="val_loss", patience=1)
     trainer = _es_run(es, tmp_path, [5, 6, 7], strategy=_Strategy(other_votes=(False,)))
@@ -697,10 +750,16 @@ def test_early_stopping_verbose_messages(tmp_path: Path, captured: pytest.LogCap
     ("kwargs", "match"),
     [
         ({"monitor": None}, r"EarlyStopping\(monitor=None\) is invalid: pass the name of a logged metric"),
-        ({"mode": "auto"}, r"EarlyStopping\(mode='auto'\) is invalid: use 'min' \(lower is better\) or 'max'"),
+        (
+            {"mode": "auto"},
+            r"EarlyStopping\(mode='auto'\) is invalid: use 'min' \(lower is better\) or 'max'",
+        ),
         ({"patience": -1}, r"EarlyStopping\(patience=-1\) is invalid: use an int >= 0"),
         ({"min_delta": -0.1}, r"EarlyStopping\(min_delta=-0.1\) is invalid: use a number >= 0"),
-        ({"stopping_threshold": "0.1"}, r"EarlyStopping\(stopping_threshold='0.1'\) is invalid: use a number"),
+        (
+            {"stopping_threshold": "0.1"},
+            r"EarlyStopping\(stopping_threshold='0.1'\) is invalid: use a number",
+        ),
         ({"strict": "no"}, r"EarlyStopping\(strict='no'\) is invalid: use True or False"),
         ({"check_on_train_epoch_end": 1}, r"EarlyStopping\(check_on_train_epoch_end=1\) is invalid"),
     ],
@@ -760,7 +819,9 @@ def test_learning_rate_names(tmp_path: Path) -> None:
     assert _names_for(tmp_path, [sgd], []) == ["lr-SGD"]
     two = torch.optim.Adam([{"params": _params()}, {"params": _params(), "lr": 0.5}], lr=0.1)
     assert _names_for(tmp_path, [two], []) == ["lr-Adam/pg1", "lr-Adam/pg2"]
-    named = torch.optim.SGD([{"params": _params(), "name": "enc"}, {"params": _params(), "name": "dec"}], lr=0.1)
+    named = torch.optim.SGD(
+        [{"params": _params(), "name": "enc"}, {"params": _params(), "name": "dec"}], lr=0.1
+    )
     assert _names_for(tmp_path, [named], []) == ["lr-SGD/enc", "lr-SGD/dec"]
     one_named = torch.optim.SGD([{"params": _params(), "name": "enc"}], lr=0.1)
     assert _names_for(tmp_path, [one_named], []) == ["lr-SGD/enc"]
@@ -769,7 +830,9 @@ def test_learning_rate_names(tmp_path: Path) -> None:
     # schedulers' optimizers first; the second unnamed SGD gets "-1"
     assert _names_for(tmp_path, [sgd, sgd2, adam], [_sched(sgd2)]) == ["lr-SGD", "lr-SGD-1", "lr-Adam"]
     assert _names_for(tmp_path, [sgd, sgd2], [_sched(sgd2, name="warm")]) == ["warm", "lr-SGD"]
-    duplicated = torch.optim.SGD([{"params": _params(), "name": "a"}, {"params": _params(), "name": "a"}], lr=0.1)
+    duplicated = torch.optim.SGD(
+        [{"params": _params(), "name": "a"}, {"params": _params(), "name": "a"}], lr=0.1
+    )
     with pytest.raises(MisconfigurationError, match=r"param groups of lr-SGD have the same 'name' \['a'\]"):
         _names_for(tmp_path, [duplicated], [])
 
@@ -812,7 +875,9 @@ def test_learning_rate_intervals_rank_zero_and_callback_metrics(tmp_path: Path) 
 def test_learning_rate_monitor_interval_override_and_new_param_groups(tmp_path: Path) -> None:
     optimizer = torch.optim.SGD(_params(), lr=0.1)
     recorder = _Recorder()
-    trainer = _fake(tmp_path, optimizers=[optimizer], lr_scheduler_configs=[_sched(optimizer)], loggers=[recorder])
+    trainer = _fake(
+        tmp_path, optimizers=[optimizer], lr_scheduler_configs=[_sched(optimizer)], loggers=[recorder]
+    )
     monitor = LearningRateMonitor(logging_interval="step")
     monitor.on_train_start(trainer, None)
     monitor.on_train_epoch_start(trainer, None)
@@ -824,12 +889,16 @@ def test_learning_rate_monitor_interval_override_and_new_param_groups(tmp_path: 
 
 
 def test_learning_rate_monitor_errors_and_warnings(tmp_path: Path) -> None:
-    with pytest.raises(MisconfigurationError, match=r"logging_interval='batch'\) is invalid: use 'step', 'epoch'"):
+    with pytest.raises(
+        MisconfigurationError, match=r"logging_interval='batch'\) is invalid: use 'step', 'epoch'"
+    ):
         LearningRateMonitor(logging_interval="batch")
     with pytest.raises(MisconfigurationError, match=r"LearningRateMonitor\(log_momentum=1\) is invalid"):
         LearningRateMonitor(log_momentum=1)  # type: ignore[arg-type]
     optimizer = torch.optim.Adagrad(_params())
-    with pytest.raises(MisconfigurationError, match=r"LearningRateMonitor needs a logger, but the Trainer has none"):
+    with pytest.raises(
+        MisconfigurationError, match=r"LearningRateMonitor needs a logger, but the Trainer has none"
+    ):
         LearningRateMonitor().on_train_start(_fake(tmp_path, optimizers=[optimizer]), None)
     trainer = _fake(tmp_path, optimizers=[optimizer], loggers=[_Recorder()])
     monitor = LearningRateMonitor(log_momentum=True)
@@ -979,7 +1048,12 @@ def test_rerun_in_the_same_directory_adds_versions_as_lightning(tmp_path: Path) 
     for _ in range(2):
         cb = ModelCheckpoint(dirpath=tmp_path / "c", save_last=True)
         _fit(tmp_path, _Scripted(), [cb], max_epochs=1)
-    assert _tree(tmp_path / "c") == ["epoch=0-step=6-v1.ckpt", "epoch=0-step=6.ckpt", "last-v1.ckpt", "last.ckpt"]
+    assert _tree(tmp_path / "c") == [
+        "epoch=0-step=6-v1.ckpt",
+        "epoch=0-step=6.ckpt",
+        "last-v1.ckpt",
+        "last.ckpt",
+    ]
     assert cb.last_model_path.endswith("last-v1.ckpt")
 
 
@@ -1051,10 +1125,12 @@ def test_early_stopping_matches_lightning(
 def test_early_stopping_state_survives_a_resume(tmp_path: Path) -> None:
     vals = [5, 4, 4.5, 4.6, 4.7, 4.8]  # patience 3: stops after epoch 4
 
-    def momentum(m: Any) -> Any:  # (a stateless optimizer cannot be resumed yet: see the report of issue 7)
+    def momentum(m: Any) -> Any:  # stateful: resuming plain SGD fails ("Expected device to be set")
         return torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
 
-    straight = _fit(tmp_path / "a", _Scripted(vals, momentum), [EarlyStopping("val_loss", patience=3)], max_epochs=10)
+    straight = _fit(
+        tmp_path / "a", _Scripted(vals, momentum), [EarlyStopping("val_loss", patience=3)], max_epochs=10
+    )
     ckpt = ModelCheckpoint(dirpath=tmp_path / "c", save_last=True)
     _fit(tmp_path, _Scripted(vals, momentum), [EarlyStopping("val_loss", patience=3), ckpt], max_epochs=3)
     es = EarlyStopping("val_loss", patience=3)
@@ -1112,11 +1188,22 @@ _LR_CASES = [
     ids=[case[0] for case in _LR_CASES],
 )
 def test_learning_rates_logged_as_lightning(
-    tmp_path: Path, lr_kwargs: dict[str, Any], trainer_kwargs: dict[str, Any], optimizers: Any, rows: list[Any]
+    tmp_path: Path,
+    lr_kwargs: dict[str, Any],
+    trainer_kwargs: dict[str, Any],
+    optimizers: Any,
+    rows: list[Any],
 ) -> None:
     recorder = _Recorder(str(tmp_path))
     callbacks = [LearningRateMonitor(**lr_kwargs)]
-    _fit(tmp_path, _Scripted(None, optimizers), callbacks, logger=recorder, enable_checkpointing=False, **trainer_kwargs)
+    _fit(
+        tmp_path,
+        _Scripted(None, optimizers),
+        callbacks,
+        logger=recorder,
+        enable_checkpointing=False,
+        **trainer_kwargs,
+    )
     assert recorder.rows == rows
 
 
@@ -1157,7 +1244,9 @@ _BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 def test_docs_examples_run(tmp_path: Path, index: int) -> None:
     code = _BLOCK.findall(DOCS.read_text())[index]
     (tmp_path / "example.py").write_text(code)
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "RANK")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "RANK")
+    }
     result = subprocess.run(
         [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env
     )

@@ -315,7 +315,7 @@ def test_lightning_sharded_directory_gets_a_hint(tmp_path: Path) -> None:
     directory.mkdir()
     (directory / ".metadata").write_bytes(b"")
     (directory / "meta.pt").write_bytes(b"")
-    with pytest.raises(CheckpointError, match=r"looks like a sharded checkpoint written by Lightning's FSDPStrategy .* consolidate_checkpoint"):
+    with pytest.raises(CheckpointError, match=r"looks like a sharded checkpoint written by Lightning's FSDPStrategy .*utilities\.consolidate_checkpoint"):
         quiet_trainer(tmp_path, max_epochs=1).fit(MLP(), loader(), ckpt_path=directory)
 
 
@@ -406,6 +406,7 @@ class _Configured(MLP):
 
     def __init__(self, hidden: int = 8, lr: float = 0.05, extra: int = 0) -> None:
         super().__init__(hidden, lr)
+        self.save_hyperparameters()
         self.configured = False
 
     def configure_model(self) -> None:

@@ -328,3 +328,12 @@ def test_validation_loss_is_the_same_on_1_2_and_3_processes(tmp_path: Path) -> N
         check_ok(run_script("val_weighting.py", "--out", str(out), "--devices", str(devices), "--strategy", strategy))
         # each batch weighs its size (the short last batch less), so the mean is the dataset's
         assert json.loads(out.read_text())["val_loss"] == pytest.approx(expected, rel=1e-6), devices
+
+
+def test_a_short_run_saves_a_checkpoint_and_writes_its_log_folder(tmp_path: Path) -> None:
+    # 3 steps of a 6-batch epoch, fewer than log_every_n_steps: Lightning still ends the epoch
+    # (checkpoint) and the run has its log folder
+    trainer = quiet_trainer(tmp_path, max_steps=3, logger=True, enable_checkpointing=True)
+    trainer.fit(Recorder(), DataLoader(make_data(), batch_size=16))
+    assert (tmp_path / "fullshard_logs" / "version_0" / "hparams.json").is_file()
+    assert [p.name for p in tmp_path.glob("**/*.ckpt")] == ["epoch=0-step=3.ckpt"]

@@ -194,6 +194,13 @@ class CSVLogger(_VersionedLogger):
     def save(self) -> None:
         self._flush()
 
+    @override
+    def finalize(self, status: str) -> None:
+        # A run too short to log anything still gets its folder (hparams.json appears in it when
+        # hyperparameters were saved), so every run can be found where the docs say.
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        self.save()
+
     def _flush(self) -> None:
         if not self._rows:
             return
