@@ -449,7 +449,7 @@ def test_load_from_checkpoint_errors(written: dict[str, Path], tmp_path: Path) -
     (tmp_path / "logs" / "metrics.csv").write_text("step\n")
     with pytest.raises(CheckpointNotFoundError, match=r"logs' is a directory that holds no checkpoint \(found metrics\.csv\)"):
         MLP.load_from_checkpoint(tmp_path / "logs")
-    with pytest.raises(StateDictMismatchError, match=r"shape mismatches: net\.0\.bias \(checkpoint \(8,\), model \(16,\)\)"):
+    with pytest.raises(StateDictMismatchError, match=r"shape mismatches: net\.0\.weight \(checkpoint \(8, 4\), model \(16, 4\)\)"):
         MLP.load_from_checkpoint(written["full"], hidden=16)
     with pytest.raises(StateDictMismatchError, match=r"missing keys: .*head\.weight.*unexpected keys: calls, net\.0\.bias"):
         _OtherModel.load_from_checkpoint(written["full"])
