@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,7 +53,11 @@ def main() -> None:
     y = x @ torch.linspace(-1, 1, 8) + 0.05 * torch.randn(2048)
     train, val = random_split(TensorDataset(x, y), [1792, 256], generator=torch.Generator().manual_seed(0))
 
-    checkpoints = fullshard.ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=2, save_last=True)
+    # a fixed folder, so that a later run finds "last" there (by default checkpoints go into the
+    # logger's folder of this run: <root>/fullshard_logs/version_N/checkpoints, as in Lightning)
+    checkpoints = fullshard.ModelCheckpoint(
+        dirpath=Path(args.root_dir) / "checkpoints", monitor="val_loss", mode="min", save_top_k=2, save_last=True
+    )
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=args.devices,

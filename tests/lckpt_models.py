@@ -117,7 +117,9 @@ def run_lightning(*args: str, timeout: float = 300) -> subprocess.CompletedProce
     """Run tests/scripts/lckpt_lightning.py with a Python that has Lightning."""
     python = lightning_python()
     assert python is not None, NO_LIGHTNING
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "RANK", "MASTER_PORT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "RANK", "MASTER_PORT")
+    }
     return subprocess.run(
         [python, str(LIGHTNING_SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env
     )

@@ -73,6 +73,7 @@ def _fake(tmp_path: Path, **attributes: Any) -> Any:
         world_size=1,
         sanity_checking=False,
         fast_dev_run=0,
+        ckpt_path=None,
         should_stop=False,
         callback_metrics={},
         global_step=0,
@@ -1091,6 +1092,8 @@ _STOPPING_CASES = [
      1, 5.0, "PATIENCE_EXHAUSTED"),
     ("min_epochs", {"patience": 1}, {"max_epochs": 10, "min_epochs": 4}, [5, 6, 6, 6, 6, 6], 4, 24, 3, 3, 5.0,
      "PATIENCE_EXHAUSTED"),
+    ("min_epochs_mid_epoch_stop", {"patience": 1}, {"max_epochs": 10, "min_epochs": 1, "val_check_interval": 2},
+     [5, 6, 7, 8], 1, 6, 0, 2, 5.0, "PATIENCE_EXHAUSTED"),
 ]  # fmt: skip
 
 

@@ -197,14 +197,8 @@ def test_model_checkpoint_bad_arguments(tmp_path: Path) -> None:
         fullshard.ModelCheckpoint(save_top_k=-2)
     with pytest.raises(MisconfigurationError, match=r"ModelCheckpoint\(every_n_epochs=-1\) is invalid"):
         fullshard.ModelCheckpoint(every_n_epochs=-1)
-    cb = fullshard.ModelCheckpoint(dirpath=tmp_path, monitor="val_acc", every_n_train_steps=1)
-    with pytest.raises(
-        MisconfigurationError, match=r"ModelCheckpoint\(monitor='val_acc'\) cannot find 'val_acc'.*train_loss"
-    ):
-        _trainer(tmp_path, max_steps=2, callbacks=[cb]).fit(MLP(), DataLoader(make_data()))
-    cb = fullshard.ModelCheckpoint(dirpath=tmp_path, filename="{epoch}-{acc}", every_n_train_steps=1)
-    with pytest.raises(MisconfigurationError, match=r"refers to \{acc\}, which is not a logged metric"):
-        _trainer(tmp_path, max_steps=2, callbacks=[cb]).fit(MLP(), DataLoader(make_data()))
+    # A monitor that is not logged yet is waited for, as in Lightning; the errors for a monitor
+    # still missing after validation ran, and for bad filename templates, are in test_callbacks.py.
 
 
 def _saved_checkpoint(tmp_path: Path, model: MLP | None = None) -> Path:

@@ -135,6 +135,9 @@ class Module(nn.Module):
         raise _not_defined(self, "predict_dataloader()", "pass dataloaders= or a datamodule= to predict().")
 
     # ------------------------------------------------------------------------------- hooks
+    def prepare_data(self) -> None:
+        """Download or preprocess data once per machine (local rank 0, before the others go on)."""
+
     def setup(self, stage: str) -> None:
         """Called on every process at the start of ``fit``/``validate``/``test``/``predict``
         (``stage`` is that name), before ``configure_model``."""

@@ -4,7 +4,8 @@ Covers: ``accumulate_grad_batches`` (with a last, partial window), ``gradient_cl
 ``gradient_clip_algorithm``, ``val_check_interval`` (a fraction), ``limit_train_batches`` (a
 count), ``limit_val_batches`` (a fraction), ``num_sanity_val_steps=0``, ``log_every_n_steps``,
 a ``training_step`` returning a dict, ``self.global_step`` (optimizer steps, not batches),
-``trainer.estimated_stepping_batches``, ``trainer.num_training_batches``; checked against the
+``trainer.estimated_stepping_batches``, ``trainer.num_training_batches``, ``precision="32-true"``,
+``use_distributed_sampler``; checked against the
 same training in one plain-PyTorch process.
 
     PORT_FRAMEWORK=fullshard python tests/porting/clip_accumulate.py --strategy fsdp --out /tmp/p2
@@ -100,6 +101,8 @@ def main(args):
         accelerator="cpu",
         devices=2,
         strategy=args.strategy,
+        precision="32-true",
+        use_distributed_sampler=True,
         max_epochs=EPOCHS,
         accumulate_grad_batches=ACCUMULATE,
         gradient_clip_val=CLIP,

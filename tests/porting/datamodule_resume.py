@@ -5,7 +5,7 @@ Covers: ``LightningDataModule`` (``prepare_data``, ``setup(stage)``, dataloader 
 ``ModelCheckpoint(save_last=True)`` and ``last_model_path``, ``fit(ckpt_path="last")`` restoring
 weights, SGD momentum, an epoch ``StepLR``, loop counters and callback state,
 ``on_save_checkpoint`` / ``on_load_checkpoint`` custom entries, ``Module.load_from_checkpoint``,
-``self.hparams``, ``seed_everything(workers=True)``; checked against an uninterrupted 4-epoch run
+``self.hparams``, ``seed_everything(workers=True)``, ``deterministic=True``; checked against an uninterrupted 4-epoch run
 in one plain-PyTorch process.
 
     PORT_FRAMEWORK=fullshard python tests/porting/datamodule_resume.py --strategy fsdp --out /tmp/p4
@@ -146,6 +146,7 @@ def make_trainer(args, root: Path, epochs: int, recorder: Recorder):
         devices=2,
         strategy=args.strategy,
         max_epochs=epochs,
+        deterministic=True,
         callbacks=[recorder, checkpoint],
         logger=False,
         enable_progress_bar=False,

@@ -1,8 +1,9 @@
 """Porting script: a classifier stopped early, then tested and used for prediction from its best
 checkpoint.
 
-Covers: ``EarlyStopping`` (mode, patience), ``check_val_every_n_epoch``, ``ModelCheckpoint``
-(monitor, mode, save_top_k, filename template, ``best_model_path``, ``best_model_score``),
+Covers: ``EarlyStopping`` (mode, patience), ``check_val_every_n_epoch``, ``min_epochs``,
+``ModelCheckpoint`` (monitor, mode, save_top_k, filename template), ``trainer.checkpoint_callback``
+with ``best_model_path`` and ``best_model_score``,
 ``trainer.test(ckpt_path="best")`` and ``trainer.predict(ckpt_path="best")`` with their return
 values, a custom callback that keeps state and logs from a callback hook, ``self.all_gather``,
 ``self.global_rank``, ``trainer.should_stop``, ``num_sanity_val_steps`` (default),
@@ -138,6 +139,7 @@ def main(args):
         devices=2,
         strategy=args.strategy,
         max_epochs=10,
+        min_epochs=2,
         check_val_every_n_epoch=2,
         callbacks=[Recorder(), best_score, checkpoint, EarlyStopping(monitor="val_score", mode="min", patience=1)],
         logger=False,
@@ -150,8 +152,8 @@ def main(args):
     mark("after fit")
     value("stopped_at_epoch", trainer.current_epoch)
     value("should_stop", trainer.should_stop)
-    value("best_model", Path(checkpoint.best_model_path).name)
-    value("best_model_score", checkpoint.best_model_score)
+    value("best_model", Path(trainer.checkpoint_callback.best_model_path).name)
+    value("best_model_score", trainer.checkpoint_callback.best_model_score)
     value("kept_checkpoints", sorted(p.name for p in (root / "ckpts").iterdir()))
     check("the custom callback saw 3 validations, best 0.5", (best_score.validations, best_score.best) == (3, 0.5),
           (best_score.validations, best_score.best))

@@ -5,7 +5,8 @@ Covers: ``fast_dev_run`` (a number of batches: no sanity check, no logger, no ch
 epoch), the module's ``train_dataloader`` / ``val_dataloader`` / ``test_dataloader`` /
 ``predict_dataloader`` used when nothing is passed, ``fit``/``validate``/``test``/``predict``
 without dataloaders, ``limit_val_batches`` / ``limit_test_batches`` / ``limit_predict_batches``,
-``trainer.num_val_batches``, ``enable_model_summary``, ``validation_step`` returning a dict (its
+``trainer.num_val_batches`` / ``num_test_batches`` / ``num_predict_batches``, ``enable_model_summary``,
+``inference_mode=False``, ``validation_step`` returning a dict (its
 ``outputs``), ``self.log(batch_size=)``, ``self.log_dict``; checked against plain PyTorch.
 
     PORT_FRAMEWORK=fullshard python tests/porting/fast_dev_run.py --strategy fsdp --out /tmp/p5
@@ -117,7 +118,8 @@ def main(args):
           sorted(p.name for p in root.iterdir()) if root.exists() else [])
 
     trainer = L.Trainer(
-        limit_val_batches=1, limit_test_batches=2, limit_predict_batches=3, logger=False, callbacks=[Recorder()], **common(args, root)
+        limit_val_batches=1, limit_test_batches=2, limit_predict_batches=3, inference_mode=False, logger=False,
+        callbacks=[Recorder()], **common(args, root)
     )
     mark("validate limit 1")
     val = trainer.validate(model)

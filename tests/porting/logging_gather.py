@@ -5,7 +5,7 @@ Covers: ``configure_model``, ``self.log`` with ``on_step``/``on_epoch``/``prog_b
 ``sync_dist``/``reduce_fx`` ("max", "sum")/``batch_size``, ``trainer.progress_bar_metrics``,
 ``trainer.callback_metrics``, ``self.all_gather`` of a tensor and of a dict, logging the gathered
 values in ``on_train_epoch_end`` and ``on_validation_epoch_end``, ``val_check_interval`` as a
-number of batches, ``max_steps`` ending training mid-epoch, ``self.global_step``,
+number of batches, ``max_steps`` ending training mid-epoch, ``min_steps``, ``self.global_step``,
 ``self.current_epoch``; checked against plain PyTorch.
 
     PORT_FRAMEWORK=fullshard python tests/porting/logging_gather.py --strategy fsdp --out /tmp/p6
@@ -108,6 +108,7 @@ def main(args):
         strategy=args.strategy,
         max_epochs=3,
         max_steps=MAX_STEPS,
+        min_steps=1,
         val_check_interval=2,
         num_sanity_val_steps=0,
         callbacks=[Recorder()],
@@ -124,6 +125,7 @@ def main(args):
     value("global_step", trainer.global_step)
     value("current_epoch", trainer.current_epoch)
     metrics = trainer.callback_metrics
+    value("progress_bar_names", sorted(trainer.progress_bar_metrics))
     # the epoch cut short by max_steps still ends (on_train_epoch_end runs) and is counted
     check("max_steps stops in the middle of the second epoch", (trainer.global_step, trainer.current_epoch) == (MAX_STEPS, 2),
           (trainer.global_step, trainer.current_epoch))

@@ -5,7 +5,7 @@ Covers: an LR-scheduler dict with ``monitor``, several param groups, ``LearningR
 and ``on_validation_epoch_end``, ``num_sanity_val_steps``, ``log_every_n_steps``,
 ``self.hparams.x`` after ``save_hyperparameters()``, ``self.optimizers()``,
 ``self.current_epoch``, ``trainer.logged_metrics``, ``seed_everything(workers=True)``,
-``trainer.save_checkpoint``; checked against the same training in one plain-PyTorch process.
+``trainer.save_checkpoint``, ``num_nodes``, ``trainer.is_global_zero``; checked against the same training in one plain-PyTorch process.
 
     PORT_FRAMEWORK=fullshard python tests/porting/plateau_param_groups.py --strategy fsdp --out /tmp/p1
     PORT_FRAMEWORK=lightning python tests/porting/plateau_param_groups.py --strategy ddp --out /tmp/p1
@@ -133,6 +133,7 @@ def main(args):
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
+        num_nodes=1,
         strategy=args.strategy,
         max_epochs=EPOCHS,
         num_sanity_val_steps=1,
@@ -153,7 +154,7 @@ def main(args):
     value("logged_metric_names", sorted(logged))
     trainer.save_checkpoint(root / "final.ckpt")
 
-    if trainer.global_rank == 0:
+    if trainer.is_global_zero:
         weights, last_epoch_loss, val_loss = reference(train, val, trainer.world_size)
         saved = torch.load(root / "final.ckpt", map_location="cpu", weights_only=False)["state_dict"]
         check("final weights equal one-process training", *state_close(saved, weights))

@@ -123,7 +123,9 @@ def _optimizer_state(
                     and expected is not None
                     and value.shape != expected
                 ):
-                    mismatched.append(f"{name}.{key} (checkpoint {tuple(value.shape)}, model {tuple(expected)})")
+                    mismatched.append(
+                        f"{name}.{key} (checkpoint {tuple(value.shape)}, model {tuple(expected)})"
+                    )
             state[name] = entry
         groups.append({**group, "params": list(group_names)})
     if mismatched:

@@ -27,7 +27,7 @@ from fullshard.errors import CheckpointNotFoundError
 M = TypeVar("M", bound=nn.Module)
 
 
-def _default_map_location(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage | None:
+def _default_map_location(storage: torch.UntypedStorage, location: str) -> Any:
     """Keep each tensor on the device it was saved from, or CPU when that device is not here
     (Lightning's default)."""
     if location.startswith("cuda") and not torch.cuda.is_available():
@@ -55,7 +55,8 @@ def _read_sharded(path: Path, map_location: Any) -> dict[str, Any]:
     weights = _read_dcp(data, prefix="model.").get("model", {})
     device = torch.device(map_location) if map_location is not None else None
     checkpoint["state_dict"] = {
-        k: v.to(device) if device is not None and isinstance(v, torch.Tensor) else v for k, v in weights.items()
+        k: v.to(device) if device is not None and isinstance(v, torch.Tensor) else v
+        for k, v in weights.items()
     }
     return checkpoint
 

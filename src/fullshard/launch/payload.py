@@ -53,7 +53,7 @@ def main_is_importable() -> bool:
     if name is not None:
         return bool(name != "__main__" and not name.endswith(".__main__"))
     path = getattr(main, "__file__", None)
-    if path is None:
+    if path is None or not os.path.isfile(path):  # `python - < script.py` has "<stdin>"
         return False
     return bool(os.path.splitext(os.path.basename(path))[0] != "ipython")
 

@@ -96,13 +96,16 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
 
 
 def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    """One warning naming the callback states of a Lightning checkpoint that no callback of this
+    run took (a callback takes the state saved under its own ``state_key``, which for
+    ModelCheckpoint and EarlyStopping is Lightning's)."""
     known = {callback.state_key for callback in trainer.callbacks}
     unused = sorted(set(checkpoint.get("callbacks", {})) - known)
     if unused and trainer.is_global_zero:
         warnings.warn(
-            f"The Lightning {lightning_version(checkpoint)} checkpoint holds the states of callbacks that "
-            f"this run has no match for, which are ignored: {'; '.join(unused)}. These callbacks (e.g. "
-            "Lightning's ModelCheckpoint, whose state fullshard's does not read) start afresh.",
+            f"The Lightning {lightning_version(checkpoint)} checkpoint holds callback states that no callback "
+            f"of this run takes, so they are ignored: {'; '.join(unused)}. To restore one, pass the same "
+            "callback with the same arguments (for ModelCheckpoint: monitor, mode and save interval).",
             stacklevel=3,
         )
 

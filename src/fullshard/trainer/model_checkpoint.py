@@ -200,6 +200,7 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
         self._fitting = stage == "fit"
         self._validation_has_run = False
+        self._defer_save_until_validation = False
         # Rank 0 decides (a logger's version is picked from what is on its disk) and tells the others.
         dirpath = trainer.strategy.broadcast(self._resolve_dirpath(trainer) if trainer.is_global_zero else "")
         self.dirpath = dirpath
@@ -220,15 +221,14 @@ class ModelCheckpoint(Callback):
     ) -> None:
         step_due = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
         time_due = False
-        now = time.monotonic()
         if self._train_time_interval is not None:
-            last = self._last_time_checked
+            now, last = time.monotonic(), self._last_time_checked
             time_due = last is not None and now - last >= self._train_time_interval.total_seconds()
             time_due = trainer.strategy.broadcast(time_due)  # clocks differ across ranks: rank 0 decides
+            if time_due:
+                self._last_time_checked = now
         if not (step_due or time_due):
             return
-        if time_due:
-            self._last_time_checked = now
         candidates = self._monitor_candidates(trainer)
         if self.monitor is not None and (
             self.monitor not in candidates
@@ -513,8 +513,7 @@ class ModelCheckpoint(Callback):
         if previous == current:
             return False
         old = Path(previous).absolute()
-        # TODO(lead): read trainer.ckpt_path directly once the Trainer exposes it.
-        resumed_from = getattr(trainer, "ckpt_path", None)
+        resumed_from = trainer.ckpt_path
         if resumed_from is not None and old == Path(resumed_from).absolute():
             return False
         assert self.dirpath is not None

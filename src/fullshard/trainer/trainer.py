@@ -234,6 +234,8 @@ class Trainer(DataSetup):
         self._total_batch_idx = 0
         self._epoch_finished = False
         self._resume_point: tuple[int, int] | None = None  # see [Note: epochs cut short]
+        self.ckpt_path: str | None = None  # the checkpoint the current call loaded, if any
+        self._resolved_ckpt_path: str | None = None
         self._stage: str | None = None
         self._module: Module | None = None
         self._datamodule: DataModule | None = None
@@ -662,9 +664,12 @@ class Trainer(DataSetup):
         datamodule = sources.datamodule
         if datamodule is not None:
             datamodule.trainer = self
-            if self.local_rank == 0:
+        if self.local_rank == 0:  # once per machine; the others wait
+            if datamodule is not None:
                 datamodule.prepare_data()
-            strategy.barrier("prepare_data")
+            model.prepare_data()
+        strategy.barrier("prepare_data")
+        if datamodule is not None:
             datamodule.setup(stage)
         self._call("setup", stage)
         try:
@@ -691,9 +696,11 @@ class Trainer(DataSetup):
         verbose: bool,
         keep_predictions: bool,
     ) -> Any:
+        self._resolved_ckpt_path = None
         self._setup_model(model, stage, sources)
         self._setup_data(stage, model, sources)
         checkpoint = self._load_checkpoint(ckpt_path, stage) if ckpt_path is not None else None
+        self.ckpt_path = self._resolved_ckpt_path
         if stage != "fit":
             if stage == "predict":
                 result: Any = evaluation.run_predict(self, keep_predictions)
@@ -785,7 +792,7 @@ class Trainer(DataSetup):
         return count % every == 0  # type: ignore[operator]
 
     def _load_checkpoint(self, ckpt_path: str | Path, stage: str) -> dict[str, Any] | None:
-        path = self._resolve_ckpt_path(ckpt_path, stage)
+        path = self._resolved_ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
         if path is None:
             return None
         if stage != "fit":
@@ -833,7 +840,7 @@ class Trainer(DataSetup):
             function(*args)
 
     def _can_stop_early(self) -> bool:
-        epochs_ok = self.min_epochs is None or self.current_epoch >= self.min_epochs - 1
+        epochs_ok = self.min_epochs is None or self.current_epoch >= self.min_epochs  # finished epochs
         steps_ok = self.min_steps is None or self.global_step >= self.min_steps
         return epochs_ok and steps_ok
 
