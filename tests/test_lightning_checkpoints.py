@@ -562,3 +562,37 @@ class _OtherModel(fullshard.Module):
     def __init__(self) -> None:
         super().__init__()
         self.head = nn.Linear(3, 3)
+
+
+class _Data(fullshard.DataModule):
+    """A DataModule with state: Lightning keeps it under the class name; so does fullshard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.served = 0
+        self.restored: dict[str, Any] | None = None
+
+    def train_dataloader(self) -> Any:
+        self.served += 1
+        return loader()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"served": self.served}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.restored = state_dict
+
+
+@pytest.mark.filterwarnings("ignore:The Lightning 2.6.6 checkpoint holds callback states")
+def test_datamodule_state_is_saved_and_restored(tmp_path: Path) -> None:
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    trainer.fit(MLP(), datamodule=_Data())
+    trainer.save_checkpoint(tmp_path / "fullshard.ckpt")
+    assert torch.load(tmp_path / "fullshard.ckpt", weights_only=True)["_Data"] == {"served": 1}
+    lightning = _lightning_fixture()
+    lightning["_Data"] = {"served": 7}
+    torch.save(lightning, tmp_path / "lightning.ckpt")
+    for name, expected in (("fullshard", 1), ("lightning", 7)):
+        data = _Data()
+        quiet_trainer(tmp_path, max_epochs=2).fit(MLP(), datamodule=data, ckpt_path=tmp_path / f"{name}.ckpt")
+        assert data.restored == {"served": expected}, name

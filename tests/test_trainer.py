@@ -298,3 +298,20 @@ def test_resume_mid_epoch_single_process_is_exact(tmp_path: Path) -> None:
     assert first.losses + second.losses == straight.losses
     for a, b in zip(straight.state_dict().values(), second.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_resume_with_a_stateless_optimizer(tmp_path: Path) -> None:
+    """Plain SGD keeps no per-parameter state; its learning rate must still come back."""
+
+    class PlainSGD(MLP):
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)}
+
+    loader = DataLoader(make_data(), batch_size=16)
+    trainer = _trainer(tmp_path, max_epochs=2)
+    trainer.fit(PlainSGD(), loader)
+    trainer.save_checkpoint(tmp_path / "sgd.ckpt")
+    resumed = _trainer(tmp_path, max_epochs=2)
+    resumed.fit(PlainSGD(), loader, ckpt_path=tmp_path / "sgd.ckpt")
+    assert resumed.global_step == 12 and resumed.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**2

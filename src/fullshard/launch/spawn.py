@@ -269,31 +269,7 @@ class SpawnLauncher(Launcher):
             )
             mp_context = mp.get_context(self.start_method)
             channels = _SpawnChannels(results=mp_context.SimpleQueue(), failures=mp_context.SimpleQueue())
-            pipes = [] if forked else [mp_context.Pipe(duplex=False) for _ in range(self.num_processes)]
-            source = payload if forked else [reader for reader, _ in pipes]
-            try:
-                process_context = start_processes(
-                    _spawned_main,
-                    args=(settings, source, channels, self.start_method),
-                    nprocs=self.num_processes,
-                    join=False,
-                    start_method=self.start_method,
-                )
-            except BaseException:
-                for _, writer in pipes:
-                    writer.close()
-                raise
-            finally:
-                for reader, _ in pipes:
-                    reader.close()  # see [Note: the spawn payload]
-            senders = [
-                threading.Thread(
-                    target=_send_payload, args=(writer, data), name=f"fullshard-payload-{rank}", daemon=True
-                )
-                for rank, (_, writer) in enumerate(pipes)
-            ]
-            for sender in senders:
-                sender.start()
+            process_context, senders = self._start(settings, channels, payload, data)
             try:
                 outcome = _join_collecting(process_context, channels)
             finally:
@@ -304,6 +280,39 @@ class SpawnLauncher(Launcher):
         if trainer is not None:
             trainer._apply_spawn_result(outcome.trainer_state)
         return cast(T, outcome.value)
+
+    def _start(
+        self, settings: _JobSettings, channels: _SpawnChannels, payload: SpawnPayload, data: bytes
+    ) -> tuple[ProcessContext, list[threading.Thread]]:
+        """Start the processes, and (unless forked) the threads that send them ``data``."""
+        forked = self.start_method == "fork"
+        mp_context = mp.get_context(self.start_method)
+        pipes = [] if forked else [mp_context.Pipe(duplex=False) for _ in range(self.num_processes)]
+        source = payload if forked else [reader for reader, _ in pipes]
+        try:
+            process_context = start_processes(
+                _spawned_main,
+                args=(settings, source, channels, self.start_method),
+                nprocs=self.num_processes,
+                join=False,
+                start_method=self.start_method,
+            )
+        except BaseException:
+            for _, writer in pipes:
+                writer.close()
+            raise
+        finally:
+            for reader, _ in pipes:
+                reader.close()  # see [Note: the spawn payload]
+        senders = [
+            threading.Thread(
+                target=_send_payload, args=(writer, data), name=f"fullshard-payload-{rank}", daemon=True
+            )
+            for rank, (_, writer) in enumerate(pipes)
+        ]
+        for sender in senders:
+            sender.start()
+        return process_context, senders
 
 
 def _join_collecting(process_context: ProcessContext, channels: _SpawnChannels) -> _SpawnOutcome:

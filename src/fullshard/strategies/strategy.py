@@ -75,6 +75,18 @@ def _redirected_call(wrapper: nn.Module, module: nn.Module, method: str, *args: 
         restore()
 
 
+def _load_param_group_settings(optimizer: Optimizer, state: dict[str, Any]) -> None:
+    """Put the saved hyperparameters (lr, momentum, ...) of each parameter group back."""
+    saved_groups = state.get("param_groups", [])
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise MisconfigurationError(
+            f"The checkpoint's optimizer has {len(saved_groups)} parameter group(s), this one "
+            f"{len(optimizer.param_groups)}. Build the optimizer with the groups it was trained with."
+        )
+    for group, saved in zip(optimizer.param_groups, saved_groups, strict=True):
+        group.update({k: v for k, v in saved.items() if k != "params"})
+
+
 class Strategy:
     """Base class of every strategy: where a model runs and how its training step is carried out."""
 
@@ -359,6 +371,12 @@ class Strategy:
         options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
         set_model_state_dict(model, model_state, options=options)
         for optimizer, state in zip(optimizers, optimizer_states, strict=True):
+            if not from_rank0 and not state.get("state"):
+                # An optimizer without per-parameter state (plain SGD): torch's loader needs a state
+                # tensor to find the device and fails ("Expected device to be set"), and there is
+                # nothing but the groups' hyperparameters to restore anyway.
+                _load_param_group_settings(optimizer, state)
+                continue
             set_optimizer_state_dict(model, optimizer, state, options=options)
 
     def _state_dict_options(self, *, full: bool) -> StateDictOptions:

@@ -10,6 +10,7 @@ The layout (see DESIGN.md, checkpoint contract)::
       "grad_scaler": dict, "loops": {"epoch", "global_step", "batches_in_epoch", "epoch_finished"},
       "callbacks": {state_key: state}, "rng_states": [one per rank], "hyper_parameters": dict,
       "epoch": int, "global_step": int, "pytorch-lightning_version": str,   for Lightning's readers
+      <DataModule class name>: its state_dict(), when not empty (as Lightning)
     }
 
 Everything in it loads with ``torch.load(weights_only=True)`` (which Lightning's
@@ -52,6 +53,9 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
         "rng_states": [_portable(s) for s in strategy.all_gather_object(rng_states())],
         "hyper_parameters": dict(getattr(module, "hparams", {})),
     }
+    datamodule = trainer.datamodule
+    if datamodule is not None and (state := datamodule.state_dict()):
+        checkpoint[type(datamodule).__qualname__] = state  # where Lightning keeps it
     module.on_save_checkpoint(checkpoint)
     for callback in trainer.callbacks:
         callback.on_save_checkpoint(trainer, module, checkpoint)
@@ -86,6 +90,9 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
         config.scheduler.load_state_dict(state)
     strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
+    datamodule = trainer.datamodule
+    if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
+        datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
     callback_states = checkpoint.get("callbacks", {})
     for callback in trainer.callbacks:
         if callback.state_key in callback_states:
