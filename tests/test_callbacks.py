@@ -13,9 +13,6 @@ import contextlib
 import logging
 import math
 import os
-import re
-import subprocess
-import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -37,8 +34,6 @@ from fullshard.trainer.loggers import CSVLogger, Logger
 from fullshard.trainer.lr_monitor import LearningRateMonitor
 from fullshard.trainer.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.optimizers import LRSchedulerConfig
-
-DOCS = Path(__file__).parents[1] / "docs" / "callbacks.md"
 
 
 # ================================================================================ fake trainer
@@ -1237,20 +1232,3 @@ def test_a_stop_asked_by_one_rank_stops_every_rank(tmp_path: Path) -> None:
     trainer.fit(_RankScripted(), _data(48), _data(16, 1))
     # 3 batches per rank and epoch; rank 1's check after epoch 1 stops both ranks there
     assert (trainer.current_epoch, trainer.global_step) == (2, 6)
-
-
-# ==================================================================================== docs
-_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
-
-
-@pytest.mark.parametrize("index", range(len(_BLOCK.findall(DOCS.read_text()))))
-def test_docs_examples_run(tmp_path: Path, index: int) -> None:
-    code = _BLOCK.findall(DOCS.read_text())[index]
-    (tmp_path / "example.py").write_text(code)
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "RANK")
-    }
-    result = subprocess.run(
-        [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env
-    )
-    assert result.returncode == 0, f"block {index} failed:\n{result.stdout}\n{result.stderr}"
