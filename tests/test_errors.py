@@ -83,8 +83,10 @@ def test_bad_strategy_arguments() -> None:
         MisconfigurationError, match=r"process_group_backend='glue' is not a torch\.distributed backend"
     ):
         DDPStrategy(process_group_backend="glue")
-    with pytest.raises(MisconfigurationError, match=r"start_method='fork' is not supported"):
-        DDPStrategy(start_method="fork")
+    with pytest.raises(
+        MisconfigurationError, match=r"start_method='threads' is not supported. Use one of 'popen', 'spawn', 'fork'"
+    ):
+        DDPStrategy(start_method="threads")
     with pytest.raises(MisconfigurationError, match=r"timeout must be a datetime\.timedelta, got int"):
         DDPStrategy(timeout=30)  # type: ignore[arg-type]
 

@@ -804,3 +804,14 @@ def test_fork_trains_a_class_defined_in_python_c(tmp_path: Path, strategy: str) 
     run = _run_python(["-c", _INTERACTIVE_FIT.replace("STRATEGY", repr(strategy))], tmp_path)
     assert run.returncode == 0, str(run)
     assert "interactive-fit global_step=3 weights_changed=True" in run.stdout, str(run)
+
+
+@pytest.mark.multiprocess
+def test_start_up_warnings_print_once_and_rank_warnings_still_show() -> None:
+    from conftest import check_ok, run_script
+
+    result = run_script("launch_warnings.py")
+    check_ok(result)
+    assert result.stderr.count("UserWarning: warned while the script starts") == 1, result.stderr
+    assert "rank 0 warns in training_step" in result.stderr
+    assert "rank 1 warns in training_step" in result.stderr

@@ -174,16 +174,28 @@ def test_rng_states_restore_from_the_portable_form(written: dict[str, Path], tmp
 def test_lightning_load_from_checkpoint_reads_a_fullshard_checkpoint(
     written: dict[str, Path], tmp_path: Path
 ) -> None:
-    out = tmp_path / "loaded.pt"
-    check_ok(run_lightning("load", str(written["full"]), str(out)))
-    loaded = torch.load(out, weights_only=True)
+    """Lightning's MLP.load_from_checkpoint of a full checkpoint, and of a consolidated sharded one."""
+    from fullshard.checkpoint.tools import consolidate
+
+    consolidated = consolidate(written["sharded"], tmp_path / "consolidated.ckpt")
+    check_ok(
+        run_lightning(
+            "load",
+            str(written["full"]),
+            str(tmp_path / "full.pt"),
+            str(consolidated),
+            str(tmp_path / "sharded.pt"),
+        )
+    )
     saved = torch.load(written["full"], weights_only=True)
-    assert loaded["hparams"] == {"hidden": 8, "lr": 0.05}
-    assert loaded["state_dict"].keys() == saved["state_dict"].keys()
-    for key, value in saved["state_dict"].items():
-        assert torch.equal(loaded["state_dict"][key], value), key
-    # Lightning leaves the module in training mode, on the device the weights were saved from
-    assert (loaded["training"], loaded["device"]) == (True, "cpu")
+    for name in ("full", "sharded"):
+        loaded = torch.load(tmp_path / f"{name}.pt", weights_only=True)
+        assert loaded["hparams"] == {"hidden": 8, "lr": 0.05}
+        assert loaded["state_dict"].keys() == saved["state_dict"].keys()
+        for key, value in saved["state_dict"].items():
+            assert torch.equal(loaded["state_dict"][key], value), (name, key)
+        # Lightning leaves the module in training mode, on the device the weights were saved from
+        assert (loaded["training"], loaded["device"]) == (True, "cpu")
 
 
 # ---------------------------------------------------------------- Lightning -> fullshard
@@ -448,9 +460,7 @@ def test_fixture_resumes_on_two_processes(tmp_path: Path, strategy: str) -> None
                 key,
             )
     assert result["scheduler"] == expected["scheduler"]
-    assert (
-        sum("Lightning 2.6.6 checkpoint holds the states of callbacks" in w for w in result["warnings"]) == 1
-    )
+    assert sum("Lightning 2.6.6 checkpoint holds callback states" in w for w in result["warnings"]) == 1
 
 
 # ---------------------------------------------------------------- Module.load_from_checkpoint

@@ -1,7 +1,7 @@
 """Porting script: a DataModule, training stopped after 2 epochs and resumed from "last" to 4.
 
 Covers: ``LightningDataModule`` (``prepare_data``, ``setup(stage)``, dataloader methods,
-``save_hyperparameters``), ``fit(datamodule=)``, ``validate(datamodule=)``,
+``save_hyperparameters``, ``state_dict`` / ``load_state_dict``), ``fit(datamodule=)``, ``validate(datamodule=)``,
 ``ModelCheckpoint(save_last=True)`` and ``last_model_path``, ``fit(ckpt_path="last")`` restoring
 weights, SGD momentum, an epoch ``StepLR``, loop counters and callback state,
 ``on_save_checkpoint`` / ``on_load_checkpoint`` custom entries, ``Module.load_from_checkpoint``,
@@ -57,6 +57,7 @@ class Data(RecordDataModuleHooks, L.LightningDataModule):
         self.save_hyperparameters()
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
+        self.setups = 0
 
     def prepare_data(self):
         # "download" once per machine: write the data files (no state is set here)
@@ -65,6 +66,7 @@ class Data(RecordDataModuleHooks, L.LightningDataModule):
         torch.save(make_data(32, 2).tensors, Path(self.hparams.root) / "val.pt")
 
     def setup(self, stage):
+        self.setups += 1
         self.train_set = TensorDataset(*torch.load(Path(self.hparams.root) / "train.pt"))
         self.val_set = TensorDataset(*torch.load(Path(self.hparams.root) / "val.pt"))
 
@@ -73,6 +75,12 @@ class Data(RecordDataModuleHooks, L.LightningDataModule):
 
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
+
+    def state_dict(self):
+        return {"setups": self.setups}
+
+    def load_state_dict(self, state_dict):
+        self.setups = state_dict["setups"]
 
 
 class Linear(RecordModuleHooks, L.LightningModule):
@@ -178,6 +186,7 @@ def main(args):
     value("recorder_batches", recorder.batches)
     value("loaded_note", model.loaded_note)
     value("last_model_path", Path(checkpoint.last_model_path).name)
+    value("datamodule_setups", data.setups)
     check("the callback's state was restored and went on", recorder.batches == EPOCHS * 3, recorder.batches)
     check("on_load_checkpoint saw the entry on_save_checkpoint added",
           model.loaded_note == {"saved_at_epoch": FIRST_EPOCHS - 1}, model.loaded_note)

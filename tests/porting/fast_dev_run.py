@@ -92,17 +92,21 @@ class Recorder(RecordCallbackHooks, Callback):
         snapshot("on_test_end", trainer)
 
 
-def common(args, root):
-    return dict(accelerator="cpu", devices=2, strategy=args.strategy, enable_progress_bar=False,
-                enable_model_summary=False, default_root_dir=root)
-
-
 def main(args):
     L.seed_everything(SEED)
     root = args.out / "work"
     model = Model()
 
-    trainer = L.Trainer(fast_dev_run=2, callbacks=[Recorder()], **common(args, root))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=args.strategy,
+        fast_dev_run=2,
+        callbacks=[Recorder()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
     mark("fast_dev_run fit")
     trainer.fit(model)
     mark("fast_dev_run test")
@@ -118,8 +122,18 @@ def main(args):
           sorted(p.name for p in root.iterdir()) if root.exists() else [])
 
     trainer = L.Trainer(
-        limit_val_batches=1, limit_test_batches=2, limit_predict_batches=3, inference_mode=False, logger=False,
-        callbacks=[Recorder()], **common(args, root)
+        accelerator="cpu",
+        devices=2,
+        strategy=args.strategy,
+        limit_val_batches=1,
+        limit_test_batches=2,
+        limit_predict_batches=3,
+        inference_mode=False,
+        logger=False,
+        callbacks=[Recorder()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
     )
     mark("validate limit 1")
     val = trainer.validate(model)

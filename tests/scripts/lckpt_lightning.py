@@ -4,7 +4,7 @@ Lightning is never a dependency of fullshard; this script imports only torch and
 runs in a separate environment::
 
     python tests/scripts/lckpt_lightning.py make OUT_DIR
-    python tests/scripts/lckpt_lightning.py load FULLSHARD.ckpt OUT.pt
+    python tests/scripts/lckpt_lightning.py load FULLSHARD.ckpt OUT.pt [FULLSHARD2.ckpt OUT2.pt ...]
 
 ``make`` trains the MLP below for two epochs of eight steps and writes into ``OUT_DIR``:
 
@@ -14,10 +14,10 @@ runs in a separate environment::
 - ``straight.pt``: weights and optimizer state after the 16 steps;
 - ``continued.pt``: the same after Lightning resumed from ``epoch=0-step=8.ckpt`` to 16 steps.
 
-``load`` builds the model with ``MLP.load_from_checkpoint`` (a checkpoint fullshard wrote) and
-saves its state dict, hyperparameters, training flag and device to ``OUT.pt``.
+``load`` builds the model with ``MLP.load_from_checkpoint`` from each checkpoint fullshard wrote
+and saves its state dict, hyperparameters, training flag and device to the ``OUT.pt`` after it.
 
-tests/fixtures/lightning_2.6.6_mlp.ckpt is ``step=3.ckpt`` of a ``make`` run with Lightning 2.6.6.
+tests/fixtures/lightning_2.6.6_mlp.ckpt is ``step=9.ckpt`` of a ``make`` run with Lightning 2.6.6.
 """
 
 from __future__ import annotations
@@ -135,6 +135,9 @@ if __name__ == "__main__":
     if command == "make":
         make(Path(args[0]))
     elif command == "load":
-        load(Path(args[0]), Path(args[1]))
+        for checkpoint, out in zip(args[::2], args[1::2], strict=True):
+            load(Path(checkpoint), Path(out))
     else:
-        raise SystemExit(f"unknown command {command!r}; use 'make OUT_DIR' or 'load CKPT OUT.pt'")
+        raise SystemExit(
+            f"unknown command {command!r}; use 'make OUT_DIR' or 'load CKPT OUT.pt [CKPT OUT.pt ...]'"
+        )

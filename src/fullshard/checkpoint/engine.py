@@ -299,6 +299,8 @@ def _dcp_shapes(data: Path) -> dict[str, torch.Size]:
 def _load_sharded(
     strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None
 ) -> dict[str, Any]:
+    expected = strategy.full_shapes()  # on every rank, as in _load_full
+
     def read() -> tuple[str, dict[str, Any]]:
         record = CommitRecord.read(path)
         check_sharded_files(path, record, verify=False)
@@ -306,7 +308,6 @@ def _load_sharded(
         meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
         _check_meta(meta, path, len(optimizers), check)
         saved = {k[len("model.") :]: v for k, v in _dcp_shapes(data).items() if k.startswith("model.")}
-        expected = strategy.full_shapes()
         # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
         missing = sorted(set(expected) - set(saved))
         unexpected = sorted(set(saved) - set(expected))

@@ -14,7 +14,7 @@ Two things differ from fullshard's layout:
   ``param_groups``, which ``configure_optimizers()`` builds in the same order as in the run that
   wrote the checkpoint, and checks every state tensor's shape against that parameter.
 - ``loops`` is Lightning's progress tracking; fullshard's own ``loops`` entry is
-  ``{"epoch", "global_step", "batches_in_epoch", "epoch_finished"}``.
+  ``{"epoch", "global_step", "batches_in_epoch", "epoch_finished", "total_batch_idx"}``.
 
 Lightning's ``load_from_checkpoint`` reads ``pytorch-lightning_version`` first (to migrate old
 checkpoints), so fullshard writes that key too, with :data:`LIGHTNING_LAYOUT_VERSION`: the first

@@ -40,7 +40,7 @@ __all__ = ["Launcher", "SubprocessScriptLauncher", "wait_for_local_children"]
 T = TypeVar("T")
 
 # Set by the launchers for the processes they start: the pid of the process that started them.
-_LAUNCHER_PID_VAR = "FULLSHARD_LAUNCHER_PID"
+LAUNCHER_PID_VAR = "FULLSHARD_LAUNCHER_PID"
 _CHILD_POLL_S = 0.2  # how often rank 0 looks at its children
 _PARENT_POLL_S = 0.5  # how often a child checks that its launcher is alive
 _TERMINATE_GRACE_S = 3.0  # between SIGTERM and SIGKILL when ending processes
@@ -128,7 +128,7 @@ class _JobSettings:
 
 def _watch_launcher_from_environ() -> None:
     """In a process started by our launcher, start the watchdog (once)."""
-    value = os.environ.pop(_LAUNCHER_PID_VAR, None)  # popped: processes this one starts are not ours
+    value = os.environ.pop(LAUNCHER_PID_VAR, None)  # popped: processes this one starts are not ours
     if value is not None and value.isdigit():
         _start_launcher_watchdog(int(value))
 
@@ -327,6 +327,16 @@ def _rerun_command(main_module: types.ModuleType, argv: Sequence[str], executabl
     return [executable, os.path.abspath(argv[0]), *argv[1:]]
 
 
+QUIET_START_FILTER = "ignore"
+QUIET_START_VAR = "FULLSHARD_QUIET_START"
+"""[Note: warnings once]
+A re-run copy of the user's script repeats every warning rank 0 already printed while importing
+and building things (torch's own, at import; the script's). Those copies start with this
+filter ahead of the user's own ``PYTHONWARNINGS``; the strategy removes it once the process
+joins the job (``ParallelStrategy.setup_environment``), so warnings raised while training, which
+may be specific to a rank, still show. fullshard's own warnings are issued on rank 0 only."""
+
+
 def _start_local_job(settings: _JobSettings) -> _LocalJob:
     """Start local ranks 1..N-1 by running the user's command again, and watch them."""
     command = _rerun_command(sys.modules["__main__"], sys.argv, sys.executable)
@@ -336,7 +346,10 @@ def _start_local_job(settings: _JobSettings) -> _LocalJob:
             environ = {
                 **os.environ,
                 **settings.environ(local_rank),
-                _LAUNCHER_PID_VAR: str(settings.launcher_pid),
+                LAUNCHER_PID_VAR: str(settings.launcher_pid),
+                # see [Note: warnings once]
+                "PYTHONWARNINGS": ",".join(filter(None, [QUIET_START_FILTER, os.environ.get("PYTHONWARNINGS")])),
+                QUIET_START_VAR: "1",
             }
             # stdout/stderr are inherited, so each child's traceback reaches the terminal.
             process = subprocess.Popen(command, env=environ)

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+import warnings
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from fullshard.launch import (
     SubprocessScriptLauncher,
     wait_for_local_children,
 )
+from fullshard.launch.launchers import QUIET_START_VAR
 from fullshard.strategies.strategy import ReduceOp, Strategy
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,15 @@ def _destroy_process_group_at_exit() -> None:
     wait_for_local_children()  # rank 0 hosts the store: let the others leave first
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
+
+
+def _end_quiet_start() -> None:
+    """Drop the start-up filter a re-run copy of the script began with ([Note: warnings once])."""
+    if os.environ.pop(QUIET_START_VAR, None) is None:  # popped: processes this one starts are not copies
+        return
+    entry = ("ignore", None, Warning, None, 0)
+    if entry in warnings.filters:
+        warnings.filters.remove(entry)  # type: ignore[attr-defined]  # a list at run time
 
 
 class ParallelStrategy(Strategy):
@@ -191,6 +202,7 @@ class ParallelStrategy(Strategy):
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
+        _end_quiet_start()
         env = self._environment()
         if self.root_device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             # N processes on one machine each defaulting to all cores would oversubscribe it.
