@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import fullshard
 from conftest import SCRIPTS, check_ok, quiet_trainer, run_script
@@ -337,3 +337,31 @@ def test_a_short_run_saves_a_checkpoint_and_writes_its_log_folder(tmp_path: Path
     trainer.fit(Recorder(), DataLoader(make_data(), batch_size=16))
     assert (tmp_path / "fullshard_logs" / "version_0").is_dir()
     assert [p.name for p in tmp_path.glob("**/*.ckpt")] == ["epoch=0-step=3.ckpt"]
+
+
+class _NumpyNoise(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import numpy as np
+
+        return torch.tensor([float(np.random.rand())])
+
+
+def test_seed_everything_workers_seeds_numpy_in_each_worker(tmp_path: Path) -> None:
+    seen: list[list[float]] = []
+
+    class Collect(Recorder):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            seen[-1].extend(batch.flatten().tolist())
+            return self.net(torch.zeros(1, 8)).sum() * 0
+
+    for _ in range(2):
+        assert fullshard.seed_everything(5, workers=True) == 5
+        seen.append([])
+        loader = DataLoader(_NumpyNoise(), batch_size=2, num_workers=2)
+        quiet_trainer(tmp_path, max_epochs=1).fit(Collect(), loader)
+    fullshard.seed_everything(0)
+    assert seen[0] == seen[1]  # reproducible
+    assert len(set(seen[0])) == 8  # without per-worker seeding both workers draw the same numbers

@@ -423,8 +423,11 @@ class Module(nn.Module):
         """Build the module from a checkpoint (full or sharded, fullshard's or Lightning's).
 
         The module is created as ``cls(**hparams, **kwargs)`` from the hyperparameters saved with
-        it (``kwargs`` override them), ``configure_model()`` runs, and the weights are loaded
-        (``strict``: the keys must match exactly) onto ``map_location`` (default: CPU).
+        it (``kwargs`` override them), ``configure_model()`` and ``on_load_checkpoint()`` run,
+        and the weights are loaded (``strict``: the keys must match exactly) onto
+        ``map_location`` (default: the device they were saved from, CPU when that one is
+        missing). As in Lightning, the module is returned in training mode: call ``.eval()``
+        for inference.
         """
         from fullshard.checkpoint.module_loading import load_module_from_checkpoint
 

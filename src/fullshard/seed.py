@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -12,17 +13,29 @@ _NUMPY = RequirementCache("numpy")
 _seed: int | None = None
 
 
-def seed_everything(seed: int) -> int:
+_SEED_VAR = "FULLSHARD_GLOBAL_SEED"
+_WORKERS_VAR = "FULLSHARD_SEED_WORKERS"
+
+
+def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     """Seed Python's ``random``, NumPy (when installed) and torch (CPU and CUDA) with ``seed``.
 
     The seed also orders the shuffling of the samplers the Trainer builds, so every process of a
-    job must call this with the same value (the Trainer's processes run the same script, so they
-    do). Returns ``seed``.
+    job must use the same value: with ``seed=None`` a seed is drawn once and handed to the
+    processes the Trainer starts (through the environment), as Lightning does.
+    ``workers=True`` also seeds ``random`` and NumPy in each dataloader worker of the loaders the
+    Trainer builds, differently per worker, rank and epoch (torch seeds its own RNG per worker
+    already). Returns the seed.
     """
+    if seed is None:
+        inherited = os.environ.get(_SEED_VAR)
+        seed = int(inherited) if inherited is not None else random.SystemRandom().randrange(2**31)
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__} ({seed!r}).")
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} ({seed!r}).")
     global _seed
     _seed = seed
+    os.environ[_SEED_VAR] = str(seed)
+    os.environ[_WORKERS_VAR] = "1" if workers else "0"
     random.seed(seed)
     if _NUMPY:
         import numpy as np
@@ -30,6 +43,22 @@ def seed_everything(seed: int) -> int:
         np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     return seed
+
+
+def seed_workers_requested() -> bool:
+    """Whether :func:`seed_everything` was called with ``workers=True``."""
+    return os.environ.get(_WORKERS_VAR) == "1"
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn`` for ``seed_everything(workers=True)``: seed ``random`` and NumPy in a
+    dataloader worker from torch's per-worker seed (which already differs per worker and epoch)."""
+    worker_seed = torch.initial_seed() % 2**32
+    random.seed(worker_seed)
+    if _NUMPY:
+        import numpy as np
+
+        np.random.seed(worker_seed)
 
 
 def current_seed() -> int:

@@ -29,6 +29,7 @@ from torch.utils.data import (
 )
 
 from fullshard.errors import MisconfigurationError
+from fullshard.seed import seed_worker, seed_workers_requested
 
 
 class ResumableDistributedSampler(DistributedSampler[Any]):
@@ -131,7 +132,7 @@ def prepare_dataloader(
         pin_memory=loader.pin_memory,
         drop_last=loader.drop_last,
         timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
+        worker_init_fn=loader.worker_init_fn or (seed_worker if seed_workers_requested() else None),
         multiprocessing_context=loader.multiprocessing_context,
         generator=generator,
         prefetch_factor=loader.prefetch_factor,
