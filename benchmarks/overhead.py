@@ -20,7 +20,8 @@ Configurations:
     The reference: ``init_process_group("gloo")``, ``DistributedDataParallel``, a
     ``DistributedSampler`` DataLoader, then forward, loss, backward, step, ``zero_grad``.
 ``fullshard``
-    ``Trainer(strategy="ddp", devices=2)`` with logger, checkpointing and progress bar off.
+    ``Trainer(strategy="ddp", devices=2)`` with logger, checkpointing, progress bar and model
+    summary off (as in the Lightning row).
 ``fullshard (defaults)``
     The same with the progress bar and the CSV logger on, and ``self.log("loss",
     prog_bar=True)`` in every step (checkpointing stays off).
@@ -285,7 +286,9 @@ def run_fullshard_worker(args: argparse.Namespace, clock: StepClock, defaults: b
 
     model = Model()
     loader = DataLoader(make_dataset(work), batch_size=work.batch_size, shuffle=True)
-    switches: dict[str, Any] = {} if defaults else {"logger": False, "enable_progress_bar": False}
+    switches: dict[str, Any] = (
+        {} if defaults else {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+    )
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=WORLD_SIZE,
