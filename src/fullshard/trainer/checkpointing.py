@@ -56,9 +56,9 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
     datamodule = trainer.datamodule
     if datamodule is not None and (state := datamodule.state_dict()):
         checkpoint[type(datamodule).__qualname__] = state  # where Lightning keeps it
-    module.on_save_checkpoint(checkpoint)
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # Lightning's order: callbacks, then the module
         callback.on_save_checkpoint(trainer, module, checkpoint)
+    module.on_save_checkpoint(checkpoint)
     return checkpoint
 
 

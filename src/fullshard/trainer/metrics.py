@@ -33,6 +33,7 @@ class _EpochAccumulator:
     sync_dist: bool
     prog_bar: bool
     logger: bool
+    forked: bool  # logged with on_step too: the key ends in "_epoch" and "name" also gets the value
     value: torch.Tensor | None = None
     weight: float = 0.0
 
@@ -79,7 +80,7 @@ class MetricsCollector:
         self.stage = "train"
         self.in_step = True  # False while an epoch-level hook runs
         self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.logged_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, torch.Tensor] = {}  # what goes to loggers, as soon as logged
         self._prog_bar: set[str] = set()
         self._pending_step: dict[str, dict[str, torch.Tensor]] = {stage: {} for stage in STAGES}
         self._pending_epoch: dict[str, torch.Tensor] = {}
@@ -141,31 +142,35 @@ class MetricsCollector:
                 self._prog_bar.add(key)
             if logger:
                 self._pending_step[self.stage][key] = step_value
+                self.logged_metrics[key] = step_value
         if not on_epoch:
             return
         key = f"{name}_epoch" if on_step else name
         if not in_step:  # an epoch-end hook: this is the epoch's value already
             if sync_dist:
                 tensor = self._all_reduce(tensor, reduce)
-            self._publish_epoch_value(key, tensor, prog_bar, logger)
+            self._publish_epoch_value(key, tensor, prog_bar, logger, forked=on_step)
             return
         accumulators = self._epoch[self.stage]
         acc = accumulators.get(key)
         if acc is None:
-            acc = accumulators[key] = _EpochAccumulator(reduce, sync_dist, prog_bar, logger)
+            acc = accumulators[key] = _EpochAccumulator(reduce, sync_dist, prog_bar, logger, forked=on_step)
         if batch_size is None and reduce == "mean":
             batch_size = self._current_batch_size()
         acc.update(tensor, float(batch_size) if batch_size is not None else 1.0)
 
-    def _publish_epoch_value(self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool) -> None:
+    def _publish_epoch_value(
+        self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool, forked: bool
+    ) -> None:
         self.callback_metrics[key] = value
         self._published.add(key)
-        if key.endswith("_epoch"):
+        if forked:
             self.callback_metrics[key[: -len("_epoch")]] = value
         if prog_bar:
             self._prog_bar.add(key)
         if logger:
             self._pending_epoch[key] = value
+            self.logged_metrics[key] = value
 
     @staticmethod
     def _to_tensor(name: str, value: Any) -> torch.Tensor:
@@ -189,7 +194,6 @@ class MetricsCollector:
         pending = self._pending_step[self.stage]
         out = {k: float(v) for k, v in pending.items()}
         pending.clear()
-        self.logged_metrics.update(out)
         return out
 
     def reduce_epoch(self, stage: str) -> None:
@@ -206,14 +210,13 @@ class MetricsCollector:
                     weight = self._all_reduce(weight, "sum")
             if acc.reduce_fx == "mean":
                 value = value / weight
-            self._publish_epoch_value(key, value, acc.prog_bar, acc.logger)
+            self._publish_epoch_value(key, value, acc.prog_bar, acc.logger, acc.forked)
         accumulators.clear()
 
     def pop_epoch_log(self) -> dict[str, float]:
         """The epoch values waiting for the loggers, as floats."""
         out = {k: float(v) for k, v in self._pending_epoch.items()}
         self._pending_epoch.clear()
-        self.logged_metrics.update(out)
         return out
 
     def epoch_results(self) -> dict[str, float]:
@@ -222,13 +225,19 @@ class MetricsCollector:
         self._published.clear()
         return out
 
-    def snapshot(self) -> tuple[dict[str, torch.Tensor], set[str]]:
-        """The visible state, to put back with :meth:`restore` (after the sanity validation)."""
-        return dict(self.callback_metrics), set(self._prog_bar)
+    def reset(self) -> None:
+        """Forget every value (a new ``fit``/``validate``/``test``/``predict`` call starts)."""
+        self.restore(({}, {}, set()))
 
-    def restore(self, snapshot: tuple[dict[str, torch.Tensor], set[str]]) -> None:
+    def snapshot(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]:
+        """The visible state, to put back with :meth:`restore` (after the sanity validation)."""
+        return dict(self.callback_metrics), dict(self.logged_metrics), set(self._prog_bar)
+
+    def restore(self, snapshot: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]) -> None:
         """Forget everything logged since :meth:`snapshot` was taken."""
-        self.callback_metrics, self._prog_bar = dict(snapshot[0]), set(snapshot[1])
+        self.callback_metrics = dict(snapshot[0])
+        self.logged_metrics = dict(snapshot[1])
+        self._prog_bar = set(snapshot[2])
         for pending in self._pending_step.values():
             pending.clear()
         self._pending_epoch.clear()

@@ -56,6 +56,11 @@ _LIGHTNING_ONLY_HOOKS = {
     "configure_sharded_model": "rename it configure_model",
     "on_validation_model_eval": "the Trainer calls module.eval() itself",
     "on_validation_model_train": "the Trainer calls module.train() itself",
+    "on_validation_model_zero_grad": "gradients are zeroed (set to None) before validation by the Trainer",
+    "on_test_model_eval": "the Trainer calls module.eval() itself",
+    "on_test_model_train": "the Trainer calls module.train() itself",
+    "on_predict_model_eval": "the Trainer calls module.eval() itself",
+    "manual_backward": "manual optimization is not supported: return the loss from training_step",
 }
 
 

@@ -211,6 +211,7 @@ class Trainer(DataSetup):
         self._strategy.configure(
             devices=device_list, num_nodes=num_nodes, cluster_environment=environment, precision=precision
         )
+        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # warnings before fit: rank 0 only
 
         self.callbacks = self._build_callbacks(
             callbacks, enable_checkpointing is not False, enable_progress_bar is not False
@@ -387,7 +388,7 @@ class Trainer(DataSetup):
         return self._metrics.callback_metrics
 
     @property
-    def logged_metrics(self) -> dict[str, float]:
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
         """The latest value of every metric sent to the loggers."""
         return self._metrics.logged_metrics
 
@@ -658,6 +659,7 @@ class Trainer(DataSetup):
         self._stage = stage
         self._module = model
         self._datamodule = sources.datamodule
+        self._metrics.reset()  # as in Lightning, each call starts with no metrics
         model.trainer = self
         self._hooks = self._build_hooks(model)
         self._configure_torch()
@@ -682,9 +684,9 @@ class Trainer(DataSetup):
             self._finalize_loggers("failed")
             raise
         finally:
-            self._call("teardown", stage)
             if datamodule is not None:
                 datamodule.teardown(stage)
+            self._call("teardown", stage)
             self._stage = None
 
     def _run_stage(
@@ -796,7 +798,12 @@ class Trainer(DataSetup):
         if path is None:
             return None
         if stage != "fit":
-            return self._strategy.load_checkpoint(path, weights_only=True)
+            checkpoint = self._strategy.load_checkpoint(path, weights_only=True)
+            module = self.lightning_module
+            module.on_load_checkpoint(checkpoint)
+            for callback in self.callbacks:
+                callback.on_load_checkpoint(self, module, checkpoint)
+            return checkpoint
         checkpoint = self._strategy.load_checkpoint(
             path, self.optimizers, check=checkpointing.scheduler_check(self, path)
         )
@@ -907,7 +914,7 @@ class Trainer(DataSetup):
         return {
             "state_dict": self._spawn_state,
             "callback_metrics": {k: v.cpu() for k, v in self.callback_metrics.items()},
-            "logged_metrics": dict(self.logged_metrics),
+            "logged_metrics": {k: v.cpu() for k, v in self.logged_metrics.items()},
             "global_step": self.global_step,
             "current_epoch": self.current_epoch,
             "best_model_path": self._best_checkpoint(),
