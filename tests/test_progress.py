@@ -55,7 +55,7 @@ def test_training_bar_shows_epoch_count_step_and_metrics() -> None:
     final = _final_line(out.getvalue())
     assert final.startswith("Epoch 0: 100%")
     assert "5/5" in final
-    assert final.endswith("step=5, loss=1.235]")
+    assert final.rstrip().endswith("step=5, loss=1.235]")
     assert out.getvalue().endswith("\n")  # the finished bar is left on screen
 
     trainer.current_epoch = 1
@@ -98,7 +98,7 @@ def test_validation_bar_is_transient_and_its_metrics_reach_the_training_bar() ->
     assert "3/3" in during
     # Shown again right after validation, with the new metric, before any further batch.
     assert _final_line(during).startswith("Epoch 0:  25%")
-    assert _final_line(during).endswith("loss=1.235, val_loss=2]")
+    assert _final_line(during).rstrip().endswith("loss=1.235, val_loss=2]")
 
 
 def test_standalone_validation_draws_only_the_validation_bar() -> None:

@@ -58,24 +58,32 @@ class DataSetup:
     def _setup_train_loader(self, loader: Any) -> None:
         self._train_loader, self.num_training_batches = self._prepare(loader, "train", self.limit_train_batches)
 
-    def _setup_data(self, stage: str, model: Module, sources: DataSources) -> None:
-        self._val_loader = self._test_loader = self._predict_loader = None
-        self.num_val_batches = self.num_test_batches = self.num_predict_batches = 0
-        if stage == "fit":
-            if self._train_loader is None:
-                self._setup_train_loader(self._raw_train_loader)
-            if self.num_training_batches == 0:
-                rank_zero_warn("The training dataloader yields no batches (or limit_train_batches=0): nothing to train.")
-            self._check_same_batch_count(self.num_training_batches, "training")
-        if stage in ("fit", "validate") and overrides(model, Module, "validation_step"):
+    def _setup_fit_train_data(self, model: Module, sources: DataSources) -> None:
+        """The training loader of ``fit`` (asked for after the sanity validation, as in Lightning)."""
+        if self._train_loader is None:  # estimated_stepping_batches may have built it already
+            self._setup_train_loader(sources.get("train", model))
+        if self.num_training_batches == 0:
+            rank_zero_warn("The training dataloader yields no batches (or limit_train_batches=0): nothing to train.")
+        self._check_same_batch_count(self.num_training_batches, "training")
+
+    def _setup_val_data(self, model: Module, sources: DataSources) -> None:
+        self._val_loader, self.num_val_batches = None, 0
+        if overrides(model, Module, "validation_step"):
             loader = sources.get("val", model)
             if loader is not None:
                 self._val_loader, self.num_val_batches = self._prepare(loader, "val", self.limit_val_batches)
+
+    def _setup_data(self, stage: str, model: Module, sources: DataSources) -> None:
+        """The loaders of ``validate``, ``test`` or ``predict`` (``fit`` sets its own up as it goes)."""
+        self._val_loader = self._test_loader = self._predict_loader = None
+        self.num_val_batches = self.num_test_batches = self.num_predict_batches = 0
+        self._val_check_batch = 0
+        if stage == "validate":
+            self._setup_val_data(model, sources)
         elif stage == "test":
             self._test_loader, self.num_test_batches = self._prepare(sources.get("test", model), "test", self.limit_test_batches)
         elif stage == "predict":
             self._predict_loader, self.num_predict_batches = self._prepare(sources.get("predict", model), "predict", self.limit_predict_batches)
-        self._val_check_batch = self._compute_val_check_batch() if stage == "fit" else 0
 
     def _check_same_batch_count(self, count: int | float, what: str) -> None:
         """Every rank must run as many batches, or the ones that finish first leave the others
@@ -116,6 +124,14 @@ class DataSetup:
                 "of batches instead, e.g. val_check_interval=1000."
             )
         return max(1, int(self.num_training_batches * interval))
+
+    def _sanity_wanted(self, model: Module, sources: DataSources) -> bool:
+        """Whether fit starts with a sanity validation (known before any loader is built)."""
+        return (
+            self.num_sanity_val_steps != 0
+            and overrides(model, Module, "validation_step")
+            and sources.has("val", model)
+        )
 
     def _sanity_batches(self) -> int | float:
         if self._val_loader is None or self.num_sanity_val_steps == 0:

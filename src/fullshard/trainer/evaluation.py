@@ -14,27 +14,36 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from fullshard.module import Module
     from fullshard.trainer.data import PreparedLoader
+    from fullshard.trainer.preflight import DataSources
     from fullshard.trainer.trainer import Trainer
 
 _HOOK_STAGE = {"validate": "validation", "test": "test", "predict": "predict"}
 
 
-def run_sanity_check(trainer: Trainer) -> None:
-    """Run ``num_sanity_val_steps`` validation batches before training; forget their metrics."""
-    batches = trainer._sanity_batches()
-    if batches == 0:
-        return
+def run_sanity_check(trainer: Trainer, model: Module, sources: DataSources) -> bool:
+    """Run ``num_sanity_val_steps`` validation batches before training and forget their metrics.
+
+    The validation loader is asked for here, after ``on_sanity_check_start``, as in Lightning.
+    Returns whether the sanity run took place.
+    """
+    if not trainer._sanity_wanted(model, sources):
+        return False
     metrics = trainer._metrics
     snapshot = metrics.snapshot()
     trainer.sanity_checking = True
     try:
         trainer._call("on_sanity_check_start")
-        _run(trainer, "validate", trainer._val_loader, batches)
+        trainer._setup_val_data(model, sources)
+        batches = trainer._sanity_batches()
+        if batches:
+            _run(trainer, "validate", trainer._val_loader, batches)
         trainer._call("on_sanity_check_end")
     finally:
         trainer.sanity_checking = False
         metrics.restore(snapshot)
+    return True
 
 
 def run_validation(trainer: Trainer) -> dict[str, float]:

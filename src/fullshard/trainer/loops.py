@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullshard.errors import MisconfigurationError
-from fullshard.trainer import evaluation
+from fullshard.trainer import checkpointing, evaluation
 
 if TYPE_CHECKING:
+    from fullshard.module import Module
+    from fullshard.trainer.preflight import DataSources
     from fullshard.trainer.trainer import Trainer
 
 
@@ -50,9 +52,23 @@ def _batch_outputs(output: Any, loss: torch.Tensor | None) -> Any:
     return outputs
 
 
-def run_fit(trainer: Trainer) -> None:
-    """Sanity validation, then training until ``max_steps``/``max_epochs`` or a stop request."""
-    evaluation.run_sanity_check(trainer)
+def run_fit(
+    trainer: Trainer, module: Module, sources: DataSources, checkpoint: dict[str, Any] | None
+) -> None:
+    """Sanity validation, then training until ``max_steps``/``max_epochs`` or a stop request.
+
+    Loaders are asked for in Lightning's order: the validation loader when the sanity run
+    starts, the training loader after it (without a sanity run: training, then validation).
+    A resumed run gets its random-number states back only then, so building the loaders
+    (a ``random_split`` in ``train_dataloader()``, say) cannot shift them.
+    """
+    sanity_ran = evaluation.run_sanity_check(trainer, module, sources)
+    trainer._setup_fit_train_data(module, sources)
+    if not sanity_ran:
+        trainer._setup_val_data(module, sources)
+    trainer._val_check_batch = trainer._compute_val_check_batch()
+    if checkpoint is not None:
+        checkpointing.restore_rng_states(trainer, checkpoint)
     trainer._call("on_train_start")
     while not trainer._done():
         run_train_epoch(trainer)

@@ -244,7 +244,8 @@ class Trainer(DataSetup):
         self._val_loader: PreparedLoader | None = None
         self._test_loader: PreparedLoader | None = None
         self._predict_loader: PreparedLoader | None = None
-        self._raw_train_loader: Any = None
+        self._raw_train_loader: Any = None  # only while checking configure_optimizers before launch
+        self._data: DataSources | None = None  # where the current call's loaders come from
         self._val_check_batch: int | float = 0
         self._metrics = MetricsCollector(self._strategy.all_reduce)
         self._hooks: dict[str, list[Callable[..., Any]]] = {}
@@ -429,12 +430,16 @@ class Trainer(DataSetup):
         if self.max_epochs == -1:
             return math.inf if self.max_steps == -1 else self.max_steps
         if self._train_loader is None:
-            if self._raw_train_loader is None:
+            if self._raw_train_loader is not None:  # before any process starts (preflight)
+                self._setup_train_loader(self._raw_train_loader)
+            elif self._data is not None and self._module is not None and self._stage == "fit":
+                rank_zero_info("Building the training dataloader to estimate the number of stepping batches.")
+                self._setup_train_loader(self._data.get("train", self._module))
+            else:
                 raise RuntimeError(
                     "estimated_stepping_batches needs the training dataloader: read it inside fit() "
                     "(e.g. in configure_optimizers)."
                 )
-            self._setup_train_loader(self._raw_train_loader)
         total = self.num_training_batches
         if math.isinf(total):
             return self.max_steps if self.max_steps != -1 else math.inf
@@ -699,8 +704,10 @@ class Trainer(DataSetup):
         keep_predictions: bool,
     ) -> Any:
         self._resolved_ckpt_path = None
+        self._data = sources
         self._setup_model(model, stage, sources)
-        self._setup_data(stage, model, sources)
+        if stage != "fit":
+            self._setup_data(stage, model, sources)
         checkpoint = self._load_checkpoint(ckpt_path, stage) if ckpt_path is not None else None
         self.ckpt_path = self._resolved_ckpt_path
         if stage != "fit":
@@ -718,9 +725,7 @@ class Trainer(DataSetup):
             log.info(model_summary(model))
         self.should_stop = False
         self._call("on_fit_start")
-        if checkpoint is not None:
-            checkpointing.restore_rng_states(self, checkpoint)
-        loops.run_fit(self)
+        loops.run_fit(self, model, sources, checkpoint)
         self._call("on_fit_end")
         self._fitted = True
         if isinstance(self._strategy.launcher, SpawnLauncher):
@@ -773,7 +778,6 @@ class Trainer(DataSetup):
             model.configure_model()
         strategy.setup_module(model)
         if stage == "fit":
-            self._raw_train_loader = sources.get("train", model)
             self._train_loader = None
             optimizers, self.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
             self.optimizers = [strategy.setup_optimizer(o) for o in optimizers]
