@@ -77,7 +77,7 @@ def _fake(tmp_path: Path, **attributes: Any) -> Any:
         lr_scheduler_configs=[],
         loggers=[],
         default_root_dir=str(tmp_path),
-        num_val_batches=2,
+        num_val_batches=[2],
         val_check_interval=1.0,
         check_val_every_n_epoch=1,
         is_last_batch=False,
@@ -333,10 +333,10 @@ def test_nothing_is_saved_in_sanity_check_fast_dev_run_or_outside_fit(tmp_path: 
     [
         ({}, None, True),
         ({}, False, False),
-        ({"num_val_batches": 0, "val_check_interval": 0.5}, True, True),
+        ({"num_val_batches": [], "val_check_interval": 0.5}, True, True),
         ({"check_val_every_n_epoch": 2}, None, False),
         ({"check_val_every_n_epoch": None, "val_check_interval": 100}, None, False),
-        ({"num_val_batches": 0}, None, True),
+        ({"num_val_batches": []}, None, True),
         ({"val_check_interval": 0.5}, None, False),
         ({"val_check_interval": 4}, None, False),
     ],
@@ -349,7 +349,7 @@ def test_where_epoch_checkpoints_are_taken(
 
 
 def test_every_n_epochs_counts_epochs(tmp_path: Path) -> None:
-    trainer = _fake(tmp_path, num_val_batches=0)
+    trainer = _fake(tmp_path, num_val_batches=[])
     cb = ModelCheckpoint(dirpath=tmp_path / "c", every_n_epochs=2, save_top_k=-1)
     _start(cb, trainer)
     for _ in range(4):
@@ -380,7 +380,7 @@ def test_resumed_run_does_not_save_its_start_step_again(tmp_path: Path) -> None:
 
 # =================================================================== ModelCheckpoint: retention
 def test_top_k_keeps_the_best_and_deletes_only_after_last_is_written(tmp_path: Path) -> None:
-    trainer = _fake(tmp_path, num_val_batches=0)
+    trainer = _fake(tmp_path, num_val_batches=[])
     cb = ModelCheckpoint(dirpath=tmp_path / "c", monitor="loss", save_top_k=2, save_last=True)
     _start(cb, trainer)
     for loss in (3.0, 1.0, 2.0, 0.5):
@@ -407,7 +407,7 @@ def test_top_k_keeps_the_best_and_deletes_only_after_last_is_written(tmp_path: P
 
 
 def test_nan_scores_rank_last(tmp_path: Path) -> None:
-    trainer = _fake(tmp_path, num_val_batches=0)
+    trainer = _fake(tmp_path, num_val_batches=[])
     cb = ModelCheckpoint(dirpath=tmp_path / "c", monitor="loss", mode="max", save_top_k=2)
     _start(cb, trainer)
     for loss in (1.0, math.nan, 2.0):
@@ -518,7 +518,7 @@ def test_save_on_exception(tmp_path: Path) -> None:
 
 
 def test_state_dict_round_trip_and_a_moved_directory(tmp_path: Path) -> None:
-    trainer = _fake(tmp_path, num_val_batches=0)
+    trainer = _fake(tmp_path, num_val_batches=[])
     cb = ModelCheckpoint(dirpath=tmp_path / "c", monitor="loss", save_last=True)
     _start(cb, trainer)
     _step(cb, trainer)
@@ -551,7 +551,7 @@ def test_default_directory(tmp_path: Path) -> None:
 
 
 def test_to_yaml_and_newest_checkpoint(tmp_path: Path) -> None:
-    trainer = _fake(tmp_path, num_val_batches=0)
+    trainer = _fake(tmp_path, num_val_batches=[])
     cb = ModelCheckpoint(dirpath=tmp_path / "c", monitor="loss", save_top_k=-1, save_last=True)
     _start(cb, trainer)
     for loss in (2.0, math.inf):

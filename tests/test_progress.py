@@ -20,7 +20,7 @@ def _trainer(**overrides: Any) -> Any:
         "current_epoch": 0,
         "global_step": 0,
         "num_training_batches": 5,
-        "num_val_batches": 2,
+        "num_val_batches": [2],
         "progress_bar_metrics": {"loss": 1.23456},
         "batch_idx_start": 0,
     }
@@ -87,7 +87,7 @@ def test_unknown_epoch_length_shows_a_plain_count() -> None:
 def test_validation_bar_is_transient_and_its_metrics_reach_the_training_bar() -> None:
     out = io.StringIO()
     bar = ProgressBar(mininterval=0, file=out)
-    trainer = _trainer(num_training_batches=4, num_val_batches=3)
+    trainer = _trainer(num_training_batches=4, num_val_batches=[3])
     bar.on_train_epoch_start(trainer, MODULE)
     bar.on_train_batch_end(trainer, MODULE, None, None, 0)
     before = len(out.getvalue())
@@ -104,7 +104,7 @@ def test_validation_bar_is_transient_and_its_metrics_reach_the_training_bar() ->
 def test_standalone_validation_draws_only_the_validation_bar() -> None:
     out = io.StringIO()
     bar = ProgressBar(mininterval=0, file=out)
-    _run_validation(bar, _trainer(num_val_batches=2), batches=2)
+    _run_validation(bar, _trainer(num_val_batches=[2]), batches=2)
     assert "Validation: 100%" in out.getvalue()
     assert "Epoch" not in out.getvalue()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+import weakref
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,15 @@ if TYPE_CHECKING:
     from fullshard.strategies.registry import StrategyRegistry
 
 log = logging.getLogger("fullshard")
+
+# [Note: one sharding per module]
+# FSDP wraps a module in place (its layers become FSDP units holding flat shards), so it cannot
+# be wrapped again. A module that one Trainer's FSDP strategy sharded keeps that sharding when
+# another Trainer in the same process runs it (fit, then a new Trainer for validate/test, as
+# Lightning scripts do): the strategy reuses the wrapper instead of wrapping the wrapped layers.
+_SHARDED: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, dict[str, torch.Size], Any]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _torch_fsdp() -> Any:
@@ -410,6 +420,10 @@ class FSDPStrategy(ParallelStrategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         if module is self.module and self.model is not None:  # validate() after fit(): already sharded
             return self.model
+        sharded = _SHARDED.get(module)
+        if sharded is not None:  # sharded by another Trainer's strategy in this process: reuse it
+            self.module, self.model, self._param_shapes, self.wrap_plan = module, *sharded
+            return sharded[0]
         module = self.precision.convert_module(module)
         if not any(t.is_meta for t in module.parameters()):
             module = module.to(self.root_device)
@@ -426,6 +440,7 @@ class FSDPStrategy(ParallelStrategy):
             log.info(self.wrap_plan.summary())
         self.module = module
         self.model = self._wrap(module)
+        _SHARDED[module] = (self.model, self._param_shapes, self.wrap_plan)
         return self.model
 
     @override

@@ -27,9 +27,9 @@ class DataSetup:
     limit_test_batches: int | float
     limit_predict_batches: int | float
     num_training_batches: int | float
-    num_val_batches: int | float
-    num_test_batches: int | float
-    num_predict_batches: int | float
+    _val_batches: int | float
+    _test_batches: int | float
+    _predict_batches: int | float
     num_sanity_val_steps: int
     val_check_interval: int | float
     check_val_every_n_epoch: int | None
@@ -42,6 +42,21 @@ class DataSetup:
     _test_loader: PreparedLoader | None
     _predict_loader: PreparedLoader | None
     _val_check_batch: int | float
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        """Validation batches per run, one entry per dataloader (Lightning's form); kept after the call."""
+        return [] if self._val_loader is None else [self._val_batches]
+
+    @property
+    def num_test_batches(self) -> list[int | float]:
+        """Test batches per run, one entry per dataloader; kept after the call."""
+        return [] if self._test_loader is None else [self._test_batches]
+
+    @property
+    def num_predict_batches(self) -> list[int | float]:
+        """Prediction batches per run, one entry per dataloader; kept after the call."""
+        return [] if self._predict_loader is None else [self._predict_batches]
 
     def _prepare(self, loader: Any, kind: str, limit: int | float) -> tuple[PreparedLoader, int | float]:
         prepared = prepare_dataloader(
@@ -67,23 +82,21 @@ class DataSetup:
         self._check_same_batch_count(self.num_training_batches, "training")
 
     def _setup_val_data(self, model: Module, sources: DataSources) -> None:
-        self._val_loader, self.num_val_batches = None, 0
+        self._val_loader, self._val_batches = None, 0
         if overrides(model, Module, "validation_step"):
             loader = sources.get("val", model)
             if loader is not None:
-                self._val_loader, self.num_val_batches = self._prepare(loader, "val", self.limit_val_batches)
+                self._val_loader, self._val_batches = self._prepare(loader, "val", self.limit_val_batches)
 
     def _setup_data(self, stage: str, model: Module, sources: DataSources) -> None:
         """The loaders of ``validate``, ``test`` or ``predict`` (``fit`` sets its own up as it goes)."""
-        self._val_loader = self._test_loader = self._predict_loader = None
-        self.num_val_batches = self.num_test_batches = self.num_predict_batches = 0
         self._val_check_batch = 0
         if stage == "validate":
             self._setup_val_data(model, sources)
         elif stage == "test":
-            self._test_loader, self.num_test_batches = self._prepare(sources.get("test", model), "test", self.limit_test_batches)
+            self._test_loader, self._test_batches = self._prepare(sources.get("test", model), "test", self.limit_test_batches)
         elif stage == "predict":
-            self._predict_loader, self.num_predict_batches = self._prepare(sources.get("predict", model), "predict", self.limit_predict_batches)
+            self._predict_loader, self._predict_batches = self._prepare(sources.get("predict", model), "predict", self.limit_predict_batches)
 
     def _check_same_batch_count(self, count: int | float, what: str) -> None:
         """Every rank must run as many batches, or the ones that finish first leave the others
@@ -101,7 +114,7 @@ class DataSetup:
             )
 
     def _compute_val_check_batch(self) -> int | float:
-        if self._val_loader is None or self.num_val_batches == 0:
+        if self._val_loader is None or self._val_batches == 0:
             return 0
         interval = self.val_check_interval
         if isinstance(interval, int):
@@ -137,5 +150,5 @@ class DataSetup:
         if self._val_loader is None or self.num_sanity_val_steps == 0:
             return 0
         if self.num_sanity_val_steps == -1:
-            return self.num_val_batches
-        return min(self.num_sanity_val_steps, self.num_val_batches)
+            return self._val_batches
+        return min(self.num_sanity_val_steps, self._val_batches)

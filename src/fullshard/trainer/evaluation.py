@@ -48,18 +48,18 @@ def run_sanity_check(trainer: Trainer, model: Module, sources: DataSources) -> b
 
 def run_validation(trainer: Trainer) -> dict[str, float]:
     """One pass over the validation data; returns the epoch-level validation metrics."""
-    return _run(trainer, "validate", trainer._val_loader, trainer.num_val_batches)
+    return _run(trainer, "validate", trainer._val_loader, trainer._val_batches)
 
 
 def run_test(trainer: Trainer) -> dict[str, float]:
     """One pass over the test data; returns the epoch-level test metrics."""
-    return _run(trainer, "test", trainer._test_loader, trainer.num_test_batches)
+    return _run(trainer, "test", trainer._test_loader, trainer._test_batches)
 
 
 def run_predict(trainer: Trainer, keep: bool) -> list[Any]:
     """One pass over the prediction data; returns this process's predictions (when ``keep``)."""
     predictions: list[Any] = []
-    _run(trainer, "predict", trainer._predict_loader, trainer.num_predict_batches, predictions if keep else None)
+    _run(trainer, "predict", trainer._predict_loader, trainer._predict_batches, predictions if keep else None)
     return predictions
 
 

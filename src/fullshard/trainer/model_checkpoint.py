@@ -349,7 +349,7 @@ class ModelCheckpoint(Callback):
             return self._save_on_train_epoch_end
         if trainer.check_val_every_n_epoch != 1:
             return False  # validation does not run every epoch: save after it
-        if trainer.num_val_batches == 0:
+        if sum(trainer.num_val_batches) == 0:
             return True  # no validation: save at the end of the training epoch
         return trainer.val_check_interval == 1.0  # validation several times an epoch: after it
 
@@ -647,7 +647,7 @@ class ModelCheckpoint(Callback):
 
 def _validates_now(trainer: Trainer) -> bool:
     """Whether a validation run is expected after the current (last) batch of the epoch."""
-    if not trainer.num_val_batches:
+    if not sum(trainer.num_val_batches):
         return False
     every = trainer.check_val_every_n_epoch
     return every is None or (trainer.current_epoch + 1) % every == 0

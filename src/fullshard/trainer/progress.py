@@ -148,7 +148,7 @@ class ProgressBar(Callback):
         self._val_pending = 0
         self._val_bar = tqdm(
             desc="Validation",
-            total=_finite_total(trainer.num_val_batches),
+            total=_finite_total(sum(trainer.num_val_batches)),
             leave=False,
             mininterval=self.mininterval,
             file=self.file,

@@ -225,9 +225,9 @@ class Trainer(DataSetup):
         self.is_last_batch = False
         self.batch_idx_start = 0
         self.num_training_batches: int | float = 0
-        self.num_val_batches: int | float = 0
-        self.num_test_batches: int | float = 0
-        self.num_predict_batches: int | float = 0
+        self._val_batches: int | float = 0  # per epoch of each stage; Lightning's lists are properties
+        self._test_batches: int | float = 0
+        self._predict_batches: int | float = 0
         self.optimizers: list[Optimizer] = []
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
         self._batches_in_epoch = 0
