@@ -84,22 +84,24 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     """
     strategy = trainer.strategy
     module = trainer.lightning_module
+    # Lightning's order: the module, the DataModule, then each callback's hook and state
     module.on_load_checkpoint(checkpoint)
-    for callback in trainer.callbacks:
-        callback.on_load_checkpoint(trainer, module, checkpoint)
-    for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
-        config.scheduler.load_state_dict(state)
-    strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
     datamodule = trainer.datamodule
     if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
         datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
+    for callback in trainer.callbacks:
+        callback.on_load_checkpoint(trainer, module, checkpoint)
     callback_states = checkpoint.get("callbacks", {})
     for callback in trainer.callbacks:
         if callback.state_key in callback_states:
             callback.load_state_dict(callback_states[callback.state_key])
+    for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
+        config.scheduler.load_state_dict(state)
+    strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
     if is_lightning_checkpoint(checkpoint):
         _warn_unused_callback_states(trainer, checkpoint)
-    trainer._restore_loop_state(checkpoint["loops"])
+    # loop progress is put back when the fit loop starts, after on_fit_start (as in Lightning)
+    trainer._pending_loop_state = checkpoint["loops"]
 
 
 def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:

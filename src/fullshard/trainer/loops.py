@@ -62,10 +62,14 @@ def run_fit(
     A resumed run gets its random-number states back only then, so building the loaders
     (a ``random_split`` in ``train_dataloader()``, say) cannot shift them.
     """
+    if trainer._pending_loop_state is not None:
+        trainer._restore_loop_state(trainer._pending_loop_state, epoch_end_pending=True)
+        trainer._pending_loop_state = None
     sanity_ran = evaluation.run_sanity_check(trainer, module, sources)
     trainer._setup_fit_train_data(module, sources)
     if not sanity_ran:
         trainer._setup_val_data(module, sources)
+    trainer._finish_epoch_restore()
     trainer._val_check_batch = trainer._compute_val_check_batch()
     if checkpoint is not None:
         checkpointing.restore_rng_states(trainer, checkpoint)

@@ -235,6 +235,8 @@ class Trainer(DataSetup):
         self._total_batch_idx = 0
         self._epoch_finished = False
         self._resume_point: tuple[int, int] | None = None  # see [Note: epochs cut short]
+        self._pending_loop_state: dict[str, Any] | None = None  # from a checkpoint, until the loop starts
+        self._epoch_end_pending = False
         self.ckpt_path: str | None = None  # the checkpoint the current call loaded, if any
         self._resolved_ckpt_path: str | None = None
         self._stage: str | None = None
@@ -704,6 +706,7 @@ class Trainer(DataSetup):
         keep_predictions: bool,
     ) -> Any:
         self._resolved_ckpt_path = None
+        self._pending_loop_state = None
         self._data = sources
         self._setup_model(model, stage, sources)
         if stage != "fit":
@@ -812,7 +815,6 @@ class Trainer(DataSetup):
             path, self.optimizers, check=checkpointing.scheduler_check(self, path)
         )
         checkpointing.restore_checkpoint(self, checkpoint)
-        self._batches_that_stepped = self.global_step
         return checkpoint
 
     def _best_checkpoint(self) -> str | None:
@@ -886,15 +888,25 @@ class Trainer(DataSetup):
             "total_batch_idx": self._total_batch_idx,
         }
 
-    def _restore_loop_state(self, state: dict[str, Any]) -> None:
+    def _restore_loop_state(self, state: dict[str, Any], *, epoch_end_pending: bool = False) -> None:
+        """Put loop progress back. ``epoch_end_pending``: a checkpoint written at the end of an
+        epoch keeps that epoch's number until training starts (Lightning shows it during the
+        sanity run); :meth:`_finish_epoch_restore` moves on to the next epoch."""
         self.global_step = int(state["global_step"])
+        self._batches_that_stepped = self.global_step
         self.current_epoch = int(state["epoch"])
         self._batches_in_epoch = int(state["batches_in_epoch"])
         self._total_batch_idx = int(state.get("total_batch_idx", 0))
-        if state.get("epoch_finished"):
+        self._epoch_finished = False
+        self._epoch_end_pending = bool(state.get("epoch_finished"))
+        if not epoch_end_pending:
+            self._finish_epoch_restore()
+
+    def _finish_epoch_restore(self) -> None:
+        if self._epoch_end_pending:
             self.current_epoch += 1
             self._batches_in_epoch = 0
-        self._epoch_finished = False
+            self._epoch_end_pending = False
 
     def _log_metrics(self, values: dict[str, float], step: int) -> None:
         if self.is_global_zero and self.loggers:
