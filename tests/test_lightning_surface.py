@@ -274,13 +274,7 @@ def test_errors_before_any_process_starts(tmp_path: Path) -> None:
     fullshard.Trainer(accelerator="cpu", profiler=None, sync_batchnorm=False)  # Lightning's "off" values pass
     trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
 
-    class NoOptimizer(Recorder):
-        def configure_optimizers(self) -> Any:
-            return None
-
     # a 2-process Trainer: each error below comes at once, with no process started
-    with pytest.raises(MisconfigurationError, match=r"configure_optimizers\(\) returned None"):
-        trainer.fit(NoOptimizer(), DataLoader(make_data()))
     with pytest.raises(MisconfigurationError, match=r"train_dataloaders must be a torch.utils.data.DataLoader, got TensorDataset"):
         trainer.fit(Recorder(), make_data())
     with pytest.raises(MisconfigurationError, match=r"Trainer.test\(\) needs MLP.test_step"):
@@ -365,3 +359,16 @@ def test_seed_everything_workers_seeds_numpy_in_each_worker(tmp_path: Path) -> N
     fullshard.seed_everything(0)
     assert seen[0] == seen[1]  # reproducible
     assert len(set(seen[0])) == 8  # without per-worker seeding both workers draw the same numbers
+
+
+@pytest.mark.multiprocess
+def test_bad_configure_optimizers_ends_a_two_process_job_at_once(tmp_path: Path) -> None:
+    """Checked by rank 0 before it joins the process group: one message, no waiting."""
+    import time
+
+    started = time.monotonic()
+    result = run_script("launch_bad_optimizer.py", timeout=60)
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert result.stderr.count("configure_optimizers() returned None") == 1, result.stderr
+    assert elapsed < 15, elapsed

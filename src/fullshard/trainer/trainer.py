@@ -623,13 +623,17 @@ class Trainer(DataSetup):
                 rank_zero_warn(
                     "Validation data was given but the module has no validation_step; validation is skipped."
                 )
-            self._preflight_optimizers(model, sources)
 
     def _preflight_optimizers(self, model: Module, sources: DataSources) -> None:
         """Check what configure_optimizers returns, when the model has its parameters already.
 
-        A model whose layers are built in configure_model() (or that configure_optimizers cannot
-        serve yet) is checked after setup instead. The optimizers built here are discarded.
+        Global rank 0 does it as the first thing in ``_run``, before joining the process group:
+        the other processes are only starting then (importing torch), so a bad result ends the
+        job at once with one message, and the check costs no start-up time (building a first
+        optimizer imports ``torch._dynamo``, about a second, which would delay starting the
+        others if done before launching them). A model whose layers are built in
+        configure_model() (or that configure_optimizers cannot serve yet) is checked after setup
+        instead. The optimizers built here are discarded.
         """
         if overrides(model, Module, "configure_model") or next(model.parameters(), None) is None:
             return
@@ -641,7 +645,7 @@ class Trainer(DataSetup):
             return
         finally:
             model.trainer = None
-            self._train_loader = None
+            self._train_loader = self._raw_train_loader = None
         parse_optimizers(config)
 
     def _launch(self, function: Any, *args: Any) -> Any:
@@ -661,6 +665,8 @@ class Trainer(DataSetup):
         keep_predictions: bool = True,
     ) -> Any:
         strategy = self._strategy
+        if stage == "fit" and self.world_size > 1 and self.is_global_zero:
+            self._preflight_optimizers(model, sources)
         strategy.setup_environment()
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         self._stage = stage
@@ -673,15 +679,15 @@ class Trainer(DataSetup):
         datamodule = sources.datamodule
         if datamodule is not None:
             datamodule.trainer = self
-        if self.local_rank == 0:  # once per machine; the others wait
-            if datamodule is not None:
-                datamodule.prepare_data()
-            model.prepare_data()
-        strategy.barrier("prepare_data")
-        if datamodule is not None:
-            datamodule.setup(stage)
-        self._call("setup", stage)
         try:
+            if self.local_rank == 0:  # once per machine; the others wait
+                if datamodule is not None:
+                    datamodule.prepare_data()
+                model.prepare_data()
+            strategy.barrier("prepare_data")
+            if datamodule is not None:
+                datamodule.setup(stage)
+            self._call("setup", stage)
             with torch.autograd.set_detect_anomaly(self.detect_anomaly):
                 return self._run_stage(stage, model, sources, ckpt_path, verbose, keep_predictions)
         except BaseException as exception:
@@ -872,11 +878,6 @@ class Trainer(DataSetup):
                 return True
             self.should_stop = False  # Lightning's rule: min_epochs/min_steps win over a stop request
         return False
-
-    def _is_optimizer_step_boundary(self) -> bool:
-        """True right after an optimizer step (no gradients are being accumulated)."""
-        n = self._batches_in_epoch
-        return n % self.accumulate_grad_batches == 0 or n == self.num_training_batches
 
     def _loop_state(self) -> dict[str, Any]:
         epoch, batches = self._resume_point or (self.current_epoch, self._batches_in_epoch)
