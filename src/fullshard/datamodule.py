@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from fullshard.module import AttributeDict
+from fullshard.module import AttributeDict, init_arguments
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
@@ -35,9 +35,7 @@ class DataModule:
         frame = inspect.currentframe()
         caller = frame.f_back if frame is not None else None
         if caller is not None and not values:
-            arguments = inspect.getargvalues(caller)
-            local = {k: arguments.locals[k] for k in arguments.args if k != "self"}
-            self._hparams.update({k: v for k, v in local.items() if not names or k in names})
+            self._hparams.update(init_arguments(caller, names))
         self._hparams.update(values)
 
     def prepare_data(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,6 +45,22 @@ class AttributeDict(dict[str, Any]):
 
     def __delattr__(self, key: str) -> None:
         del self[key]
+
+
+def init_arguments(frame: FrameType, names: tuple[str, ...]) -> dict[str, Any]:
+    """The arguments of the function running in ``frame`` (an ``__init__``), all of them or those
+    in ``names``; what ``save_hyperparameters()`` records."""
+    arguments = inspect.getargvalues(frame)
+    local = {k: arguments.locals[k] for k in arguments.args if k != "self"}
+    if arguments.keywords:
+        local.update(arguments.locals.get(arguments.keywords, {}))
+    unknown = [n for n in names if n not in local]
+    if unknown:
+        raise ValueError(
+            f"save_hyperparameters got {unknown}, which are not arguments of the calling "
+            f"function (it has {sorted(local)}). Pass argument names, or keyword values."
+        )
+    return {k: v for k, v in local.items() if not names or k in names}
 
 
 def _not_defined(module: Module, method: str, why: str) -> NotImplementedError:
@@ -397,18 +414,8 @@ class Module(nn.Module):
         caller = frame.f_back if frame is not None else None
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         if caller is not None and not values:
-            arguments = inspect.getargvalues(caller)
-            local = {k: arguments.locals[k] for k in arguments.args if k != "self"}
-            if arguments.keywords:
-                local.update(arguments.locals.get(arguments.keywords, {}))
-            unknown = [n for n in names if n not in local]
-            if unknown:
-                raise ValueError(
-                    f"save_hyperparameters got {unknown}, which are not arguments of the calling "
-                    f"function (it has {sorted(local)}). Pass argument names, or keyword values."
-                )
             self._hparams.update(
-                {k: v for k, v in local.items() if (not names or k in names) and k not in ignored}
+                {k: v for k, v in init_arguments(caller, names).items() if k not in ignored}
             )
         self._hparams.update(values)
 
