@@ -132,6 +132,20 @@ class Module(nn.Module):
         ``if self.model is not None: return``.
         """
 
+    def init_weights(self, module: nn.Module) -> None:
+        """Initialise ``module``'s own parameters: override to give the model its init.
+
+        Called under ``torch.no_grad()`` for every submodule that ``configure_model()`` created,
+        children before parents, after the layers' ``reset_parameters()`` and a Hugging Face
+        model's ``_init_weights``. With ``FSDPStrategy(empty_init=True)`` it runs as each FSDP
+        unit is materialised from the meta device (on the whole, unsharded unit); without, right
+        after ``configure_model()``: the model is the same either way. Example::
+
+            def init_weights(self, module):
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, std=0.02)
+        """
+
     # -------------------------------------------------------------------------- data hooks
     # A module may provide its own data, as in Lightning; the Trainer uses these when no
     # dataloaders or DataModule are passed.

@@ -171,6 +171,70 @@ def resolve_policy(policy: Policy | None, model: nn.Module) -> Policy | None:
     return policy
 
 
+def tied_parameter_groups(model: nn.Module) -> list[list[str]]:
+    """Names of parameters shared by several modules (one ``nn.Parameter`` under several names),
+    one sorted list per shared parameter."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [sorted(names) for names in groups.values() if len(names) > 1]
+
+
+def _common_prefix(paths: list[str]) -> str:
+    split = [p.split(".") if p else [] for p in paths]
+    common: list[str] = []
+    for parts in zip(*split, strict=False):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
+
+
+def keep_tied_together(policy: Policy | None, model: nn.Module) -> tuple[Policy | None, list[str]]:
+    """``policy`` changed so that no parameter shared by several modules is split across units.
+
+    [Note: tied parameters stay in one unit]
+    A parameter shared by two modules (tied input and output embeddings) must belong to one
+    FSDP unit: split across two, FSDP shards it in one and the other keeps a stale view, and
+    the first forward fails with a size mismatch. When the policy would split a tied group, the
+    modules it selects between the group's owners and their common ancestor are not wrapped,
+    so the shared parameter lands in the unit of that ancestor (or of its nearest wrapped
+    ancestor). Returns the policy (an explicit module set, when changed) and one note per
+    group that needed it, for the wrap plan.
+    """
+    if policy is None:
+        return None, []
+    groups = tied_parameter_groups(model)
+    if not groups:
+        return policy, []
+    selected = policy.selected(model)
+    names = {m: n for n, m in model.named_modules()}
+    dropped: set[nn.Module] = set()
+    notes = []
+    for group in groups:
+        owners = [name.rpartition(".")[0] for name in group]
+        common = _common_prefix(owners)
+        below = [
+            m
+            for m in selected
+            if len(names[m]) > len(common)
+            and (not common or names[m].startswith(common + "."))
+            and any(owner == names[m] or owner.startswith(names[m] + ".") for owner in owners)
+        ]
+        if below:
+            dropped.update(below)
+            notes.append(
+                f"tied parameters {', '.join(group)} are kept in one unit, that of their common ancestor "
+                f"{common or '(root)'}: not wrapping {', '.join(sorted(names[m] for m in below))} on its own"
+            )
+    if not dropped:
+        return policy, []
+    from torch.distributed.fsdp.wrap import CustomPolicy
+
+    keep = {m for m in selected if m not in dropped}
+    return Policy(policy.name, policy=CustomPolicy(lambda module: module in keep)), notes
+
+
 # ---------------------------------------------------------------------------------- wrap plan
 _SHARDING_FACTORS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
@@ -212,6 +276,8 @@ class WrapPlan:
     estimate: MemoryEstimate
     estimate_no_shard: MemoryEstimate
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
     @property
     def root_numel(self) -> int:
@@ -255,7 +321,9 @@ class WrapPlan:
             f"optimizer {_fmt_bytes(est.optimizer)} = {_fmt_bytes(est.total)} "
             f"(NO_SHARD: {_fmt_bytes(base.total)}, {est.total / max(base.total, 1):.2f}x)"
         )
+        lines.extend(f"  note: {n}" for n in self.notes)
         lines.extend(f"  warning: {w}" for w in self.warnings)
+        lines.extend(f"  error: {e}" for e in self.errors)
         return "\n".join(lines)
 
 
@@ -339,6 +407,7 @@ def build_plan(
     param_dtype: torch.dtype,
     compute_dtype: torch.dtype,
     optimizer_states_per_param: int = 2,
+    use_orig_params: bool = True,
 ) -> WrapPlan:
     """Compute the :class:`WrapPlan` for ``model`` (policies already resolved)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
@@ -362,17 +431,17 @@ def build_plan(
         Unit(n, type(model if n == "" else model.get_submodule(n)).__name__, c) for n, c in counts.items()
     ]
 
-    plan_warnings = []
-    shared: dict[int, set[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        shared.setdefault(id(param), set()).add(name)
-    for param_names in shared.values():
-        homes = {owners[n] or "(root)" for n in param_names}
+    plan_errors = []
+    for group in tied_parameter_groups(model):
+        homes = {owners[n] or "(root)" for n in group}
         if len(homes) > 1:
-            plan_warnings.append(
-                f"tied parameters {', '.join(sorted(param_names))} end up in different units ({', '.join(sorted(homes))}); "
-                "wrap their modules in one unit (e.g. leave both in the root) so FSDP shards them once"
+            plan_errors.append(
+                f"tied parameters {', '.join(group)} are in different units ({', '.join(sorted(homes))}), "
+                "which FSDP cannot shard: wrap their modules in one unit (their common ancestor's), "
+                "e.g. do not wrap them by hand in configure_model()"
             )
+    if not preexisting:
+        plan_errors += flat_parameter_errors(model, owners, use_orig_params=use_orig_params)
     checkpointed = [names[m] for m in checkpointing.selected(model)] if checkpointing is not None else []
     total = sum(u.numel for u in units)
     param_bytes = torch.finfo(param_dtype).bits // 8
@@ -406,5 +475,49 @@ def build_plan(
         param_bytes,
         estimate,
         baseline,
-        plan_warnings,
+        errors=plan_errors,
     )
+
+
+def _listed(names: list[str], limit: int = 4) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def flat_parameter_errors(model: nn.Module, owners: dict[str, str], *, use_orig_params: bool) -> list[str]:
+    """What FSDP's flat parameters cannot hold, unit by unit, said before torch says it.
+
+    A unit's parameters are flattened into one tensor, so they must share a dtype, and, with
+    ``use_orig_params=False``, a ``requires_grad`` flag (torch: "Must flatten tensors with
+    uniform dtype / requires_grad").
+    """
+    units: dict[str, list[tuple[str, nn.Parameter]]] = {}
+    seen: set[int] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) not in seen:
+            seen.add(id(param))
+            units.setdefault(owners[name], []).append((name, param))
+    errors = []
+    for unit, params in units.items():
+        label = unit or "(root)"
+        kind = type(model if unit == "" else model.get_submodule(unit)).__name__
+        by_dtype: dict[torch.dtype, list[str]] = {}
+        for name, param in params:
+            by_dtype.setdefault(param.dtype, []).append(name)
+        if len(by_dtype) > 1:
+            found = "; ".join(f"{dtype}: {_listed(names)}" for dtype, names in by_dtype.items())
+            errors.append(
+                f"unit {label} ({kind}) holds parameters of {len(by_dtype)} dtypes ({found}), but FSDP flattens "
+                "a unit into one tensor of one dtype. Give the model one dtype (model.to(torch.float32); "
+                "compute in another with precision= or mixed_precision=), or make the modules of the other "
+                "dtype units of their own (add their class to auto_wrap_policy)"
+            )
+        frozen = [name for name, param in params if not param.requires_grad]
+        if not use_orig_params and frozen and len(frozen) < len(params):
+            trainable = [name for name, param in params if param.requires_grad]
+            errors.append(
+                f"unit {label} ({kind}) mixes frozen parameters ({_listed(frozen)}) and trainable ones "
+                f"({_listed(trainable)}), which FSDP's flat parameters cannot hold with use_orig_params=False. "
+                "Keep use_orig_params=True (FSDPStrategy's default), or make the frozen modules units of "
+                "their own (add their class to auto_wrap_policy)"
+            )
+    return errors

@@ -16,8 +16,16 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
-from fullshard.policies import Policy, WrapPlan, build_plan, normalize_policy, resolve_policy
+from fullshard.policies import (
+    Policy,
+    WrapPlan,
+    build_plan,
+    keep_tied_together,
+    normalize_policy,
+    resolve_policy,
+)
 from fullshard.precision import FSDPPrecision, Precision
+from fullshard.strategies.meta_init import MetaInit, user_init_of
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
@@ -112,40 +120,6 @@ def _parse_backward_prefetch(value: Any) -> Any:
         f"backward_prefetch={value!r} is invalid: use 'BACKWARD_PRE', 'BACKWARD_POST', None, or a "
         "torch.distributed.fsdp.BackwardPrefetch."
     )
-
-
-class _MetaInit:
-    """Materialise a meta-device module on ``device``, one module at a time (FSDP ``param_init_fn``).
-
-    [Note: unit-by-unit materialisation]
-    FSDP calls this for every not-yet-wrapped module of each unit just before sharding that unit,
-    so only one unit is ever whole in memory. Each module gets its own tensors allocated
-    (``to_empty(recurse=False)``) and is re-initialised with ``reset_parameters()``; torch's
-    ``nn.MultiheadAttention`` only has the private ``_reset_parameters``, which is used for it.
-    A module that owns parameters but has neither cannot be initialised and raises.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def __call__(self, module: nn.Module) -> None:
-        owns_meta = any(
-            t.is_meta for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-        )
-        if not owns_meta:
-            return
-        module.to_empty(device=self.device, recurse=False)
-        reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
-        if reset is None:
-            if any(True for _ in module.parameters(recurse=False)):
-                raise MisconfigurationError(
-                    f"{type(module).__name__} was created on the meta device (FSDPStrategy(empty_init=True)) but "
-                    "has no reset_parameters() to initialise its parameters. Define reset_parameters() on it, "
-                    "or use FSDPStrategy(empty_init=False)."
-                )
-            return
-        with torch.no_grad():
-            reset()
 
 
 class FSDPStrategy(ParallelStrategy):
@@ -343,7 +317,8 @@ class FSDPStrategy(ParallelStrategy):
                 self._mesh = self.device_mesh
 
     # ----------------------------------------------------------------------- wrapping
-    def _fsdp_kwargs(self) -> dict[str, Any]:
+    def _fsdp_kwargs(self, root: nn.Module | None = None) -> dict[str, Any]:
+        """FSDP's arguments; ``root``: the model being wrapped (None inside ``configure_model``)."""
         kwargs = dict(self.fsdp_kwargs)
         kwargs["sharding_strategy"] = self.sharding_strategy
         kwargs["mixed_precision"] = self.precision.mixed_precision_config  # type: ignore[attr-defined]
@@ -354,7 +329,7 @@ class FSDPStrategy(ParallelStrategy):
         if self._mesh is not None:
             kwargs["device_mesh"] = self._mesh
         if self.empty_init:
-            kwargs["param_init_fn"] = _MetaInit(self.root_device)
+            kwargs["param_init_fn"] = MetaInit(self.root_device, root, user_init_of(root))
         return kwargs
 
     @override
@@ -388,7 +363,7 @@ class FSDPStrategy(ParallelStrategy):
                 else (world // (self._mesh_shape() or (1, world))[0] if self.is_hybrid else world)
             )
         )
-        auto_wrap, checkpointing, found = self._resolve_policies(model)
+        auto_wrap, checkpointing, found, notes = self._resolve_policies(model)
         plan = build_plan(
             model,
             auto_wrap,
@@ -404,17 +379,23 @@ class FSDPStrategy(ParallelStrategy):
             if self.mixed_precision is None
             else (self.mixed_precision.param_dtype or torch.float32),
             optimizer_states_per_param=optimizer_states_per_param,
+            use_orig_params=bool(self.fsdp_kwargs.get("use_orig_params", True)),
         )
         plan.warnings[:0] = found
+        plan.notes[:0] = notes
         return plan
 
-    def _resolve_policies(self, model: nn.Module) -> tuple[Policy | None, Policy | None, list[str]]:
-        """Both policies resolved against ``model``, and the warnings that raised (not emitted)."""
+    def _resolve_policies(
+        self, model: nn.Module
+    ) -> tuple[Policy | None, Policy | None, list[str], list[str]]:
+        """Both policies resolved against ``model`` (the auto-wrap one keeping tied parameters in
+        one unit), the warnings that raised (not emitted), and the plan's notes on ties."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             auto_wrap = resolve_policy(self.auto_wrap_policy, model)
             checkpointing = resolve_policy(self.activation_checkpointing_policy, model)
-        return auto_wrap, checkpointing, [str(w.message) for w in caught]
+        auto_wrap, notes = keep_tied_together(auto_wrap, model)
+        return auto_wrap, checkpointing, [str(w.message) for w in caught], notes
 
     @override
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -434,6 +415,10 @@ class FSDPStrategy(ParallelStrategy):
         # the layers are sharded already and the shapes are read at load time instead.
         self._param_shapes = {} if manually_wrapped else _full_shapes(module)
         self.wrap_plan = self.plan(module)
+        if self.wrap_plan.errors:
+            raise MisconfigurationError(
+                "FSDP cannot wrap this model as planned:\n- " + "\n- ".join(self.wrap_plan.errors)
+            )
         for message in self.wrap_plan.warnings:
             warnings.warn(message, stacklevel=2)
         if self.is_global_zero:
@@ -452,9 +437,9 @@ class FSDPStrategy(ParallelStrategy):
         )
 
         fsdp_class = _torch_fsdp().FullyShardedDataParallel
-        kwargs = self._fsdp_kwargs()
+        kwargs = self._fsdp_kwargs(module)
         manually_wrapped = any(isinstance(m, fsdp_class) for m in module.modules())
-        auto_wrap, checkpointing, _ = self._resolve_policies(module)  # warnings were raised by the plan
+        auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
         if manually_wrapped:
             auto_wrap = None
         if manually_wrapped and self.auto_wrap_policy is not None:

@@ -189,9 +189,11 @@ class Strategy:
     def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
         """Context in which the host builds the model: right device and dtype from the start."""
         stack = contextlib.ExitStack()
-        if empty_init:
-            stack.enter_context(torch.device("meta"))
-        elif self.root_device.type != "cpu":
+        if empty_init:  # see [Note: exact meta-device initialisation]
+            from fullshard.strategies.meta_init import parameters_on_meta
+
+            stack.enter_context(parameters_on_meta())
+        if self.root_device.type != "cpu":
             stack.enter_context(self.root_device)
         stack.enter_context(self.precision.module_init_context())
         return stack

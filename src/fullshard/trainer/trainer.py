@@ -20,6 +20,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
+from fullshard.strategies.meta_init import init_new_modules, user_init_of
 from fullshard.trainer import arguments, checkpointing, evaluation, loops
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.data import PreparedLoader
@@ -783,8 +784,10 @@ class Trainer(DataSetup):
 
     def _setup_model(self, model: Module, stage: str, sources: DataSources) -> None:
         strategy = self._strategy
+        existing = {id(p) for p in model.parameters()}
         with strategy.tensor_init_context(), strategy.model_sharded_context():
             model.configure_model()
+        _init_new_layers(model, existing)
         strategy.setup_module(model)
         if stage == "fit":
             self._train_loader = None
@@ -951,3 +954,17 @@ class Trainer(DataSetup):
         callback = self.checkpoint_callback
         if callback is not None and result.get("best_model_path"):
             callback.best_model_path = result["best_model_path"]
+
+
+def _init_new_layers(model: Module, existing: set[int]) -> None:
+    """Run the module's ``init_weights`` override on the layers ``configure_model`` built for real
+    (meta-device layers get it as FSDP materialises them, see [Note: exact meta-device
+    initialisation]); layers sharded by hand inside ``configure_model`` are left alone."""
+    hook = user_init_of(model)
+    if hook is None or any(p.is_meta for p in model.parameters()):
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        return
+    init_new_modules(model, hook, existing)

@@ -1,0 +1,262 @@
+"""Exact fast initialisation: parameters built on the meta device, materialised one unit at a time.
+
+[Note: exact meta-device initialisation]
+``empty_init=True`` must give the model the eager constructor would have given, only without
+ever holding it whole. Three things go wrong with a plain ``with torch.device("meta")``, and
+each has its answer here:
+
+- **Buffers** computed in ``__init__`` (a rotary embedding's ``inv_freq``) would be shapes
+  without values, and nothing can recompute them. :func:`parameters_on_meta` moves only
+  *parameters* to the meta device as they are registered; buffers are built for real (they are
+  small), so they hold what the constructor computed.
+- **Tied parameters** (input and output embeddings sharing one ``nn.Parameter``) would each get
+  their own tensor from a per-module ``to_empty``. :class:`MetaInit` allocates each meta
+  parameter once and puts the same new ``nn.Parameter`` into every module that shared it.
+- **The model's own init** (Hugging Face's ``_init_weights``, std 0.02) would be skipped in
+  favour of each layer's ``reset_parameters``. :class:`MetaInit` runs, for the modules of a
+  unit, the same steps as eager construction: every module's ``reset_parameters()``
+  (children before parents, as constructors run), then the nearest ancestor's HF-style
+  ``_init_weights(module)`` over the unit (as ``post_init`` applies it), then the user's
+  :meth:`fullshard.Module.init_weights` override. A later step overrides what an earlier one
+  wrote.
+
+Every allocated floating-point tensor is filled with NaN first; a parameter or buffer still
+holding NaN after the three steps was initialised by nobody, and the error names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from fullshard.errors import MisconfigurationError
+
+InitHook = Callable[[nn.Module], None]
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Within this context every parameter a module registers is moved to the meta device.
+
+    Buffers, and tensors a constructor computes before registering them, stay real. A layer's
+    own initialisation after registration (``reset_parameters()`` at the end of ``nn.Linear``'s
+    constructor) then runs on meta tensors and costs nothing. The parameter keeps its class,
+    ``requires_grad`` and attributes.
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            meta = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+            meta.__dict__.update(param.__dict__)
+            module._parameters[name] = meta
+
+    nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _reset_of(module: nn.Module) -> Callable[[], None] | None:
+    # torch's nn.MultiheadAttention only has the private _reset_parameters
+    reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+    return reset if callable(reset) else None
+
+
+def _owns_meta(module: nn.Module) -> bool:
+    return any(t.is_meta for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)])
+
+
+class MetaInit:
+    """FSDP's ``param_init_fn``: materialise a unit's meta tensors on ``device`` and initialise
+    them as in [Note: exact meta-device initialisation].
+
+    FSDP calls it for every module of a unit (breadth-first, parents first) just before it
+    shards that unit. The first call of a unit materialises the whole unit (its subtree, down to
+    nested units, which are materialised already), so that the init steps can run in eager
+    order; the later calls find nothing on the meta device and return.
+
+    Args:
+        device: where the tensors are allocated.
+        root: the model being wrapped; names in errors are relative to it. None for layers wrapped
+            by hand inside ``configure_model`` (the model around them does not exist yet).
+        user_init: the user's ``Module.init_weights`` when overridden, called per module last.
+    """
+
+    def __init__(self, device: torch.device, root: nn.Module | None, user_init: InitHook | None = None) -> None:
+        self.device = device
+        self.user_init = user_init
+        self.names = {m: n for n, m in root.named_modules(remove_duplicate=False)} if root is not None else {}
+        self.ancestors = _ancestors(root) if root is not None else {}
+        # a meta parameter shared by several modules gets one real tensor: meta -> real
+        self._allocated: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
+
+    def __call__(self, module: nn.Module) -> None:
+        unit = _unit_modules(module)
+        pending = [m for m in unit if _owns_meta(m)]
+        if not pending:
+            return
+        for m in pending:
+            self._allocate(m)
+        self._initialise(unit, pending)
+        self._check(pending)
+
+    # ------------------------------------------------------------------------------ steps
+    def _allocate(self, module: nn.Module) -> None:
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_meta:
+                continue
+            known = self._allocated.get(id(param))
+            if known is None:
+                real = torch.empty_like(param, device=self.device)
+                if real.is_floating_point() or real.is_complex():
+                    real.fill_(float("nan"))
+                new = type(param)(real, requires_grad=param.requires_grad)
+                new.__dict__.update(param.__dict__)
+                self._allocated[id(param)] = (param, new)
+            else:
+                new = known[1]
+            module._parameters[name] = new
+        for name, buffer in list(module._buffers.items()):
+            if buffer is None or not buffer.is_meta:
+                continue
+            if not (buffer.is_floating_point() or buffer.is_complex()):
+                raise MisconfigurationError(
+                    f"The buffer {self._qualified(module, name)} ({buffer.dtype}) is on the meta device, so its "
+                    "values are lost and cannot be checked after initialisation. Build the model in "
+                    "configure_model() without your own torch.device('meta') context: under "
+                    "FSDPStrategy(empty_init=True) fullshard puts only parameters on the meta device."
+                )
+            module._buffers[name] = torch.full_like(buffer, float("nan"), device=self.device)
+
+    def _initialise(self, unit: list[nn.Module], pending: list[nn.Module]) -> None:
+        touched = set(pending)
+        # modules whose subtree in this unit had meta tensors: their init may cover children
+        order = [m for m in _post_order(unit) if any(d in touched for d in _subtree(m, unit))]
+        with torch.no_grad():
+            for m in order:  # 1. as the constructors did, children first
+                reset = _reset_of(m)
+                if reset is not None:
+                    reset()
+            for m in order:  # 2. a Hugging Face model's _init_weights, as post_init applies it
+                hook = self._model_init(m)
+                if hook is not None:
+                    hook(m)
+            if self.user_init is not None:  # 3. the user's Module.init_weights
+                for m in order:
+                    self.user_init(m)
+
+    def _model_init(self, module: nn.Module) -> InitHook | None:
+        for owner in [module, *self.ancestors.get(module, [])]:
+            hook = getattr(owner, "_init_weights", None)
+            if callable(hook):
+                return hook  # type: ignore[no-any-return]
+        return None
+
+    def _check(self, pending: list[nn.Module]) -> None:
+        missing = []
+        for m in pending:
+            for name, t in [*m._parameters.items(), *m._buffers.items()]:
+                if t is not None and (t.is_floating_point() or t.is_complex()) and bool(t.isnan().any()):
+                    missing.append(f"{self._qualified(m, name)} ({type(m).__name__})")
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise MisconfigurationError(
+                f"FSDPStrategy(empty_init=True) built the model on the meta device, and nothing initialised "
+                f"{shown}. Give the module a reset_parameters(), give the model an HF-style _init_weights(module), "
+                "or override init_weights(module) on your fullshard.Module to set them; or use "
+                "FSDPStrategy(empty_init=False)."
+            )
+
+    def _qualified(self, module: nn.Module, name: str) -> str:
+        prefix = self.names.get(module, "")
+        return f"{prefix}.{name}" if prefix else name
+
+
+def _ancestors(root: nn.Module) -> dict[nn.Module, list[nn.Module]]:
+    """Each module's ancestors, nearest first (the first path to it, for modules reached twice)."""
+    result: dict[nn.Module, list[nn.Module]] = {}
+
+    def visit(module: nn.Module, chain: list[nn.Module]) -> None:
+        if module in result:
+            return
+        result[module] = chain
+        for child in module.children():
+            visit(child, [module, *chain])
+
+    visit(root, [])
+    return result
+
+
+def _is_fsdp(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(module, FullyShardedDataParallel)
+
+
+def _unit_modules(module: nn.Module) -> list[nn.Module]:
+    """``module`` and its descendants, stopping at nested FSDP units (sharded already)."""
+    found: list[nn.Module] = []
+    seen: set[nn.Module] = set()
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        found.append(m)
+        stack.extend(c for c in reversed(list(m.children())) if not _is_fsdp(c))
+    return found
+
+
+def _subtree(module: nn.Module, unit: list[nn.Module]) -> Iterator[nn.Module]:
+    members = set(unit)
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        yield m
+        stack.extend(c for c in m.children() if c in members)
+
+
+def _post_order(unit: list[nn.Module]) -> list[nn.Module]:
+    """The unit's modules children first, in definition order (``nn.Module.apply``'s order)."""
+    members = set(unit)
+    order: list[nn.Module] = []
+    seen: set[nn.Module] = set()
+
+    def visit(m: nn.Module) -> None:
+        if m in seen:
+            return
+        seen.add(m)
+        for child in m.children():
+            if child in members:
+                visit(child)
+        order.append(m)
+
+    visit(unit[0])
+    return order
+
+
+
+def user_init_of(root: nn.Module | None) -> InitHook | None:
+    """``root.init_weights`` when ``root`` is a :class:`fullshard.Module` that overrides it."""
+    from fullshard.module import Module
+
+    if isinstance(root, Module) and type(root).init_weights is not Module.init_weights:
+        return root.init_weights
+    return None
+
+
+def init_new_modules(root: nn.Module, hook: InitHook, existing: set[int]) -> None:
+    """Eager counterpart of step 3: call ``hook`` on each module of ``root`` holding a parameter
+    not in ``existing`` (ids of the parameters before ``configure_model``), children first."""
+    fresh = {m for m in root.modules() if any(id(p) not in existing for p in m.parameters())}
+    with torch.no_grad():
+        for m in _post_order([root, *root.modules()]):
+            if m in fresh:
+                hook(m)
