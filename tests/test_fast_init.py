@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import check_ok, quiet_trainer, run_script
-from hf_patterns import Block, LMModule, RMSNorm, TinyLM, token_data
 from torch import nn
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 from torch.utils.data import DataLoader
 
+from conftest import check_ok, quiet_trainer, run_script
 from fullshard.errors import MisconfigurationError
 from fullshard.policies import keep_tied_together, normalize_policy
 from fullshard.strategies import FSDPStrategy
 from fullshard.strategies.meta_init import MetaInit, parameters_on_meta
+from hf_patterns import Block, LMModule, RMSNorm, TinyLM, token_data
 
 
 def _assert_same_init(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

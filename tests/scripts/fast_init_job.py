@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fullshard  # noqa: E402
-from fullshard.strategies import FSDPStrategy  # noqa: E402
-from hf_patterns import Block, LMModule, token_data  # noqa: E402
+import fullshard
+from fullshard.strategies import FSDPStrategy
+from hf_patterns import Block, LMModule, token_data
 
 POLICIES: dict[str, Any] = {
     "blocks": {Block},

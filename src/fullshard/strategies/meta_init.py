@@ -162,7 +162,7 @@ class MetaInit:
         missing = []
         for m in pending:
             for name, t in [*m._parameters.items(), *m._buffers.items()]:
-                if t is not None and (t.is_floating_point() or t.is_complex()) and bool(t.isnan().any()):
+                if t is not None and (t.is_floating_point() or t.is_complex()) and _has_nan(t):
                     missing.append(f"{self._qualified(m, name)} ({type(m).__name__})")
         if missing:
             shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
@@ -176,6 +176,13 @@ class MetaInit:
     def _qualified(self, module: nn.Module, name: str) -> str:
         prefix = self.names.get(module, "")
         return f"{prefix}.{name}" if prefix else name
+
+
+def _has_nan(tensor: torch.Tensor, chunk: int = 1 << 20) -> bool:
+    """Whether ``tensor`` holds a NaN, checked a chunk at a time (``isnan()`` of a whole
+    embedding would allocate a mask as large as the embedding itself)."""
+    flat = tensor.detach().reshape(-1)
+    return any(bool(part.isnan().any()) for part in flat.split(chunk))
 
 
 def _ancestors(root: nn.Module) -> dict[nn.Module, list[nn.Module]]:
