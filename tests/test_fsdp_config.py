@@ -85,9 +85,12 @@ def test_plan_warns_about_unmatched_policy_and_tied_parameters() -> None:
     plan = FSDPStrategy(auto_wrap_policy={nn.TransformerEncoderLayer}).plan(Tied(), world_size=2)
     assert any("auto_wrap_policy selects no submodule of Tied" in w for w in plan.warnings)
     plan = FSDPStrategy(auto_wrap_policy={nn.Embedding, Block}).plan(Tied(), world_size=2)
+    # the policy would split the tie: the plan keeps it in one unit and says so (not a warning)
+    assert not plan.warnings
     assert any(
-        "tied parameters embed.weight, head.weight end up in different units" in w for w in plan.warnings
+        "tied parameters embed.weight, head.weight are kept in one unit" in n for n in plan.notes
     )
+    assert not any(u.name == "embed" for u in plan.units)
     assert plan.total_numel == 500 + 3 * 130  # the shared weight counts once
 
 

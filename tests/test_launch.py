@@ -35,7 +35,7 @@ from fullshard.launch import (
     expand_slurm_hostlist,
     select_cluster_environment,
 )
-from fullshard.launch.launchers import _Child, _LocalJob, _rerun_command
+from fullshard.launch.launchers import RERUN_MAIN, _Child, _LocalJob, _rerun_command
 
 # torch._dynamo is imported above, once and for all, because importing it sets
 # TORCHINDUCTOR_CACHE_DIR (torch 2.13), and the first optimizer a process builds imports it:
@@ -344,14 +344,14 @@ def test_rerun_command_for_a_script(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.chdir(tmp_path)
     main = _module("__main__", file="train.py", spec_name=None)
     command = _rerun_command(main, ["train.py", "--lr", "0.1"], "/bin/python")
-    assert command == ["/bin/python", str(tmp_path / "train.py"), "--lr", "0.1"]
+    assert command == ["/bin/python", RERUN_MAIN, str(tmp_path / "train.py"), "--lr", "0.1"]
 
 
 @pytest.mark.parametrize(("spec_name", "module_arg"), [("pkg.train", "pkg.train"), ("pkg.__main__", "pkg")])
 def test_rerun_command_for_a_module(spec_name: str, module_arg: str) -> None:
     main = _module("__main__", file="/x/pkg/train.py", spec_name=spec_name)
     command = _rerun_command(main, ["/x/pkg/train.py", "--fast"], "/bin/python")
-    assert command == ["/bin/python", "-m", module_arg, "--fast"]
+    assert command == ["/bin/python", RERUN_MAIN, "-m", module_arg, "--fast"]
 
 
 def test_rerun_command_refuses_interactive_sessions() -> None:

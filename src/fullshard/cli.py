@@ -2,7 +2,7 @@
 
 fullshard checkpoint inspect PATH [--verify] [--all]
 fullshard checkpoint consolidate SHARDED_DIR OUT
-fullshard checkpoint export PATH OUT.safetensors
+fullshard checkpoint export PATH OUT[.safetensors] [--prefix model.] [--keep-tied] [--drop-other-keys]
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def _inspect(args: argparse.Namespace) -> int:
         )
         print(f"position:    epoch {result.epoch}, global step {result.global_step}")
         print(f"size:        {_size(result.total_bytes)} on disk, {len(result.tensors)} tensors")
+    for alias, canonical in result.tied.items():
+        print(f"tied:        {alias} -> {canonical} (stored once)")
     if result.verified is not None:
         print(f"checksums:   {'all match' if result.verified else 'FAILED'}")
     if result.problem:
@@ -57,10 +59,23 @@ def _consolidate(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from fullshard.checkpoint.tools import export_safetensors
+    from fullshard.checkpoint.tools import export_safetensors, exported_ties
 
-    out = export_safetensors(args.path, args.out)
+    out = export_safetensors(
+        args.path,
+        args.out,
+        prefix=args.prefix,
+        keep_tied=args.keep_tied,
+        drop_other_keys=args.drop_other_keys,
+    )
     print(f"wrote {out} ({_size(out.stat().st_size)})")
+    for alias, canonical in exported_ties(out).items():
+        kept = (
+            "a copy of its own"
+            if args.keep_tied
+            else "written once: from_pretrained re-ties it, load_exported() restores it"
+        )
+        print(f"tied: {alias} -> {canonical} ({kept})")
     return 0
 
 
@@ -83,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         "export", help="model weights -> .safetensors (pip install 'fullshard[safetensors]')"
     )
     p.add_argument("path")
-    p.add_argument("out")
+    p.add_argument(
+        "out", help="a .safetensors file, or a directory (gets model.safetensors, as Hugging Face)"
+    )
+    p.add_argument("--prefix", help="strip this module prefix from every key, e.g. 'model.' for self.model")
+    p.add_argument("--keep-tied", action="store_true", help="write every name of a tied tensor, each a copy")
+    p.add_argument("--drop-other-keys", action="store_true", help="leave out the keys without --prefix")
     p.set_defaults(run=_export)
     return parser
 

@@ -12,12 +12,13 @@ import contextlib
 import copy
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -26,10 +27,12 @@ from torch.optim import Optimizer
 
 from fullshard.checkpoint.events import checkpoint_event
 from fullshard.checkpoint.io import (
+    TIED_KEY,
     atomic_torch_save,
     atomic_write_text,
     load_checkpoint_file,
     remove_file_leftovers,
+    restore_tied,
 )
 from fullshard.checkpoint.layout import (
     DATA_PREFIX,
@@ -42,7 +45,7 @@ from fullshard.checkpoint.layout import (
     fsync_file,
     leftover_data_dirs,
 )
-from fullshard.checkpoint.lightning import convert_checkpoint, is_lightning_checkpoint
+from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
 from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
 from fullshard.errors import CheckpointError, CorruptCheckpointError
 
@@ -86,6 +89,29 @@ def _decide(strategy: Strategy, decide: Callable[[], T]) -> T:
     return result  # type: ignore[no-any-return]
 
 
+def tied_parameters(module: nn.Module | None, state: Mapping[str, Any]) -> dict[str, str] | None:
+    """``{alias: canonical}`` for each parameter ``module`` holds under more than one name (see
+    [Note: tied parameters stored once]), named as in ``state``, the model state the strategy gave.
+
+    None when the module's parameter names are not keys of ``state``: FSDP with
+    ``use_orig_params=False`` hides them in flat parameters, so ties cannot be seen, and the
+    checkpoint is written as before, every key on its own.
+    """
+    if module is None:
+        return {}
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        name = ".".join(part for part in name.split(".") if part not in _WRAPPER_COMPONENTS)
+        if name not in state:
+            return None
+        if id(param) in first:
+            tied[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return tied
+
+
 # --------------------------------------------------------------------------------------- save
 def save(
     strategy: Strategy, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer]
@@ -109,6 +135,10 @@ def _save_full(
             "Choose another path, or save with state_dict_type='sharded'."
         )
     model_state, optimizer_states = strategy.get_state(optimizers, full=True)
+    tied = tied_parameters(strategy.module, model_state)
+    if tied is not None:  # [Note: tied parameters stored once] in io.py
+        model_state = {**model_state, **{alias: model_state[c] for alias, c in tied.items()}}
+        checkpoint[TIED_KEY] = tied
 
     def write() -> None:
         atomic_torch_save(
@@ -146,6 +176,10 @@ def _save_sharded(
     data_name = _decide(strategy, prepare)
     data = path / data_name
     model_state, optimizer_states = strategy.get_state(optimizers, full=False)
+    tied = tied_parameters(strategy.module, model_state)
+    if tied is not None:  # [Note: tied parameters stored once] in io.py: DCP gets each tensor once
+        model_state = {k: v for k, v in model_state.items() if k not in tied}
+        checkpoint[TIED_KEY] = tied
     # [Note: optimizer param_groups] hyperparameters go to meta.pt, only tensors to DCP: DCP
     # flattens a nested value or not depending on its content, so a param_groups list could be
     # stored under keys that a reader with differently sharded state does not look for.
@@ -308,6 +342,7 @@ def _load_sharded(
         meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
         _check_meta(meta, path, len(optimizers), check)
         saved = {k[len("model.") :]: v for k, v in _dcp_shapes(data).items() if k.startswith("model.")}
+        restore_tied(saved, meta.get(TIED_KEY))
         # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
         missing = sorted(set(expected) - set(saved))
         unexpected = sorted(set(saved) - set(expected))
@@ -322,10 +357,15 @@ def _load_sharded(
 
     data_name, meta = _decide(strategy, read)
     model_state, optimizer_states = strategy.get_state(optimizers, full=False)
+    # the aliases are not in the DCP files: read the canonical tensors, then hand each alias its
+    # canonical one ([Note: tied parameters stored once] in io.py)
+    tied = {a: c for a, c in meta.get(TIED_KEY, {}).items() if a in model_state and c in model_state}
+    model_state = {k: v for k, v in model_state.items() if k not in tied}
     state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
     dcp_load(
         state, storage_reader=FileSystemReader(str(path / data_name)), no_dist=not strategy.is_distributed
     )
+    restore_tied(state["model"], tied)
     groups = meta.pop("optimizer_param_groups")
     optimizer_states = [
         {"state": state["optimizers"][str(i)], "param_groups": groups[i]} for i in range(len(optimizers))

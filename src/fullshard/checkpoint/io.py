@@ -14,6 +14,22 @@ copies the fsync takes longer than the writing. So once ``_WRITEBACK_BYTES`` are
 thread fsyncs the file whenever more has arrived, and the disk works while ``torch.save`` goes
 on. The final fsync still comes before the rename and after that thread ended (its error, if
 any, fails the save): this only moves work earlier.
+
+[Note: tied parameters stored once]
+A parameter that two modules hold (a language model's input embedding and output head) is in
+the state dict under both names. A checkpoint records ``{alias: canonical}`` under
+:data:`TIED_KEY`, the canonical name being the one the parameter was first registered under
+(the name ``named_parameters()`` and the optimizer state use; Hugging Face lists the aliases in
+``_tied_weights_keys``), and stores the tensor once:
+
+- full format: both keys stay in ``state_dict``, the alias holding the canonical tensor itself.
+  ``torch.save`` writes a storage once however many tensors use it, and the file still loads
+  into the plain module with ``strict=True`` (and into Lightning). FSDP's full state dict gathers
+  each name into a tensor of its own, so the saver points the alias at the canonical one.
+- sharded format: DCP writes every key on its own, so the aliases are left out of the DCP files
+  and put back (as the canonical tensor) by every reader: :func:`restore_tied`.
+
+The tie itself lives in the model: loading copies both keys into the one shared ``Parameter``.
 """
 
 from __future__ import annotations
@@ -24,6 +40,7 @@ import pickle
 import tempfile
 import threading
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +54,16 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 _FILE_MODE = 0o666 & ~_UMASK  # what open() would give; mkstemp's 0600 would hide checkpoints from other users
 _WRITEBACK_BYTES = 16 * 2**20  # see [Note: early writeback]
+TIED_KEY = "tied_parameters"  # {alias: canonical}, see [Note: tied parameters stored once]
+
+
+def restore_tied(state: dict[str, Any], tied: Mapping[str, str] | None) -> dict[str, Any]:
+    """Put back (in place) each alias of ``tied`` that ``state`` lacks, as its canonical tensor
+    itself; returns ``state``. See [Note: tied parameters stored once]."""
+    for alias, canonical in (tied or {}).items():
+        if alias not in state and canonical in state:
+            state[alias] = state[canonical]
+    return state
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -1,22 +1,37 @@
 """Offline checkpoint tools: consolidate a sharded checkpoint, inspect one, export weights.
 
 These run in one process without a process group, so they work on a laptop with a checkpoint
-copied from a cluster.
+copied from a cluster. ``torch.distributed.checkpoint`` is imported where it is used, so that
+``fullshard.checkpoint.load_exported`` stays cheap to import.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from fullshard.checkpoint.io import atomic_torch_save, load_checkpoint_file
+from fullshard.checkpoint.io import (
+    _FILE_MODE,
+    _TMP_PREFIX,
+    TIED_KEY,
+    atomic_torch_save,
+    load_checkpoint_file,
+    restore_tied,
+)
 from fullshard.checkpoint.layout import META_NAME, CommitRecord, check_sharded_files, detect_format, verify
-from fullshard.errors import CheckpointError, CorruptCheckpointError
+from fullshard.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+
+HF_WEIGHTS_NAME = "model.safetensors"  # the file Hugging Face's from_pretrained reads in a directory
+EXPORT_TIED_KEY = "fullshard.tied_parameters"  # safetensors metadata entry: JSON {alias: canonical}
 
 
 def _read_dcp(data: Path, prefix: str | None = None) -> dict[str, Any]:
@@ -25,9 +40,12 @@ def _read_dcp(data: Path, prefix: str | None = None) -> dict[str, Any]:
     torch offers no public call that loads a DCP checkpoint without a template state dict (its
     ``format_utils.dcp_to_torch_save`` writes straight to a file), so the private empty-template
     planner it uses is called here, in this one place. Each tensor is read once: peak memory is
-    the size of the model state, not times the number of ranks that wrote it.
+    the size of the model state, not times the number of ranks that wrote it. The tied aliases
+    meta.pt records are put back into ``state["model"]`` ([Note: tied parameters stored once]
+    in io.py).
     """
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     keys = None
@@ -41,6 +59,9 @@ def _read_dcp(data: Path, prefix: str | None = None) -> dict[str, Any]:
         planner=_EmptyStateDictLoadPlanner(keys=keys),
         no_dist=True,
     )
+    if isinstance(state.get("model"), dict) and (data / META_NAME).is_file():
+        meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
+        restore_tied(state["model"], meta.get(TIED_KEY))
     return state
 
 
@@ -95,6 +116,7 @@ class Inspection:
     fullshard_version: str | None = None
     total_bytes: int = 0
     tensors: list[TensorInfo] = field(default_factory=list)
+    tied: dict[str, str] = field(default_factory=dict)  # {alias: canonical}, each tensor stored once
     verified: bool | None = None
     problem: str | None = None
 
@@ -115,6 +137,9 @@ def _tensor_infos(state: Any, prefix: str = "") -> list[TensorInfo]:
 def inspect(path: str | Path, verify_checksums: bool = False) -> Inspection:
     """Describe a checkpoint without a process group. Never raises for a damaged or incomplete
     checkpoint: the problem is reported in :attr:`Inspection.problem`."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     path = Path(path)
     try:
         fmt = detect_format(path)
@@ -146,6 +171,7 @@ def inspect(path: str | Path, verify_checksums: bool = False) -> Inspection:
         result.world_size, result.strategy = meta.get("world_size"), meta.get("strategy")
         result.epoch, result.global_step = loops.get("epoch"), loops.get("global_step")
         result.fullshard_version = meta.get("fullshard_version")
+        result.tied = dict(meta.get(TIED_KEY) or {})
         if verify_checksums:
             verify(path)
             result.verified = True
@@ -159,23 +185,224 @@ def inspect(path: str | Path, verify_checksums: bool = False) -> Inspection:
     return result
 
 
-def export_safetensors(path: str | Path, out: str | Path) -> Path:
-    """Write the model weights of a checkpoint (either format) to a ``.safetensors`` file."""
+# ------------------------------------------------------------------------------------- export
+def _safetensors() -> Any:
     from lightning_utilities.core.imports import RequirementCache
 
     if not RequirementCache("safetensors"):
         raise ModuleNotFoundError(
             "Exporting to safetensors needs the optional dependency: pip install 'fullshard[safetensors]'."
         )
-    from safetensors.torch import save_file
+    import safetensors.torch
 
-    path, out = Path(path), Path(out)
+    return safetensors.torch
+
+
+def _model_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+    """The model tensors of a checkpoint of either format (tied aliases included), and its record
+    of ties: None for a checkpoint without one (written by Lightning, or by an older fullshard)."""
     if detect_format(path) == "full":
-        weights = load_checkpoint_file(path)["state_dict"]
+        checkpoint = load_checkpoint_file(path)
+        weights, recorded = checkpoint["state_dict"], checkpoint.get(TIED_KEY)
     else:
         _, data = _committed(path)
+        recorded = load_checkpoint_file(data / META_NAME, require_state_dict=False).get(TIED_KEY)
         weights = _read_dcp(data, prefix="model.").get("model", {})
-    tensors = {k: v.detach().contiguous().clone() for k, v in weights.items() if isinstance(v, torch.Tensor)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out))
-    return out
+    restore_tied(weights, recorded)
+    return {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}, recorded
+
+
+def find_ties(
+    weights: Mapping[str, torch.Tensor], recorded: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``{alias: canonical}`` among ``weights``, a model state of whole tensors.
+
+    [Note: finding ties]
+    Three signals, in this order: the checkpoint's record (``recorded``: the saver saw which
+    parameters are one object, see [Note: tied parameters stored once] in io.py); tensors that
+    are one view of one storage (how ``torch.save`` keeps a tie, whoever wrote the file); and,
+    only for a checkpoint without a record (written by Lightning or an older fullshard, sharded
+    ones by DCP key by key), tensors of the same shape and dtype that are exactly equal and not
+    constant. Equal constant tensors (a fresh norm's ones, zero-initialised projections) are
+    common without any tie; equal random or trained ones are not. The canonical name is the
+    first in the state dict's order, the module's registration order: the embedding before the
+    head, the one Hugging Face keeps and re-ties ``_tied_weights_keys`` to.
+    """
+    ties = {a: c for a, c in (recorded or {}).items() if a in weights and c in weights and a != c}
+    views: dict[tuple[Any, ...], str] = {}
+    for key, tensor in weights.items():
+        if key in ties or tensor.numel() == 0:
+            continue
+        view = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            tensor.dtype,
+        )
+        if view in views:
+            ties[key] = views[view]
+        else:
+            views[view] = key
+    if recorded is None:
+        ties.update(_equal_tensors({k: v for k, v in weights.items() if k not in ties}))
+    return ties
+
+
+def _equal_tensors(weights: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """``{alias: canonical}`` for non-constant tensors exactly equal to an earlier one (see
+    [Note: finding ties]). A sample of each tensor's elements picks the few pairs compared whole."""
+    buckets: dict[tuple[Any, ...], list[str]] = {}
+    for key, tensor in weights.items():
+        flat = tensor.detach().reshape(-1)
+        if flat.numel() < 2:
+            continue
+        sample = tuple(flat[:: max(1, flat.numel() // 16)][:16].tolist())
+        buckets.setdefault((tuple(tensor.shape), tensor.dtype, sample), []).append(key)
+    ties: dict[str, str] = {}
+    for keys in buckets.values():
+        canonicals: list[str] = []
+        for key in keys if len(keys) > 1 else ():
+            flat = weights[key].detach().reshape(-1)
+            if bool((flat == flat[0]).all()):
+                continue
+            match = next((c for c in canonicals if torch.equal(weights[c], weights[key])), None)
+            if match is None:
+                canonicals.append(key)
+            else:
+                ties[key] = match
+    return ties
+
+
+def _strip_prefix(
+    path: Path, weights: dict[str, torch.Tensor], ties: dict[str, str], prefix: str, drop_other_keys: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    outside = [k for k in weights if not k.startswith(prefix)]
+    if outside and (len(outside) == len(weights) or not drop_other_keys):
+        starts = Counter(k.split(".", 1)[0] + "." if "." in k else k for k in weights)
+        present = ", ".join(f"{p!r} ({n} key{'s' if n > 1 else ''})" for p, n in starts.most_common())
+        if len(outside) == len(weights):
+            raise CheckpointError(
+                f"No model key of {str(path)!r} starts with the prefix {prefix!r}; the keys start with "
+                f"{present}. Pass the prefix of the module to export (--prefix), e.g. {next(iter(starts))!r}."
+            )
+        listed = ", ".join(outside[:5]) + (f" (+{len(outside) - 5} more)" if len(outside) > 5 else "")
+        raise CheckpointError(
+            f"{len(outside)} of the {len(weights)} model keys of {str(path)!r} do not start with the prefix "
+            f"{prefix!r}: {listed}; the keys start with {present}. Leave them out of the export with "
+            "--drop-other-keys (drop_other_keys=True), or pass a prefix every key has."
+        )
+    n = len(prefix)
+    kept = {k[n:]: v for k, v in weights.items() if k.startswith(prefix)}
+    ties = {a[n:]: c[n:] for a, c in ties.items() if a.startswith(prefix) and c.startswith(prefix)}
+    return kept, ties
+
+
+def _export_target(out: Path) -> Path:
+    if out.suffix == ".safetensors" and not out.is_dir():
+        return out
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(
+            f"Cannot export to {str(out)!r}: it is a file without the .safetensors suffix. Give a file "
+            f"path ending in .safetensors, or a directory (which gets {HF_WEIGHTS_NAME})."
+        )
+    return out / HF_WEIGHTS_NAME
+
+
+def export_safetensors(
+    path: str | Path,
+    out: str | Path,
+    *,
+    prefix: str | None = None,
+    keep_tied: bool = False,
+    drop_other_keys: bool = False,
+) -> Path:
+    """Write the model weights of a checkpoint (either format) to a ``.safetensors`` file.
+
+    Tied tensors (see [Note: finding ties]) are written once, under the canonical name, as
+    Hugging Face's ``save_pretrained`` does (and safetensors requires: it refuses tensors that
+    share memory); the file's metadata lists ``{alias: canonical}`` under
+    ``"fullshard.tied_parameters"``. A Hugging Face model re-ties on ``from_pretrained``, and
+    :func:`load_exported` puts the aliases back for ``load_state_dict(strict=True)``.
+
+    Args:
+        path: a full checkpoint file or a sharded checkpoint directory.
+        out: a ``.safetensors`` file, or a directory, which gets ``model.safetensors`` (the name
+            ``from_pretrained`` reads).
+        prefix: stripped from every key (``"model."`` for a network kept as ``self.model``; the
+            dot is added if missing). Keys without it raise :class:`CheckpointError`, naming them
+            and the prefixes present, unless ``drop_other_keys``.
+        keep_tied: write every name of a tied tensor, each as a copy of its own.
+        drop_other_keys: leave the keys without ``prefix`` out instead of raising.
+
+    Returns:
+        The file written (atomically: a failed export leaves no partial file).
+    """
+    st = _safetensors()
+    path = Path(path)
+    target = _export_target(Path(out))
+    weights, recorded = _model_weights(path)
+    ties = find_ties(weights, recorded)
+    if prefix:
+        prefix = prefix if prefix.endswith(".") else prefix + "."
+        weights, ties = _strip_prefix(path, weights, ties, prefix, drop_other_keys)
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for key, tensor in weights.items():
+        if key in ties and not keep_tied:
+            continue
+        tensor = tensor.detach().contiguous()
+        if tensor.untyped_storage().data_ptr() in storages:  # safetensors refuses shared memory
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        tensors[key] = tensor
+    metadata = {"format": "pt", EXPORT_TIED_KEY: json.dumps(ties)}  # "format": HF's loader requires it
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        os.chmod(tmp, _FILE_MODE)
+        st.save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def _exported_file(path: str | Path) -> Path:
+    path = Path(path)
+    file = path / HF_WEIGHTS_NAME if path.is_dir() else path
+    if not file.is_file():
+        raise CheckpointNotFoundError(
+            f"No exported weights at {str(file)!r}. Pass the .safetensors file or the directory that "
+            "`fullshard checkpoint export` wrote."
+        )
+    return file
+
+
+def exported_ties(path: str | Path) -> dict[str, str]:
+    """The ``{alias: canonical}`` record of an exported file (or of the directory holding it)."""
+    from safetensors import safe_open
+
+    _safetensors()
+    with safe_open(str(_exported_file(path)), framework="pt") as f:
+        metadata = f.metadata() or {}
+    return dict(json.loads(metadata.get(EXPORT_TIED_KEY, "{}")))
+
+
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The state dict ``fullshard checkpoint export`` wrote to ``path`` (its ``.safetensors`` file,
+    or the directory it wrote ``model.safetensors`` into), every tied name included: each alias
+    the export left out is its canonical tensor itself. So the model, ties and all, loads it with
+    ``model.load_state_dict(load_exported(path), strict=True)``.
+    """
+    from safetensors import safe_open
+
+    _safetensors()
+    file = _exported_file(path)
+    with safe_open(str(file), framework="pt", device=str(device)) as f:
+        metadata = f.metadata() or {}
+        state = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118  # safe_open is no dict
+    return restore_tied(state, json.loads(metadata.get(EXPORT_TIED_KEY, "{}")))

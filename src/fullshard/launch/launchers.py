@@ -1,9 +1,10 @@
 """Launchers: start one process per device, and make a failure in any of them end the whole job.
 
 ``SubprocessScriptLauncher`` (here) re-runs the user's command once per extra device (``python
-train.py`` becomes N processes); ``SpawnLauncher`` (:mod:`fullshard.launch.spawn`) starts the
-processes with ``torch.multiprocessing`` and works where there is no script to re-run
-(notebooks, with ``start_method="fork"``).
+train.py`` becomes N processes, each copy started through :mod:`fullshard.launch.rerun_main`,
+which ends it without finalizing the interpreter); ``SpawnLauncher``
+(:mod:`fullshard.launch.spawn`) starts the processes with ``torch.multiprocessing`` and works
+where there is no script to re-run (notebooks, with ``start_method="fork"``).
 
 [Note: a failure ends the job]
 A distributed job whose processes wait on each other must never hang because one of them
@@ -28,6 +29,7 @@ import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from typing_extensions import override
@@ -301,17 +303,25 @@ _running_job: _LocalJob | None = None
 def wait_for_local_children() -> None:
     """In a rank 0 that started its node's other processes, wait until they have exited.
 
-    Rank 0 hosts the process group's rendezvous store: it must not tear the group down while a
-    child is still leaving it (a child that loses the store mid-teardown can abort with SIGABRT).
-    A child that fails ends the job as usual. Does nothing in other processes.
+    Rank 0 hosts the process group's rendezvous store, so it tears the group down only once no
+    child is still leaving it; the wait also gives rank 0's own gloo workers that long to drop
+    their last work before rank 0 finalizes (see [Note: a launched copy leaves with os._exit] in
+    :mod:`fullshard.launch.rerun_main`). A child that fails ends the job as usual. Does nothing in
+    other processes.
     """
     job = _running_job
     if job is not None and not job._stopped:
         job._monitor.join(timeout=60)  # a child stuck in its own teardown must not keep rank 0 forever
 
 
+# Runs the program as python would, then leaves without finalizing the interpreter: see
+# [Note: a launched copy leaves with os._exit] in that file.
+RERUN_MAIN = str(Path(__file__).with_name("rerun_main.py"))
+
+
 def _rerun_command(main_module: types.ModuleType, argv: Sequence[str], executable: str) -> list[str]:
-    """The command that starts this program again, as the user started it."""
+    """The command that starts this program again, as the user started it, through
+    :data:`RERUN_MAIN`."""
     if not hasattr(main_module, "__file__") or not argv:
         raise MisconfigurationError(
             "SubprocessScriptLauncher starts one more copy of your program per extra device, but this"
@@ -323,8 +333,8 @@ def _rerun_command(main_module: types.ModuleType, argv: Sequence[str], executabl
     spec = getattr(main_module, "__spec__", None)
     if spec is not None:  # started with `python -m name`
         name = spec.name.removesuffix(".__main__")
-        return [executable, "-m", name, *argv[1:]]
-    return [executable, os.path.abspath(argv[0]), *argv[1:]]
+        return [executable, RERUN_MAIN, "-m", name, *argv[1:]]
+    return [executable, RERUN_MAIN, os.path.abspath(argv[0]), *argv[1:]]
 
 
 QUIET_START_FILTER = "ignore"
@@ -368,7 +378,9 @@ class SubprocessScriptLauncher(Launcher):
 
     Where the processes already exist (torchrun, SLURM, or a copy started by this launcher),
     ``launch`` just calls the function. Any process failing ends the whole job with a non-zero
-    exit code; see [Note: a failure ends the job] in this module.
+    exit code; see [Note: a failure ends the job] in this module. A copy ends with the exit
+    status ``python`` would have given it, without finalizing its interpreter; see
+    [Note: a launched copy leaves with os._exit] in :mod:`fullshard.launch.rerun_main`.
     """
 
     def __init__(self, cluster_environment: ClusterEnvironment, num_processes: int, num_nodes: int) -> None:

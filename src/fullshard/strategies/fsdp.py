@@ -15,6 +15,7 @@ from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from fullshard.compile import fsdp_units, parse_compile
 from fullshard.errors import MisconfigurationError
 from fullshard.policies import (
     Policy,
@@ -147,6 +148,10 @@ class FSDPStrategy(ParallelStrategy):
             are mapped separately and returned to the system when freed, so gathered units do
             not stay resident (see [Note: CPU memory under FSDP]); None keeps glibc's adaptive
             default (faster, much more memory).
+        compile: ``torch.compile`` each FSDP unit's inner module in place, after wrapping (with no
+            units, the module's ``forward``): True, False/None, or a dict of ``torch.compile``
+            keyword arguments (docs/compile.md). The same as ``Trainer(compile=...)``; giving both
+            with different values raises.
         process_group_backend, timeout, start_method, rank_agreement_timeout: as for
             :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         **kwargs: passed to ``FullyShardedDataParallel`` (``limit_all_gathers``, ``forward_prefetch``,
@@ -169,6 +174,7 @@ class FSDPStrategy(ParallelStrategy):
         device_mesh: tuple[int, int] | DeviceMesh | None = None,
         empty_init: bool = False,
         cpu_mmap_threshold: int | None = 128 * 1024,
+        compile: bool | dict[str, Any] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
@@ -182,20 +188,11 @@ class FSDPStrategy(ParallelStrategy):
             state_dict_type=state_dict_type,
             rank_agreement_timeout=rank_agreement_timeout,
         )
-        from torch.distributed.fsdp import MixedPrecision
-
         self.auto_wrap_policy: Policy | None = normalize_policy(auto_wrap_policy, "auto_wrap_policy")
         self.activation_checkpointing_policy: Policy | None = normalize_policy(
             activation_checkpointing_policy, "activation_checkpointing_policy"
         )
-        self.sharding_strategy = parse_sharding_strategy(sharding_strategy)
-        self.cpu_offload = parse_cpu_offload(cpu_offload)
-        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
-            raise TypeError(
-                f"mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got {type(mixed_precision).__name__}. "
-                "For the common settings pass Trainer(precision='bf16-mixed') instead."
-            )
-        self.mixed_precision = mixed_precision
+        self._set_sharding_options(sharding_strategy, cpu_offload, mixed_precision)
         if device_mesh is not None and not isinstance(device_mesh, tuple):
             from torch.distributed.device_mesh import DeviceMesh
 
@@ -221,6 +218,27 @@ class FSDPStrategy(ParallelStrategy):
                 "128 * 1024) or None to keep glibc's default."
             )
         self.cpu_mmap_threshold = cpu_mmap_threshold
+        self._compile_setting = self.compile = parse_compile(compile, type(self).__name__)
+        self.fsdp_kwargs = self._check_fsdp_kwargs(kwargs)
+        self.wrap_plan: WrapPlan | None = None
+        self._mesh: DeviceMesh | None = None
+
+    def _set_sharding_options(self, sharding_strategy: Any, cpu_offload: Any, mixed_precision: Any) -> None:
+        """Check and keep the options whose accepted forms differ between FSDP1 and FSDP2."""
+        from torch.distributed.fsdp import MixedPrecision
+
+        self.sharding_strategy = parse_sharding_strategy(sharding_strategy)
+        # FSDP1's CPUOffload / MixedPrecision here; FSDP2's OffloadPolicy / MixedPrecisionPolicy there
+        self.cpu_offload: Any = parse_cpu_offload(cpu_offload)
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+            raise TypeError(
+                f"mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got {type(mixed_precision).__name__}. "
+                "For the common settings pass Trainer(precision='bf16-mixed') instead."
+            )
+        self.mixed_precision: Any = mixed_precision
+
+    def _check_fsdp_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The extra keyword arguments for ``FullyShardedDataParallel``, checked."""
         if "backward_prefetch" in kwargs:
             kwargs["backward_prefetch"] = _parse_backward_prefetch(kwargs["backward_prefetch"])
         kwargs.setdefault("use_orig_params", True)
@@ -230,9 +248,12 @@ class FSDPStrategy(ParallelStrategy):
                     f"{reserved} is set by FSDPStrategy itself; pass it as its FSDPStrategy argument instead "
                     "(param_init_fn / device_id are chosen from empty_init and the Trainer's devices)."
                 )
-        self.fsdp_kwargs = kwargs
-        self.wrap_plan: WrapPlan | None = None
-        self._mesh: DeviceMesh | None = None
+        return kwargs
+
+    @property
+    def offloads_params(self) -> bool:
+        """Whether the sharded parameters are kept in host memory (the ``cpu_offload`` setting)."""
+        return bool(self.cpu_offload.offload_params)
 
     @classmethod
     @override
@@ -372,7 +393,7 @@ class FSDPStrategy(ParallelStrategy):
             shard_size=shard,
             sharding_strategy=self.sharding_strategy.name,
             # a configured CPU run does not offload (see _fsdp_kwargs); a plan made ahead is for the target
-            cpu_offload=self.cpu_offload.offload_params
+            cpu_offload=self.offloads_params
             and not (self.cluster_environment is not None and self.root_device.type == "cpu"),
             param_dtype=self.precision.param_dtype if self.mixed_precision is None else torch.float32,
             compute_dtype=self.precision.compute_dtype
@@ -408,9 +429,7 @@ class FSDPStrategy(ParallelStrategy):
         module = self.precision.convert_module(module)
         if not any(t.is_meta for t in module.parameters()):
             module = module.to(self.root_device)
-        manually_wrapped = any(
-            isinstance(m, _torch_fsdp().FullyShardedDataParallel) for m in module.modules()
-        )
+        manually_wrapped = self._manually_wrapped(module)
         # Full shapes, to check checkpoints against without gathering; with manual wrap()
         # the layers are sharded already and the shapes are read at load time instead.
         self._param_shapes = {} if manually_wrapped else _full_shapes(module)
@@ -427,6 +446,10 @@ class FSDPStrategy(ParallelStrategy):
         self.model = self._wrap(module)
         _SHARDED[module] = (self.model, self._param_shapes, self.wrap_plan)
         return self.model
+
+    def _manually_wrapped(self, module: nn.Module) -> bool:
+        """Whether ``configure_model`` sharded layers of ``module`` itself (``wrap()``)."""
+        return any(isinstance(m, _torch_fsdp().FullyShardedDataParallel) for m in module.modules())
 
     @override
     def _wrap(self, module: nn.Module) -> nn.Module:
@@ -462,6 +485,7 @@ class FSDPStrategy(ParallelStrategy):
                 apply_activation_checkpointing(
                     wrapped, checkpoint_wrapper_fn=wrapper, auto_wrap_policy=checkpointing.torch_policy()
                 )
+        self.compile_model(module, fsdp_units(wrapped), root=wrapped)  # see [Note: where compile happens]
         return wrapped  # type: ignore[no-any-return]
 
     @override

@@ -52,7 +52,13 @@ def _destroy_process_group_at_exit() -> None:
     Ranks that leave ``destroy_process_group`` out of step can abort on gloo, so every rank
     meets at a barrier first. The process group stays alive after ``fit`` (users call
     ``save_checkpoint`` afterwards), so this runs at interpreter exit. A monitored barrier with a
-    timeout keeps a rank whose peers already died from waiting forever.
+    timeout keeps a rank whose peers already died from waiting forever. Rank 0 hosts the store
+    and destroys the group only after the copies it started have exited.
+
+    Even then, a gloo worker thread can still be dropping a finished collective when the
+    interpreter finalizes, and abort the process; the copies SubprocessScriptLauncher starts
+    therefore leave without finalizing: [Note: a launched copy leaves with os._exit] in
+    fullshard.launch.rerun_main.
     """
     if not dist.is_available() or not dist.is_initialized():
         return

@@ -4,7 +4,8 @@
    and :meth:`Strategy.setup_environment`: ranks, device and process group.
 2. :meth:`Strategy.tensor_init_context` and :meth:`Strategy.model_sharded_context`, entered
    around ``Module.configure_model()``.
-3. :meth:`Strategy.setup_module`: wrap the module (DDP, FSDP, ...) and apply precision.
+3. :meth:`Strategy.setup_module`: wrap the module (DDP, FSDP, ...), apply precision, then
+   ``compile=`` (:meth:`Strategy.compile_model`).
 4. :meth:`Strategy.setup_optimizer`: validate optimizers built after wrapping.
 5. Per step: :meth:`training_step`, :meth:`backward`, :meth:`clip_gradients_norm`,
    :meth:`optimizer_step`, and :meth:`no_backward_sync` for gradient accumulation.
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from fullshard.compile import CompileConfig, CompileUnit, apply_compile, resolve_compile
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
 
@@ -107,6 +109,10 @@ class Strategy:
         self.model: nn.Module | None = None  # what forward runs through (possibly wrapped)
         self._param_shapes: dict[str, torch.Size] = {}
         self._root_device: torch.device | None = None  # fixed once setup_environment ran
+        # compile=: what this strategy's own constructor was given, and what is in force once the
+        # host's setting is known (configure); see fullshard/compile.py
+        self._compile_setting: CompileConfig | None = None
+        self.compile: CompileConfig | None = None
         self._batch_passthrough = False  # CPU and no input casting: batch_to_device has nothing to do  # full shapes of the model's state, before sharding
 
     # ----------------------------------------------------------------- configuration by the host
@@ -117,12 +123,18 @@ class Strategy:
         num_nodes: int,
         cluster_environment: ClusterEnvironment,
         precision: Any,
+        compile: CompileConfig | None = None,
     ) -> None:
-        """Called by the host once it has resolved devices, nodes, cluster environment and precision."""
+        """Called by the host once it has resolved devices, nodes, cluster environment and precision.
+
+        ``compile``: the host's ``compile=`` setting (:func:`fullshard.compile.parse_compile`); it must
+        agree with the strategy's own, if that was given.
+        """
         self.devices = devices
         self.num_nodes = num_nodes
         self.cluster_environment = cluster_environment
         self.precision = self.make_precision(precision, devices[0].type)
+        self.compile = resolve_compile(compile, self._compile_setting, type(self).__name__)
 
     def make_precision(self, precision: Any, device_type: str) -> Precision:
         """Build this strategy's precision object from a precision string."""
@@ -216,7 +228,16 @@ class Strategy:
         }
         self.module = module
         self.model = self._wrap(module)
+        self.compile_model(module)
         return self.model
+
+    def compile_model(
+        self, module: nn.Module, units: Sequence[CompileUnit] = (), root: nn.Module | None = None
+    ) -> None:
+        """Apply :attr:`compile` in this (launched) process, after wrapping: ``units`` (FSDP's) in
+        place, else ``module``'s forward (``root``: an FSDP root around it). See [Note: where
+        compile happens] in fullshard/compile.py."""
+        apply_compile(module, self.compile, units, root)
 
     def _wrap(self, module: nn.Module) -> nn.Module:
         """Wrap the module (DDP, FSDP, ...). Identity by default."""

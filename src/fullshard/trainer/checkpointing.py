@@ -7,7 +7,9 @@ The layout (see DESIGN.md, checkpoint contract)::
       "state_dict": model state (full, unwrapped key names)          } full format only; the
       "optimizer_states": [one per optimizer]                         } sharded one keeps them in DCP
       "lr_schedulers": [one per scheduler],
-      "grad_scaler": dict, "loops": {"epoch", "global_step", "batches_in_epoch", "epoch_finished"},
+      "grad_scaler": dict,
+      "loops": {"epoch", "global_step", "batches_in_epoch", "samples_in_epoch", "epoch_finished",
+                "total_batch_idx"},
       "callbacks": {state_key: state}, "rng_states": [one per rank], "hyper_parameters": dict,
       "epoch": int, "global_step": int, "pytorch-lightning_version": str,   for Lightning's readers
       <DataModule class name>: its state_dict(), when not empty (as Lightning)
@@ -100,8 +102,9 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
     if is_lightning_checkpoint(checkpoint):
         _warn_unused_callback_states(trainer, checkpoint)
-    # loop progress is put back when the fit loop starts, after on_fit_start (as in Lightning)
-    trainer._pending_loop_state = checkpoint["loops"]
+    # loop progress is put back when the fit loop starts, after on_fit_start (as in Lightning),
+    # with the number of processes that wrote it (see [Note: resuming at another world size])
+    trainer._pending_loop_state = {"world_size": checkpoint.get("world_size"), **checkpoint["loops"]}
 
 
 def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:

@@ -7,13 +7,33 @@ the epoch number, each process reads its own share, and a resumed run can start 
 of an epoch by skipping the samples already seen. The rebuilt loader also gets its own
 ``torch.Generator`` (reseeded per epoch) so that creating its iterator draws nothing from the
 global RNG: a resumed run then sees exactly the random numbers an uninterrupted run would.
-Iterable datasets and custom samplers are used as given (resuming them mid-epoch is not exact).
+Iterable datasets and custom samplers are used as given (resuming them mid-epoch is exact
+only on as many processes as wrote the checkpoint).
+
+[Note: resuming at another world size]
+Under ``DistributedSampler``'s split (position ``i`` of the padded epoch order goes to rank
+``i % N``), after ``b`` batches of size ``B`` on each of ``N`` processes the processes together
+have consumed exactly the positions ``[0, b*B*N)``: a prefix, whose length (capped at the
+dataset's) the checkpoint records as ``samples_in_epoch``. A run resumed on ``M`` processes
+trains on the rest of the order, ``[C, L)`` (``C`` recorded, ``L`` the dataset's length), split as ``DistributedSampler`` would split it
+(``rest[rank::M]``) and padded to a multiple of ``M`` with the order's first positions, as
+``DistributedSampler`` pads a whole epoch: for ``M == N`` these are exactly the indices of the
+uninterrupted run. ``len(loader)`` stays the length of a whole epoch, and the resumed epoch
+starts at batch index ``len(loader) - (batches left)``, so that it ends where a whole epoch
+ends (``is_last_batch``, epoch schedulers, the last accumulation window); for ``M == N`` that
+index is ``b``. The count goes on from where the resumed run started (``C`` plus ``B*M`` per
+batch since), so a second resume composes. With ``limit_train_batches`` the epoch still stops
+at the limit in batches of this run: on another world size, to within about a batch of the
+samples the limit covers there. Loaders that are not resumable by index replay the epoch and
+skip the batches each process had read, which is exact only on as many processes as wrote the
+checkpoint; on another number they warn.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,30 +52,72 @@ from fullshard.errors import MisconfigurationError
 from fullshard.seed import seed_worker, seed_workers_requested
 
 
+def shard_indices(order: list[int], offset: int, rank: int, num_replicas: int) -> list[int]:
+    """Rank ``rank``'s share of the positions ``[offset, len(order))`` of an epoch's ``order``,
+    split and padded as ``DistributedSampler`` splits a whole epoch (see
+    [Note: resuming at another world size]); with ``offset=0``, exactly its indices."""
+    rest = order[offset:]
+    padding = -len(rest) % num_replicas
+    if padding:
+        rest += (order * math.ceil(padding / len(order)))[:padding]
+    return rest[rank::num_replicas]
+
+
 class ResumableDistributedSampler(DistributedSampler[Any]):
-    """A ``DistributedSampler`` that can skip the first ``skip`` samples of the current epoch."""
+    """A ``DistributedSampler`` that can start the current epoch at sample ``offset`` of its
+    order, on any number of processes (see [Note: resuming at another world size])."""
 
     def __init__(self, dataset: Dataset[Any], **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)
-        self.skip = 0
-        self.skip_epoch = -1
+        self.length: int = len(dataset)  # type: ignore[arg-type]  # map-style: has a length
+        self.offset = 0
+        self.offset_epoch = -1
+
+    def epoch_order(self) -> list[int]:
+        """The dataset indices of the current epoch in order, as ``DistributedSampler`` draws them."""
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            return torch.randperm(self.length, generator=generator).tolist()
+        return list(range(self.length))
 
     def __iter__(self) -> Iterator[Any]:
-        indices = list(super().__iter__())
         # only for the epoch being resumed: an iterator that was never advanced (a resumed epoch
-        # with nothing left) must not carry the skip over into the next epoch
-        skip = self.skip if self.skip_epoch == self.epoch else 0
-        self.skip = 0
-        return iter(indices[skip:])
+        # with nothing left) must not carry the offset over into the next epoch
+        offset = self.offset if self.offset_epoch == self.epoch else 0
+        self.offset = 0
+        return iter(shard_indices(self.epoch_order(), offset, self.rank, self.num_replicas))
+
+
+@dataclass(frozen=True)
+class SavedPosition:
+    """Where a checkpoint left an epoch: after ``batches`` batches on each of ``world_size``
+    processes (None: not known, as for a Lightning checkpoint), which consumed the first
+    ``samples`` positions of the epoch's order (None: a checkpoint that did not record it)."""
+
+    batches: int
+    samples: int | None
+    world_size: int | None
 
 
 class PreparedLoader:
-    """A dataloader as the loops use it: per-epoch reseeding, resumable position, batch count."""
+    """A dataloader as the loops use it: per-epoch reseeding, resumable position, batch count.
 
-    def __init__(self, loader: DataLoader[Any], seed: int, resumable: bool) -> None:
+    ``not_resumable`` says why the loader cannot start at a sample index (None when it can).
+    """
+
+    def __init__(
+        self, loader: DataLoader[Any], seed: int, num_replicas: int, *, not_resumable: str | None = None
+    ) -> None:
         self.loader = loader
         self.seed = seed
-        self.resumable = resumable
+        self.num_replicas = num_replicas
+        self.not_resumable = not_resumable
+
+    @property
+    def resumable(self) -> bool:
+        """Whether an epoch can start at any sample of its order (else it is replayed)."""
+        return self.not_resumable is None
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -68,22 +130,71 @@ class PreparedLoader:
             return False
         return True
 
-    def iterate(self, epoch: int, skip_batches: int = 0) -> Iterator[Any]:
-        """An iterator over epoch ``epoch``, starting after ``skip_batches`` batches."""
+    def iterate(self, epoch: int, start: tuple[int, int] = (0, 0)) -> Iterator[Any]:
+        """An iterator over epoch ``epoch`` from ``start``: (batch index, samples of the epoch's
+        order consumed), as :meth:`resume_start` gives it."""
+        batch, samples = start
         sampler = self.loader.sampler
         if isinstance(sampler, DistributedSampler):
             sampler.set_epoch(epoch)
         if self.loader.generator is not None:
             self.loader.generator.manual_seed(self.seed + epoch)
-        if skip_batches and isinstance(sampler, ResumableDistributedSampler):
-            batch_size = self.loader.batch_size or 1
-            sampler.skip = skip_batches * batch_size
-            sampler.skip_epoch = epoch
+        if isinstance(sampler, ResumableDistributedSampler):
+            sampler.offset, sampler.offset_epoch = samples, epoch
             return iter(self.loader)
         iterator = iter(self.loader)
-        for _ in range(skip_batches):  # not resumable by index: replay the data
+        for _ in range(batch):  # not resumable by index: replay the data
             next(iterator, None)
         return iterator
+
+    def samples_consumed(self, start: tuple[int, int], batches: int) -> int | None:
+        """How many positions of the epoch's order the processes together have consumed after
+        ``batches`` batches of an epoch whose run began at ``start``; None when not resumable."""
+        sampler = self.loader.sampler
+        if not isinstance(sampler, ResumableDistributedSampler):
+            return None
+        batch, samples = start
+        consumed = samples + (batches - batch) * self._batch_size * self.num_replicas
+        return min(consumed, sampler.length)
+
+    def resume_start(self, position: SavedPosition, epoch: int) -> tuple[int, int]:
+        """Where epoch ``epoch``, left by a checkpoint at ``position``, goes on in this run:
+        (batch index, samples of the epoch's order consumed). See
+        [Note: resuming at another world size]."""
+        sampler = self.loader.sampler
+        if not isinstance(sampler, ResumableDistributedSampler):
+            self._warn_replay(position, epoch)
+            return position.batches, 0
+        samples = position.samples
+        if samples is None:  # written before checkpoints recorded it: the same prefix rule
+            samples = position.batches * self._batch_size * (position.world_size or self.num_replicas)
+        samples = min(samples, sampler.length)
+        per_rank, size = math.ceil((sampler.length - samples) / self.num_replicas), self._batch_size
+        left = per_rank // size if self.loader.drop_last else math.ceil(per_rank / size)
+        return len(self.loader) - left, samples
+
+    @property
+    def _batch_size(self) -> int:
+        return self.loader.batch_size or 1
+
+    def _warn_replay(self, position: SavedPosition, epoch: int) -> None:
+        written, now = position.world_size, self.num_replicas
+        if not position.batches or written is None or written == now:
+            return  # the replay is exact
+        batches = position.batches * abs(now - written)
+        size = self.loader.batch_size
+        amount = f"about {batches * size} samples" if size else f"about {batches} batches"
+        effect = "skipped (never trained on)" if now > written else "trained on twice"
+        rank_zero_warn(
+            f"Resuming epoch {epoch} in its middle on {now} process(es) from a checkpoint written by "
+            f"{written}: the training dataloader cannot start at a sample index ({self.not_resumable}), so "
+            f"each process skips the first {position.batches} batches it reads, as each did before the "
+            f"checkpoint. On {now} instead of {written} processes that covers a different part of the "
+            f"epoch: {amount} of epoch {epoch} may be {effect}. To resume exactly, resume on {written} "
+            "process(es), or let the Trainer sample the data (a map-style dataset, no custom sampler, "
+            "use_distributed_sampler=True), or resume from a checkpoint written at the end of an epoch.",
+            stacklevel=2,
+        )
 
 
 def prepare_dataloader(
@@ -103,8 +214,10 @@ def prepare_dataloader(
             f"{name} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
             "Wrap your dataset: DataLoader(dataset, batch_size=...)."
         )
-    if isinstance(loader.dataset, IterableDataset) or not distributed:
-        return PreparedLoader(loader, seed, resumable=False)
+    if isinstance(loader.dataset, IterableDataset):
+        return PreparedLoader(loader, seed, num_replicas, not_resumable="its dataset is iterable")
+    if not distributed:
+        return PreparedLoader(loader, seed, num_replicas, not_resumable="use_distributed_sampler=False")
     sampler = loader.sampler
     if not isinstance(sampler, RandomSampler | SequentialSampler) or not isinstance(
         loader.batch_sampler, BatchSampler
@@ -116,7 +229,10 @@ def prepare_dataloader(
                 "(e.g. a DistributedSampler) so processes do not train on the same samples.",
                 stacklevel=3,
             )
-        return PreparedLoader(loader, seed, resumable=False)
+        own = sampler if isinstance(loader.batch_sampler, BatchSampler) else loader.batch_sampler
+        return PreparedLoader(
+            loader, seed, num_replicas, not_resumable=f"it has its own sampler, {type(own).__name__}"
+        )
     shuffle = isinstance(sampler, RandomSampler) if sampler is not None else shuffle_default
     new_sampler = ResumableDistributedSampler(
         loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
@@ -138,7 +254,7 @@ def prepare_dataloader(
         prefetch_factor=loader.prefetch_factor,
         persistent_workers=loader.persistent_workers,
     )
-    return PreparedLoader(rebuilt, seed, resumable=True)
+    return PreparedLoader(rebuilt, seed, num_replicas)
 
 
 def limit_batches(limit: int | float, available: int | float, name: str) -> int | float:

@@ -104,7 +104,7 @@ def run_train_epoch(trainer: Trainer) -> None:
     module.train()
     trainer._call("on_train_epoch_start")
     metrics.in_step = True
-    iterator = loader.iterate(trainer.current_epoch, skip_batches=start)
+    iterator = loader.iterate(trainer.current_epoch, trainer._epoch_start)
     batch_idx = start
     while batch_idx < num_batches:
         try:
@@ -215,14 +215,17 @@ def _end_train_epoch(trainer: Trainer) -> None:
     [Note: epochs cut short]
     An epoch that ends early (``max_steps``, a stop request, ``on_train_batch_start`` returning
     -1) still ends as in Lightning: its epoch-end hooks run and ``current_epoch`` moves on. A
-    checkpoint written then or afterwards still records the position inside the cut epoch, so
-    ``fit(ckpt_path=...)`` with a larger ``max_steps`` continues exactly where training stopped.
+    checkpoint written then or afterwards still records the position inside the cut epoch (the
+    batches and the samples consumed), so ``fit(ckpt_path=...)`` with a larger ``max_steps``
+    continues exactly where training stopped, on any number of processes.
     """
     metrics = trainer._metrics
     cut_short = not math.isinf(trainer.num_training_batches) and (
         trainer._batches_in_epoch < trainer.num_training_batches
     )
-    trainer._resume_point = (trainer.current_epoch, trainer._batches_in_epoch) if cut_short else None
+    trainer._resume_point = (
+        (trainer.current_epoch, trainer._batches_in_epoch, trainer._samples_in_epoch()) if cut_short else None
+    )
     trainer._epoch_finished = not cut_short
     metrics.stage = "train"
     metrics.in_step = False
@@ -235,6 +238,7 @@ def _end_train_epoch(trainer: Trainer) -> None:
     metrics.in_step = True
     trainer.current_epoch += 1
     trainer._batches_in_epoch = 0
+    trainer._epoch_start = (0, 0)
     trainer._epoch_finished = False
     if math.isinf(trainer.num_training_batches):
         trainer.is_last_batch = False

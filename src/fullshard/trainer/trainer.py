@@ -15,6 +15,7 @@ from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, r
 from torch import nn
 from torch.optim import Optimizer
 
+from fullshard.compile import parse_compile
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
@@ -23,7 +24,7 @@ from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStr
 from fullshard.strategies.meta_init import init_new_modules, user_init_of
 from fullshard.trainer import arguments, checkpointing, evaluation, loops
 from fullshard.trainer.callbacks import Callback
-from fullshard.trainer.data import PreparedLoader
+from fullshard.trainer.data import PreparedLoader, SavedPosition
 from fullshard.trainer.data_setup import DataSetup
 from fullshard.trainer.devices import resolve_accelerator, resolve_devices
 from fullshard.trainer.loggers import CSVLogger, Logger
@@ -90,6 +91,11 @@ class Trainer(DataSetup):
             sampler (see docs/getting-started.md); False uses the loaders as given.
         detect_anomaly: run with ``torch.autograd.detect_anomaly``.
         default_root_dir: where logs and checkpoints go by default (current directory).
+        compile: ``torch.compile`` the model in each process once the strategy set it up: True,
+            False/None, or a dict of ``torch.compile`` keyword arguments. Under FSDP each unit
+            (e.g. transformer block) is compiled, otherwise the module's ``forward``; the step
+            methods stay eager. Not a Lightning option (there, call ``torch.compile(model)``);
+            see docs/compile.md. A strategy's own ``compile=`` must agree with it.
     """
 
     def __init__(
@@ -127,6 +133,7 @@ class Trainer(DataSetup):
         use_distributed_sampler: bool = True,
         detect_anomaly: bool = False,
         default_root_dir: str | Path | None = None,
+        compile: bool | dict[str, Any] | None = None,
         **lightning_only: Any,
     ) -> None:
         arguments.reject_unknown(lightning_only)
@@ -176,6 +183,7 @@ class Trainer(DataSetup):
         limits: dict[str, int | float] = {k: (1.0 if v is None else v) for k, v in given_limits.items()}
         arguments.check_limits(**limits)
         arguments.check_deterministic(deterministic)
+        compile_config = parse_compile(compile, "Trainer")
 
         if self.fast_dev_run:
             limits = dict.fromkeys(limits, self.fast_dev_run)
@@ -210,7 +218,11 @@ class Trainer(DataSetup):
         device_list = resolve_devices(devices, self._accelerator, environment, num_nodes)
         self._strategy = self._resolve_strategy(strategy, len(device_list) * num_nodes)
         self._strategy.configure(
-            devices=device_list, num_nodes=num_nodes, cluster_environment=environment, precision=precision
+            devices=device_list,
+            num_nodes=num_nodes,
+            cluster_environment=environment,
+            precision=precision,
+            compile=compile_config,
         )
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # warnings before fit: rank 0 only
 
@@ -235,7 +247,9 @@ class Trainer(DataSetup):
         self._batches_that_stepped = 0  # Lightning's step for loggers, see [Note: logger steps]
         self._total_batch_idx = 0
         self._epoch_finished = False
-        self._resume_point: tuple[int, int] | None = None  # see [Note: epochs cut short]
+        self._resume_point: tuple[int, int, int | None] | None = None  # see [Note: epochs cut short]
+        self._epoch_start = (0, 0)  # (batch index, samples consumed) where this run of the epoch began
+        self._saved_position: SavedPosition | None = None  # from a checkpoint, until the loader exists
         self._pending_loop_state: dict[str, Any] | None = None  # from a checkpoint, until the loop starts
         self._epoch_end_pending = False
         self.ckpt_path: str | None = None  # the checkpoint the current call loaded, if any
@@ -883,14 +897,27 @@ class Trainer(DataSetup):
         return False
 
     def _loop_state(self) -> dict[str, Any]:
-        epoch, batches = self._resume_point or (self.current_epoch, self._batches_in_epoch)
+        epoch, batches, samples = self._resume_point or (
+            self.current_epoch,
+            self._batches_in_epoch,
+            self._samples_in_epoch(),
+        )
         return {
             "epoch": epoch,
             "global_step": self.global_step,
             "batches_in_epoch": batches,
+            "samples_in_epoch": samples,
             "epoch_finished": self._epoch_finished,
             "total_batch_idx": self._total_batch_idx,
         }
+
+    def _samples_in_epoch(self) -> int | None:
+        """How many positions of this epoch's order the processes together have consumed (see
+        [Note: resuming at another world size]); None where the training loader has no such order."""
+        if self._saved_position is not None:  # restored, not yet placed in this run's loader
+            return self._saved_position.samples
+        loader = self._train_loader
+        return None if loader is None else loader.samples_consumed(self._epoch_start, self._batches_in_epoch)
 
     def _restore_loop_state(self, state: dict[str, Any], *, epoch_end_pending: bool = False) -> None:
         """Put loop progress back. ``epoch_end_pending``: a checkpoint written at the end of an
@@ -900,6 +927,13 @@ class Trainer(DataSetup):
         self._batches_that_stepped = self.global_step
         self.current_epoch = int(state["epoch"])
         self._batches_in_epoch = int(state["batches_in_epoch"])
+        samples, world_size = state.get("samples_in_epoch"), state.get("world_size")
+        self._saved_position = SavedPosition(
+            batches=self._batches_in_epoch,
+            samples=None if samples is None else int(samples),
+            world_size=None if world_size is None else int(world_size),
+        )
+        self._epoch_start = (self._batches_in_epoch, 0)  # placed by _finish_epoch_restore
         self._total_batch_idx = int(state.get("total_batch_idx", 0))
         self._epoch_finished = False
         self._epoch_end_pending = bool(state.get("epoch_finished"))
@@ -907,10 +941,19 @@ class Trainer(DataSetup):
             self._finish_epoch_restore()
 
     def _finish_epoch_restore(self) -> None:
+        """Move on past an epoch that ended at the checkpoint, or place the restored position in
+        the training loader of this run (which may run on another number of processes)."""
         if self._epoch_end_pending:
             self.current_epoch += 1
             self._batches_in_epoch = 0
+            self._epoch_start = (0, 0)
             self._epoch_end_pending = False
+            self._saved_position = None
+        position, loader = self._saved_position, self._train_loader
+        if position is not None and loader is not None:
+            self._saved_position = None
+            self._epoch_start = loader.resume_start(position, self.current_epoch)
+            self._batches_in_epoch = self._epoch_start[0]
 
     def _log_metrics(self, values: dict[str, float], step: int) -> None:
         if self.is_global_zero and self.loggers:

@@ -1,0 +1,204 @@
+"""compile=: compile time and step time of the demo Transformer, eager against torch.compile.
+
+Run from the repository root::
+
+    python benchmarks/compile.py                 # prints a markdown table
+    python benchmarks/compile.py --write-docs    # and puts it into docs/compile.md
+
+It takes about 6 minutes on 2 cores (most of it inductor compiling on an empty cache).
+
+The model is ``fullshard.demos.Transformer`` (2 encoder and 2 decoder layers, width 128, 4 heads,
+feed-forward 512, dropout 0.1) trained as a byte-level language model on random tokens (sequence
+64, batch 16 per process, AdamW) for ``--steps`` steps, on CPU:
+
+``single``
+    one process, ``strategy="single_device"``: ``compile=`` compiles the Transformer (the
+    LightningModule defines no forward, so its layer holding parameters is compiled in place);
+``fsdp``
+    two processes with gloo, ``FSDPStrategy(auto_wrap_policy={TransformerEncoderLayer,
+    TransformerDecoderLayer})``: ``compile=`` compiles each of the 4 units.
+
+Every process runs one intra-op thread (``OMP_NUM_THREADS=1``).
+
+Each row runs in fresh processes. ``inductor, cold`` starts with an empty inductor cache
+(``TORCHINDUCTOR_CACHE_DIR`` in a new temporary folder): what a first run on a machine pays.
+``inductor, warm`` runs again with the cache the cold run filled, as every later run of the same
+model does. On rank 0: first step = the time from the start of the first training step to the
+start of the second (forward, backward and optimizer step, with all compiling); steady step = the
+median step time after ``--warmup`` steps; compile overhead = first step - steady step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import fullshard
+from fullshard.demos import Transformer
+from fullshard.strategies import FSDPStrategy
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "compile.md"
+START, END = "<!-- benchmarks/compile.py: start -->", "<!-- benchmarks/compile.py: end -->"
+SEQ, BATCH = 64, 16
+ROWS = [  # (strategy, compile setting, inductor cache)
+    ("single", "eager", None),
+    ("single", "inductor", "cold"),
+    ("single", "inductor", "warm"),
+    ("single", "aot_eager", None),
+    ("fsdp", "eager", None),
+    ("fsdp", "inductor", "cold"),
+    ("fsdp", "inductor", "warm"),
+    ("fsdp", "aot_eager", None),
+]
+COMPILE = {"eager": None, "inductor": True, "aot_eager": {"backend": "aot_eager"}}
+
+
+class LanguageModel(fullshard.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Transformer(256, ninp=128, nhead=4, nhid=512, nlayers=2, dropout=0.1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (tokens,) = batch
+        inputs, target = tokens[:, :-1], tokens[:, 1:]
+        return F.nll_loss(self.model(inputs, target), target.reshape(-1))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class StepTimer(fullshard.Callback):
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.starts.append(time.perf_counter())
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.starts.append(time.perf_counter())
+
+
+def worker(strategy: str, setting: str, steps: int, out: Path) -> None:
+    """One training run (re-run by the launcher in the second FSDP process)."""
+    fullshard.seed_everything(0)
+    devices = 2 if strategy == "fsdp" else 1
+    layers = {nn.TransformerEncoderLayer, nn.TransformerDecoderLayer}
+    timer = StepTimer()
+    trainer = fullshard.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=FSDPStrategy(auto_wrap_policy=layers) if strategy == "fsdp" else "single_device",
+        compile=COMPILE[setting],
+        max_steps=steps,
+        callbacks=[timer],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    tokens = torch.randint(0, 256, (steps * BATCH * devices, SEQ + 1))
+    trainer.fit(LanguageModel(), DataLoader(TensorDataset(tokens), batch_size=BATCH))
+    if trainer.is_global_zero:
+        from torch._dynamo.utils import counters  # private: the graph count dynamo's own tests read
+
+        times = [b - a for a, b in zip(timer.starts, timer.starts[1:], strict=False)]
+        out.write_text(json.dumps({"steps": times, "graphs": int(counters["stats"]["unique_graphs"])}))
+
+
+def run_row(
+    strategy: str, setting: str, cache: str | None, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
+    out = tmp / f"{strategy}-{setting}-{cache}.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / f"inductor-{strategy}")  # cold: first use of this folder
+    env["OMP_NUM_THREADS"] = "1"  # one intra-op thread per process (2 threads thrash a busy 2-core machine)
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        strategy,
+        setting,
+        "--steps",
+        str(args.steps),
+        "--out",
+        str(out),
+    ]
+    subprocess.run(command, check=True, env=env, cwd=tmp, stdout=subprocess.DEVNULL)
+    times = json.loads(out.read_text())
+    steady = statistics.median(times["steps"][args.warmup :])
+    first = times["steps"][0]
+    return {"first": first, "steady": steady, "graphs": times["graphs"]}
+
+
+def render(
+    results: list[tuple[tuple[str, str, str | None], dict[str, Any]]], args: argparse.Namespace
+) -> str:
+    eager = {s: r["steady"] for (s, c, _), r in results if c == "eager"}
+    lines = [
+        f"- {args.steps} steps, steady step = median after the first {args.warmup}; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; one intra-op thread per process; {time.strftime('%Y-%m-%d')}; "
+        f"load average during the runs {min(args.loads):.1f} to {max(args.loads):.1f} (2 cores).",
+        "",
+        "| processes | compile= | first step (s) | steady step (ms) | vs eager | compile overhead (s) | graphs |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (strategy, setting, cache), r in results:
+        name = {"eager": "off", "inductor": "True (inductor)", "aot_eager": '`{"backend": "aot_eager"}`'}[
+            setting
+        ]
+        name += f", {cache} cache" if cache else ""
+        where = "1 (single_device)" if strategy == "single" else "2 (fsdp, 4 units)"
+        lines.append(
+            f"| {where} | {name} | {r['first']:.2f} | {1000 * r['steady']:.1f} | "
+            f"{r['steady'] / eager[strategy]:.2f}x | {r['first'] - r['steady']:.2f} | {r['graphs']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument(
+        "--write-docs", action="store_true", help=f"put the table into {DOC.relative_to(ROOT)}"
+    )
+    parser.add_argument("--worker", nargs=2, metavar=("STRATEGY", "COMPILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(*args.worker, args.steps, args.out)
+        return
+    args.loads = []  # 1-minute load average after each row: other work on the machine skews the times
+    with tempfile.TemporaryDirectory() as tmp:
+        results = []
+        for row in ROWS:
+            results.append((row, run_row(*row, args, Path(tmp))))
+            args.loads.append(os.getloadavg()[0])
+            print(f"{row}: {results[-1][1]}", flush=True)
+    table = render(results, args)
+    print(table)
+    if args.write_docs:
+        text = DOC.read_text()
+        head, _, rest = text.partition(START)
+        _, _, tail = rest.partition(END)
+        DOC.write_text(f"{head}{START}\n{table}{END}{tail}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Train on a dataset of indices and write which indices each rank trained on, batch by batch;
+used by tests/test_resume_world_size.py to check resuming at another number of processes.
+
+python tests/scripts/resume_order_job.py --out DIR --devices 2 --max-steps 3 --save CKPT --shuffle
+python tests/scripts/resume_order_job.py --out DIR --devices 3 --max-steps 9 --resume CKPT --shuffle
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import fullshard
+
+LENGTH = 50  # not a multiple of 2 or 3 processes times the batch: the epoch ends in padding
+BATCH = 4
+SEED = 5
+
+
+class Indices(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Sample ``i`` is ``(i, features of i)``: the batch says which samples were trained on."""
+
+    def __len__(self) -> int:
+        return LENGTH
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(i), torch.tensor([i / LENGTH, 1.0])
+
+
+class Recorder(fullshard.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.seen: list[list[Any]] = []  # [epoch, batch_idx, is_last_batch, indices]
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        index, x = batch
+        self.seen.append([self.current_epoch, batch_idx, self.trainer.is_last_batch, index.tolist()])
+        return self.layer(x).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        # with momentum: a stateless optimizer trips torch on a resume, see the test file
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+
+def train(
+    out: Path,
+    *,
+    devices: int = 1,
+    strategy: str = "auto",
+    max_steps: int,
+    shuffle: bool = False,
+    drop_last: bool = False,
+    resume: str | None = None,
+    save: str | None = None,
+    save_every: int = 0,
+    sampler: Any = None,
+) -> tuple[fullshard.Trainer, Recorder]:
+    """Fit ``Recorder`` and write ``seen_rank{r}.json`` into ``out``."""
+    fullshard.seed_everything(SEED)
+    callbacks = []
+    if save_every:
+        callbacks.append(
+            fullshard.ModelCheckpoint(dirpath=out / "ckpts", every_n_train_steps=save_every, save_top_k=-1)
+        )
+    trainer = fullshard.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=max_steps,
+        logger=False,
+        callbacks=callbacks,
+        enable_checkpointing=bool(callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+    )
+    model = Recorder()
+    loader = DataLoader(
+        Indices(), batch_size=BATCH, shuffle=shuffle and sampler is None, drop_last=drop_last, sampler=sampler
+    )
+    trainer.fit(model, loader, ckpt_path=resume)
+    if save is not None:
+        trainer.save_checkpoint(save)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"seen_rank{trainer.global_rank}.json").write_text(json.dumps(model.seen))
+    return trainer, model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--max-steps", type=int, required=True)
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--drop-last", action="store_true")
+    p.add_argument("--resume", default=None)
+    p.add_argument("--save", default=None)
+    p.add_argument("--save-every", type=int, default=0, help="ModelCheckpoint every N steps into --out/ckpts")
+    args = p.parse_args()
+    train(
+        Path(args.out),
+        devices=args.devices,
+        strategy=args.strategy,
+        max_steps=args.max_steps,
+        shuffle=args.shuffle,
+        drop_last=args.drop_last,
+        resume=args.resume,
+        save=args.save,
+        save_every=args.save_every,
+    )
+
+
+if __name__ == "__main__":
+    main()
