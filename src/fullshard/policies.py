@@ -410,10 +410,13 @@ def build_plan(
     use_orig_params: bool = True,
 ) -> WrapPlan:
     """Compute the :class:`WrapPlan` for ``model`` (policies already resolved)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
     names = {m: n for n, m in model.named_modules()}
-    preexisting: list[nn.Module] = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+    # units sharded by hand in configure_model(): FSDP1's wrap() or FSDP2's fully_shard()
+    preexisting: list[nn.Module] = [
+        m for m in model.modules() if isinstance(m, FullyShardedDataParallel | FSDPModule)
+    ]
     wrapped: set[nn.Module] = set(preexisting) or (
         set(auto_wrap.selected(model)) if auto_wrap is not None else set()
     )

@@ -21,6 +21,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
 
@@ -194,3 +195,34 @@ class FSDPPrecision(Precision):
         if self.is_mixed:
             return MixedPrecision(param_dtype=half, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
         return MixedPrecision(param_dtype=half, reduce_dtype=half, buffer_dtype=half)
+
+
+class FSDP2Precision(FSDPPrecision):
+    """Precision under FSDP2 (``fully_shard``): the string sets a ``MixedPrecisionPolicy``.
+
+    =================  =============  ==============
+    string             param_dtype    reduce_dtype
+    =================  =============  ==============
+    ``"32-true"``      (none)         (none)
+    ``"16-mixed"``     float16        float32
+    ``"bf16-mixed"``   bfloat16       float32
+    ``"16-true"``      (none)         (none)
+    ``"bf16-true"``    (none)         (none)
+    =================  =============  ==============
+
+    Under "-true" the module is cast to the half dtype before sharding, so the policy has nothing
+    to cast. FSDP2 does not cast buffers; autocast runs the forward as it does without FSDP. A
+    user's own ``MixedPrecisionPolicy`` replaces the table's row.
+    """
+
+    @property
+    @override
+    def mixed_precision_config(self) -> Any:
+        """The ``torch.distributed.fsdp.MixedPrecisionPolicy`` each ``fully_shard`` call gets."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.user_mixed_precision is not None:
+            return self.user_mixed_precision
+        if self.is_mixed:
+            return MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy()

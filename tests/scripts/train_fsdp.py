@@ -1,6 +1,7 @@
-"""Train a small block model with FSDPStrategy; used by the multi-process FSDP tests.
+"""Train a small block model with FSDPStrategy (or FSDP2Strategy with --fsdp2); used by the
+multi-process FSDP tests.
 
-python tests/scripts/train_fsdp.py --out DIR --devices 2 --sharding FULL_SHARD --wrap classes
+python tests/scripts/train_fsdp.py --out DIR --devices 2 --sharding FULL_SHARD --wrap classes [--fsdp2]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
-from fullshard.strategies import FSDPStrategy
+from fullshard.strategies import FSDP2Strategy, FSDPStrategy
 
 DIM = 16
 
@@ -81,12 +82,13 @@ def make_data(n: int = 64) -> TensorDataset:
 
 
 def actual_units(wrapped: Any) -> list[str]:
-    """Names of the FSDP units torch created, with wrapper segments removed."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    """Names of the FSDP units torch created (FSDP1 wrappers or FSDP2 modules), with wrapper
+    segments removed."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
     names = []
     for name, module in wrapped.named_modules():
-        if isinstance(module, FullyShardedDataParallel):
+        if isinstance(module, FullyShardedDataParallel | FSDPModule):
             parts = [
                 p for p in name.split(".") if p not in ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
             ]
@@ -107,6 +109,7 @@ def policy(kind: str) -> Any:
 def run_options() -> argparse.ArgumentParser:
     """Options of one training run (several runs can share one job, see ``--run``)."""
     p = argparse.ArgumentParser(allow_abbrev=False)
+    p.add_argument("--fsdp2", action="store_true", help="FSDP2Strategy instead of FSDPStrategy")
     p.add_argument("--sharding", default="FULL_SHARD")
     p.add_argument("--wrap", default="classes")
     p.add_argument("--ac", default="none")
@@ -142,10 +145,10 @@ def train(args: argparse.Namespace, job: argparse.Namespace, out: Path) -> None:
     if args.registry_name:
         strategy: Any = args.registry_name
     else:
-        strategy = FSDPStrategy(
+        strategy = (FSDP2Strategy if args.fsdp2 else FSDPStrategy)(
             auto_wrap_policy=policy(args.wrap),
             activation_checkpointing_policy=policy(args.ac),
-            sharding_strategy=args.sharding,
+            sharding_strategy=int(args.sharding) if args.sharding.isdigit() else args.sharding,
             cpu_offload=args.offload,
             empty_init=args.empty_init,
             device_mesh=tuple(int(v) for v in args.mesh.split(",")) if args.mesh else None,
@@ -198,7 +201,7 @@ def train(args: argparse.Namespace, job: argparse.Namespace, out: Path) -> None:
                     "actual_units": actual_units(trainer.strategy.model),
                     "checkpointed": plan.checkpointed if plan else None,
                     "strategy": type(trainer.strategy).__name__,
-                    "offload": trainer.strategy.cpu_offload.offload_params,  # type: ignore[attr-defined]
+                    "offload": trainer.strategy.offloads_params,  # type: ignore[attr-defined]
                 }
             )
         )

@@ -2,6 +2,7 @@
 
 from fullshard.strategies.ddp import DDPStrategy
 from fullshard.strategies.fsdp import FSDPStrategy
+from fullshard.strategies.fsdp2 import FSDP2Strategy
 from fullshard.strategies.parallel import ParallelStrategy
 from fullshard.strategies.registry import StrategyRegistry
 from fullshard.strategies.single_device import SingleDeviceStrategy
@@ -10,13 +11,14 @@ from fullshard.strategies.strategy import Strategy
 STRATEGY_REGISTRY = StrategyRegistry()
 """The registry ``Trainer(strategy="name")`` looks names up in."""
 
-for _strategy_class in (SingleDeviceStrategy, DDPStrategy, FSDPStrategy):
+for _strategy_class in (SingleDeviceStrategy, DDPStrategy, FSDPStrategy, FSDP2Strategy):
     _strategy_class.register_strategies(STRATEGY_REGISTRY)
 STRATEGY_REGISTRY.load_entry_points()
 
 __all__ = [
     "STRATEGY_REGISTRY",
     "DDPStrategy",
+    "FSDP2Strategy",
     "FSDPStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",

@@ -105,6 +105,10 @@ class MetaInit:
             self._allocate(m)
         self._initialise(unit, pending)
         self._check(pending)
+        # Tied parameters are kept in one unit (see [Note: tied parameters stay in one unit]), so
+        # nothing later shares these; letting go of them lets the unit's full tensors be freed
+        # as soon as it is sharded.
+        self._allocated.clear()
 
     # ------------------------------------------------------------------------------ steps
     def _allocate(self, module: nn.Module) -> None:
@@ -201,9 +205,10 @@ def _ancestors(root: nn.Module) -> dict[nn.Module, list[nn.Module]]:
 
 
 def _is_fsdp(module: nn.Module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    """Whether ``module`` is an FSDP unit, of FSDP1 (a wrapper) or FSDP2 (``fully_shard``)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-    return isinstance(module, FullyShardedDataParallel)
+    return isinstance(module, FullyShardedDataParallel | FSDPModule)
 
 
 def _unit_modules(module: nn.Module) -> list[nn.Module]:

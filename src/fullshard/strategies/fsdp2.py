@@ -1,0 +1,341 @@
+"""FSDP2: torch's ``fully_shard``, each parameter a ``DTensor`` sharded across processes.
+
+``FSDP2Strategy`` takes ``FSDPStrategy``'s arguments where they mean the same thing and goes
+through the same policy, precision, plan and fast-init code; what differs is how a unit is made
+(``fully_shard`` on a module, in place, instead of an ``FullyShardedDataParallel`` wrapper) and
+what its state dict holds: ``DTensor`` shards, read without any communication, which is what
+makes sharded checkpoints cheap and asynchronous saves possible (docs/fsdp/fsdp2.md).
+
+[Note: FSDP2 units, bottom-up]
+``fully_shard`` is applied to every module the auto-wrap policy selects, children before
+parents, then to the root: each call makes one parameter group that is all-gathered before the
+module's forward and resharded after it. The root's own parameters (embeddings, head) form the
+last group. Activation checkpointing wraps its modules first; a selected module that ended up
+inside a ``CheckpointWrapper`` is sharded through its wrapper, so the wrapper's forward (which
+recomputes) runs inside the unit. With ``empty_init=True`` each unit is materialised just before
+it is sharded (:class:`~fullshard.strategies.meta_init.MetaInit`), so a process never holds more
+than its shards plus one unit's full tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from fullshard.compile import CompileUnit
+from fullshard.errors import MisconfigurationError
+from fullshard.precision import FSDP2Precision, Precision
+from fullshard.strategies.fsdp import FSDPStrategy
+from fullshard.strategies.meta_init import MetaInit, user_init_of
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
+    from fullshard.strategies.registry import StrategyRegistry
+
+FSDP2_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+_RESERVED = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy")
+
+
+class FSDP2Strategy(FSDPStrategy):
+    """Fully Sharded Data Parallel with ``torch.distributed.fsdp.fully_shard`` (FSDP2).
+
+    Takes :class:`~fullshard.strategies.fsdp.FSDPStrategy`'s arguments; these differ:
+
+    Args:
+        sharding_strategy: ``"FULL_SHARD"`` (reshard after forward, default), ``"SHARD_GRAD_OP"``
+            (keep gathered from forward to backward), ``"HYBRID_SHARD"`` (shard within a group,
+            replicate across groups, over ``device_mesh``), ``"NO_SHARD"`` (replicate everywhere),
+            any case; or an int: FULL_SHARD that reshards after forward to groups of that many
+            processes (``reshard_after_forward=int``).
+        cpu_offload: True keeps the sharded parameters, gradients and optimizer step in host
+            memory (``CPUOffloadPolicy``) on CUDA; on CPU devices they are there already and
+            the setting changes nothing. A ``CPUOffloadPolicy`` is passed as given.
+        mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy``, replacing what the
+            Trainer's precision string would choose.
+        async_save: with ``state_dict_type="sharded"``, ``save_checkpoint`` returns once the state
+            is copied to host memory and the files are written in the background
+            (docs/fsdp/fsdp2.md, "Asynchronous checkpoints").
+        **kwargs: passed to every ``fully_shard`` call (e.g. ``shard_placement_fn``).
+    """
+
+    strategy_name = "fsdp2"
+
+    def __init__(self, *, async_save: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(async_save, bool):
+            raise MisconfigurationError(f"async_save={async_save!r} must be True or False.")
+        if async_save and self.state_dict_type != "sharded":
+            raise MisconfigurationError(
+                f"async_save=True writes sharded checkpoints in the background, but state_dict_type="
+                f"{self.state_dict_type!r}: a full checkpoint is gathered and written by rank 0 and cannot be. "
+                "Pass state_dict_type='sharded' with async_save=True, or async_save=False."
+            )
+        self.async_save = async_save
+
+    @classmethod
+    @override
+    def register_strategies(cls, registry: StrategyRegistry) -> None:
+        registry.register("fsdp2", cls, description="FSDP2 (fully_shard, DTensor parameters), CPU or CUDA.")
+        registry.register(
+            "fsdp2_cpu_offload",
+            cls,
+            description="FSDP2 with parameters, gradients and optimizer step offloaded to host memory.",
+            cpu_offload=True,
+        )
+
+    # ------------------------------------------------------------------------ configuration
+    @override
+    def _set_sharding_options(self, sharding_strategy: Any, cpu_offload: Any, mixed_precision: Any) -> None:
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecision,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            ShardingStrategy,
+        )
+
+        self.reshard_after_forward: bool | int
+        if isinstance(sharding_strategy, int) and not isinstance(sharding_strategy, bool):
+            if sharding_strategy < 1:
+                raise MisconfigurationError(
+                    f"sharding_strategy={sharding_strategy} must be a positive int (the size of the groups "
+                    f"parameters are resharded to after forward) or one of {', '.join(map(repr, FSDP2_SHARDING))}."
+                )
+            self.sharding_strategy, self.reshard_after_forward = ShardingStrategy.FULL_SHARD, sharding_strategy
+        else:
+            name = sharding_strategy.name if isinstance(sharding_strategy, ShardingStrategy) else sharding_strategy
+            if not isinstance(name, str) or name.upper() not in FSDP2_SHARDING:
+                raise MisconfigurationError(
+                    f"sharding_strategy={sharding_strategy!r} is not a sharding strategy of FSDP2. Use one of "
+                    f"{', '.join(map(repr, FSDP2_SHARDING))} (any case), a ShardingStrategy of those names, or "
+                    "an int (reshard after forward to groups of that many processes)."
+                )
+            self.sharding_strategy = ShardingStrategy[name.upper()]
+            self.reshard_after_forward = self.sharding_strategy.name != "SHARD_GRAD_OP"
+        if isinstance(cpu_offload, OffloadPolicy):
+            self.cpu_offload = cpu_offload
+        elif cpu_offload is None or isinstance(cpu_offload, bool):
+            self.cpu_offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+        else:
+            raise TypeError(
+                f"cpu_offload={cpu_offload!r} ({type(cpu_offload).__name__}) cannot be used with FSDP2: pass "
+                "True, False, or torch.distributed.fsdp.CPUOffloadPolicy()."
+            )
+        if isinstance(mixed_precision, MixedPrecision):
+            raise TypeError(
+                "mixed_precision is FSDP1's torch.distributed.fsdp.MixedPrecision; FSDP2 takes a "
+                "torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...). Or pass "
+                "Trainer(precision='bf16-mixed') for the common setting."
+            )
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecisionPolicy):
+            raise TypeError(
+                f"mixed_precision must be a torch.distributed.fsdp.MixedPrecisionPolicy, got "
+                f"{type(mixed_precision).__name__}. For the common settings pass Trainer(precision='bf16-mixed')."
+            )
+        self.mixed_precision = mixed_precision
+
+    @override
+    def _check_fsdp_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if "use_orig_params" in kwargs:
+            raise MisconfigurationError(
+                "use_orig_params is an FSDP1 option: FSDP2 always keeps the original parameters (as "
+                "DTensors). Remove it, or use strategy='fsdp'."
+            )
+        for reserved in _RESERVED:
+            if reserved in kwargs:
+                raise MisconfigurationError(
+                    f"{reserved} is set by FSDP2Strategy itself: pass device_mesh=, sharding_strategy=, "
+                    "mixed_precision= or cpu_offload= instead."
+                )
+        return kwargs
+
+    @property
+    @override
+    def offloads_params(self) -> bool:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        return isinstance(self.cpu_offload, CPUOffloadPolicy)
+
+    @override
+    def make_precision(self, precision: Any, device_type: str) -> Precision:
+        return FSDP2Precision(precision, device_type, self.mixed_precision)
+
+    @property
+    @override
+    def is_hybrid(self) -> bool:
+        return self.sharding_strategy.name == "HYBRID_SHARD"
+
+    @override
+    def _mesh_shape(self) -> tuple[int, int] | None:
+        if self.sharding_strategy.name == "NO_SHARD":
+            return (self.world_size, 1)  # replicate over every process, shard over none
+        return super()._mesh_shape()
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self._mesh is None:
+            from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+            shape = self._mesh_shape()
+            if isinstance(self.device_mesh, DeviceMesh):
+                self._mesh = self.device_mesh
+            elif shape is not None:
+                self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=("replicate", "shard"))
+            else:
+                self._mesh = init_device_mesh(self.root_device.type, (self.world_size,), mesh_dim_names=("shard",))
+
+    @override
+    def model_sharded_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Nothing to enter: ``configure_model`` may call ``fully_shard(layer)`` itself, and the
+        strategy then shards only the root around those layers."""
+        return contextlib.nullcontext()
+
+    # ----------------------------------------------------------------------- wrapping
+    def _fully_shard_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.fsdp_kwargs)
+        kwargs["mesh"] = self._mesh
+        kwargs["mp_policy"] = self.precision.mixed_precision_config  # type: ignore[attr-defined]
+        if self.root_device.type != "cpu":
+            # On CPU the parameters are in host memory already, and torch's offload path needs an accelerator.
+            kwargs["offload_policy"] = self.cpu_offload
+        return kwargs
+
+    @override
+    def _manually_wrapped(self, module: nn.Module) -> bool:
+        from torch.distributed.fsdp import FSDPModule
+
+        return any(isinstance(m, FSDPModule) for m in module.modules())
+
+    @override
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        """Shard ``module`` in place, unit by unit (see [Note: FSDP2 units, bottom-up])."""
+        from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+        manually_wrapped = self._manually_wrapped(module)
+        auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
+        if manually_wrapped and self.auto_wrap_policy is not None:
+            warnings.warn(
+                "configure_model() already applied fully_shard to layers, so auto_wrap_policy is ignored (the "
+                "model is not sharded twice). Remove one of the two.",
+                stacklevel=3,
+            )
+        selected = [] if manually_wrapped or auto_wrap is None else auto_wrap.selected(module)
+        wrappers = _apply_checkpointing(module, checkpointing)
+        units = [wrappers.get(m, m) for m in _children_first(module) if m in set(selected) and m is not module]
+        kwargs = self._fully_shard_kwargs()
+        init = MetaInit(self.root_device, module, user_init_of(module)) if self.empty_init else None
+        for unit in units:
+            if init is not None:
+                init(unit)
+            fully_shard(unit, reshard_after_forward=self.reshard_after_forward, **kwargs)
+        if init is not None:
+            init(module)
+        elif any(t.is_meta for t in module.parameters()):
+            raise MisconfigurationError(
+                "The model has parameters on the meta device but FSDP2Strategy(empty_init=False) does not "
+                "initialise them. Pass empty_init=True, or build the model without torch.device('meta')."
+            )
+        # the root keeps its parameters gathered from forward to backward (torch's default for it)
+        # unless nothing is resharded anyway
+        root_reshard = None if self.reshard_after_forward is True else self.reshard_after_forward
+        fully_shard(module, reshard_after_forward=root_reshard, **kwargs)
+        for method in _STEP_METHODS:  # see [Note: forward redirection]
+            if callable(getattr(module, method, None)):
+                register_fsdp_forward_method(module, method)
+        inner = [m for m in module.modules() if isinstance(m, FSDPModule) and m is not module]
+        self.compile_model(module, [CompileUnit(m) for m in inner if not _holds_unit(m)])
+        return module
+
+    # ---------------------------------------------------------------------------- steps
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        # the step methods were registered with FSDP2 (register_fsdp_forward_method): calling
+        # one runs the root's all-gather and backward hooks around it, as a forward would
+        model = self._require_model()
+        with self.precision.forward_context():
+            return model.training_step(batch, batch_idx)  # type: ignore[operator]
+
+    @override
+    def evaluation_step(self, method: str, batch: Any, batch_idx: int) -> Any:
+        model = self._require_model()
+        with self.precision.forward_context():
+            return getattr(model, method)(batch, batch_idx)
+
+    @override
+    def clip_gradients_norm(self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the norm over all shards: the gradients are DTensors, and the norm torch
+        computes of them is reduced over the mesh."""
+        from torch.distributed.tensor import DTensor
+
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    @override
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        if not enabled:
+            return contextlib.nullcontext()
+        return _no_gradient_sync(self._require_model())
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(model: nn.Module) -> Iterator[None]:
+    """Accumulate gradients locally (no reduce-scatter) inside the context."""
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def _children_first(module: nn.Module) -> list[nn.Module]:
+    """``module``'s submodules, each after its own submodules."""
+    order: list[nn.Module] = []
+    seen: set[nn.Module] = set()
+
+    def visit(m: nn.Module) -> None:
+        if m in seen:
+            return
+        seen.add(m)
+        for child in m.children():
+            visit(child)
+        order.append(m)
+
+    visit(module)
+    return order
+
+
+def _holds_unit(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules() if m is not module)
+
+
+def _apply_checkpointing(module: nn.Module, checkpointing: Any) -> dict[nn.Module, nn.Module]:
+    """Wrap the modules ``checkpointing`` selects in a ``CheckpointWrapper`` (non-reentrant).
+    Returns the wrapper of each wrapped module."""
+    if checkpointing is None:
+        return {}
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        CheckpointWrapper,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    selected = set(checkpointing.selected(module))
+    wrapper = lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT)  # noqa: E731
+    apply_activation_checkpointing(module, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: m in selected)
+    return {
+        m._checkpoint_wrapped_module: m for m in module.modules() if isinstance(m, CheckpointWrapper)
+    }

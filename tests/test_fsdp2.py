@@ -1,0 +1,188 @@
+"""FSDP2Strategy (``fully_shard``) on CPU with gloo: parity with a single-process reference for
+every option, its configuration errors, and checkpoints that cross between fsdp and fsdp2.
+
+Run: pytest tests/test_fsdp2.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import check_ok, run_script
+from fsdp_reference import initial_params, reference_run
+from fullshard.errors import MisconfigurationError
+from fullshard.strategies import STRATEGY_REGISTRY, FSDP2Strategy
+
+# FSDP2 reduce-scatters gradients per parameter: sums in another order than one process's
+# backward, so float32 results agree to ~1e-6 after a few Adam steps, not bitwise (as FSDP1).
+FP32_TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+RUNS = {
+    "full": ["--sharding", "FULL_SHARD"],
+    "grad_op": ["--sharding", "shard_grad_op"],
+    "no_shard": ["--sharding", "NO_SHARD"],
+    "reshard_int": ["--sharding", "1"],
+    "full+ac": ["--ac", "classes"],
+    "cpu_offload": ["--registry-name", "fsdp2_cpu_offload"],
+    "names": ["--wrap", "names", "--ac", "names"],
+    "callable": ["--wrap", "callable", "--ac", "callable"],
+    "torch_policy": ["--wrap", "torch", "--ac", "torch"],
+    "no_policy": ["--wrap", "none"],
+    "bf16": ["--precision", "bf16-mixed"],
+    "meta_init": ["--empty-init", "--max-steps", "0"],
+    "meta_train": ["--empty-init"],
+    "clip": ["--clip", "0.5"],
+    "accumulate": ["--accumulate", "2", "--batch-size", "4"],
+}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, torch.Tensor]:
+    return reference_run()[0]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp2_runs")
+    fsdp2 = {name: args if "--registry-name" in args else [*args, "--fsdp2"] for name, args in RUNS.items()}
+    specs = [f"--run={name}:{' '.join(args)}" for name, args in fsdp2.items()]
+    check_ok(run_script("train_fsdp.py", "--out", str(out), *specs, timeout=280))
+    return out
+
+
+def _read(out: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    return torch.load(out / "params.pt"), json.loads((out / "result.json").read_text())
+
+
+def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], msg=key, **FP32_TOL)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "name",
+    ["full", "grad_op", "no_shard", "reshard_int", "full+ac", "cpu_offload", "names", "callable", "torch_policy", "no_policy"],
+)
+def test_parity_with_single_process(runs: Path, reference: dict[str, torch.Tensor], name: str) -> None:
+    args = RUNS[name]
+    params, result = _read(runs / name)
+    assert result["strategy"] == "FSDP2Strategy"
+    _assert_close(params, reference)
+    assert result["global_step"] == 6
+    assert 0 < result["val_loss"] < result["losses"][0]  # validate() after fit() reuses the sharded model
+    units = dict(result["units"])
+    assert sorted(units) == sorted(result["actual_units"])  # the plan predicted the units fully_shard made
+    assert sum(units.values()) == sum(v.numel() for v in reference.values())
+    wrap = args[args.index("--wrap") + 1] if "--wrap" in args else "classes"
+    if wrap == "none" or "--registry-name" in args:
+        assert list(units) == [""]
+    elif wrap == "callable":
+        assert sorted(units) == ["", "blocks", "blocks.0.fc", "blocks.1.fc", "blocks.2.fc", "blocks.3.fc"]
+    else:
+        assert sorted(units) == ["", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    if "--ac" in args and wrap != "callable":
+        assert result["checkpointed"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    if "--registry-name" in args:
+        assert result["offload"] is True  # accepted; on CPU the parameters are in host memory anyway
+
+
+@pytest.mark.multiprocess
+def test_bf16_mixed_stays_close(runs: Path, reference: dict[str, torch.Tensor]) -> None:
+    params, result = _read(runs / "bf16")
+    assert all(torch.isfinite(torch.tensor(result["losses"])))
+    # as for FSDP1 (tests/test_fsdp.py): the bf16 update points the way of the float32 one
+    init = initial_params()
+    delta_bf16 = torch.cat([(params[k] - init[k]).flatten() for k in init])
+    delta_fp32 = torch.cat([(reference[k] - init[k]).flatten() for k in init])
+    assert torch.nn.functional.cosine_similarity(delta_bf16, delta_fp32, dim=0) > 0.95
+    assert delta_bf16.norm() == pytest.approx(float(delta_fp32.norm()), rel=0.10)
+
+
+@pytest.mark.multiprocess
+def test_meta_device_init_equals_eager_init(runs: Path) -> None:
+    params, _ = _read(runs / "meta_init")
+    for key, value in initial_params().items():
+        assert torch.equal(params[key], value), key
+
+
+@pytest.mark.multiprocess
+def test_meta_device_init_trains_like_eager(runs: Path, reference: dict[str, torch.Tensor]) -> None:
+    _assert_close(_read(runs / "meta_train")[0], reference)
+
+
+@pytest.mark.multiprocess
+def test_gradient_clipping_uses_the_global_norm(runs: Path) -> None:
+    reference, _, reference_norms = reference_run(clip=0.5)
+    params, result = _read(runs / "clip")
+    assert result["norms"] == pytest.approx(reference_norms, rel=1e-4)
+    assert max(reference_norms) > 0.5  # clipping was active
+    _assert_close(params, reference)
+
+
+@pytest.mark.multiprocess
+def test_gradient_accumulation(runs: Path, reference: dict[str, torch.Tensor]) -> None:
+    params, result = _read(runs / "accumulate")
+    assert result["global_step"] == 6 and len(result["losses"]) == 12
+    _assert_close(params, reference)
+
+
+@pytest.mark.multiprocess
+def test_hybrid_shard_on_a_2x2_mesh(tmp_path: Path) -> None:
+    reference, _, _ = reference_run(batch_size=32)
+    args = ["--devices", "4", "--sharding", "HYBRID_SHARD", "--mesh", "2,2", "--fsdp2"]
+    check_ok(run_script("train_fsdp.py", "--out", str(tmp_path), *args, timeout=240))
+    _assert_close(_read(tmp_path)[0], reference)
+
+
+# ------------------------------------------------------------------------ configuration errors
+def test_registered_names() -> None:
+    assert STRATEGY_REGISTRY.get("fsdp2").__class__ is FSDP2Strategy  # type: ignore[attr-defined]
+    offload = STRATEGY_REGISTRY.get("fsdp2_cpu_offload")
+    assert isinstance(offload, FSDP2Strategy) and offload.offloads_params
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"sharding_strategy": "HYBRID_SHARD_ZERO2"}, MisconfigurationError, "'HYBRID_SHARD_ZERO2' is not a sharding strategy of FSDP2. Use one of 'FULL_SHARD'"),
+        ({"sharding_strategy": 0}, MisconfigurationError, "must be a positive int"),
+        ({"mixed_precision": "bf16"}, TypeError, "must be a torch.distributed.fsdp.MixedPrecisionPolicy, got str"),
+        ({"cpu_offload": "yes"}, TypeError, "cannot be used with FSDP2: pass True, False"),
+        ({"use_orig_params": False}, MisconfigurationError, "use_orig_params is an FSDP1 option"),
+        ({"mesh": None}, MisconfigurationError, "mesh is set by FSDP2Strategy itself"),
+        ({"async_save": True}, MisconfigurationError, "async_save=True writes sharded checkpoints in the background, but state_dict_type='full'"),
+        ({"auto_wrap_policy": 3}, TypeError, "auto_wrap_policy"),
+    ],
+)
+def test_bad_options_are_refused(kwargs: dict, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        FSDP2Strategy(**kwargs)
+
+
+def test_fsdp1_mixed_precision_is_refused_with_the_fsdp2_type() -> None:
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    with pytest.raises(TypeError, match=r"FSDP1's torch\.distributed\.fsdp\.MixedPrecision; FSDP2 takes"):
+        FSDP2Strategy(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    assert FSDP2Strategy(mixed_precision=policy).mixed_precision is policy
+
+
+def test_plan_is_printed_as_for_fsdp1() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+    model = nn.Sequential(Block(), Block(), nn.Linear(8, 2))
+    plan = FSDP2Strategy(auto_wrap_policy={Block}).plan(model, world_size=4)
+    assert [u.name for u in plan.units] == ["", "0", "1"]
+    assert plan.shard_size == 4
+    assert "FULL_SHARD" in plan.summary()
