@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
 from fullshard.checkpoint.events import set_event_hook
-from fullshard.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from fullshard.strategies import DDPStrategy, FSDP2Strategy, FSDPStrategy, SingleDeviceStrategy
 
 DIM = 16
 
@@ -69,6 +69,8 @@ def make_data(n: int = 96) -> TensorDataset:
 def make_strategy(name: str, fmt: str) -> Any:
     if name == "fsdp":
         return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type=fmt)
+    if name == "fsdp2":
+        return FSDP2Strategy(auto_wrap_policy={Block}, state_dict_type=fmt)
     if name == "ddp":
         return DDPStrategy(state_dict_type=fmt)
     return SingleDeviceStrategy(state_dict_type=fmt)
