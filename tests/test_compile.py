@@ -276,6 +276,7 @@ def test_single_device_inductor_matches_eager(single: Path) -> None:
         ("shard_grad_op", "eager"),
         ("manual", "eager"),  # units made with wrap() in configure_model
         ("ddp", "ddp_eager"),
+        ("fsdp2", "fsdp2_eager"),  # FSDP2: each fully_shard unit compiled in place
     ],
 )
 def test_multiprocess_matches_eager(multi: Path, name: str, reference: str) -> None:
@@ -289,7 +290,7 @@ def test_fsdp_bf16_mixed_trains_like_eager_bf16(multi: Path) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
-    "name", ["compiled", "compiled_ac", "whole", "bf16", "accumulate", "shard_grad_op", "manual", "ddp"]
+    "name", ["compiled", "compiled_ac", "whole", "bf16", "accumulate", "shard_grad_op", "manual", "ddp", "fsdp2"]
 )
 def test_no_recompiles_after_the_first_step(multi: Path, name: str) -> None:
     result = _read(multi, name)[1]

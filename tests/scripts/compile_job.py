@@ -21,7 +21,7 @@ from torch.distributed.fsdp.wrap import wrap
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
-from fullshard.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
+from fullshard.strategies import DDPStrategy, FSDP2Strategy, FSDPStrategy, SingleDeviceStrategy
 
 DIM = 16
 STEPS = 4
@@ -97,7 +97,7 @@ def strategy_for(run: dict[str, Any]) -> Any:
         return DDPStrategy()
     if run.get("strategy") == "single":
         return SingleDeviceStrategy()
-    return FSDPStrategy(
+    return (FSDP2Strategy if run.get("strategy") == "fsdp2" else FSDPStrategy)(
         auto_wrap_policy=None if run.get("whole") or run.get("manual") else {Block},
         activation_checkpointing_policy={Block} if run.get("ac") else None,
         compile=run.get("strategy_compile"),
@@ -107,7 +107,7 @@ def strategy_for(run: dict[str, Any]) -> Any:
 
 # name -> Trainer(compile=...), FSDPStrategy(compile=...) and the rest of the run's settings
 SUITES: dict[str, dict[str, dict[str, Any]]] = {
-    "multi": {  # two processes: FSDP with a unit per Block, and DDP
+    "multi": {  # two processes: FSDP (1 and 2) with a unit per Block, and DDP
         "eager": {"save": "eager.ckpt"},
         "compiled": {"compile": AOT, "save": "compiled.ckpt"},
         "compiled_ac": {"strategy_compile": AOT, "ac": True},
@@ -125,6 +125,8 @@ SUITES: dict[str, dict[str, dict[str, Any]]] = {
         "shard_grad_op": {"compile": AOT, "sharding": "SHARD_GRAD_OP"},  # units stay gathered after forward
         "ddp_eager": {"strategy": "ddp"},
         "ddp": {"strategy": "ddp", "compile": AOT},
+        "fsdp2_eager": {"strategy": "fsdp2"},
+        "fsdp2": {"strategy": "fsdp2", "compile": AOT},  # each fully_shard unit compiled in place
     },
     "single": {
         "eager": {"strategy": "single", "save": "eager.ckpt"},
