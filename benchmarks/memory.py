@@ -4,7 +4,7 @@ Run from the repository root::
 
     python benchmarks/memory.py                  # every run, then the tables
     python benchmarks/memory.py --write-docs     # also rewrite its section of docs/benchmarks.md
-    python benchmarks/memory.py --main-only      # only the main table (5 runs instead of 8)
+    python benchmarks/memory.py --main-only      # only the main table (7 runs instead of 10)
     python benchmarks/memory.py --config full_shard --out /tmp/fsdp-mem   # one run, both ranks
 
 It takes about 6 minutes on 2 idle cores and needs about 5 GB of memory.
@@ -19,7 +19,8 @@ rank writes its numbers to a JSON file in ``--out``, which the driver reads.
 Configurations (columns): ``ddp`` (``strategy="ddp"``); ``no_shard``, ``shard_grad_op``,
 ``full_shard`` (``FSDPStrategy`` with that ``sharding_strategy``, every block its own unit,
 ``empty_init=True``); ``full_shard_offload`` (FULL_SHARD with ``cpu_offload=True``, which
-changes nothing on CPU: the parameters are in host memory already). DDP builds its layers in
+changes nothing on CPU: the parameters are in host memory already); ``fsdp2_shard_grad_op`` and
+``fsdp2_full_shard`` (``FSDP2Strategy``, ``fully_shard`` per block, the same arguments). DDP builds its layers in
 ``configure_model`` too, so every configuration starts from the same point.
 
 The main table runs every configuration with fullshard's defaults; on CPU those include
@@ -66,7 +67,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
-from fullshard.strategies import FSDPStrategy
+from fullshard.strategies import FSDP2Strategy, FSDPStrategy
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -87,6 +88,7 @@ class Config:
     label: str
     sharding: str | None  # None: DDP
     cpu_offload: bool = False
+    fsdp2: bool = False  # FSDP2Strategy (fully_shard) instead of FSDPStrategy
 
 
 CONFIGS = (
@@ -95,6 +97,8 @@ CONFIGS = (
     Config("shard_grad_op", "SHARD_GRAD_OP", "SHARD_GRAD_OP"),
     Config("full_shard", "FULL_SHARD", "FULL_SHARD"),
     Config("full_shard_offload", "FULL_SHARD + CPU offload", "FULL_SHARD", cpu_offload=True),
+    Config("fsdp2_shard_grad_op", "fsdp2 SHARD_GRAD_OP", "SHARD_GRAD_OP", fsdp2=True),
+    Config("fsdp2_full_shard", "fsdp2 FULL_SHARD", "FULL_SHARD", fsdp2=True),
 )
 BY_NAME = {c.name: c for c in CONFIGS}
 
@@ -218,7 +222,7 @@ def run_worker(config: Config, variant: Variant, out_dir: Path, args: argparse.N
     if config.sharding is None:
         strategy: Any = "ddp"
     else:
-        strategy = FSDPStrategy(
+        strategy = (FSDP2Strategy if config.fsdp2 else FSDPStrategy)(
             auto_wrap_policy={Block},
             sharding_strategy=config.sharding,
             cpu_offload=config.cpu_offload,
@@ -388,7 +392,15 @@ def target_line(results: list[Result]) -> str:
     by = {r.config.name: r for r in results}
     ratio = by["full_shard"].peak_mib / by["ddp"].peak_mib
     verdict = "met" if ratio <= TARGET else "missed"
-    return f"Target, FULL_SHARD's per-rank peak at most {TARGET}x DDP's: {ratio:.2f}x, {verdict}."
+    line = f"Target, FULL_SHARD's per-rank peak at most {TARGET}x DDP's: {ratio:.2f}x, {verdict}."
+    if "fsdp2_full_shard" in by:
+        fsdp2 = by["fsdp2_full_shard"]
+        ratio2 = fsdp2.peak_mib / by["ddp"].peak_mib
+        line += (
+            f" FSDP2 (fsdp2 FULL_SHARD): {ratio2:.2f}x, {'met' if ratio2 <= TARGET else 'missed'}; "
+            f"its step time {fsdp2.step_s / by['full_shard'].step_s:.2f}x FSDP1's at the same settings."
+        )
+    return line
 
 
 def render_variants(results: Results) -> str:
