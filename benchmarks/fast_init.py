@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/fast_init.py            # both modes, then the table (under a minute)
+    python benchmarks/fast_init.py            # every mode, then the table (about a minute)
 
 The model is the Hugging Face-style language model of the fast-init tests (tests/hf_patterns.py:
 tied embeddings, a rotary buffer, norms and Conv1D without ``reset_parameters``, a model-level
@@ -14,7 +14,9 @@ the root (embeddings, tied head, final norm).
 Each process records its resident set size when ``configure_model`` starts and its peak
 resident set size (``ru_maxrss``) once ``fit(max_steps=0)`` has built and sharded the model;
 the table shows the difference for the larger of the two ranks, next to the bound
-"share + largest unit" that ``empty_init`` promises.
+"share + largest unit" that ``empty_init`` promises. Modes: ``eager`` and ``empty_init`` under
+``FSDPStrategy`` (FSDP1), ``fsdp2_eager`` and ``fsdp2_empty_init`` under ``FSDP2Strategy`` with
+the same arguments.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fullshard  # noqa: E402
-from fullshard.strategies import FSDPStrategy  # noqa: E402
+from fullshard.strategies import FSDP2Strategy, FSDPStrategy  # noqa: E402
 from hf_patterns import Block, LMModule, TinyLM, token_data  # noqa: E402
 
 VOCAB, DIM, LAYERS = 32_000, 1024, 24
+MODES = ("eager", "empty_init", "fsdp2_eager", "fsdp2_empty_init")
 
 
 def rss_mib() -> float:
@@ -62,7 +65,9 @@ def worker(mode: str, out: Path) -> None:
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy=FSDPStrategy(auto_wrap_policy={Block}, empty_init=mode == "empty_init"),
+        strategy=(FSDP2Strategy if mode.startswith("fsdp2") else FSDPStrategy)(
+            auto_wrap_policy={Block}, empty_init=mode.endswith("empty_init")
+        ),
         max_steps=0,
         logger=False,
         enable_checkpointing=False,
@@ -85,7 +90,7 @@ def worker(mode: str, out: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["eager", "empty_init"], help="one run (used by the driver)")
+    p.add_argument("--mode", choices=MODES, help="one run (used by the driver)")
     p.add_argument("--out", default="/tmp/fullshard-fast-init")
     args = p.parse_args()
     out = Path(args.out)
@@ -94,7 +99,7 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for mode in ("eager", "empty_init"):
+    for mode in MODES:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         subprocess.run([sys.executable, __file__, "--mode", mode, "--out", str(out)], check=True, env=env)
         ranks = [json.loads((out / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
