@@ -38,6 +38,7 @@ RUNS = {
     "meta_train": ["--empty-init"],
     "clip": ["--clip", "0.5"],
     "accumulate": ["--accumulate", "2", "--batch-size", "4"],
+    "frozen": ["--freeze"],  # frozen and trainable parameters in one unit (blocks.0)
 }
 
 
@@ -131,6 +132,17 @@ def test_gradient_accumulation(runs: Path, reference: dict[str, torch.Tensor]) -
     params, result = _read(runs / "accumulate")
     assert result["global_step"] == 6 and len(result["losses"]) == 12
     _assert_close(params, reference)
+
+
+@pytest.mark.multiprocess
+def test_frozen_parameters_stay_and_share_a_unit_with_trainable_ones(runs: Path) -> None:
+    params, result = _read(runs / "frozen")
+    init = initial_params()
+    assert "blocks.0" in dict(result["units"])
+    for key in ("blocks.0.fc.weight", "blocks.0.fc.bias"):
+        assert torch.equal(params[key], init[key]), key
+    for key in ("blocks.0.norm.weight", "blocks.1.fc.weight", "head.weight"):
+        assert not torch.equal(params[key], init[key]), key
 
 
 @pytest.mark.multiprocess

@@ -82,3 +82,11 @@ def test_a_single_process_checkpoint_loads_under_fsdp2_at_3(tmp_path: Path) -> N
     trainer, _ = run_single(tmp_path, fmt="sharded", max_steps=5, save=single)
     _job(tmp_path / "three", "--strategy", "fsdp2", "--devices", "3", "--format", "sharded", "--resume", str(single), "--max-steps", "5")  # fmt: skip
     assert_same_state(_final(tmp_path / "three"), full_state(trainer))
+
+
+def test_two_optimizers_resume_exactly(tmp_path: Path) -> None:
+    args = ["--strategy", "fsdp2", "--format", "sharded", "--optimizers", "2"]
+    _job(tmp_path / "straight", *args, "--max-steps", "6", "--save-every", "3", "--keep", "-1")
+    ckpt = tmp_path / "straight" / "ckpts" / "epoch=0-step=3.ckpt"
+    _job(tmp_path / "resumed", *args, "--max-steps", "6", "--resume", str(ckpt))
+    assert_same_state(_final(tmp_path / "resumed"), _final(tmp_path / "straight"))

@@ -24,7 +24,9 @@ def test_ddp_and_single_device_on_cuda(tmp_path: Path, args: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "extra", [[], ["--offload"], ["--precision", "bf16-mixed"]], ids=["plain", "offload", "bf16"]
+    "extra",
+    [[], ["--offload"], ["--precision", "bf16-mixed"], ["--fsdp2"], ["--fsdp2", "--offload"]],
+    ids=["plain", "offload", "bf16", "fsdp2", "fsdp2-offload"],
 )
 def test_fsdp_on_cuda(tmp_path: Path, extra: list[str]) -> None:
     devices = str(min(torch.cuda.device_count(), 2))

@@ -124,6 +124,7 @@ def run_options() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--registry-name", default=None)
     p.add_argument("--bad-optimizer", action="store_true", help="build the optimizer before fit")
+    p.add_argument("--freeze", action="store_true", help="freeze blocks.0.fc (its unit keeps a trainable norm)")
     return p
 
 
@@ -159,6 +160,9 @@ def train(args: argparse.Namespace, job: argparse.Namespace, out: Path) -> None:
         model.configure_optimizers = lambda: stale  # type: ignore[method-assign]
     if not args.empty_init and not args.manual_wrap:
         model.configure_model()  # eager: built in the constructor's place, same RNG draws as the reference
+    if args.freeze:
+        assert model.blocks is not None
+        model.blocks[0].fc.requires_grad_(False)
     norms: list[float] = []
 
     trainer = fullshard.Trainer(
