@@ -84,7 +84,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
 from fullshard.checkpoint.layout import crc32_of
-from fullshard.strategies import FSDPStrategy
+from fullshard.strategies import FSDP2Strategy, FSDPStrategy
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -93,6 +93,7 @@ SECTION = "## Checkpoint save and load"
 WORLD_SIZE = 2
 TARGET = 1.10  # fullshard's time at most this times the plain torch calls'
 RUN_TIMEOUT_S = 600
+FSDP2_SAVE_TARGET = 0.5  # an FSDP2 sharded save at most this times FSDP1's
 MB = 1e6
 FORMATS = ("full", "sharded")
 
@@ -158,7 +159,8 @@ class Job:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.root = Path(args.dir)
-        self.strategy = FSDPStrategy(
+        self.fsdp2 = args.strategy == "fsdp2"
+        self.strategy = (FSDP2Strategy if self.fsdp2 else FSDPStrategy)(
             auto_wrap_policy={Block},
             state_dict_type="full",
             empty_init=True,
@@ -272,10 +274,16 @@ class Job:
             "sharded_load/plain": self.plain_sharded_load,
             "sharded_load/fullshard": lambda: self.fullshard_load("sharded"),
         }
-        for operation in ("full_save", "full_load", "sharded_save", "sharded_load"):
+        # FSDP2's job: the sharded format only, against FSDP1's job (see render_fsdp2)
+        operations = ("sharded_save", "sharded_load") if self.fsdp2 else ("full_save", "full_load", "sharded_save", "sharded_load")
+        for operation in operations:
             keys = [key for key in calls if key.startswith(f"{operation}/")]
             for key in keys if index % 2 == 0 else keys[::-1]:
                 self.timed(key, calls[key])
+        if self.fsdp2:
+            self.sizes = {"fullshard/sharded": _size(self.path("fullshard", "sharded"))}
+            self.clean()
+            return
         self.measure_checksums()
         self.sizes = {
             f"{who}/{fmt}": _size(self.path(who, fmt)) for who in ("plain", "fullshard") for fmt in FORMATS
@@ -334,6 +342,7 @@ def run_worker(args: argparse.Namespace) -> None:
             "sizes": job.sizes,
             "numel": plan.total_numel,
             "cpu_mmap_threshold": job.strategy.cpu_mmap_threshold,
+            "strategy": args.strategy,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         }
@@ -363,8 +372,9 @@ def other_work() -> set[str]:
     return found
 
 
-def run_job(args: argparse.Namespace, work: Path, threshold: str) -> dict[str, Any]:
-    """Run the job with ``FSDPStrategy(cpu_mmap_threshold=...)`` as ``threshold`` says."""
+def run_job(args: argparse.Namespace, work: Path, threshold: str, strategy: str = "fsdp") -> dict[str, Any]:
+    """Run the job with ``FSDPStrategy(cpu_mmap_threshold=...)`` as ``threshold`` says (or
+    ``FSDP2Strategy``, for ``strategy="fsdp2"``)."""
     work.mkdir()
     out = work / "result.json"
     ckpts = work / "checkpoints"
@@ -380,7 +390,7 @@ def run_job(args: argparse.Namespace, work: Path, threshold: str) -> dict[str, A
     ]
     for flag in ("repeats", "depth", "width"):
         command += [f"--{flag}", str(getattr(args, flag))]
-    command += ["--cpu-mmap-threshold", threshold]
+    command += ["--cpu-mmap-threshold", threshold, "--strategy", strategy]
     # 2 processes on 2 cores: one intra-op thread each. Rank 1 inherits this environment.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     load = os.getloadavg()[0]
@@ -498,11 +508,44 @@ Where the time goes (steps timed inside the plain calls, and the checksums on th
 """
 
 
-def render_section(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
+def render_fsdp2(fsdp1: dict[str, Any], fsdp2: dict[str, Any]) -> str:
+    """FSDP2's sharded save and load against FSDP1's, same state, same allocator setting."""
+    lines = [
+        "| Operation | fsdp (s) | fsdp2 (s) | fsdp2 / fsdp | plain torch under FSDP2 (s) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    ratio = {}
+    for op, label in (("sharded_save", "Sharded save"), ("sharded_load", "Sharded load")):
+        one, two = _median(fsdp1, "times", f"{op}/fullshard"), _median(fsdp2, "times", f"{op}/fullshard")
+        ratio[op] = two / one
+        plain = _median(fsdp2, "times", f"{op}/plain")
+        lines.append(f"| {label} | {one:.2f} | {two:.2f} | {ratio[op]:.2f}x | {plain:.2f} |")
+    verdict = "met" if ratio["sharded_save"] <= FSDP2_SAVE_TARGET else "missed"
+    lines.append("")
+    lines.append(
+        f"Target, an FSDP2 sharded save at most {FSDP2_SAVE_TARGET}x FSDP1's: "
+        f"{ratio['sharded_save']:.2f}x, {verdict}."
+    )
+    return "\n".join(lines)
+
+
+def render_section(
+    args: argparse.Namespace, results: list[dict[str, Any]], fsdp2: dict[str, Any] | None = None
+) -> str:
     first = results[0]
     numel = first["numel"]
     full_mb = first["sizes"]["plain/full"] / MB
     parts = "\n".join(render_result(result) for result in results)
+    if fsdp2 is not None:
+        parts += f"""
+### FSDP2 (`strategy="fsdp2"`), {allocator(fsdp2)}
+
+The same state under `FSDP2Strategy(auto_wrap_policy={{Block}}, empty_init=True)`: FSDP2's
+sharded state dicts are each rank's `DTensor` shards, read without communication, where FSDP1
+first builds `ShardedTensor`s through collectives. Same files, same commit.
+
+{render_fsdp2(first, fsdp2)}
+"""
     return f"""{SECTION}
 
 Save and load times of fullshard's full and sharded checkpoints against the torch calls they
@@ -592,6 +635,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--write-docs", action="store_true", help=f"rewrite '{SECTION}' in docs/benchmarks.md"
     )
+    parser.add_argument("--no-fsdp2", action="store_true", help="skip the FSDP2 job")
+    parser.add_argument("--strategy", default="fsdp", choices=("fsdp", "fsdp2"), help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -607,18 +652,21 @@ def main(argv: list[str] | None = None) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="fullshard-checkpoint-", dir=args.dir) as work:
         results = [run_job(args, Path(work) / threshold, threshold) for threshold in thresholds]
+        fsdp2 = None if args.no_fsdp2 else run_job(args, Path(work) / "fsdp2", thresholds[0], "fsdp2")
     for result in results:
         print(f"\n{allocator(result)}:\n\n{render_table(result)}\n\n{target_line(result)}")
         print(f"\n{render_parts(result)}")
         print(f"\n(job {result['wall_s']:.0f} s, load average {result['load']:.2f} at the start)")
-    others = sorted({line for result in results for line in result["others"]})
+    if fsdp2 is not None:
+        print(f"\n{render_fsdp2(results[0], fsdp2)}")
+    others = sorted({line for result in [*results, *([fsdp2] if fsdp2 else [])] for line in result["others"]})
     if others:
         print("\nOther benchmarks or tests ran meanwhile; the timings are not reliable:")
         print("\n".join(f"  {line}" for line in others))
         if args.write_docs:
             sys.exit(f"Not writing {DOCS.relative_to(REPO)}: run again when the machine is idle.")
     if args.write_docs:
-        write_docs(render_section(args, results))
+        write_docs(render_section(args, results, fsdp2))
 
 
 if __name__ == "__main__":

@@ -187,6 +187,21 @@ def test_fsdp1_mixed_precision_is_refused_with_the_fsdp2_type() -> None:
     assert FSDP2Strategy(mixed_precision=policy).mixed_precision is policy
 
 
+def test_one_cpu_process_is_refused(tmp_path: Path) -> None:
+    import fullshard
+
+    with pytest.raises(MisconfigurationError, match=r"strategy='fsdp2' with a single CPU process shards nothing"):
+        fullshard.Trainer(accelerator="cpu", devices=1, strategy="fsdp2", default_root_dir=tmp_path)
+
+
+def test_mesh_that_does_not_cover_the_processes_is_refused(tmp_path: Path) -> None:
+    import fullshard
+
+    strategy = FSDP2Strategy(sharding_strategy="HYBRID_SHARD", device_mesh=(2, 2))
+    with pytest.raises(MisconfigurationError, match=r"device_mesh=\(2, 2\) covers 4 processes, but the job has 2"):
+        fullshard.Trainer(accelerator="cpu", devices=2, strategy=strategy, default_root_dir=tmp_path)
+
+
 def test_plan_is_printed_as_for_fsdp1() -> None:
     class Block(nn.Module):
         def __init__(self) -> None:

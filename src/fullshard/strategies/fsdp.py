@@ -276,8 +276,8 @@ class FSDPStrategy(ParallelStrategy):
         super().configure(**kwargs)
         if self.world_size == 1 and self.root_device.type == "cpu":
             raise MisconfigurationError(
-                "strategy='fsdp' with a single CPU process shards nothing. Use devices=2 or more (each "
-                "a CPU process), or strategy='single_device' for one process."
+                f"strategy={self.strategy_name!r} with a single CPU process shards nothing. Use devices=2 or "
+                "more (each a CPU process), or strategy='single_device' for one process."
             )
         if (
             self.is_hybrid
