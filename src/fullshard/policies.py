@@ -13,6 +13,7 @@ A policy may be given in any of these forms (for ``auto_wrap_policy`` and
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,15 +25,16 @@ from torch import nn
 from fullshard.errors import MisconfigurationError
 
 
-def _torch_policy_class() -> type:
-    """The base class of torch's policy objects (``torch.distributed.fsdp.wrap._Policy``).
+def _is_torch_policy(value: Any) -> bool:
+    """Whether ``value`` is one of torch's policy objects (``torch.distributed.fsdp.wrap._Policy``).
 
-    Private in torch but the only common base of ModuleWrapPolicy, CustomPolicy, ...; imported
-    lazily because ``torch.distributed.fsdp`` is slow to import.
+    ``_Policy`` is private in torch but the only common base of ModuleWrapPolicy, CustomPolicy,
+    ... . ``torch.distributed.fsdp`` is slow to import and strategies are built before the
+    processes start (see [Note: torch's FSDP imported after launch] in strategies/fsdp.py): a
+    policy object exists only if its module was imported, so nothing is imported here.
     """
-    from torch.distributed.fsdp.wrap import _Policy
-
-    return _Policy
+    wrap = sys.modules.get("torch.distributed.fsdp.wrap")
+    return wrap is not None and isinstance(value, wrap._Policy)
 
 
 PolicyInput = Any  # see the module docstring for the accepted forms
@@ -61,7 +63,7 @@ class Policy:
         root_kwargs: dict[str, Any] = {}
         if self.classes:
             return [m for m in model.modules() if m is not model and isinstance(m, tuple(self.classes))]
-        if isinstance(self.policy, _torch_policy_class()):
+        if _is_torch_policy(self.policy):
             # ``_run_policy`` is how FSDP itself asks a policy object for its modules (private API,
             # the only way to evaluate a CustomPolicy/ModuleWrapPolicy without wrapping).
             chosen = self.policy._run_policy(model, set(), root_kwargs)  # type: ignore[attr-defined]
@@ -123,7 +125,7 @@ def normalize_policy(value: PolicyInput, option: str) -> Policy | None:
     """
     if value is None:
         return None
-    if isinstance(value, _torch_policy_class()):
+    if _is_torch_policy(value):
         return Policy(option, policy=value)
     if isinstance(value, type) and issubclass(value, nn.Module):
         return Policy(option, classes=frozenset({value}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import warnings
 import weakref
@@ -58,18 +59,29 @@ def _torch_fsdp() -> Any:
     return torch.distributed.fsdp
 
 
+# torch.distributed.fsdp.ShardingStrategy's names, known without importing it (see _torch_fsdp)
+SHARDING_NAMES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+
+
+def sharding_name(value: Any, accepted: tuple[str, ...] = SHARDING_NAMES, owner: str = "") -> str:
+    """``"FULL_SHARD"`` (any case) or a torch ``ShardingStrategy`` -> its name, checked against
+    ``accepted`` without importing torch's FSDP (a user who passes the enum has imported it)."""
+    if isinstance(value, enum.Enum) and type(value).__name__ == "ShardingStrategy":
+        name: Any = value.name
+    else:
+        name = value.upper() if isinstance(value, str) else None
+    if name in accepted:
+        return str(name)
+    valid = ", ".join(repr(n) for n in accepted if not n.startswith("_"))
+    raise MisconfigurationError(
+        f"sharding_strategy={value!r} is not a sharding strategy{owner}. Use one of {valid} (any case), "
+        "or a torch.distributed.fsdp.ShardingStrategy of those names."
+    )
+
+
 def parse_sharding_strategy(value: Any) -> ShardingStrategy:
     """``"FULL_SHARD"`` (any case) or the torch enum -> the torch enum."""
-    sharding = _torch_fsdp().ShardingStrategy
-    if isinstance(value, sharding):
-        return value  # type: ignore[no-any-return]
-    if isinstance(value, str) and value.upper() in sharding.__members__:
-        return sharding[value.upper()]  # type: ignore[no-any-return]
-    valid = ", ".join(repr(n) for n in sharding.__members__ if not n.startswith("_"))
-    raise MisconfigurationError(
-        f"sharding_strategy={value!r} is not a sharding strategy. Use one of {valid} (any case), "
-        "or a torch.distributed.fsdp.ShardingStrategy."
-    )
+    return _torch_fsdp().ShardingStrategy[sharding_name(value)]  # type: ignore[no-any-return]
 
 
 def parse_cpu_offload(value: Any) -> CPUOffload:
@@ -224,18 +236,39 @@ class FSDPStrategy(ParallelStrategy):
         self._mesh: DeviceMesh | None = None
 
     def _set_sharding_options(self, sharding_strategy: Any, cpu_offload: Any, mixed_precision: Any) -> None:
-        """Check and keep the options whose accepted forms differ between FSDP1 and FSDP2."""
-        from torch.distributed.fsdp import MixedPrecision
+        """Check and keep the options whose accepted forms differ between FSDP1 and FSDP2.
 
-        self.sharding_strategy = parse_sharding_strategy(sharding_strategy)
+        [Note: torch's FSDP imported after launch]
+        The strategy is built in the user's process before the other processes start, so
+        importing torch's FSDP here (0.7 s, it pulls in DTensor) would be paid once before the
+        launch and once more in every started process, one after the other. Plain values (a
+        sharding name, a bool) are checked without it; torch objects are checked against their
+        types only when given (their owner imported them already).
+        """
+        self._sharding_name = sharding_name(sharding_strategy)
         # FSDP1's CPUOffload / MixedPrecision here; FSDP2's OffloadPolicy / MixedPrecisionPolicy there
-        self.cpu_offload: Any = parse_cpu_offload(cpu_offload)
-        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
-            raise TypeError(
-                f"mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got {type(mixed_precision).__name__}. "
-                "For the common settings pass Trainer(precision='bf16-mixed') instead."
-            )
+        self._cpu_offload: Any = (
+            bool(cpu_offload) if cpu_offload is None or isinstance(cpu_offload, bool) else parse_cpu_offload(cpu_offload)
+        )
+        if mixed_precision is not None:
+            from torch.distributed.fsdp import MixedPrecision
+
+            if not isinstance(mixed_precision, MixedPrecision):
+                raise TypeError(
+                    f"mixed_precision must be a torch.distributed.fsdp.MixedPrecision, got {type(mixed_precision).__name__}. "
+                    "For the common settings pass Trainer(precision='bf16-mixed') instead."
+                )
         self.mixed_precision: Any = mixed_precision
+
+    @property
+    def sharding_strategy(self) -> Any:
+        """The ``torch.distributed.fsdp.ShardingStrategy`` in force."""
+        return _torch_fsdp().ShardingStrategy[self._sharding_name]
+
+    @property
+    def cpu_offload(self) -> Any:
+        """The ``torch.distributed.fsdp.CPUOffload`` in force."""
+        return parse_cpu_offload(self._cpu_offload)
 
     def _check_fsdp_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The extra keyword arguments for ``FullyShardedDataParallel``, checked."""
@@ -253,7 +286,8 @@ class FSDPStrategy(ParallelStrategy):
     @property
     def offloads_params(self) -> bool:
         """Whether the sharded parameters are kept in host memory (the ``cpu_offload`` setting)."""
-        return bool(self.cpu_offload.offload_params)
+        offload = self._cpu_offload
+        return offload if isinstance(offload, bool) else bool(offload.offload_params)
 
     @classmethod
     @override
@@ -301,8 +335,7 @@ class FSDPStrategy(ParallelStrategy):
     @property
     def is_hybrid(self) -> bool:
         """True for the sharding strategies that shard within a group and replicate across groups."""
-        sharding = _torch_fsdp().ShardingStrategy
-        return self.sharding_strategy in (sharding.HYBRID_SHARD, sharding._HYBRID_SHARD_ZERO2)
+        return self._sharding_name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
     def _mesh_shape(self) -> tuple[int, int] | None:
         if isinstance(self.device_mesh, tuple):
@@ -316,7 +349,7 @@ class FSDPStrategy(ParallelStrategy):
     @property
     def shard_size(self) -> int:
         """How many processes one parameter is split over."""
-        if self.sharding_strategy.name == "NO_SHARD":
+        if self._sharding_name == "NO_SHARD":
             return 1
         shape = self._mesh_shape()
         return shape[1] if shape is not None else self.world_size
@@ -380,7 +413,7 @@ class FSDPStrategy(ParallelStrategy):
             if world_size is None
             else (
                 1
-                if self.sharding_strategy.name == "NO_SHARD"
+                if self._sharding_name == "NO_SHARD"
                 else (world // (self._mesh_shape() or (1, world))[0] if self.is_hybrid else world)
             )
         )
@@ -391,7 +424,7 @@ class FSDPStrategy(ParallelStrategy):
             checkpointing,
             world_size=world,
             shard_size=shard,
-            sharding_strategy=self.sharding_strategy.name,
+            sharding_strategy=self._sharding_name,
             # a configured CPU run does not offload (see _fsdp_kwargs); a plan made ahead is for the target
             cpu_offload=self.offloads_params
             and not (self.cluster_environment is not None and self.root_device.type == "cpu"),

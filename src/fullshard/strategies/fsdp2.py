@@ -31,7 +31,7 @@ from typing_extensions import override
 from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import FSDP2Precision, Precision
-from fullshard.strategies.fsdp import FSDPStrategy
+from fullshard.strategies.fsdp import FSDPStrategy, sharding_name
 from fullshard.strategies.meta_init import MetaInit, user_init_of
 
 if TYPE_CHECKING:
@@ -94,14 +94,8 @@ class FSDP2Strategy(FSDPStrategy):
     # ------------------------------------------------------------------------ configuration
     @override
     def _set_sharding_options(self, sharding_strategy: Any, cpu_offload: Any, mixed_precision: Any) -> None:
-        from torch.distributed.fsdp import (
-            CPUOffloadPolicy,
-            MixedPrecision,
-            MixedPrecisionPolicy,
-            OffloadPolicy,
-            ShardingStrategy,
-        )
-
+        # torch's FSDP is imported only to check torch objects given here, see
+        # [Note: torch's FSDP imported after launch] in fsdp.py
         self.reshard_after_forward: bool | int
         if isinstance(sharding_strategy, int) and not isinstance(sharding_strategy, bool):
             if sharding_strategy < 1:
@@ -109,38 +103,46 @@ class FSDP2Strategy(FSDPStrategy):
                     f"sharding_strategy={sharding_strategy} must be a positive int (the size of the groups "
                     f"parameters are resharded to after forward) or one of {', '.join(map(repr, FSDP2_SHARDING))}."
                 )
-            self.sharding_strategy, self.reshard_after_forward = ShardingStrategy.FULL_SHARD, sharding_strategy
+            self._sharding_name, self.reshard_after_forward = "FULL_SHARD", sharding_strategy
         else:
-            name = sharding_strategy.name if isinstance(sharding_strategy, ShardingStrategy) else sharding_strategy
-            if not isinstance(name, str) or name.upper() not in FSDP2_SHARDING:
-                raise MisconfigurationError(
-                    f"sharding_strategy={sharding_strategy!r} is not a sharding strategy of FSDP2. Use one of "
-                    f"{', '.join(map(repr, FSDP2_SHARDING))} (any case), a ShardingStrategy of those names, or "
-                    "an int (reshard after forward to groups of that many processes)."
+            self._sharding_name = sharding_name(sharding_strategy, FSDP2_SHARDING, " of FSDP2")
+            self.reshard_after_forward = self._sharding_name != "SHARD_GRAD_OP"
+        if cpu_offload is None or isinstance(cpu_offload, bool):
+            self._cpu_offload = bool(cpu_offload)
+        else:
+            from torch.distributed.fsdp import OffloadPolicy
+
+            if not isinstance(cpu_offload, OffloadPolicy):
+                raise TypeError(
+                    f"cpu_offload={cpu_offload!r} ({type(cpu_offload).__name__}) cannot be used with FSDP2: pass "
+                    "True, False, or torch.distributed.fsdp.CPUOffloadPolicy()."
                 )
-            self.sharding_strategy = ShardingStrategy[name.upper()]
-            self.reshard_after_forward = self.sharding_strategy.name != "SHARD_GRAD_OP"
-        if isinstance(cpu_offload, OffloadPolicy):
-            self.cpu_offload = cpu_offload
-        elif cpu_offload is None or isinstance(cpu_offload, bool):
-            self.cpu_offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
-        else:
-            raise TypeError(
-                f"cpu_offload={cpu_offload!r} ({type(cpu_offload).__name__}) cannot be used with FSDP2: pass "
-                "True, False, or torch.distributed.fsdp.CPUOffloadPolicy()."
-            )
-        if isinstance(mixed_precision, MixedPrecision):
-            raise TypeError(
-                "mixed_precision is FSDP1's torch.distributed.fsdp.MixedPrecision; FSDP2 takes a "
-                "torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...). Or pass "
-                "Trainer(precision='bf16-mixed') for the common setting."
-            )
-        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecisionPolicy):
-            raise TypeError(
-                f"mixed_precision must be a torch.distributed.fsdp.MixedPrecisionPolicy, got "
-                f"{type(mixed_precision).__name__}. For the common settings pass Trainer(precision='bf16-mixed')."
-            )
+            self._cpu_offload = cpu_offload
+        if mixed_precision is not None:
+            from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+            if isinstance(mixed_precision, MixedPrecision):
+                raise TypeError(
+                    "mixed_precision is FSDP1's torch.distributed.fsdp.MixedPrecision; FSDP2 takes a "
+                    "torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...). Or pass "
+                    "Trainer(precision='bf16-mixed') for the common setting."
+                )
+            if not isinstance(mixed_precision, MixedPrecisionPolicy):
+                raise TypeError(
+                    f"mixed_precision must be a torch.distributed.fsdp.MixedPrecisionPolicy, got "
+                    f"{type(mixed_precision).__name__}. For the common settings pass Trainer(precision='bf16-mixed')."
+                )
         self.mixed_precision = mixed_precision
+
+    @property
+    @override
+    def cpu_offload(self) -> Any:
+        """The ``torch.distributed.fsdp.OffloadPolicy`` each ``fully_shard`` call gets."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        if isinstance(self._cpu_offload, bool):
+            return CPUOffloadPolicy() if self._cpu_offload else OffloadPolicy()
+        return self._cpu_offload
 
     @override
     def _check_fsdp_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -160,9 +162,11 @@ class FSDP2Strategy(FSDPStrategy):
     @property
     @override
     def offloads_params(self) -> bool:
+        if isinstance(self._cpu_offload, bool):
+            return self._cpu_offload
         from torch.distributed.fsdp import CPUOffloadPolicy
 
-        return isinstance(self.cpu_offload, CPUOffloadPolicy)
+        return isinstance(self._cpu_offload, CPUOffloadPolicy)
 
     @override
     def make_precision(self, precision: Any, device_type: str) -> Precision:
@@ -171,11 +175,11 @@ class FSDP2Strategy(FSDPStrategy):
     @property
     @override
     def is_hybrid(self) -> bool:
-        return self.sharding_strategy.name == "HYBRID_SHARD"
+        return self._sharding_name == "HYBRID_SHARD"
 
     @override
     def _mesh_shape(self) -> tuple[int, int] | None:
-        if self.sharding_strategy.name == "NO_SHARD":
+        if self._sharding_name == "NO_SHARD":
             return (self.world_size, 1)  # replicate over every process, shard over none
         return super()._mesh_shape()
 
