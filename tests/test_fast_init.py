@@ -92,6 +92,18 @@ def test_uninitialised_parameters_are_named() -> None:
         _materialise(model)
 
 
+def test_pretrained_weights_under_empty_init_are_refused() -> None:
+    # transformers marks the parameters from_pretrained() loaded with _is_hf_initialized; moving
+    # them to the meta device would drop them silently (issue found trying a real HF model)
+    loaded = nn.Parameter(torch.ones(4))
+    loaded._is_hf_initialized = True  # type: ignore[attr-defined]
+    with parameters_on_meta():
+        layer = nn.Linear(4, 4)  # built afresh: fine
+        with pytest.raises(MisconfigurationError, match=r"loaded pretrained weights \(Linear\.weight.*Use empty_init=False"):
+            layer.weight = loaded
+    assert layer.weight.is_meta
+
+
 def test_meta_integer_buffer_is_refused() -> None:
     with torch.device("meta"):
         model = nn.BatchNorm1d(4)

@@ -8,6 +8,7 @@ fullshard checkpoint export PATH OUT[.safetensors] [--prefix model.] [--keep-tie
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from fullshard.errors import CheckpointError
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ModuleNotFoundError) as err:
         print(f"fullshard: error: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `fullshard checkpoint inspect X | head`: the reader left, as it may
+        # point stdout at /dev/null so that the interpreter's final flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe ended
 
 
 if __name__ == "__main__":

@@ -49,6 +49,16 @@ def parameters_on_meta() -> Iterator[None]:
     register = nn.Module.register_parameter
 
     def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and getattr(param, "_is_hf_initialized", False) and not param.is_meta:
+            # Hugging Face marks the weights from_pretrained() loaded: moving them to the meta
+            # device would drop them, and the model's init would then skip (NaN) or replace them
+            raise MisconfigurationError(
+                f"configure_model() loaded pretrained weights ({type(module).__name__}.{name}, e.g. with "
+                "from_pretrained()) under empty_init=True, which builds parameters on the meta device and "
+                "initialises them afresh: the loaded values would be lost. Use empty_init=False to start "
+                "from pretrained weights, or build the model from its config (from_config) and load the "
+                "weights with fit(ckpt_path=...)."
+            )
         register(module, name, param)
         if param is not None and not param.is_meta:
             meta = type(param)(param.to("meta"), requires_grad=param.requires_grad)
