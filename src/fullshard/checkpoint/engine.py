@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,6 +26,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
+from fullshard.checkpoint import async_save
 from fullshard.checkpoint.events import checkpoint_event
 from fullshard.checkpoint.io import (
     TIED_KEY,
@@ -116,7 +118,12 @@ def tied_parameters(module: nn.Module | None, state: Mapping[str, Any]) -> dict[
 def save(
     strategy: Strategy, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer]
 ) -> None:
-    """Write ``checkpoint`` plus the model and optimizer states to ``path`` in the strategy's format."""
+    """Write ``checkpoint`` plus the model and optimizer states to ``path`` in the strategy's format.
+
+    A save still being written in the background is waited for first (its failure raised): one
+    save at a time, and one staged copy of the state (see [Note: asynchronous commit]).
+    """
+    async_save.wait(strategy)
     path = Path(path)
     checkpoint = {**checkpoint, "optimizer_count": len(optimizers)}
     with _quiet_torch():
@@ -161,7 +168,7 @@ class _Writer(FileSystemWriter):
 def _save_sharded(
     strategy: Strategy, checkpoint: dict[str, Any], path: Path, optimizers: Sequence[Optimizer]
 ) -> None:
-    # [Note: directory commit] in layout.py
+    # [Note: directory commit] in layout.py; with async_save, [Note: asynchronous commit] in async_save.py
     if path.is_file():
         raise CheckpointError(
             f"Cannot write a sharded checkpoint to {str(path)!r}: a file (a full checkpoint?) is there. Choose "
@@ -185,43 +192,116 @@ def _save_sharded(
     # stored under keys that a reader with differently sharded state does not look for.
     checkpoint["optimizer_param_groups"] = [s["param_groups"] for s in optimizer_states]
     state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
+    record = _record_of(strategy, checkpoint, data_name)
+    rank, no_dist = strategy.global_rank, not strategy.is_distributed
+    if strategy.async_save:
+        staged, staged_bytes, meta = _stage(strategy, state, checkpoint, path)
+        del state, model_state, optimizer_states  # only the copy goes on: training may change these
+        async_save.start(
+            strategy,
+            path,
+            record.global_step,
+            staged,
+            staged_bytes,
+            write=lambda staged, group: _write_shards(staged, data, rank, group, no_dist),
+            commit=lambda files: _commit_sharded(path, record, files, lambda target: _write_bytes(meta, target)),
+        )
+        return
+    mine = _write_shards(state, data, rank, None, no_dist)
+    gathered = strategy.all_gather_object(mine)
+    files: dict[str, dict[str, int]] = {}
+    for part in gathered:
+        files.update(part)
+    _decide(
+        strategy,
+        lambda: _commit_sharded(path, record, files, lambda target: atomic_torch_save(checkpoint, target, events=False)),
+    )
+
+
+def _stage(
+    strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path
+) -> tuple[Any, int, bytes]:
+    """Copy this rank's tensors to host memory and (rank 0) pickle ``meta.pt``, for a background
+    save. A failure on any rank raises on every rank: none may go on alone into the writer's
+    collectives."""
+    staged: Any = None
+    staged_bytes, meta, problem = 0, b"", None
+    try:
+        staged, staged_bytes = async_save.stage(state)
+        if strategy.is_global_zero:
+            meta = async_save.serialize(checkpoint)
+    except CheckpointError as err:  # the same on every rank: the state's own types
+        problem = str(err)
+    except Exception as err:  # pickling (hyperparameters, callback states), memory
+        problem = (
+            f"The checkpoint to {str(path)!r} could not be copied for the background save: rank "
+            f"{strategy.global_rank}: {type(err).__name__}: {err}. Nothing was written; the checkpoint previously "
+            "at that path, if any, is intact. Every entry but the tensors is pickled: keep hyperparameters and "
+            "callback states to plain data (numbers, strings, lists, dicts), and host memory must hold a copy "
+            "of this process's shard of the model and optimizer state."
+        )
+    problems = [p for p in strategy.all_gather_object(problem) if p is not None]
+    if problems:
+        raise CheckpointError(problems[0])
+    return staged, staged_bytes, meta
+
+
+def _record_of(strategy: Strategy, checkpoint: dict[str, Any], data_name: str) -> CommitRecord:
+    """The commit record of this save, its ``files`` still to be filled in."""
+    loops = checkpoint.get("loops", {})
+    return CommitRecord(
+        data=data_name,
+        files={},
+        world_size=strategy.world_size,
+        strategy=checkpoint.get("strategy", type(strategy).__name__),
+        epoch=int(loops.get("epoch", 0)),
+        global_step=int(loops.get("global_step", 0)),
+        fullshard_version=str(checkpoint.get("fullshard_version", "")),
+    )
+
+
+def _write_shards(
+    state: dict[str, Any], data: Path, rank: int, group: Any, no_dist: bool
+) -> dict[str, dict[str, int]]:
+    """Write this rank's tensors into ``data`` with DCP (collective over ``group``, the default
+    group when None); fsync them; return their sizes and CRC-32s."""
     # DCP would fsync each file before returning; we fsync them ourselves, beside the CRC-32s
-    # (see _fsync_and_checksum). .metadata is fsynced in commit(), like meta.pt.
+    # (see _fsync_and_checksum). .metadata is fsynced in _commit_sharded, like meta.pt.
     dcp_save(
         state,
         storage_writer=_Writer(data, single_file_per_rank=True, sync_files=False),
-        no_dist=not strategy.is_distributed,
+        process_group=group,
+        no_dist=no_dist,
     )
     checkpoint_event("sharded.metadata_written")
-    mine = _fsync_and_checksum(sorted(data.glob(f"__{strategy.global_rank}_*.distcp")))
-    gathered = strategy.all_gather_object(mine)
+    return _fsync_and_checksum(sorted(data.glob(f"__{rank}_*.distcp")))
 
-    def commit() -> None:
-        atomic_torch_save(checkpoint, data / META_NAME, events=False)
-        files: dict[str, dict[str, int]] = {}
-        for part in gathered:
-            files.update(part)
-        for name in (".metadata", META_NAME):
-            fsync_file(data / name)
-            files[name] = {"size": (data / name).stat().st_size, "crc32": crc32_of(data / name)}
-        fsync_file(data)
-        loops = checkpoint.get("loops", {})
-        record = CommitRecord(
-            data=data_name,
-            files=files,
-            world_size=strategy.world_size,
-            strategy=checkpoint.get("strategy", type(strategy).__name__),
-            epoch=int(loops.get("epoch", 0)),
-            global_step=int(loops.get("global_step", 0)),
-            fullshard_version=str(checkpoint.get("fullshard_version", "")),
-        )
-        atomic_write_text(record.to_json(), path / RECORD_NAME, before_rename="sharded.before_commit")
-        checkpoint_event("sharded.after_commit")
-        for old in leftover_data_dirs(path, keep=data_name):
-            _rmtree(old)
-        remove_file_leftovers(path, RECORD_NAME)
 
-    _decide(strategy, commit)
+def _commit_sharded(
+    path: Path, record: CommitRecord, files: dict[str, dict[str, int]], write_meta: Callable[[Path], None]
+) -> None:
+    """On rank 0, once every rank's tensor files are written and fsynced (``files``): write
+    ``meta.pt``, fsync what is not yet, and rename the commit record into place."""
+    data = path / record.data
+    write_meta(data / META_NAME)
+    files = dict(files)
+    for name in (".metadata", META_NAME):
+        fsync_file(data / name)
+        files[name] = {"size": (data / name).stat().st_size, "crc32": crc32_of(data / name)}
+    fsync_file(data)
+    record = dataclasses.replace(record, files=files)
+    atomic_write_text(record.to_json(), path / RECORD_NAME, before_rename="sharded.before_commit")
+    checkpoint_event("sharded.after_commit")
+    for old in leftover_data_dirs(path, keep=record.data):
+        _rmtree(old)
+    remove_file_leftovers(path, RECORD_NAME)
+
+
+def _write_bytes(data: bytes, target: Path) -> None:
+    """Write ``data`` to a file of a data directory no commit record names yet (nothing to
+    replace atomically); _commit_sharded fsyncs it."""
+    with open(target, "wb") as f:
+        f.write(data)
 
 
 def _fsync_and_checksum(files: Sequence[Path]) -> dict[str, dict[str, int]]:
@@ -231,14 +311,25 @@ def _fsync_and_checksum(files: Sequence[Path]) -> dict[str, dict[str, int]]:
     reads the page cache, so together they take about as long as the slower of the two.
     """
 
-    def sync() -> None:
-        for file in files:
-            fsync_file(file)
+    errors: list[OSError] = []
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        synced = pool.submit(sync)
+    def sync() -> None:
+        try:
+            for file in files:
+                fsync_file(file)
+        except OSError as err:
+            errors.append(err)
+
+    # a plain thread, not a ThreadPoolExecutor: a background save may still be here while the
+    # process exits, when concurrent.futures refuses new work (see _wait_at_exit in async_save.py)
+    syncing = threading.Thread(target=sync, name="fullshard-fsync", daemon=True)
+    syncing.start()
+    try:
         sums = {file.name: {"size": file.stat().st_size, "crc32": crc32_of(file)} for file in files}
-        synced.result()  # raises the fsync's error, if any
+    finally:
+        syncing.join()
+    if errors:
+        raise errors[0]  # the fsync's error fails the save
     return sums
 
 
@@ -262,6 +353,7 @@ def load(
     Nothing is changed unless the checkpoint is complete, fits the model, and ``check(meta)``
     (the host's own checks, e.g. the number of schedulers) passes.
     """
+    async_save.wait(strategy)  # the checkpoint to load may be the one being written
     path = Path(path)
     fmt = _decide(strategy, lambda: detect_format(path))
     n_optimizers = 0 if weights_only else len(optimizers)

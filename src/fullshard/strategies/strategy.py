@@ -11,7 +11,8 @@
    :meth:`optimizer_step`, and :meth:`no_backward_sync` for gradient accumulation.
 6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce`, :meth:`all_gather_object`.
 7. Checkpoints: :meth:`save_checkpoint`, :meth:`load_checkpoint`, and the model / optimizer
-   state helpers.
+   state helpers; with background saves, :meth:`wait_for_checkpoint` (end of ``fit``) and
+   :attr:`pending_checkpoint` (each optimizer step).
 8. :meth:`teardown`.
 
 A strategy knows nothing of loops or callbacks, so another host can drive it the same way.
@@ -36,6 +37,7 @@ from fullshard.precision import Precision
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
+    from fullshard.checkpoint.async_save import PendingSave
     from fullshard.launch import ClusterEnvironment, Launcher
     from fullshard.strategies.registry import StrategyRegistry
 
@@ -93,6 +95,12 @@ class Strategy:
     """Base class of every strategy: where a model runs and how its training step is carried out."""
 
     strategy_name: ClassVar[str] = ""
+    #: Write sharded checkpoints in the background (set by the strategies that can:
+    #: ``FSDP2Strategy(async_save=True)``; see fullshard.checkpoint.async_save).
+    async_save: bool = False
+    #: The checkpoint being written in the background, from the save that started it until the
+    #: next save, load or the end of ``fit`` waited for it; None otherwise. The same on every rank.
+    pending_checkpoint: PendingSave | None = None
 
     def __init__(self, *, state_dict_type: str = "full") -> None:
         if state_dict_type not in STATE_DICT_TYPES:
@@ -422,7 +430,9 @@ class Strategy:
         """Write ``checkpoint`` with the model's and ``optimizers``' states to ``path`` (collective).
 
         The format follows :attr:`state_dict_type`: ``"full"`` writes one file from rank 0,
-        ``"sharded"`` one directory with a file per rank; both commit atomically.
+        ``"sharded"`` one directory with a file per rank; both commit atomically. With
+        :attr:`async_save` it returns once the state is copied to host memory, and the files are
+        written and committed in the background (see :meth:`wait_for_checkpoint`).
         """
         from fullshard.checkpoint import engine
 
@@ -442,6 +452,28 @@ class Strategy:
         from fullshard.checkpoint import engine
 
         return engine.load(self, path, optimizers, weights_only=weights_only, check=check)
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until the checkpoint being written in the background (``async_save``), if any, is
+        committed (collective: every rank calls it at the same point).
+
+        Raises:
+            CheckpointError: on every rank, when that save failed and no optimizer step reported
+                it yet. The checkpoint previously at its path is intact.
+        """
+        if self.pending_checkpoint is not None:
+            from fullshard.checkpoint import async_save
+
+            async_save.wait(self)
+
+    def after_checkpoint_commit(self, action: Callable[[], None]) -> bool:
+        """Run ``action`` on this rank once the checkpoint being written in the background is
+        committed, and return True; return False (and do nothing) when none is being written.
+        ``action`` is dropped when that save fails. The answer is the same on every rank."""
+        if self.pending_checkpoint is None:
+            return False
+        self.pending_checkpoint.after_commit(action)
+        return True
 
     def on_exception(self, exception: BaseException) -> None:
         """Called by the host when a run fails in this process, before the error propagates."""

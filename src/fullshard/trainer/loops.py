@@ -8,7 +8,10 @@ first micro-batch of an accumulation window ``on_before_zero_grad`` and ``zero_g
 step metrics to the loggers, and validation when due.
 
 The hot path (one micro-batch) stays lean: hook dispatch goes only to callbacks and module
-methods that override a hook (see ``Trainer._hooks``), so idle hooks cost nothing per step.
+methods that override a hook (see ``Trainer._hooks``), so idle hooks cost nothing per step. A
+checkpoint written in the background (``async_save``) costs an attribute read per optimizer step;
+its failure is raised there, at a step every rank agrees on ([Note: failures surface at the same
+step on every rank] in fullshard.checkpoint.async_save).
 """
 
 from __future__ import annotations
@@ -148,6 +151,8 @@ def run_train_epoch(trainer: Trainer) -> None:
         trainer._total_batch_idx += 1
         if boundary and loss is not None:
             _optimizer_step(trainer)
+            if strategy.pending_checkpoint is not None:  # a checkpoint being written in the background
+                strategy.pending_checkpoint.step_boundary(trainer.global_step)  # raises if it failed
         if batch_end:
             outputs = _batch_outputs(output, loss)
             for hook in batch_end:

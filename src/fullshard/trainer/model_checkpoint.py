@@ -18,7 +18,10 @@ there, else at the next trigger that finds the metric.
 ``trainer.save_checkpoint`` commits a checkpoint atomically. A checkpoint that falls out of the
 top ``k`` (or an older ``last``) is deleted only after every checkpoint of the same save event,
 ``last`` included, has been committed, so an interrupted save never leaves fewer complete
-checkpoints than before. Paths still referenced (best, top ``k``, last) are never deleted.
+checkpoints than before. Paths still referenced (best, top ``k``, last) are never deleted. With
+``FSDP2Strategy(async_save=True)`` the event's last save is still being written when the event
+ends: rank 0 deletes once it is committed (the strategy's ``after_checkpoint_commit``), and never
+if it fails.
 """
 
 from __future__ import annotations
@@ -532,9 +535,16 @@ class ModelCheckpoint(Callback):
         }
         doomed = [p for p in dict.fromkeys(self._to_remove) if p not in live]
         self._to_remove = []
-        if trainer.is_global_zero:
-            for path in doomed:
-                _remove_path(path)
+
+        def remove() -> None:
+            if trainer.is_global_zero:
+                for path in doomed:
+                    _remove_path(path)
+
+        # a save written in the background (async_save) is committed later: delete then, not now
+        if trainer.strategy.after_checkpoint_commit(remove):
+            return
+        remove()
         trainer.strategy.barrier("model_checkpoint_remove")
 
     # ------------------------------------------------------------------------------------ names

@@ -1,0 +1,388 @@
+"""Sharded checkpoints written in the background: ``FSDP2Strategy(async_save=True)``.
+
+A sharded save (``fullshard.checkpoint.engine``, on every rank at the same point of the program)
+copies this rank's shards of the model and optimizer state into host memory (:func:`stage`) and
+pickles ``meta.pt`` (:func:`serialize`); :func:`start` hands them to a thread of this process and
+returns, and training goes on while the thread writes. :func:`wait` blocks until that thread is
+done: every save and load calls it first, the Trainer at the end of ``fit`` and when ``fit``
+fails, and an ``atexit`` function when the process exits. While a save is pending, the Trainer
+calls :meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and read,
+unless the save has failed.
+
+[Note: asynchronous commit]
+The background thread of every rank runs the steps of a synchronous sharded save (see
+[Note: directory commit] in layout.py), on a gloo process group of its own (:func:`_group_for`) so
+that its collectives never interleave with the training collectives of the default group:
+
+1. write this rank's shards with ``torch.distributed.checkpoint`` into the save's fresh
+   ``data-<id>`` directory (rank 0 also writes ``.metadata``), fsync them and take their sizes
+   and CRC-32s;
+2. exchange with every rank what it wrote, or why it failed (one ``all_gather_object``);
+3. if every rank succeeded, rank 0 writes ``meta.pt`` (pickled by the main thread when the save
+   was called), fsyncs it and ``.metadata``, and renames the commit record into place; it then
+   tells every rank whether that worked (one broadcast).
+
+The commit record is renamed only after every rank's files are on disk, so a process killed at
+any moment (any rank) leaves the record naming the previous save's directory: the previous
+checkpoint loads and the partial directory is invisible, removed by the next save to the path.
+Every rank knows the outcome after step 3.
+
+[Note: failures surface at the same step on every rank]
+A failure must be raised on every rank at the same point, or the ranks that raise leave the
+others waiting in the next collective. The threads know the outcome at about the same time, but
+each main thread looks at it at its own next optimizer step, and the ranks can be a step apart.
+So a failed save is reported at a step the ranks agree on:
+
+- the thread sets ``_hold`` and only then reads ``_step``, the last optimizer step its main
+  thread reached (:meth:`PendingSave.step_boundary` writes it before reading ``_hold``);
+- the threads all-gather those steps and choose ``T = max + 1``: a main thread that already saw
+  ``_hold`` was read at its current step or the one before, one that did not has gone no
+  further than the step read, so no rank is past ``T``;
+- a main thread that sees ``_hold`` waits (for the one exchange) for ``T`` and raises at step
+  ``T``. It cannot wait long: the exchange needs only the threads, not the main threads.
+
+A run that ends before step ``T`` raises at the end of ``fit`` (or the next save) instead, which
+every rank reaches too. When the exchange itself fails (a peer died) there is nothing to agree
+with, and each rank raises at its next step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import io
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fullshard.checkpoint.events import checkpoint_event
+from fullshard.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from fullshard.strategies.strategy import Strategy
+
+Files = dict[str, dict[str, int]]  # file name -> {"size", "crc32"}
+Write = Callable[[Any, Any], Files]  # (staged state, process group or None) -> this rank's files
+Commit = Callable[[Files], None]  # every rank's files -> writes meta.pt and the commit record (rank 0)
+
+# The background process group of each strategy: created once, by every rank, at its first save.
+_GROUPS: weakref.WeakKeyDictionary[Strategy, Any] = weakref.WeakKeyDictionary()
+# Saves whose thread is running or whose outcome no main thread has taken yet (atexit waits for them).
+_UNFINISHED: set[PendingSave] = set()
+_atexit_registered = False
+
+
+# -------------------------------------------------------------------------------------- staging
+def stage(state: Any, where: str = "state") -> tuple[Any, int]:
+    """A copy of ``state`` in host memory that training cannot change, and the bytes it holds.
+
+    Every tensor is copied (a ``DTensor``: its local shard, wrapped again with the same mesh and
+    placements so that ``torch.distributed.checkpoint`` records the same global layout); dicts,
+    lists and tuples are rebuilt; other values are deep-copied (optimizer steps kept as numbers).
+
+    Raises:
+        CheckpointError: a tensor of another type (FSDP1's ``ShardedTensor``), which cannot be
+            copied shard by shard without communication.
+    """
+    from torch.distributed.tensor import DTensor
+
+    nbytes = 0
+
+    def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal nbytes
+        staged = tensor.detach().to("cpu", copy=True)
+        nbytes += staged.untyped_storage().nbytes()
+        return staged
+
+    def visit(value: Any, key: str) -> Any:
+        if isinstance(value, DTensor):
+            local = host_copy(value.to_local())
+            return DTensor.from_local(
+                local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+            )
+        if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                raise CheckpointError(
+                    f"async_save=True cannot copy {key} ({type(value).__name__}) to host memory for a background "
+                    "save: it accepts plain tensors and DTensors (FSDP2Strategy's state). Save this model with "
+                    "async_save=False (FSDPStrategy, FSDP1, always saves synchronously), or train it with "
+                    "FSDP2Strategy(state_dict_type='sharded', async_save=True)."
+                )
+            return host_copy(value)
+        if isinstance(value, dict):
+            return {k: visit(v, f"{key}.{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            items = [visit(v, f"{key}[{i}]") for i, v in enumerate(value)]
+            return items if isinstance(value, list) else tuple(items)
+        return copy.deepcopy(value)
+
+    with torch.no_grad():
+        staged = visit(state, where)
+    return staged, nbytes
+
+
+def serialize(obj: Any) -> bytes:
+    """``torch.save(obj)`` into memory: the state as it is now, whatever training changes next."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------ the save itself
+class PendingSave:
+    """One checkpoint being written by a thread of this process (see [Note: asynchronous commit])."""
+
+    def __init__(
+        self,
+        path: Path,
+        step: int,
+        state: Any,
+        staged_bytes: int,
+        write: Write,
+        commit: Commit,
+        group: Any,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.path = path
+        self.staged_bytes = staged_bytes  # this rank's host copy, until the files are written
+        self._state: Any = state
+        self._write = write
+        self._commit = commit
+        self._group = group
+        self._rank = rank
+        self._world_size = world_size
+        self._save_step = step
+        # [Note: failures surface at the same step on every rank]
+        self._step = step  # the last optimizer step the main thread reached (written by it)
+        self._hold = False  # set by the thread when the save failed, before it reads _step
+        self._raise_at = 0  # the step at which the main thread raises the failure
+        self._peers_reachable = True  # False once a collective of the thread failed
+        self._decided = threading.Event()
+        self._failure: str | None = None  # the causes, once known; None when committed
+        self._reported = False
+        self._lock = threading.Lock()
+        self._finished = False
+        self._after_commit: list[Callable[[], None]] = []
+        self._thread = threading.Thread(target=self._run, name="fullshard-async-save", daemon=True)
+
+    # -------------------------------------------------------------------- main thread
+    def step_boundary(self, step: int) -> None:
+        """Called by the host after each optimizer step (``step``: the steps taken). Raises the
+        save's failure at the step every rank agreed on."""
+        self._step = step
+        if self._hold:
+            self._decided.wait()  # the threads are exchanging their steps: one small collective
+            if step >= self._raise_at and not self._reported:
+                self._reported = True
+                raise self._error(f" (Raised on every process at global step {step}.)")
+
+    def join(self) -> None:
+        """Wait until the thread is done (the checkpoint committed, or the save failed)."""
+        self._thread.join()
+
+    def raise_if_failed(self) -> None:
+        """Raise the failure, once, if no step boundary raised it yet."""
+        _UNFINISHED.discard(self)
+        if self._failure is not None and not self._reported:
+            self._reported = True
+            raise self._error("")
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the checkpoint is committed (now, if it is); never if the save fails."""
+        with self._lock:
+            if not self._finished:
+                self._after_commit.append(action)
+                return
+        if self._failure is None:
+            _run_action(action)
+
+    def _error(self, when: str) -> CheckpointError:
+        return CheckpointError(
+            f"The checkpoint written in the background to {str(self.path)!r} at global step {self._save_step} "
+            f"failed: {self._failure}. Nothing of it was committed: the checkpoint previously at that path, if "
+            f"any, is intact and loads.{when} Fix the cause (free disk space, check the path's permissions) and "
+            "save again; the next save to this path removes the partial files."
+        )
+
+    # ------------------------------------------------------------- background thread
+    def _run(self) -> None:
+        try:
+            causes = self._write_and_commit()
+        except BaseException as err:  # a bug here must still release the main thread
+            causes = [_cause(err, self._rank)]
+        self._failure = "; ".join(causes) if causes else None
+        self._write = self._commit = _spent  # drop what they hold (the pickled meta.pt) with the save
+        if causes:
+            self._agree_on_step()
+        with self._lock:
+            self._finished = True
+            actions, self._after_commit = self._after_commit, []
+        if not causes:
+            for action in actions:
+                _run_action(action)
+        checkpoint_event("async.finished")
+
+    def _write_and_commit(self) -> list[str]:
+        files: Files = {}
+        causes: list[str] = []
+        try:
+            checkpoint_event("async.writing")  # nothing read from the staged copy yet
+            files = self._write(self._state, self._group)
+        except BaseException as err:  # DCP's CheckpointException is a BaseException
+            causes = _causes(err, self._rank)
+        finally:
+            self._state = None  # the files hold it now, or the save failed: free the host copy
+        checkpoint_event("async.written")
+        try:
+            reports = self._all_gather((files, causes))
+        except Exception as err:  # a peer died or timed out: there is nobody to agree with
+            self._peers_reachable = False
+            return [*causes, _cause(err, self._rank, "while exchanging results")]
+        causes = list(dict.fromkeys(c for _, rank_causes in reports for c in rank_causes))
+        if causes:
+            return causes
+        commit_causes: list[str] = []
+        if self._rank == 0:
+            try:
+                every_file: Files = {}
+                for rank_files, _ in reports:
+                    every_file.update(rank_files)
+                self._commit(every_file)
+            except BaseException as err:
+                commit_causes = _causes(err, 0)
+        try:
+            committed: list[str] = self._broadcast(commit_causes)
+            return committed
+        except Exception as err:
+            self._peers_reachable = False
+            return [_cause(err, self._rank, "while learning whether rank 0 committed")]
+
+    def _agree_on_step(self) -> None:
+        # [Note: failures surface at the same step on every rank]: _hold before reading _step
+        self._hold = True
+        try:
+            if self._peers_reachable:  # else raise at the next step: there is nobody to agree with
+                self._raise_at = max(self._all_gather(self._step)) + 1
+        except Exception:
+            self._raise_at = 0
+        finally:
+            self._decided.set()
+
+    def _all_gather(self, obj: Any) -> list[Any]:
+        if self._group is None:
+            return [obj]
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self._world_size
+        dist.all_gather_object(gathered, obj, group=self._group)
+        return gathered
+
+    def _broadcast(self, obj: Any) -> Any:
+        if self._group is None:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self._group)
+        return box[0]
+
+
+def _spent(*args: Any) -> Any:
+    raise RuntimeError("a background save writes and commits once")
+
+
+def _run_action(action: Callable[[], None]) -> None:
+    """Run an after-commit action (ModelCheckpoint deleting what the new checkpoint replaces): its
+    failure leaves a file behind, not a training run to stop, so it is a warning."""
+    try:
+        action()
+    except Exception as err:
+        warnings.warn(f"After committing a checkpoint, {action!r} failed: {err}", stacklevel=2)
+
+
+def _cause(err: BaseException, rank: int, context: str = "") -> str:
+    where = f"rank {rank}" + (f" {context}" if context else "")
+    return f"{where}: {type(err).__name__}: {err}"
+
+
+def _causes(err: BaseException, rank: int) -> list[str]:
+    """One line per rank that failed; DCP gathers its ranks' exceptions into one."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException):
+        return [_cause(exc, failed_rank) for failed_rank, (exc, _) in sorted(err.failures.items())]
+    return [_cause(err, rank)]
+
+
+# ----------------------------------------------------------------------- called by the engine
+def _group_for(strategy: Strategy) -> Any:
+    """The strategy's own gloo group for background collectives (None with one process)."""
+    import torch.distributed as dist
+
+    if not strategy.is_distributed or not dist.is_initialized():
+        return None
+    if strategy not in _GROUPS:
+        # a collective of the default group: every rank makes its first async save at the same point
+        timeout = getattr(strategy, "timeout", None)
+        _GROUPS[strategy] = dist.new_group(backend="gloo", timeout=timeout)
+    return _GROUPS[strategy]
+
+
+def start(
+    strategy: Strategy, path: Path, step: int, state: Any, staged_bytes: int, write: Write, commit: Commit
+) -> PendingSave:
+    """Hand the staged ``state`` to a background thread that writes and commits it; return at once.
+
+    The caller has waited for the previous save (:func:`wait`), so one staged copy exists at a time.
+    """
+    global _atexit_registered
+    pending = PendingSave(
+        path, step, state, staged_bytes, write, commit, _group_for(strategy), strategy.global_rank, strategy.world_size
+    )
+    if not _atexit_registered:
+        # registered after the process group's teardown, so it runs before it (atexit is LIFO)
+        atexit.register(_wait_at_exit)
+        _atexit_registered = True
+    _UNFINISHED.add(pending)
+    strategy.pending_checkpoint = pending
+    checkpoint_event("async.staged")
+    pending._thread.start()
+    return pending
+
+
+def wait(strategy: Strategy) -> None:
+    """Wait for the strategy's checkpoint being written in the background, if any; raise its
+    failure (:class:`~fullshard.errors.CheckpointError`) unless a step boundary did already.
+
+    Every rank calls it at the same point (a save, a load, the end of ``fit``), and every rank
+    knows the outcome, so every rank raises or none does.
+    """
+    pending = strategy.pending_checkpoint
+    if pending is None:
+        return
+    pending.join()
+    strategy.pending_checkpoint = None
+    pending.raise_if_failed()
+
+
+def _wait_at_exit() -> None:
+    """Let the saves still running finish before the process exits; report the failures no
+    main thread took (an exception raised here would not change the exit status)."""
+    for pending in list(_UNFINISHED):
+        pending.join()
+        try:
+            pending.raise_if_failed()
+        except CheckpointError as err:
+            print(f"fullshard: {err}", file=sys.stderr, flush=True)
+
+
+def unfinished() -> Sequence[PendingSave]:
+    """The saves of this process whose outcome no main thread has taken yet (for tests)."""
+    return list(_UNFINISHED)
