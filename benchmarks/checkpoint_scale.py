@@ -1,0 +1,307 @@
+"""How sharded checkpoints scale with the number of processes, at a fixed total state.
+
+Run from the repository root::
+
+    python benchmarks/checkpoint_scale.py                      # 2, 4, 8, 16 processes, fsdp and fsdp2
+    python benchmarks/checkpoint_scale.py --processes 2 4 --strategies fsdp2 --repeats 2
+    python benchmarks/checkpoint_scale.py --write-docs         # also rewrite its docs section
+
+Every job trains the same model (``--blocks`` blocks of ``Linear(--width, --width)``: by default
+96 blocks of 640 x 640, 39.4M parameters in 192 tensors, 158 MB, plus AdamW's two moments:
+473 MB of state in 576 tensors) for one step in N CPU processes (gloo, one thread each) under
+``FSDPStrategy`` or ``FSDP2Strategy(auto_wrap_policy={Block}, empty_init=True)``, then saves
+and loads a sharded checkpoint ``--repeats`` times. On a 2-core machine N processes share two
+cores, so the absolute times at 8 and 16 processes include waiting for a core; what the table is
+for is how each phase grows, and which ones grow with the number of processes at all.
+
+Phases of a save, timed on every rank from save-point hooks (rank 0's times and the slowest
+rank's are shown):
+
+state
+    ``get_state``: the sharded state dicts (FSDP1 builds ShardedTensors through collectives;
+    FSDP2 reads its DTensor shards).
+plan
+    DCP's planning: each rank's local plan, gathered on rank 0, the global plan scattered back
+    (grows with ranks x tensors).
+write
+    this rank's ``.distcp`` file written (grows with the bytes per rank).
+finish
+    DCP's finish: the write results gathered, ``.metadata`` written by rank 0.
+commit
+    fullshard's commit: every rank fsyncs and checksums its files, the checksums are gathered,
+    rank 0 writes ``meta.pt`` and the commit record.
+
+A load is timed whole and in two parts: the checks (rank 0 reads the commit record and checks
+files, sizes and shapes; every rank its share of the checksums, where loads verify) and DCP's
+load into the state dicts plus ``set_state``. ``layout.verify`` (every byte of every file, in
+one process) is timed once per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DOCS = REPO / "docs" / "benchmarks.md"
+SECTION = "## Checkpoint scale"
+SAVE_PHASES = ("state", "plan", "write", "finish", "commit")
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker: every rank of one job.
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import fullshard
+    from fullshard.checkpoint import engine
+    from fullshard.checkpoint.events import set_event_hook
+    from fullshard.checkpoint.layout import verify
+    from fullshard.strategies import FSDP2Strategy, FSDPStrategy
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(args.width, args.width, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x))
+
+    class Model(fullshard.Module):
+        def configure_model(self) -> None:
+            self.blocks = nn.Sequential(*(Block() for _ in range(args.blocks)))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.blocks(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+    strategy_class = FSDP2Strategy if args.strategy == "fsdp2" else FSDPStrategy
+    strategy = strategy_class(auto_wrap_policy={Block}, empty_init=True, state_dict_type="sharded")
+    trainer = fullshard.Trainer(
+        accelerator="cpu", devices=args.processes, strategy=strategy, max_steps=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    data = TensorDataset(torch.randn(2 * args.processes, args.width))
+    trainer.fit(Model(), DataLoader(data, batch_size=2))
+    rank = trainer.global_rank
+
+    marks: dict[str, float] = {}
+    set_event_hook(lambda point: marks.__setitem__(point, time.perf_counter()))
+    get_state, write_data, dcp_load = strategy.get_state, engine._Writer.write_data, engine.dcp_load
+
+    def timed_get_state(*a: Any, **k: Any) -> Any:
+        result = get_state(*a, **k)
+        marks["state_done"] = time.perf_counter()
+        return result
+
+    def timed_write_data(self: Any, *a: Any, **k: Any) -> Any:
+        marks["write_start"] = time.perf_counter()
+        return write_data(self, *a, **k)
+
+    def timed_dcp_load(*a: Any, **k: Any) -> Any:
+        marks["dcp_load_start"] = time.perf_counter()
+        return dcp_load(*a, **k)
+
+    strategy.get_state = timed_get_state  # type: ignore[method-assign]
+    engine._Writer.write_data = timed_write_data  # type: ignore[method-assign]
+    engine.dcp_load = timed_dcp_load
+
+    root = Path(args.dir)
+    records: list[dict[str, float]] = []
+    for repeat in range(args.repeats):
+        path = root / f"ckpt-{repeat}"
+        os.sync()
+        dist.barrier()
+        marks.clear()
+        start = time.perf_counter()
+        trainer.save_checkpoint(path)
+        end = time.perf_counter()
+        record = {
+            "save": end - start,
+            "state": marks["state_done"] - start,
+            "plan": marks["write_start"] - marks["state_done"],
+            "write": marks["sharded.data_written"] - marks["write_start"],
+            "finish": marks["sharded.metadata_written"] - marks["sharded.data_written"],
+            "commit": end - marks["sharded.metadata_written"],
+        }
+        dist.barrier()
+        record["save_all"] = time.perf_counter() - start
+        os.sync()
+        dist.barrier()
+        marks.clear()
+        start = time.perf_counter()
+        strategy.load_checkpoint(path, trainer.optimizers)
+        end = time.perf_counter()
+        record["load"] = end - start
+        record["load_checks"] = marks["dcp_load_start"] - start
+        record["load_dcp"] = end - marks["dcp_load_start"]
+        dist.barrier()
+        records.append(record)
+        if rank == 0 and repeat + 1 < args.repeats:
+            import shutil
+
+            shutil.rmtree(path)
+    gathered = [None] * trainer.world_size
+    dist.all_gather_object(gathered, records)
+    if rank == 0:
+        last = root / f"ckpt-{args.repeats - 1}"
+        start = time.perf_counter()
+        verify(last)
+        verify_s = time.perf_counter() - start
+        files = sorted(p for p in last.rglob("*") if p.is_file())
+        plan = strategy.wrap_plan
+        assert plan is not None
+        result = {
+            "processes": args.processes,
+            "strategy": args.strategy,
+            "ranks": gathered,
+            "verify": verify_s,
+            "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files),
+            "params": plan.total_numel,
+            "tensors": 3 * sum(1 for _ in trainer.strategy.module.parameters()),  # type: ignore[union-attr]
+        }
+        Path(args.out).write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver.
+
+
+def run_job(args: argparse.Namespace, processes: int, strategy: str, work: Path) -> dict[str, Any]:
+    ckpts = work / f"{strategy}-{processes}"
+    ckpts.mkdir(parents=True)
+    out = work / f"{strategy}-{processes}.json"
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out), "--dir", str(ckpts),
+        "--processes", str(processes), "--strategies", strategy, "--blocks", str(args.blocks),
+        "--width", str(args.width), "--repeats", str(args.repeats),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(
+        command, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO, capture_output=True, text=True, timeout=1800
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{strategy} at {processes} processes failed:\n{done.stdout}\n{done.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["wall_s"] = time.perf_counter() - started
+    return result
+
+
+def phase(result: dict[str, Any], key: str, how: str = "rank0") -> float:
+    """Median over the repeats of ``key`` on rank 0, or of the slowest rank (``how="max"``)."""
+    ranks = result["ranks"]
+    per_repeat = [
+        (ranks[0][i][key] if how == "rank0" else max(r[i][key] for r in ranks)) for i in range(len(ranks[0]))
+    ]
+    return statistics.median(per_repeat)
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    head = "| strategy | processes | save (s) | " + " | ".join(SAVE_PHASES) + " | load (s) | load: checks | load: DCP + set | verify (s) | files |"
+    lines = [head, "|" + " --- |" * 2 + " ---: |" * (len(SAVE_PHASES) + 6)]
+    for r in results:
+        cells = [f"{phase(r, 'save_all'):.2f}"]
+        cells += [f"{phase(r, p):.2f} / {phase(r, p, 'max'):.2f}" for p in SAVE_PHASES]
+        cells += [f"{phase(r, 'load', 'max'):.2f}", f"{phase(r, 'load_checks'):.2f}", f"{phase(r, 'load_dcp', 'max'):.2f}"]
+        cells += [f"{r['verify']:.2f}", str(r["files"])]
+        lines.append(f"| {r['strategy']} | {r['processes']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def growth(results: list[dict[str, Any]]) -> str:
+    """Each phase's time at the most processes over its time at the fewest, per strategy, next to
+    the ratio of process counts (linear growth would equal it)."""
+    lines = []
+    for strategy in dict.fromkeys(r["strategy"] for r in results):
+        runs = sorted((r for r in results if r["strategy"] == strategy), key=lambda r: r["processes"])
+        if len(runs) < 2:
+            continue
+        low, high = runs[0], runs[-1]
+        factor = high["processes"] / low["processes"]
+        parts = []
+        for key in (*SAVE_PHASES, "load_checks", "load_dcp"):
+            a, b = phase(low, key, "max"), phase(high, key, "max")
+            parts.append(f"{key} {b / a:.1f}x" if a > 0 else f"{key} -")
+        lines.append(
+            f"- {strategy}, {low['processes']} -> {high['processes']} processes ({factor:.0f}x): " + ", ".join(parts)
+        )
+    return "\n".join(lines)
+
+
+def write_docs(section: str) -> None:
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    if start is None:
+        updated = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        rest = "".join(lines[end:])
+        updated = "".join(lines[:start]) + section + ("\n" + rest if rest else "")
+    DOCS.write_text(updated)
+    print(f"updated {DOCS.relative_to(REPO)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--processes", type=int, nargs="+", default=[2, 4, 8, 16])
+    p.add_argument("--strategies", nargs="+", default=["fsdp", "fsdp2"], choices=["fsdp", "fsdp2"])
+    p.add_argument("--blocks", type=int, default=96)
+    p.add_argument("--width", type=int, default=640)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--write-docs", action="store_true")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--dir", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        args.processes, args.strategy = args.processes[0], args.strategies[0]
+        run_worker(args)
+        return
+    results = []
+    with tempfile.TemporaryDirectory(prefix="fullshard-scale-") as work:
+        for strategy in args.strategies:
+            for processes in args.processes:
+                result = run_job(args, processes, strategy, Path(work))
+                print(f"{strategy} x{processes}: save {phase(result, 'save_all'):.2f} s, load "
+                      f"{phase(result, 'load', 'max'):.2f} s ({result['wall_s']:.0f} s job)", flush=True)
+                results.append(result)
+    table, grown = render(results), growth(results)
+    first = results[0]
+    section = f"""{SECTION}
+
+Sharded save and load of one state ({first['params'] / 1e6:.1f}M parameters + AdamW: {first['tensors']} tensors,
+{first['bytes'] / 1e6:.0f} MB on disk) at several numbers of CPU processes on {os.cpu_count()} cores, medians of
+{args.repeats} repeats (`python benchmarks/checkpoint_scale.py --write-docs`; phases in its docstring).
+Each phase shows rank 0 / the slowest rank, in seconds.
+
+{table}
+
+Growth from the fewest to the most processes (slowest rank):
+
+{grown}
+"""
+    print("\n" + section)
+    if args.write_docs:
+        write_docs(section)
+
+
+if __name__ == "__main__":
+    main()
