@@ -99,6 +99,7 @@ SECTION = "## Trainer overhead"
 WORLD_SIZE = 2
 PER_STEP_TARGET = 1.03  # at most this times the loop's time per step
 START_UP_TARGET_S = 1.0  # at most this many seconds more start-up than the loop
+FSDP_START_UP_TARGET_S = 0.2  # strategy="fsdp": at most this much more than the same loop under FSDP
 RUN_TIMEOUT_S = 300
 PAIRED_WARMUP = 10  # steps of each paired segment not timed (see [Note: paired segments])
 
@@ -219,8 +220,8 @@ def _start_rank_1() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "LOCAL_RANK": "1"})
 
 
-def run_loop_worker(args: argparse.Namespace, clock: StepClock) -> None:
-    """The hand-written reference loop."""
+def run_loop_worker(args: argparse.Namespace, clock: StepClock, fsdp: bool = False) -> None:
+    """The hand-written reference loop (``fsdp``: under FullyShardedDataParallel, not DDP)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -235,7 +236,12 @@ def run_loop_worker(args: argparse.Namespace, clock: StepClock) -> None:
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     child = _start_rank_1() if rank == 0 else None
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    model = DistributedDataParallel(net)
+    if fsdp:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model: Any = FullyShardedDataParallel(net, use_orig_params=True, device_id=torch.device("cpu"))
+    else:
+        model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=work.lr)
     sampler = DistributedSampler(dataset, num_replicas=WORLD_SIZE, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=work.batch_size, sampler=sampler)
@@ -257,7 +263,9 @@ def run_loop_worker(args: argparse.Namespace, clock: StepClock) -> None:
     dist.destroy_process_group()
 
 
-def run_fullshard_worker(args: argparse.Namespace, clock: StepClock, defaults: bool) -> None:
+def run_fullshard_worker(
+    args: argparse.Namespace, clock: StepClock, defaults: bool, strategy: str = "ddp"
+) -> None:
     """``fullshard.Trainer.fit``; ``defaults`` turns the progress bar and the CSV logger on."""
     import torch
     import torch.nn.functional as F
@@ -292,7 +300,7 @@ def run_fullshard_worker(args: argparse.Namespace, clock: StepClock, defaults: b
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=WORLD_SIZE,
-        strategy="ddp",
+        strategy=strategy,
         max_steps=work.steps,
         enable_checkpointing=False,
         default_root_dir=args.root,
@@ -434,6 +442,9 @@ def _configs() -> list[Config]:
             [*here, "--worker", "fullshard-defaults"],
         ),
         Config("lightning", "Lightning 2.6.6 Trainer, logger/ckpt/bar off", lightning_command, missing),
+        # start-up of the FSDP path: torch's FSDP imported after the launch, not before
+        Config("loop-fsdp", "hand-written loop under FullyShardedDataParallel", [*here, "--worker", "loop-fsdp"]),
+        Config("fullshard-fsdp", "fullshard Trainer, strategy='fsdp', logger/ckpt/bar off", [*here, "--worker", "fullshard-fsdp"]),
     ]
 
 
@@ -764,10 +775,18 @@ def _verdict(results: Results, ratios: list[float]) -> str:
     extra = _median(results["fullshard"], "start_up") - _median(results["loop"], "start_up")
     step_ok = "ok" if ratio <= PER_STEP_TARGET else "MISSED"
     start_ok = "ok" if extra <= START_UP_TARGET_S else "MISSED"
-    return (
+    verdict = (
         f"fullshard: {ratio:.3f}x per step (target <= {PER_STEP_TARGET}x): {step_ok}; "
         f"start-up {extra:+.2f} s (target <= +{START_UP_TARGET_S:.0f} s): {start_ok}"
     )
+    if "fullshard-fsdp" in results and "loop-fsdp" in results:
+        fsdp_extra = _median(results["fullshard-fsdp"], "start_up") - _median(results["loop-fsdp"], "start_up")
+        fsdp_ok = "ok" if fsdp_extra <= FSDP_START_UP_TARGET_S else "MISSED"
+        verdict += (
+            f"; FSDP start-up {fsdp_extra:+.2f} s against the FSDP loop (target <= +{FSDP_START_UP_TARGET_S} s): "
+            f"{fsdp_ok}"
+        )
+    return verdict
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -809,14 +828,16 @@ def main(argv: list[str] | None = None) -> None:
 def _worker_main(name: str, argv: list[str]) -> None:
     clock = StepClock()
     args = worker_parser(f"overhead.py --worker {name}").parse_args(argv)
-    if name == "loop":
-        run_loop_worker(args, clock)
+    if name in ("loop", "loop-fsdp"):
+        run_loop_worker(args, clock, fsdp=name == "loop-fsdp")
     elif name in ("fullshard", "fullshard-defaults"):
         run_fullshard_worker(args, clock, defaults=name == "fullshard-defaults")
+    elif name == "fullshard-fsdp":
+        run_fullshard_worker(args, clock, defaults=False, strategy="fsdp")
     elif name == "paired":
         run_paired_worker(args, warmup=PAIRED_WARMUP)
     else:
-        raise SystemExit(f"unknown worker {name!r}; use loop, fullshard or fullshard-defaults")
+        raise SystemExit(f"unknown worker {name!r}; use loop, loop-fsdp, fullshard, fullshard-defaults or fullshard-fsdp")
 
 
 if __name__ == "__main__":
