@@ -21,7 +21,8 @@ full save
     ``cpu_offload=False``) on every rank, ``torch.save`` on rank 0; once without and once with
     an fsync of the file.
 full load
-    fullshard: ``trainer.strategy.load_checkpoint(path, trainer.optimizers)``.
+    fullshard: ``trainer.strategy.load_checkpoint(path, trainer.optimizers)``, which checks the
+    CRC-32s of the file first, and the same with ``verify=False``.
     plain: ``torch.load`` on rank 0, then ``set_model_state_dict`` / ``set_optimizer_state_dict``
     with ``full_state_dict=True, broadcast_from_rank0=True``.
 sharded save
@@ -29,7 +30,8 @@ sharded save
     plain: the sharded state dicts (``full_state_dict=False``) and
     ``torch.distributed.checkpoint.save(state, checkpoint_id=dir)`` with its default writer.
 sharded load
-    fullshard: ``trainer.strategy.load_checkpoint(path, trainer.optimizers)``.
+    fullshard: ``trainer.strategy.load_checkpoint(path, trainer.optimizers)`` (each rank checks
+    the CRC-32s of its share of the files first), and the same with ``verify=False``.
     plain: the sharded state dicts, ``torch.distributed.checkpoint.load``, then
     ``set_model_state_dict`` / ``set_optimizer_state_dict``.
 
@@ -108,6 +110,12 @@ ROWS = (
     ("sharded_load", "Sharded load", "sharded_load/plain", "sharded_load/fullshard"),
 )
 TARGET_ROWS = ("full_save", "full_load", "sharded_save", "sharded_load")  # the issue's comparison
+# The cost of the CRC-32 checks on load: (key, label, unverified load, verified load)
+VERIFY_ROWS = (
+    ("full", "Full load", "full_load/unverified", "full_load/fullshard"),
+    ("sharded", "Sharded load", "sharded_load/unverified", "sharded_load/fullshard"),
+)
+VERIFY_TARGET = 1.10  # a verified load at most this times an unverified one
 # times layout.verify(argv[1]) alone, without the interpreter's start and imports
 VERIFY = (
     "import sys, time\n"
@@ -252,8 +260,8 @@ class Job:
         self.strategy.state_dict_type = fmt
         self.trainer.save_checkpoint(self.path("fullshard", fmt))
 
-    def fullshard_load(self, fmt: str) -> None:
-        self.strategy.load_checkpoint(self.path("fullshard", fmt), self.trainer.optimizers)
+    def fullshard_load(self, fmt: str, verify: bool = True) -> None:
+        self.strategy.load_checkpoint(self.path("fullshard", fmt), self.trainer.optimizers, verify=verify)
 
     # ------------------------------------------------------------------------------ timing
     def timed(self, key: str, fn: Callable[[], Any]) -> None:
@@ -272,10 +280,12 @@ class Job:
             "full_save/fullshard": lambda: self.fullshard_save("full"),
             "full_load/plain": self.plain_full_load,
             "full_load/fullshard": lambda: self.fullshard_load("full"),
+            "full_load/unverified": lambda: self.fullshard_load("full", verify=False),
             "sharded_save/plain": self.plain_sharded_save,
             "sharded_save/fullshard": lambda: self.fullshard_save("sharded"),
             "sharded_load/plain": self.plain_sharded_load,
             "sharded_load/fullshard": lambda: self.fullshard_load("sharded"),
+            "sharded_load/unverified": lambda: self.fullshard_load("sharded", verify=False),
         }
         # FSDP2's job: the sharded format only, against FSDP1's job (see render_fsdp2)
         operations = ("sharded_save", "sharded_load") if self.fsdp2 else ("full_save", "full_load", "sharded_save", "sharded_load")
@@ -517,6 +527,20 @@ def render_parts(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_verify(result: dict[str, Any]) -> str:
+    """The CRC-32 checks of every load: verified against ``verify=False``."""
+    lines = ["| Operation | verify=False (s) | verified (s) | ratio |", "| --- | ---: | ---: | ---: |"]
+    missed = []
+    for key, label, unverified, verified in VERIFY_ROWS:
+        off, on = _median(result, "times", unverified), _median(result, "times", verified)
+        lines.append(f"| {label} | {off:.2f} | {on:.2f} | {on / off:.2f}x |")
+        if on / off > VERIFY_TARGET:
+            missed.append(f"{key} load {on / off:.2f}x")
+    head = f"Target, a verified load at most {VERIFY_TARGET:.2f}x an unverified one:"
+    verdict = f" missed for {', '.join(missed)}." if missed else " met for both formats."
+    return "\n".join(lines) + "\n\n" + head + verdict
+
+
 def target_line(result: dict[str, Any]) -> str:
     ratio = ratios(result)
     labels = {key: label.lower() for key, label, _, _ in ROWS}
@@ -546,6 +570,11 @@ def render_result(result: dict[str, Any]) -> str:
 {render_table(result)}
 
 {target_line(result)}
+
+The CRC-32 checks of every load ([verification on load](checkpoints.md#integrity-checksums-on-every-load)),
+against the same load with `verify=False`:
+
+{render_verify(result)}
 
 fullshard's full save takes {gap:+.2f} s against the plain call; an fsync of the file alone
 takes {fsync:.2f} s.
@@ -651,22 +680,24 @@ What is compared:
   `False` for the rest of the training state), then `set_model_state_dict` /
   `set_optimizer_state_dict` with `broadcast_from_rank0=True`. fullshard:
   `trainer.strategy.load_checkpoint(path, optimizers)`, what `fit(ckpt_path=...)` calls: the
-  same, after checking the file's keys and shapes against the model.
+  same, after checking the file's keys and shapes against the model, with the CRC-32 of every
+  entry of the file checked on rank 0 (the pickle before `torch.load` reads it, the tensors
+  in a thread while it does).
 - Sharded save. Plain: the sharded state dicts (`full_state_dict=False`) and
   `torch.distributed.checkpoint.save` with its default writer, which fsyncs every file.
   fullshard writes the same files, fsyncs them while it computes their CRC-32s, then writes
   `meta.pt` and the commit record, each atomically.
 - Sharded load. Plain: the sharded state dicts, `torch.distributed.checkpoint.load`, then
   `set_model_state_dict` / `set_optimizer_state_dict`. fullshard first checks the commit
-  record, every file's size and the saved shapes on rank 0.
-- `layout.verify` runs in a process of its own, as `fullshard checkpoint inspect --verify` does.
+  record, every file's size and the saved shapes on rank 0, and the CRC-32s: rank 0 those of
+  `.metadata` and `meta.pt`, each rank those of its share of the tensor files.
+- `layout.verify` runs in a process of its own, as `fullshard checkpoint inspect --verify` does:
+  all of a checkpoint's bytes in one process.
 
-Checksums are computed at every sharded save, but verified only on request (`fullshard
-checkpoint inspect --verify`, `layout.verify`), not at every load: a load checks that every file
-is there with the size it was written with, which catches truncated and missing files for
-nothing. Verifying reads every byte once more in one process, all ranks' files, so its cost
-grows with the whole checkpoint while a sharded load's grows with one rank's share; with the
-files in the page cache it costs the shares above, more when they have to come from disk.
+Checksums are computed at every sharded save and checked at every load (`verify=False` turns
+that off). A sharded load splits the files among the ranks, so each rank reads about its own
+share once more; a full load checks the file on rank 0 while `torch.load` reads it. The loads
+above read files the page cache holds; from a disk, the checks read each byte a second time.
 """
 
 
@@ -722,6 +753,7 @@ def main(argv: list[str] | None = None) -> None:
         fsdp2 = None if args.no_fsdp2 else run_job(args, Path(work) / "fsdp2", thresholds[0], "fsdp2")
     for result in results:
         print(f"\n{allocator(result)}:\n\n{render_table(result)}\n\n{target_line(result)}")
+        print(f"\n{render_verify(result)}")
         print(f"\n{render_parts(result)}")
         print(f"\n(job {result['wall_s']:.0f} s, load average {result['load']:.2f} at the start)")
     if fsdp2 is not None:

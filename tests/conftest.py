@@ -50,10 +50,13 @@ def quiet_trainer(root: Path, **kwargs: Any) -> Any:
 
 
 def run_script(
-    name: str, *args: str, timeout: float = 120, cwd: Path | None = None
+    name: str, *args: str, timeout: float = 120, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/scripts/<name>`` in a fresh Python process (which may launch more)."""
+    """Run ``tests/scripts/<name>`` in a fresh Python process (which may launch more);
+    ``env``: extra environment variables."""
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if k not in _WATCHED_ENV}
+    env.update(extra)
     env["PYTHONUNBUFFERED"] = "1"
     return subprocess.run(
         [sys.executable, str(SCRIPTS / name), *args],

@@ -51,6 +51,9 @@ class _Strategy:
     def barrier(self, name: str | None = None) -> None:
         pass
 
+    def after_checkpoint_commit(self, action: Any) -> bool:
+        return False  # nothing written in the background: the caller acts now
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         self.reductions.append((decision, all))
         votes = [decision, *self.other_votes]

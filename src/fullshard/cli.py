@@ -1,8 +1,8 @@
 """The ``fullshard`` command line.
 
 fullshard checkpoint inspect PATH [--verify] [--all]
-fullshard checkpoint consolidate SHARDED_DIR OUT
-fullshard checkpoint export PATH OUT[.safetensors] [--prefix model.] [--keep-tied] [--drop-other-keys]
+fullshard checkpoint consolidate SHARDED_DIR OUT [--no-verify]
+fullshard checkpoint export PATH OUT[.safetensors] [--prefix model.] [--keep-tied] [--drop-other-keys] [--no-verify]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _consolidate(args: argparse.Namespace) -> int:
     from fullshard.checkpoint.tools import consolidate
 
-    out = consolidate(args.sharded_dir, args.out)
+    out = consolidate(args.sharded_dir, args.out, verify=args.verify)
     print(f"wrote {out} ({_size(out.stat().st_size)})")
     return 0
 
@@ -68,6 +68,7 @@ def _export(args: argparse.Namespace) -> int:
         prefix=args.prefix,
         keep_tied=args.keep_tied,
         drop_other_keys=args.drop_other_keys,
+        verify=args.verify,
     )
     print(f"wrote {out} ({_size(out.stat().st_size)})")
     for alias, canonical in exported_ties(out).items():
@@ -78,6 +79,15 @@ def _export(args: argparse.Namespace) -> int:
         )
         print(f"tied: {alias} -> {canonical} ({kept})")
     return 0
+
+
+def _no_verify(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="read the checkpoint without checking its CRC-32s first (to salvage a damaged one)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("consolidate", help="sharded checkpoint directory -> one full checkpoint file")
     p.add_argument("sharded_dir")
     p.add_argument("out")
+    _no_verify(p)
     p.set_defaults(run=_consolidate)
     p = commands.add_parser(
         "export", help="model weights -> .safetensors (pip install 'fullshard[safetensors]')"
@@ -105,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", help="strip this module prefix from every key, e.g. 'model.' for self.model")
     p.add_argument("--keep-tied", action="store_true", help="write every name of a tied tensor, each a copy")
     p.add_argument("--drop-other-keys", action="store_true", help="leave out the keys without --prefix")
+    _no_verify(p)
     p.set_defaults(run=_export)
     return parser
 

@@ -36,7 +36,28 @@ class IncompleteCheckpointError(CheckpointError):
 
 
 class CorruptCheckpointError(CheckpointError):
-    """The checkpoint at a path is damaged: truncated, or its content fails to decode."""
+    """The checkpoint at a path is damaged: truncated, a file fails its CRC-32 check, or its
+    content fails to decode."""
+
+
+class CheckpointSaveError(CheckpointError, OSError):
+    """A checkpoint could not be written (disk full, no permission, ...). Nothing was committed:
+    the checkpoint previously at the path, if any, is intact, and the partial files are removed.
+
+    An ``OSError`` too, so ``except OSError`` handlers keep working; :attr:`errno` is the
+    cause's (``errno.ENOSPC`` for a full disk), None when the cause was no ``OSError``.
+    """
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+    def __reduce__(self) -> tuple[object, ...]:  # rebuilt on other ranks after a broadcast
+        return (type(self), (str(self), self.errno))
+
+
+class NonFiniteLossError(FullshardError, ArithmeticError):
+    """The training loss became NaN or infinite (``Trainer(on_nonfinite_loss="raise")``)."""
 
 
 class ProcessFailedError(FullshardError, RuntimeError):

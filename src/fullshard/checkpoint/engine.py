@@ -3,7 +3,17 @@
 Every function here is collective: each rank of the job calls it with the same arguments.
 Decisions that depend on the files (does the checkpoint exist, is it complete, does it fit the
 model) are taken on rank 0 and broadcast, so every rank raises the same exception at once
-instead of some ranks waiting forever for the others.
+instead of some ranks waiting forever for the others. Work every rank does on its own (writing
+its shards, checksumming its share of the files on load) ends with an exchange of what went
+wrong, for the same reason.
+
+[Note: a failed save]
+A save that fails (disk full, no permission, a state that cannot be pickled) raises one
+:class:`~fullshard.errors.CheckpointSaveError` on every rank, naming the path and each rank's
+cause, after removing what it wrote: the temporary file of a full save, the uncommitted
+``data-<id>`` directory of a sharded one (never one a commit record names). The previous
+checkpoint at the path was not touched (see [Note: atomic commit] in io.py, [Note: directory
+commit] in layout.py), and the next save to the path starts afresh.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import pickle
 import threading
 import uuid
 import warnings
@@ -20,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -39,17 +51,25 @@ from fullshard.checkpoint.io import (
 from fullshard.checkpoint.layout import (
     DATA_PREFIX,
     META_NAME,
+    PICKLE_ENTRY,
     RECORD_NAME,
+    UNVERIFIED_HINT,
     CommitRecord,
+    archive_entries,
+    assign_shares,
     check_sharded_files,
     crc32_of,
+    damaged_sharded,
     detect_format,
+    entry_problems,
+    file_problems,
     fsync_file,
+    full_file_error,
     leftover_data_dirs,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
 from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
-from fullshard.errors import CheckpointError, CorruptCheckpointError
+from fullshard.errors import CheckpointError, CheckpointSaveError, CorruptCheckpointError
 
 if TYPE_CHECKING:
     from fullshard.strategies.strategy import Strategy
@@ -75,20 +95,36 @@ def _quiet_torch() -> Iterator[None]:
 
 REQUIRED_KEYS = ("lr_schedulers", "loops", "optimizer_count")
 MetaCheck = Callable[[dict[str, Any]], None]
+# the files of a sharded checkpoint rank 0 parses itself, and so checksums before reading them
+_PARSED_BY_RANK0 = (".metadata", META_NAME)
 
 
 def _decide(strategy: Strategy, decide: Callable[[], T]) -> T:
-    """Run ``decide`` on rank 0 and give every rank its result, or raise its exception everywhere."""
+    """Run ``decide`` on rank 0 and give every rank its result, or raise its exception everywhere.
+
+    Any ``Exception`` of rank 0 is raised on every rank (one that does not pickle, as a
+    :class:`CheckpointError` with its type and message): the other ranks wait for rank 0's
+    answer, and an exception that rank 0 kept to itself would leave them waiting forever.
+    """
     outcome: tuple[Any, BaseException | None] = (None, None)
     if strategy.is_global_zero:
         try:
             outcome = (decide(), None)
-        except (CheckpointError, OSError, ValueError, TypeError) as err:
-            outcome = (None, err)
+        except Exception as err:
+            outcome = (None, err if not strategy.is_distributed else _portable(err))
     result, error = strategy.broadcast(outcome)
     if error is not None:
         raise error
     return result  # type: ignore[no-any-return]
+
+
+def _portable(err: Exception) -> Exception:
+    """``err`` if it survives pickling (a broadcast), else a CheckpointError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:
+        return CheckpointError(f"{type(err).__name__}: {err}")
+    return err
 
 
 def tied_parameters(module: nn.Module | None, state: Mapping[str, Any]) -> dict[str, str] | None:
@@ -125,7 +161,12 @@ def save(
     """
     async_save.wait(strategy)
     path = Path(path)
-    checkpoint = {**checkpoint, "optimizer_count": len(optimizers)}
+    checkpoint = {
+        **checkpoint,
+        "optimizer_count": len(optimizers),
+        # checked on load: one optimizer's state does not fit another's (Adam's moments in SGD)
+        "optimizer_types": [type(optimizer).__qualname__ for optimizer in optimizers],
+    }
     with _quiet_torch():
         if strategy.state_dict_type == "sharded":
             _save_sharded(strategy, checkpoint, path, optimizers)
@@ -148,11 +189,93 @@ def _save_full(
         checkpoint[TIED_KEY] = tied
 
     def write() -> None:
-        atomic_torch_save(
-            {**checkpoint, "state_dict": model_state, "optimizer_states": optimizer_states}, path
-        )
+        _refuse_nonfinite(path, _nonfinite_parameters(strategy, model_state))  # whole tensors here
+        try:  # [Note: a failed save]: atomic_torch_save removes its temporary file
+            atomic_torch_save(
+                {**checkpoint, "state_dict": model_state, "optimizer_states": optimizer_states}, path
+            )
+        except Exception as err:
+            raise save_error(path, _failures(err, 0)) from err
 
     _decide(strategy, write)
+
+
+def _local_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors this rank holds of a state dict value: a DTensor's or ShardedTensor's local
+    shards, a plain tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    if hasattr(value, "local_shards"):  # FSDP1's ShardedTensor
+        return [shard.tensor for shard in value.local_shards()]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
+def _nonfinite_parameters(strategy: Strategy, model_state: Mapping[str, Any]) -> list[str]:
+    """The entries of ``model_state`` (this rank's part) that hold NaN or inf, buffers excepted: a
+    mask of ``-inf`` is a buffer. One synchronisation per device."""
+    module = strategy.module
+    buffers = (
+        {".".join(p for p in n.split(".") if p not in _WRAPPER_COMPONENTS) for n, _ in module.named_buffers()}
+        if module is not None
+        else set()
+    )
+    flags: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for name, value in model_state.items():
+        if name in buffers:
+            continue
+        for local in _local_tensors(value):
+            if local.is_floating_point() and local.numel():
+                flags.setdefault(local.device, []).append((name, torch.isfinite(local).all()))
+    bad: set[str] = set()
+    for items in flags.values():
+        finite = torch.stack([flag for _, flag in items]).tolist()
+        bad.update(name for (name, _), ok in zip(items, finite, strict=True) if not ok)
+    return sorted(bad)
+
+
+def _refuse_nonfinite(path: Path, names: Sequence[str]) -> None:
+    """A checkpoint of diverged weights never replaces one of finite weights."""
+    if names:
+        listed = ", ".join(names[:5]) + (f" (+{len(names) - 5} more)" if len(names) > 5 else "")
+        raise CheckpointError(
+            f"The model's parameters hold NaN or infinite values ({listed}), so the checkpoint {str(path)!r} was not "
+            "written: the checkpoint previously at that path, if any, stays as it was. Training diverged: resume "
+            "from the last good checkpoint (with a lower learning rate, or gradient clipping); "
+            "Trainer(on_nonfinite_loss='raise'), the default, stops before a non-finite loss reaches the weights. "
+            "To keep such weights for debugging, torch.save(model.state_dict(), ...) writes them."
+        )
+
+
+Failure = tuple[str, "int | None"]  # a rank's cause, said in words, and its errno when an OSError
+
+
+def _failures(err: BaseException, rank: int) -> list[Failure]:
+    """One cause per rank that failed: DCP gathers its ranks' exceptions into one."""
+    if isinstance(err, CheckpointException):
+        return [
+            (f"rank {failed}: {type(exc).__name__}: {exc}", getattr(exc, "errno", None))
+            for failed, (exc, _) in sorted(err.failures.items())
+        ]
+    return [(f"rank {rank}: {type(err).__name__}: {err}", getattr(err, "errno", None))]
+
+
+def save_error(path: Path, failures: Sequence[Failure]) -> CheckpointSaveError:
+    """The one error a failed save raises on every rank (see [Note: a failed save])."""
+    causes = "; ".join(dict.fromkeys(cause for cause, _ in failures))
+    errno = next((number for _, number in failures if number is not None), None)
+    fix = (
+        "Free disk space (or fix the permissions, or the path) and save again"
+        if errno is not None
+        else "Fix the cause (keep hyperparameters and callback states plain data: numbers, strings, lists, "
+        "dicts) and save again"
+    )
+    return CheckpointSaveError(
+        f"Could not write the checkpoint {str(path)!r}: {causes}. Nothing was committed: the checkpoint "
+        f"previously at that path, if any, is intact and loads, and the partial files were removed. {fix}.",
+        errno,
+    )
 
 
 class _Writer(FileSystemWriter):
@@ -177,12 +300,18 @@ def _save_sharded(
 
     def prepare() -> str:
         name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
-        (path / name).mkdir(parents=True)
+        try:
+            (path / name).mkdir(parents=True)
+        except OSError as err:
+            raise save_error(path, _failures(err, 0)) from err
         return name
 
+    model_state, optimizer_states = strategy.get_state(optimizers, full=False)
+    # each rank checks its shards; before anything is written, every rank learns what all found
+    found = strategy.all_gather_object(_nonfinite_parameters(strategy, model_state))
+    _refuse_nonfinite(path, sorted({name for names in found for name in names}))
     data_name = _decide(strategy, prepare)
     data = path / data_name
-    model_state, optimizer_states = strategy.get_state(optimizers, full=False)
     tied = tied_parameters(strategy.module, model_state)
     if tied is not None:  # [Note: tied parameters stored once] in io.py: DCP gets each tensor once
         model_state = {k: v for k, v in model_state.items() if k not in tied}
@@ -207,15 +336,43 @@ def _save_sharded(
             commit=lambda files: _commit_sharded(path, record, files, lambda target: _write_bytes(meta, target)),
         )
         return
-    mine = _write_shards(state, data, rank, None, no_dist)
-    gathered = strategy.all_gather_object(mine)
+    mine: dict[str, dict[str, int]] = {}
+    failures: list[Failure] = []
+    try:
+        mine = _write_shards(state, data, rank, None, no_dist)
+    except (Exception, CheckpointException) as err:  # DCP's is a BaseException
+        failures = _failures(err, rank)
+    # every rank learns every rank's outcome: none may go on to the commit alone
+    gathered = strategy.all_gather_object((mine, failures))
+    failures = [failure for _, rank_failures in gathered for failure in rank_failures]
+    if failures:
+
+        def clean_up() -> None:  # [Note: a failed save]: every rank is done writing into it
+            _rmtree(data)
+            raise save_error(path, failures)
+
+        _decide(strategy, clean_up)  # the others raise once rank 0 has removed it
     files: dict[str, dict[str, int]] = {}
-    for part in gathered:
+    for part, _ in gathered:
         files.update(part)
-    _decide(
-        strategy,
-        lambda: _commit_sharded(path, record, files, lambda target: atomic_torch_save(checkpoint, target, events=False)),
-    )
+
+    def commit() -> None:
+        try:
+            _commit_sharded(path, record, files, lambda target: atomic_torch_save(checkpoint, target, events=False))
+        except Exception as err:
+            if not _names(path, record.data):  # the commit record was not replaced: nothing committed
+                _rmtree(data)
+            raise save_error(path, _failures(err, 0)) from err
+
+    _decide(strategy, commit)
+
+
+def _names(path: Path, data_name: str) -> bool:
+    """Whether the commit record at ``path`` names the data directory ``data_name``."""
+    try:
+        return CommitRecord.read(path).data == data_name
+    except (CheckpointError, OSError):
+        return False
 
 
 def _stage(
@@ -347,11 +504,13 @@ def load(
     *,
     weights_only: bool = False,
     check: MetaCheck | None = None,
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Load model (and unless ``weights_only``, optimizer) states into place; return the rest.
 
-    Nothing is changed unless the checkpoint is complete, fits the model, and ``check(meta)``
-    (the host's own checks, e.g. the number of schedulers) passes.
+    Nothing is changed unless the checkpoint is complete, (``verify``) passes its CRC-32 checks
+    (see [Note: checksums checked on load] in layout.py), fits the model and the optimizers, and
+    ``check(meta)`` (the host's own checks, e.g. the number of schedulers) passes.
     """
     async_save.wait(strategy)  # the checkpoint to load may be the one being written
     path = Path(path)
@@ -359,11 +518,19 @@ def load(
     n_optimizers = 0 if weights_only else len(optimizers)
     with _quiet_torch():
         if fmt == "full":
-            return _load_full(strategy, path, optimizers[:n_optimizers], check)
-        return _load_sharded(strategy, path, optimizers[:n_optimizers], check)
+            return _load_full(strategy, path, optimizers[:n_optimizers], check, verify)
+        return _load_sharded(strategy, path, optimizers[:n_optimizers], check, verify)
 
 
-def _check_meta(meta: dict[str, Any], path: Path, n_optimizers: int, check: MetaCheck | None) -> None:
+def _check_meta(
+    meta: dict[str, Any],
+    path: Path,
+    optimizers: Sequence[Optimizer],
+    check: MetaCheck | None,
+    param_groups: Sequence[Sequence[Any]] | None,
+) -> None:
+    """Everything about the checkpoint that must fit before anything is loaded. ``param_groups``:
+    the saved optimizers' ``param_groups`` (None when they are not at hand)."""
     missing = [key for key in REQUIRED_KEYS if key not in meta]
     if missing:
         raise CorruptCheckpointError(
@@ -371,25 +538,95 @@ def _check_meta(meta: dict[str, Any], path: Path, n_optimizers: int, check: Meta
             "a checkpoint written by Trainer.save_checkpoint() or ModelCheckpoint."
         )
     saved = meta["optimizer_count"]
-    if n_optimizers and saved != n_optimizers:
+    if optimizers and saved == 0:
+        raise CheckpointError(
+            f"The checkpoint {str(path)!r} holds only model weights: no optimizer or scheduler state (it was saved "
+            "with save_checkpoint(..., weights_only=True) or ModelCheckpoint(save_weights_only=True)), so training "
+            "cannot resume from it. To fine-tune from its weights with fresh optimizers, schedulers and step "
+            f"counters, pass fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True); validate, test and predict "
+            "take it as it is."
+        )
+    if optimizers and saved != len(optimizers):
         raise CheckpointError(
             f"The checkpoint {str(path)!r} holds {saved} optimizer state(s) but configure_optimizers() returned "
-            f"{n_optimizers} optimizer(s). Resume with the optimizer setup the checkpoint was trained with, or "
-            "load only the weights (Trainer.validate(ckpt_path=...), or Module.load_state_dict)."
+            f"{len(optimizers)} optimizer(s). Resume with the optimizer setup the checkpoint was trained with, or "
+            f"load only the weights: fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True) starts fresh "
+            "optimizers, Trainer.validate(ckpt_path=...) and Module.load_from_checkpoint() need none."
         )
+    _check_optimizer_types(meta.get("optimizer_types"), optimizers, path)
+    if param_groups is not None:
+        for i, (groups, optimizer) in enumerate(zip(param_groups, optimizers, strict=False)):
+            if len(groups) != len(optimizer.param_groups):
+                raise CheckpointError(
+                    f"The checkpoint {str(path)!r} holds optimizer {i} ({type(optimizer).__name__}) with "
+                    f"{len(groups)} parameter group(s), but configure_optimizers() built it with "
+                    f"{len(optimizer.param_groups)}. Build the optimizer with the groups it was trained with, or "
+                    f"load only the weights: fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True)."
+                )
     if check is not None:
         check(meta)
 
 
+def _check_optimizer_types(saved: Any, optimizers: Sequence[Optimizer], path: Path) -> None:
+    """Each optimizer is of the class the checkpoint's state was written by (checkpoints written
+    before the classes were recorded, and Lightning's, are not checked)."""
+    if not isinstance(saved, list) or len(saved) != len(optimizers):
+        return
+    for i, (name, optimizer) in enumerate(zip(saved, optimizers, strict=True)):
+        if name != type(optimizer).__qualname__:
+            ours = type(optimizer).__qualname__
+            raise CheckpointError(
+                f"The checkpoint's optimizer {i} is {name}, the model's (configure_optimizers()) is {ours}: the "
+                f"state of {name} does not fit {ours}. Resume with {name}, as the checkpoint was trained, or load only "
+                f"the weights and start {ours} afresh: fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True). "
+                "Nothing was loaded."
+            )
+
+
+class _ArchiveCheck:
+    """The CRC-32 checks of a full checkpoint file, on rank 0 (see [Note: checksums checked on
+    load] in layout.py): the pickle entry and the small ones at once, before ``torch.load``
+    unpickles anything; the tensor entries in a thread, while ``torch.load`` reads them (zlib
+    releases the GIL), so that the check costs little more than the load itself."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        entries = archive_entries(path) or []
+        first = [e for e in entries if e.name.rsplit("/", 1)[-1] == PICKLE_ENTRY or e.size < 2**16]
+        problems = entry_problems(path, first)
+        if problems:
+            raise full_file_error(path, problems, UNVERIFIED_HINT)
+        rest = [e for e in entries if e not in first]
+        self._problems: list[str] = []
+        self._thread = threading.Thread(
+            target=lambda: self._problems.extend(entry_problems(path, rest)), name="fullshard-verify", daemon=True
+        )
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Wait for the thread; raise :class:`CorruptCheckpointError` naming the damaged entries."""
+        self._thread.join()
+        if self._problems:
+            raise full_file_error(self.path, self._problems, UNVERIFIED_HINT)
+
+
 def _load_full(
-    strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None
+    strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None, verify: bool
 ) -> dict[str, Any]:
     tensors: dict[str, Any] = {}
     # on every rank: under FSDP with manual wrap() learning the shapes is collective
     shapes = strategy.full_shapes()
 
     def read() -> dict[str, Any]:
-        checkpoint = load_checkpoint_file(path)
+        archive = _ArchiveCheck(path) if verify else None
+        try:
+            checkpoint = load_checkpoint_file(path)
+        except BaseException:
+            if archive is not None:
+                archive.finish()  # a damaged entry explains the failure best
+            raise
+        if archive is not None:
+            archive.finish()
         if is_lightning_checkpoint(checkpoint):  # [Note: Lightning checkpoints] in lightning.py
             check_state_dict_matches(shapes, checkpoint["state_dict"])  # before its optimizer states
             checkpoint = convert_checkpoint(
@@ -397,7 +634,9 @@ def _load_full(
             )
         if "optimizer_count" not in checkpoint and "optimizer_states" in checkpoint:
             checkpoint["optimizer_count"] = len(checkpoint["optimizer_states"])
-        _check_meta(checkpoint, path, len(optimizers), check)
+        saved_states = checkpoint.get("optimizer_states") or []
+        groups = [s.get("param_groups", []) for s in saved_states if isinstance(s, dict)]
+        _check_meta(checkpoint, path, optimizers, check, groups if len(groups) == len(saved_states) else None)
         check_state_dict_matches(shapes, checkpoint["state_dict"])
         tensors["state_dict"] = checkpoint.pop("state_dict")
         tensors["optimizer_states"] = checkpoint.pop("optimizer_states")
@@ -422,17 +661,33 @@ def _dcp_shapes(data: Path) -> dict[str, torch.Size]:
     }
 
 
+def _verify_shares(strategy: Strategy, path: Path, record: CommitRecord) -> None:
+    """Each rank checksums its share of the tensor files; every rank raises if any rank found a
+    problem (see [Note: checksums checked on load] in layout.py). Collective."""
+    rest = {name: info for name, info in record.files.items() if name not in _PARSED_BY_RANK0}
+    shares = assign_shares({name: info["size"] for name, info in rest.items()}, strategy.world_size)
+    mine = file_problems(path / record.data, {name: rest[name] for name in shares[strategy.global_rank]}, verify=True)
+    found = sorted({problem for problems in strategy.all_gather_object(mine) for problem in problems})
+    if found:
+        raise damaged_sharded(path, found, UNVERIFIED_HINT)
+
+
 def _load_sharded(
-    strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None
+    strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None, verify: bool
 ) -> dict[str, Any]:
     expected = strategy.full_shapes()  # on every rank, as in _load_full
 
-    def read() -> tuple[str, dict[str, Any]]:
+    def read() -> tuple[CommitRecord, dict[str, Any]]:
         record = CommitRecord.read(path)
-        check_sharded_files(path, record, verify=False)
+        check_sharded_files(path, record, verify=False)  # every file there, at its size
         data = path / record.data
+        if verify:  # the files parsed here, before parsing them; the rest in _verify_shares
+            parsed = {name: record.files[name] for name in _PARSED_BY_RANK0 if name in record.files}
+            problems = file_problems(data, parsed, verify=True)
+            if problems:
+                raise damaged_sharded(path, problems, UNVERIFIED_HINT)
         meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
-        _check_meta(meta, path, len(optimizers), check)
+        _check_meta(meta, path, optimizers, check, meta.get("optimizer_param_groups"))
         saved = {k[len("model.") :]: v for k, v in _dcp_shapes(data).items() if k.startswith("model.")}
         restore_tied(saved, meta.get(TIED_KEY))
         # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
@@ -445,9 +700,11 @@ def _load_sharded(
         ]
         if missing or unexpected or mismatched:
             raise StateDictMismatchError(missing, unexpected, mismatched)
-        return record.data, meta
+        return record, meta
 
-    data_name, meta = _decide(strategy, read)
+    record, meta = _decide(strategy, read)
+    if verify:
+        _verify_shares(strategy, path, record)
     model_state, optimizer_states = strategy.get_state(optimizers, full=False)
     # the aliases are not in the DCP files: read the canonical tensors, then hand each alias its
     # canonical one ([Note: tied parameters stored once] in io.py)
@@ -455,7 +712,7 @@ def _load_sharded(
     model_state = {k: v for k, v in model_state.items() if k not in tied}
     state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
     dcp_load(
-        state, storage_reader=FileSystemReader(str(path / data_name)), no_dist=not strategy.is_distributed
+        state, storage_reader=FileSystemReader(str(path / record.data)), no_dist=not strategy.is_distributed
     )
     restore_tied(state["model"], tied)
     groups = meta.pop("optimizer_param_groups")

@@ -18,15 +18,34 @@ the commit record, which names that directory and lists every file with its size
 Until that rename the record still names the previous save's directory, which was never
 touched: a save killed at any moment leaves the previous checkpoint intact. Directories no
 record names are leftovers of interrupted saves; the next save removes them.
+
+[Note: checksums checked on load]
+Every load checks CRC-32s before it changes anything (``verify=False`` turns it off):
+
+- sharded: the commit record lists each file's size and CRC-32. Rank 0 checks the small files it
+  parses itself (``.metadata``, ``meta.pt``) before reading them; the tensor files are split
+  among the ranks by size (:func:`assign_shares`), each rank checksums its share, and the ranks
+  exchange what they found, so every rank raises the same error naming the files.
+- full: the file is the ``torch.save`` zip archive, whose entries carry the CRC-32 that
+  ``torch.save`` computed while writing (``torch.load`` never checks them). No sidecar file and
+  no new entry: the file stays what plain ``torch.load`` and Lightning read, and files written
+  before fullshard checked anything are verified too. Rank 0 checks the pickle entry before
+  ``torch.load`` unpickles it and the tensor entries in a thread while ``torch.load`` reads
+  them (:func:`archive_entries`, :func:`entry_problems`). Entries recorded with CRC-32 0 (torch's
+  ``torch.utils.serialization.config.save.compute_crc32 = False``) and files that are no zip
+  archive (torch's legacy format) carry nothing to check against and load unverified.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import struct
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,18 +61,29 @@ DATA_PREFIX = "data-"
 META_NAME = "meta.pt"
 FORMAT_VERSION = 1
 _CHUNK = 2**20
+_SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp")  # the tensor file a rank wrote (DCP's FileSystemWriter)
 
 
 def crc32_of(path: Path) -> int:
     """CRC-32 of a file's bytes (about 3 GB/s with zlib)."""
+    with open(path, "rb", buffering=0) as f:
+        return _crc32_of_range(f, bytearray(_CHUNK), None)
+
+
+def _crc32_of_range(f: Any, buffer: bytearray, size: int | None) -> int:
+    """CRC-32 of the next ``size`` bytes of the unbuffered file ``f`` (all the rest: None)."""
     # One reused buffer: a fresh bytes object per read is a fresh mapping, page-faulted in, under
     # FSDP's fixed mmap threshold (see [Note: CPU memory under FSDP]); that halved the speed.
-    buffer = bytearray(_CHUNK)
     view = memoryview(buffer)
     crc = 0
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            crc = zlib.crc32(view[:n], crc)
+    left = size
+    while left is None or left > 0:
+        n = f.readinto(view if left is None or left >= len(buffer) else view[:left])
+        if not n:
+            break
+        crc = zlib.crc32(view[:n], crc)
+        if left is not None:
+            left -= n
     return crc
 
 
@@ -84,20 +114,81 @@ class CommitRecord:
 
     @classmethod
     def read(cls, directory: Path) -> CommitRecord:
-        """Parse the record of ``directory``.
+        """Parse the record of ``directory``, checking every field's type.
 
         Raises:
-            CorruptCheckpointError: the record exists but cannot be parsed.
+            CorruptCheckpointError: the record exists but is no JSON object, lacks a field, has a
+                field of the wrong type, or names a file outside its data directory.
+            CheckpointError: the record was written by a newer fullshard (a later format).
         """
         record = directory / RECORD_NAME
         try:
             raw = json.loads(record.read_text())
-            return cls(**raw)
-        except (ValueError, TypeError) as err:
-            raise CorruptCheckpointError(
-                f"The commit record {str(record)!r} is damaged ({err}). The checkpoint cannot be trusted; "
-                "resume from an earlier one."
-            ) from err
+        except (ValueError, UnicodeDecodeError) as err:
+            raise _damaged_record(record, f"it is not valid JSON: {err}") from err
+        problem = _record_problem(raw)
+        if problem is not None:
+            raise _damaged_record(record, problem)
+        if raw["format_version"] > FORMAT_VERSION:
+            raise CheckpointError(
+                f"The commit record {str(record)!r} has format version {raw['format_version']}; this fullshard "
+                f"reads format {FORMAT_VERSION} and older. Load the checkpoint with the fullshard version that "
+                f"wrote it ({raw['fullshard_version']!r}) or a newer one."
+            )
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})  # later fields of format 1: ignored
+
+
+# the commit record's fields, their JSON types, and how to say them
+_RECORD_FIELDS: dict[str, tuple[type, str]] = {
+    "data": (str, "a string"),
+    "files": (dict, "an object"),
+    "world_size": (int, "an integer"),
+    "strategy": (str, "a string"),
+    "epoch": (int, "an integer"),
+    "global_step": (int, "an integer"),
+    "fullshard_version": (str, "a string"),
+    "format_version": (int, "an integer"),
+}
+
+
+def _plain_name(name: object) -> bool:
+    """A file or directory name without a path in it (the record must not lead outside the checkpoint)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def _record_problem(raw: object) -> str | None:
+    """What is wrong with a parsed commit record, or None."""
+    if not isinstance(raw, dict):
+        return f"it holds a JSON {type(raw).__name__}, not an object"
+    missing = [name for name in _RECORD_FIELDS if name not in raw]
+    if missing:
+        return f"it lacks the field(s) {', '.join(map(repr, missing))}"
+    for name, (kind, said) in _RECORD_FIELDS.items():
+        value = raw[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"field {name!r} is {json.dumps(value)[:40]}, not {said}"
+    if not _plain_name(raw["data"]) or not raw["data"].startswith(DATA_PREFIX):
+        return f"field 'data' is {raw['data']!r}, not the name of a {DATA_PREFIX}* directory"
+    if "extra" in raw and not isinstance(raw["extra"], dict):
+        return f"field 'extra' is {json.dumps(raw['extra'])[:40]}, not an object"
+    for name, info in raw["files"].items():
+        if not _plain_name(name):
+            return f"'files' names {name!r}, which is not a file name"
+        if (
+            not isinstance(info, dict)
+            or not all(isinstance(info.get(k), int) and not isinstance(info.get(k), bool) for k in ("size", "crc32"))
+            or info["size"] < 0
+        ):
+            return f"'files' entry {name!r} is {json.dumps(info)[:60]}, not {{\"size\": bytes, \"crc32\": checksum}}"
+    return None
+
+
+def _damaged_record(record: Path, problem: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"The commit record {str(record)!r} is damaged: {problem}. Without it the checkpoint's files cannot be "
+        "checked, so it cannot be trusted: resume from an earlier checkpoint."
+    )
 
 
 Format = Literal["full", "sharded"]
@@ -146,50 +237,173 @@ def detect_format(path: str | Path) -> Format:
     )
 
 
-def check_sharded_files(directory: Path, record: CommitRecord, verify: bool) -> None:
+def file_problems(data: Path, files: Mapping[str, Mapping[str, int]], verify: bool) -> list[str]:
+    """What is wrong with each of ``files`` (name -> recorded size and CRC-32) in the directory
+    ``data``: missing, another size, or (``verify``) another CRC-32. Never raises: a file that
+    cannot be read is a problem too."""
+    problems = []
+    buffer = bytearray(_CHUNK) if verify else bytearray()
+    for name, info in sorted(files.items()):
+        file = data / name
+        try:
+            if not file.is_file():
+                problems.append(f"{name} is missing")
+                continue
+            size = file.stat().st_size
+            if size != info["size"]:
+                problems.append(f"{name} has {size} bytes, {info['size']} were written")
+            elif verify:
+                with open(file, "rb", buffering=0) as f:
+                    if _crc32_of_range(f, buffer, None) != info["crc32"]:
+                        problems.append(f"{name} fails its CRC-32 check (its bytes changed after it was written)")
+        except OSError as err:
+            problems.append(f"{name} cannot be read ({type(err).__name__}: {err})")
+    return problems
+
+
+UNVERIFIED_HINT = (
+    "To load it regardless, damaged bytes and all (to salvage what it holds), turn the check off: "
+    "fit/validate/test/predict(..., ckpt_verify=False), or Strategy.load_checkpoint(..., verify=False)."
+)
+
+
+def damaged_sharded(directory: Path, problems: Sequence[str], hint: str = "") -> CorruptCheckpointError:
+    """The error for a sharded checkpoint whose files have ``problems``."""
+    return CorruptCheckpointError(
+        f"The sharded checkpoint {str(directory)!r} is damaged: {'; '.join(problems)}. Nothing was loaded. "
+        "Resume from an earlier checkpoint." + (f" {hint}" if hint else "")
+    )
+
+
+def check_sharded_files(directory: Path, record: CommitRecord, verify: bool, hint: str = "") -> None:
     """Check every file the record lists: present, the recorded size, and (``verify``) CRC-32.
 
     Raises:
-        CorruptCheckpointError: a file is missing, truncated or (``verify``) altered.
+        CorruptCheckpointError: a file is missing, truncated or (``verify``) altered; ``hint``
+            ends its message.
     """
-    data = directory / record.data
-    problems = []
-    for name, info in sorted(record.files.items()):
-        file = data / name
-        if not file.is_file():
-            problems.append(f"{name} is missing")
-        elif file.stat().st_size != info["size"]:
-            problems.append(f"{name} has {file.stat().st_size} bytes, {info['size']} were written")
-        elif verify and crc32_of(file) != info["crc32"]:
-            problems.append(f"{name} fails its CRC-32 check (bytes changed after writing)")
+    problems = file_problems(directory / record.data, record.files, verify)
     if problems:
-        raise CorruptCheckpointError(
-            f"The sharded checkpoint {str(directory)!r} is damaged: {'; '.join(problems)}. Resume from an "
-            "earlier checkpoint."
-        )
+        raise damaged_sharded(directory, problems, hint if verify else "")
 
 
-def verify_full_file(path: Path) -> None:
+def assign_shares(sizes: Mapping[str, int], world_size: int) -> list[list[str]]:
+    """Split files (name -> bytes) among ``world_size`` ranks for checksumming.
+
+    Each rank takes the tensor files its own rank number wrote (``__<rank>_<n>.distcp``): at the
+    world size that wrote them, the files it reads its own shards from, likeliest in its page
+    cache. The rest (written by ranks this job does not have) go out largest first, each to the
+    rank with the fewest bytes so far (the lowest rank on a tie). Every rank computes the same
+    split from the same record.
+    """
+    shares: list[list[str]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    rest = []
+    for name in sorted(sizes):
+        match = _SHARD_FILE.fullmatch(name)
+        if match is not None and int(match[1]) < world_size:
+            shares[int(match[1])].append(name)
+            loads[int(match[1])] += sizes[name]
+        else:
+            rest.append(name)
+    for name in sorted(rest, key=lambda n: (-sizes[n], n)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        shares[rank].append(name)
+        loads[rank] += sizes[name]
+    return shares
+
+
+# ---------------------------------------------------------------------- full checkpoint files
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local header: 30 bytes
+_ZIP_MAGIC = b"PK\x03\x04"
+PICKLE_ENTRY = "data.pkl"  # torch.save's pickle: every other entry is read through it
+
+
+@dataclass(frozen=True)
+class ArchiveEntry:
+    """One entry of a ``torch.save`` archive: where its bytes are and the CRC-32 recorded for them."""
+
+    name: str
+    offset: int
+    size: int
+    crc32: int
+
+
+def _damaged_file(path: Path, detail: str, hint: str = "") -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"The checkpoint file {str(path)!r} is damaged{detail}. Nothing was loaded. Resume from an earlier "
+        "checkpoint instead." + (f" {hint}" if hint else "")
+    )
+
+
+def archive_entries(path: Path) -> list[ArchiveEntry] | None:
+    """The entries of the ``torch.save`` archive ``path`` that carry a CRC-32, in file order; None
+    when there is nothing to check against (see [Note: checksums checked on load]).
+
+    Raises:
+        CorruptCheckpointError: the archive's directory or an entry's header is damaged.
+    """
+    with open(path, "rb") as f:
+        if f.read(4) != _ZIP_MAGIC:
+            return None  # torch's legacy (pre-1.6) format: no checksums
+    try:
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+        entries = []
+        with open(path, "rb") as f:
+            for info in infos:
+                if info.compress_type != zipfile.ZIP_STORED:
+                    raise zipfile.BadZipFile(f"entry {info.filename!r} is compressed, which torch.save never does")
+                if info.CRC == 0:
+                    continue  # empty, or written with compute_crc32=False
+                f.seek(info.header_offset)
+                header = f.read(_LOCAL_HEADER.size)
+                if len(header) != _LOCAL_HEADER.size or header[:4] != _ZIP_MAGIC:
+                    raise zipfile.BadZipFile(f"the header of entry {info.filename!r} is damaged")
+                *_, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+                offset = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+                entries.append(ArchiveEntry(info.filename, offset, info.file_size, info.CRC))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, struct.error, ValueError) as err:
+        raise _damaged_file(path, f" or not a checkpoint ({err})") from err
+    return sorted(entries, key=lambda e: e.offset) or None
+
+
+def entry_problems(path: Path, entries: Sequence[ArchiveEntry]) -> list[str]:
+    """The entries of ``path`` whose bytes fail their CRC-32 check. Never raises."""
+    problems = []
+    buffer = bytearray(_CHUNK)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            for entry in entries:
+                f.seek(entry.offset)
+                if _crc32_of_range(f, buffer, entry.size) != entry.crc32:
+                    problems.append(f"entry {entry.name!r} fails its CRC-32 check")
+    except OSError as err:
+        problems.append(f"it cannot be read ({type(err).__name__}: {err})")
+    return problems
+
+
+def full_file_error(path: Path, problems: Sequence[str], hint: str = "") -> CorruptCheckpointError:
+    """The error for a checkpoint file whose entries have ``problems``."""
+    return _damaged_file(path, f": {'; '.join(problems)}", hint)
+
+
+def verify_full_file(path: Path, hint: str = "") -> bool:
     """Check every entry of a checkpoint file against the CRC-32 ``torch.save`` recorded for it.
 
     ``torch.load`` does not check these, so a flipped byte inside tensor data loads silently.
+    Returns False when the file carries no checksums to check (see [Note: checksums checked on load]).
 
     Raises:
         CorruptCheckpointError: an entry fails its check, or the file is not a readable archive.
     """
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (zipfile.BadZipFile, OSError, zlib.error) as err:
-        raise CorruptCheckpointError(
-            f"The checkpoint file {str(path)!r} is damaged or not a checkpoint ({err}). Resume from an earlier "
-            "checkpoint instead."
-        ) from err
-    if bad is not None:
-        raise CorruptCheckpointError(
-            f"The checkpoint file {str(path)!r} is damaged: entry {bad!r} fails its CRC-32 check. Resume from "
-            "an earlier checkpoint instead."
-        )
+    entries = archive_entries(path)
+    if entries is None:
+        return False
+    problems = entry_problems(path, entries)
+    if problems:
+        raise full_file_error(path, problems, hint)
+    return True
 
 
 def verify(path: str | Path) -> Format:

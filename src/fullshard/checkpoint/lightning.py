@@ -216,8 +216,9 @@ def convert_checkpoint(
     if optimizers and ("optimizer_states" not in checkpoint or "lr_schedulers" not in checkpoint):
         raise CheckpointError(
             f"The Lightning checkpoint {path!r} holds only the model weights (it was saved with "
-            "save_weights_only=True), so training cannot resume from it. Load the weights with "
-            "Module.load_from_checkpoint() or Trainer.validate(ckpt_path=...), and fit without ckpt_path."
+            "save_weights_only=True), so training cannot resume from it. To fine-tune from its weights with "
+            f"fresh optimizers, pass fit(..., ckpt_path={path!r}, ckpt_weights_only=True); validate, test, "
+            "predict and Module.load_from_checkpoint() take it as it is."
         )
     out["lr_schedulers"] = list(checkpoint.get("lr_schedulers", []))
     out["optimizer_count"] = len(saved)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from fullshard.checkpoint.io import load_checkpoint_file
-from fullshard.checkpoint.layout import META_NAME, detect_format
+from fullshard.checkpoint.layout import META_NAME, detect_format, verify_full_file
 from fullshard.checkpoint.tools import _committed, _read_dcp
 from fullshard.checkpoint.validate import check_state_dict_matches
 from fullshard.errors import CheckpointNotFoundError
@@ -37,7 +37,15 @@ def _default_map_location(storage: torch.UntypedStorage, location: str) -> Any:
     return None
 
 
+# load_from_checkpoint's keyword arguments are the module's: no verify=False to offer here
+_LOAD_ANYWAY = (
+    "To read it regardless, damaged bytes and all, load it into a Trainer with "
+    "validate(model, ckpt_path=..., ckpt_verify=False)."
+)
+
+
 def _read_full(path: Path, map_location: Any) -> dict[str, Any]:
+    verify_full_file(path, _LOAD_ANYWAY)  # [Note: checksums checked on load] in layout.py
     return load_checkpoint_file(path, map_location=map_location or _default_map_location)
 
 
@@ -50,7 +58,7 @@ def _read_sharded(path: Path, map_location: Any) -> dict[str, Any]:
             "map_location must be a device ('cpu', 'cuda:0', torch.device(...)) or None. To remap devices "
             "with a dict or function, consolidate it first: fullshard checkpoint consolidate PATH OUT.ckpt."
         )
-    _, data = _committed(path)
+    _, data = _committed(path, verify=True, hint=_LOAD_ANYWAY)
     checkpoint = load_checkpoint_file(data / META_NAME, require_state_dict=False)
     weights = _read_dcp(data, prefix="model.").get("model", {})
     device = torch.device(map_location) if map_location is not None else None

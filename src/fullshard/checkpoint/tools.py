@@ -27,7 +27,14 @@ from fullshard.checkpoint.io import (
     load_checkpoint_file,
     restore_tied,
 )
-from fullshard.checkpoint.layout import META_NAME, CommitRecord, check_sharded_files, detect_format, verify
+from fullshard.checkpoint.layout import (
+    META_NAME,
+    CommitRecord,
+    check_sharded_files,
+    detect_format,
+    verify,
+    verify_full_file,
+)
 from fullshard.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 
 HF_WEIGHTS_NAME = "model.safetensors"  # the file Hugging Face's from_pretrained reads in a directory
@@ -65,21 +72,31 @@ def _read_dcp(data: Path, prefix: str | None = None) -> dict[str, Any]:
     return state
 
 
-def _committed(path: Path) -> tuple[CommitRecord, Path]:
+# what the errors of a damaged input say to read it regardless
+NO_VERIFY_HINT = "To read it regardless, damaged bytes and all, pass --no-verify (verify=False)."
+
+
+def _committed(path: Path, verify: bool = False, hint: str = NO_VERIFY_HINT) -> tuple[CommitRecord, Path]:
+    """The record and data directory of a sharded checkpoint, every file checked: there, of its
+    size, and (``verify``) of its CRC-32."""
     record = CommitRecord.read(path)
-    check_sharded_files(path, record, verify=False)
+    check_sharded_files(path, record, verify=verify, hint=hint)
     return record, path / record.data
 
 
-def consolidate(sharded: str | Path, out: str | Path) -> Path:
+def consolidate(sharded: str | Path, out: str | Path, *, verify: bool = True) -> Path:
     """Turn a sharded checkpoint into one full checkpoint file, loadable by every strategy and by
-    ``torch.load`` (its ``state_dict`` by the plain ``nn.Module``)."""
+    ``torch.load`` (its ``state_dict`` by the plain ``nn.Module``).
+
+    ``verify``: check every file's CRC-32 against the commit record first, and refuse a damaged
+    checkpoint (:class:`CorruptCheckpointError` naming the files) before writing anything.
+    """
     sharded, out = Path(sharded), Path(out)
     if detect_format(sharded) != "sharded":
         raise CheckpointError(
             f"{str(sharded)!r} is a full checkpoint file already; there is nothing to consolidate."
         )
-    _, data = _committed(sharded)
+    _, data = _committed(sharded, verify=verify)
     meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
     state = _read_dcp(data)
     groups = meta.pop("optimizer_param_groups", [])
@@ -198,14 +215,17 @@ def _safetensors() -> Any:
     return safetensors.torch
 
 
-def _model_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+def _model_weights(path: Path, verify: bool) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
     """The model tensors of a checkpoint of either format (tied aliases included), and its record
-    of ties: None for a checkpoint without one (written by Lightning, or by an older fullshard)."""
+    of ties: None for a checkpoint without one (written by Lightning, or by an older fullshard).
+    ``verify``: check the CRC-32s of what is read first."""
     if detect_format(path) == "full":
+        if verify:
+            verify_full_file(path, NO_VERIFY_HINT)
         checkpoint = load_checkpoint_file(path)
         weights, recorded = checkpoint["state_dict"], checkpoint.get(TIED_KEY)
     else:
-        _, data = _committed(path)
+        _, data = _committed(path, verify=verify)
         recorded = load_checkpoint_file(data / META_NAME, require_state_dict=False).get(TIED_KEY)
         weights = _read_dcp(data, prefix="model.").get("model", {})
     restore_tied(weights, recorded)
@@ -316,6 +336,7 @@ def export_safetensors(
     prefix: str | None = None,
     keep_tied: bool = False,
     drop_other_keys: bool = False,
+    verify: bool = True,
 ) -> Path:
     """Write the model weights of a checkpoint (either format) to a ``.safetensors`` file.
 
@@ -334,6 +355,9 @@ def export_safetensors(
             and the prefixes present, unless ``drop_other_keys``.
         keep_tied: write every name of a tied tensor, each as a copy of its own.
         drop_other_keys: leave the keys without ``prefix`` out instead of raising.
+        verify: check the checkpoint's CRC-32s first (a full file's archive entries; a sharded
+            one's files against its commit record) and refuse a damaged one
+            (:class:`CorruptCheckpointError` naming the files) before writing anything.
 
     Returns:
         The file written (atomically: a failed export leaves no partial file).
@@ -341,7 +365,7 @@ def export_safetensors(
     st = _safetensors()
     path = Path(path)
     target = _export_target(Path(out))
-    weights, recorded = _model_weights(path)
+    weights, recorded = _model_weights(path, verify)
     ties = find_ties(weights, recorded)
     if prefix:
         prefix = prefix if prefix.endswith(".") else prefix + "."

@@ -83,6 +83,11 @@ class ClusterEnvironment(ABC):
         """Raise :class:`MisconfigurationError` when the Trainer's ``devices``/``num_nodes``
         disagree with what the environment started."""
 
+    def num_nodes(self) -> int | None:
+        """How many nodes the surrounding system started, for ``Trainer(num_nodes="auto")``; None
+        when it does not say (then the job has one node)."""
+        return None
+
     def teardown(self) -> None:  # noqa: B027 (a no-op is the right default)
         """Undo what this object changed in the process (by default nothing)."""
 
@@ -280,7 +285,16 @@ class TorchElasticEnvironment(ClusterEnvironment):
         return _env_int("GROUP_RANK", 0)
 
     @override
+    def num_nodes(self) -> int:
+        """``GROUP_WORLD_SIZE``: the nodes (agents) of this rendezvous round, which under
+        ``--nnodes=MIN:MAX`` can change from one restart to the next."""
+        if "GROUP_WORLD_SIZE" in os.environ:
+            return _env_int("GROUP_WORLD_SIZE")
+        return max(self.world_size() // _env_int("LOCAL_WORLD_SIZE", self.world_size()), 1)
+
+    @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        _check_restartable()
         world_size = self.world_size()
         local_world_size = _env_int("LOCAL_WORLD_SIZE", num_devices)
         if world_size == num_devices * num_nodes and local_world_size == num_devices:
@@ -292,6 +306,39 @@ class TorchElasticEnvironment(ClusterEnvironment):
             f" num_nodes={max(world_size // max(local_world_size, 1), 1)}, or start torchrun with"
             f" --nproc-per-node={num_devices} --nnodes={num_nodes}."
         )
+
+
+# [Note: torchrun restarts and the shared store]
+# torchrun's elastic agent hosts the TCPStore its workers' process group meets in
+# (TORCHELASTIC_USE_AGENT_STORE=True, https://github.com/pytorch/pytorch/pull/128096) and keeps
+# that store across restarts. The keys a process group writes there are the same in every
+# attempt, so a restarted worker can read a peer's address from the attempt before and fail with
+# "Gloo connectFullMesh failed ... Connection refused" (NCCL fails alike:
+# https://github.com/pytorch/pytorch/issues/135712). On torch 2.13 with gloo, 2 of 3 restarts we
+# tried failed so. The workers cannot tell the attempts apart by themselves:
+# TORCHELASTIC_RESTART_COUNT is counted by each agent and can differ between nodes. With
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment, the c10d rendezvous (also behind
+# --standalone) has rank 0 of each attempt host a fresh store on a fresh port, and restarts
+# re-form the group cleanly. The static rendezvous (torchrun's default when given --master-addr /
+# --master-port) always shares its store: restarts need --rdzv-backend=c10d.
+_SHARED_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def _check_restartable() -> None:
+    """Refuse a torchrun job whose restarted workers would meet in the store of the attempt
+    before: [Note: torchrun restarts and the shared store]."""
+    max_restarts = _env_int("TORCHELASTIC_MAX_RESTARTS", 0)
+    if max_restarts == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    raise MisconfigurationError(
+        f"torchrun was started with --max-restarts={max_restarts} and shares its TCPStore with the workers"
+        " (TORCHELASTIC_USE_AGENT_STORE=True): restarted workers can read the addresses of the attempt"
+        " before and fail to form the process group (https://github.com/pytorch/pytorch/issues/135712)."
+        f" Set {_SHARED_STORE_OFF}=1 for torchrun and use the c10d rendezvous, e.g."
+        f" `{_SHARED_STORE_OFF}=1 torchrun --standalone --max-restarts={max_restarts} ...` on one machine or"
+        " `--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT` on several (the static rendezvous always shares"
+        " its store); or pass --max-restarts=0. See docs/launching.md, 'Elastic restarts with torchrun'."
+    )
 
 
 # SLURM gives no rendezvous port, and every process of a job must compute the same one
@@ -370,6 +417,13 @@ class SLURMEnvironment(ClusterEnvironment):
     @override
     def node_rank(self) -> int:
         return _env_int("SLURM_NODEID")
+
+    @override
+    def num_nodes(self) -> int | None:
+        for name in ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+            if name in os.environ:
+                return _env_int(name)
+        return None
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:

@@ -19,6 +19,7 @@ its parent is gone and ends itself.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -30,14 +31,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError, ProcessFailedError
+from fullshard.launch import stuck_ranks
 from fullshard.launch.environments import ClusterEnvironment
 
-__all__ = ["Launcher", "SubprocessScriptLauncher", "wait_for_local_children"]
+__all__ = ["Launcher", "SubprocessScriptLauncher", "end_job", "wait_for_local_children"]
 
 T = TypeVar("T")
 
@@ -227,7 +229,8 @@ class _LocalJob:
         atexit.register(self._at_exit)
 
     def run(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``function`` in rank 0; if it raises (KeyboardInterrupt too), end the children."""
+        """Run ``function`` in rank 0; if it raises (KeyboardInterrupt too), end the children,
+        unless every rank ends this way on purpose (see :func:`expect_exit_code`)."""
         if self._stopped:
             raise ProcessFailedError(
                 "The other processes of this job were stopped after an earlier failure, so this process"
@@ -235,6 +238,10 @@ class _LocalJob:
             )
         try:
             return function(*args, **kwargs)
+        except SystemExit as stop:
+            if stop.code != _expected_exit_code or _expected_exit_code is None:
+                self.stop()
+            raise
         except BaseException:
             self.stop()
             raise
@@ -265,10 +272,10 @@ class _LocalJob:
             time.sleep(_CHILD_POLL_S)
             codes = [(child, child.process.poll()) for child in self._children]
             for child, code in codes:
-                if code is not None and code != 0:
+                if code is not None and code not in (0, _expected_exit_code):
                     self._fail(child, code)
                     return
-            if all(code == 0 for _, code in codes):
+            if all(code is not None and code in (0, _expected_exit_code) for _, code in codes):
                 return
 
     def _fail(self, failed: _Child, code: int) -> None:
@@ -291,13 +298,23 @@ class _LocalJob:
     def _at_exit(self) -> None:
         # Python sets sys.last_value when an uncaught exception ends the program: the children
         # may be waiting for rank 0 in a call it will never make, so end them instead of waiting.
-        if getattr(sys, "last_value", None) is not None:
+        last = getattr(sys, "last_value", None)
+        if last is not None and not (isinstance(last, SystemExit) and last.code == _expected_exit_code):
             self.stop()
             return
         self._monitor.join()  # returns once all children exited 0; ends this process otherwise
 
 
 _running_job: _LocalJob | None = None
+_expected_exit_code: int | None = None
+
+
+def expect_exit_code(code: int) -> None:
+    """Every rank of the job is about to end with exit status ``code`` on purpose (preemption:
+    each saved its part of the checkpoint): the processes rank 0 started ending with it is not a
+    failure that must end the others (see [Note: a failure ends the job])."""
+    global _expected_exit_code
+    _expected_exit_code = code
 
 
 def wait_for_local_children() -> None:
@@ -312,6 +329,24 @@ def wait_for_local_children() -> None:
     job = _running_job
     if job is not None and not job._stopped:
         job._monitor.join(timeout=60)  # a child stuck in its own teardown must not keep rank 0 forever
+
+
+def end_job(status: int) -> NoReturn:
+    """End this process at once with ``status``, from any thread, and the processes it started.
+
+    For a process whose main thread cannot be reached (stuck in user code or in a C++
+    collective; see [Note: stuck ranks] in :mod:`fullshard.launch.stuck_ranks`). In a rank 0
+    that started its node's other processes, those are ended first; elsewhere the launcher (or
+    torchrun, or ``srun --kill-on-bad-exit``) sees this process fail and ends the job.
+    """
+    job = _running_job
+    if job is not None:
+        job.stop()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
+    os._exit(status)
 
 
 # Runs the program as python would, then leaves without finalizing the interpreter: see
@@ -405,6 +440,7 @@ class SubprocessScriptLauncher(Launcher):
                     self.cluster_environment, self.num_processes, self.num_nodes
                 )
                 _running_job = _start_local_job(settings)
-        if _running_job is None:
-            return function(*args, **kwargs)
-        return _running_job.run(function, *args, **kwargs)
+        with stuck_ranks.launched():
+            if _running_job is None:
+                return function(*args, **kwargs)
+            return _running_job.run(function, *args, **kwargs)

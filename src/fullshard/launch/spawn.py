@@ -47,6 +47,7 @@ from torch.multiprocessing.spawn import (
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError, ProcessFailedError
+from fullshard.launch import stuck_ranks
 from fullshard.launch.environments import ClusterEnvironment
 from fullshard.launch.launchers import (
     _CHILD_POLL_S,
@@ -183,7 +184,8 @@ def _spawned_main(
         _report_failure(channels, local_rank, f"{type(error).__name__}: {error}")
         raise
     try:
-        value = payload.function(*payload.args, **payload.kwargs)
+        with stuck_ranks.launched():
+            value = payload.function(*payload.args, **payload.kwargs)
         if local_rank == 0:
             trainer = payload.trainer
             trainer_state = trainer._get_spawn_result() if trainer is not None else None

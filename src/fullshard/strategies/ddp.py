@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 from fullshard.strategies.strategy import NULL_CONTEXT
 
@@ -26,6 +27,7 @@ class DDPStrategy(ParallelStrategy):
         start_method: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         state_dict_type: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         rank_agreement_timeout: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+        stuck_rank_timeout: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         **ddp_kwargs: passed on to ``DistributedDataParallel`` (``find_unused_parameters``,
             ``gradient_as_bucket_view``, ``static_graph``, ...).
     """
@@ -40,6 +42,7 @@ class DDPStrategy(ParallelStrategy):
         start_method: str = "popen",
         state_dict_type: str = "full",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
+        stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(
@@ -48,6 +51,7 @@ class DDPStrategy(ParallelStrategy):
             start_method=start_method,
             state_dict_type=state_dict_type,
             rank_agreement_timeout=rank_agreement_timeout,
+            stuck_rank_timeout=stuck_rank_timeout,
         )
         self.ddp_kwargs = ddp_kwargs
 

@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from fullshard.compile import fsdp_units, parse_compile
 from fullshard.errors import MisconfigurationError
+from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.policies import (
     Policy,
     WrapPlan,
@@ -164,7 +165,7 @@ class FSDPStrategy(ParallelStrategy):
             units, the module's ``forward``): True, False/None, or a dict of ``torch.compile``
             keyword arguments (docs/compile.md). The same as ``Trainer(compile=...)``; giving both
             with different values raises.
-        process_group_backend, timeout, start_method, rank_agreement_timeout: as for
+        process_group_backend, timeout, start_method, rank_agreement_timeout, stuck_rank_timeout: as for
             :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         **kwargs: passed to ``FullyShardedDataParallel`` (``limit_all_gathers``, ``forward_prefetch``,
             ``backward_prefetch``, ``sync_module_states``, ``process_group``, ...).
@@ -191,6 +192,7 @@ class FSDPStrategy(ParallelStrategy):
         timeout: timedelta | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
+        stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -199,6 +201,7 @@ class FSDPStrategy(ParallelStrategy):
             start_method=start_method,
             state_dict_type=state_dict_type,
             rank_agreement_timeout=rank_agreement_timeout,
+            stuck_rank_timeout=stuck_rank_timeout,
         )
         self.auto_wrap_policy: Policy | None = normalize_policy(auto_wrap_policy, "auto_wrap_policy")
         self.activation_checkpointing_policy: Policy | None = normalize_policy(

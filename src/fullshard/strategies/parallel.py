@@ -6,14 +6,18 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError, RankDivergenceError
@@ -23,9 +27,11 @@ from fullshard.launch import (
     LocalEnvironment,
     SpawnLauncher,
     SubprocessScriptLauncher,
+    stuck_ranks,
     wait_for_local_children,
 )
-from fullshard.launch.launchers import QUIET_START_VAR
+from fullshard.launch.launchers import QUIET_START_VAR, end_job
+from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT, check_stuck_rank_timeout
 from fullshard.strategies.strategy import ReduceOp, Strategy
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,9 @@ T = TypeVar("T")
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 DEFAULT_RANK_AGREEMENT_TIMEOUT = timedelta(seconds=30)
+_EXIT_BARRIER_TIMEOUT = timedelta(seconds=30)
+_EXIT_KEY = "fullshard/exit/arrived"
+_STORE_TIMEOUT = timedelta(seconds=10)  # the watchdog's own store connection: no call waits longer
 _BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 _START_METHODS = ("popen", "spawn", "fork", "forkserver")
 _REDUCE_OPS = {
@@ -60,13 +69,19 @@ def _destroy_process_group_at_exit() -> None:
     therefore leave without finalizing: [Note: a launched copy leaves with os._exit] in
     fullshard.launch.rerun_main.
     """
+    stuck_ranks.stop_watching()
     if not dist.is_available() or not dist.is_initialized():
         return
-    if _failed:  # peers are stuck elsewhere or gone: meeting them would only delay the exit
+    if _failed or getattr(sys, "last_value", None) is not None:
+        # This process failed (in a Trainer call, or in the user's code after it: an uncaught
+        # exception): its peers are stuck elsewhere or gone, and meeting them would only delay
+        # the exit that ends the job (see [Note: failures after fit]).
+        return
+    if not _all_ranks_leaving(_EXIT_BARRIER_TIMEOUT):
         return
     try:
         if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timedelta(seconds=30))
+            dist.monitored_barrier(timeout=_EXIT_BARRIER_TIMEOUT)
         else:
             dist.barrier()
     except Exception as err:  # peers gone: nothing to agree on any more
@@ -74,6 +89,47 @@ def _destroy_process_group_at_exit() -> None:
     wait_for_local_children()  # rank 0 hosts the store: let the others leave first
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
+
+
+def _all_ranks_leaving(timeout: timedelta) -> bool:
+    """[Note: failures after fit]
+
+    A rank whose program ended (returned, or raised) while a peer is still inside a collective
+    (``save_checkpoint`` or ``validate`` after ``fit``, which this rank never called) must not
+    wait for that peer in a collective of its own: gloo's barrier, even the monitored one, can
+    wait on its send for the process group's timeout (30 minutes), and the peer waits for it in
+    turn. A process that raised skips the barrier (its exit ends the job through the launcher,
+    or torchrun); one that ended normally first counts its arrival in the store, which waits
+    for nothing, and meets the others in the barrier only when every rank has arrived. If not
+    all arrive within ``timeout``, it says so and leaves: the peer's collective then fails
+    (gloo: "Connection closed by peer") instead of waiting out the timeout.
+    """
+    world_size = dist.get_world_size()
+    if world_size == 1:
+        return True
+    try:
+        store = _default_store()
+        deadline = time.monotonic() + timeout.total_seconds()
+        arrived = store.add(_EXIT_KEY, 1)
+        pause = 0.005
+        while arrived < world_size:
+            if time.monotonic() >= deadline:
+                print(
+                    f"fullshard: rank {dist.get_rank()} reached the end of its program, but {world_size - arrived}"
+                    f" of the {world_size} ranks did not within {timeout.total_seconds():g} s; they may be waiting in"
+                    " a collective this rank never called (e.g. save_checkpoint or validate called on some ranks"
+                    " only: every rank must call them). Leaving without the final barrier.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            arrived = store.add(_EXIT_KEY, 0)
+    except Exception as err:  # the store's host (rank 0) is gone: nobody left to meet
+        log.debug("counting the ranks that leave failed: %s", err)
+        return False
+    return True
 
 
 def _end_quiet_start() -> None:
@@ -103,6 +159,11 @@ class ParallelStrategy(Strategy):
         rank_agreement_timeout: how long a rank that skips a step or runs out of data waits for
             the others to do the same before raising
             :class:`~fullshard.errors.RankDivergenceError` (see :meth:`check_rank_agreement`).
+        stuck_rank_timeout: how long a rank may go without beginning a batch (training,
+            validation, test, predict) before the job ends, naming the stuck rank and showing its
+            stack (5 minutes by default; None turns the check off). Time outside ``fit`` /
+            ``validate`` / ... and checkpoint reads and writes do not count; see
+            [Note: stuck ranks] in :mod:`fullshard.launch.stuck_ranks` and docs/launching.md.
     """
 
     def __init__(
@@ -113,6 +174,7 @@ class ParallelStrategy(Strategy):
         start_method: str = "popen",
         state_dict_type: str = "full",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
+        stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
     ) -> None:
         super().__init__(state_dict_type=state_dict_type)
         if process_group_backend is not None and process_group_backend not in _BACKENDS:
@@ -140,6 +202,7 @@ class ParallelStrategy(Strategy):
         self.timeout = timeout or DEFAULT_TIMEOUT
         self.start_method = start_method
         self.rank_agreement_timeout = rank_agreement_timeout
+        self.stuck_rank_timeout = check_stuck_rank_timeout(stuck_rank_timeout)
         self._agreements: dict[tuple[str, str], int] = {}  # reports made so far, by (event, key)
         self._launcher: Launcher | None = None
 
@@ -214,22 +277,66 @@ class ParallelStrategy(Strategy):
             # N processes on one machine each defaulting to all cores would oversubscribe it.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.num_processes))
         self._set_world_ranks()  # spawned workers learn their rank only now, from the launcher's variables
-        if dist.is_initialized():
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", env.main_address)
+            os.environ.setdefault("MASTER_PORT", str(env.main_port))
+            dist.init_process_group(
+                self.process_group_backend,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                timeout=self.timeout,
+            )
+            atexit.register(_destroy_process_group_at_exit)
+        self._watch_for_stuck_ranks()
+
+    def _watch_for_stuck_ranks(self) -> None:
+        """Start this process's stuck-rank watchdog ([Note: stuck ranks] in
+        fullshard.launch.stuck_ranks), or stop it when this strategy turns the check off."""
+        if self.stuck_rank_timeout is None or self.world_size == 1:
+            stuck_ranks.stop_watching()
             return
-        os.environ.setdefault("MASTER_ADDR", env.main_address)
-        os.environ.setdefault("MASTER_PORT", str(env.main_port))
-        dist.init_process_group(
-            self.process_group_backend,
+        # A connection of its own (see the note); torch 2.13's stubs lack Store.clone.
+        store: Store = _default_store().clone()  # type: ignore[attr-defined]
+        store.set_timeout(_STORE_TIMEOUT)
+        stuck_ranks.watch(
             rank=self.global_rank,
             world_size=self.world_size,
-            timeout=self.timeout,
+            timeout=self.stuck_rank_timeout,
+            store=store,
+            untimed_first_batch=self.compile is not None,
+            end_process=end_job,
         )
-        atexit.register(_destroy_process_group_at_exit)
 
     @override
     def on_exception(self, exception: BaseException) -> None:
         global _failed
         _failed = True
+
+    # ------------------------------------------------------- checkpoints (never timed as stuck)
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer] = ()
+    ) -> None:
+        with stuck_ranks.paused():
+            super().save_checkpoint(checkpoint, path, optimizers)
+
+    @override
+    def load_checkpoint(
+        self,
+        path: str | Path,
+        optimizers: Sequence[Optimizer] = (),
+        *,
+        weights_only: bool = False,
+        check: Callable[[dict[str, Any]], None] | None = None,
+        verify: bool = True,
+    ) -> dict[str, Any]:
+        with stuck_ranks.paused():
+            return super().load_checkpoint(path, optimizers, weights_only=weights_only, check=check, verify=verify)
+
+    @override
+    def wait_for_checkpoint(self) -> None:
+        with stuck_ranks.paused():
+            super().wait_for_checkpoint()
 
     # ---------------------------------------------------------------------------- collectives
     @override
@@ -275,6 +382,12 @@ class ParallelStrategy(Strategy):
         return bool(votes.item() == self.world_size) if all else bool(votes.item() > 0)
 
     # ---------------------------------------------------------------------- rank agreement
+    @override
+    def key_value_store(self) -> Any:
+        if self.world_size == 1 or not dist.is_initialized():
+            return None
+        return _default_store()
+
     @override
     def check_rank_agreement(self, event: str, key: str, detail: str) -> None:
         """Wait (at most :attr:`rank_agreement_timeout`) until every rank has reported ``event``

@@ -358,6 +358,11 @@ class Strategy:
         dist.all_gather(gathered, tensor)
         return torch.stack(gathered)
 
+    def key_value_store(self) -> Any:
+        """The process group's key-value store (a ``torch.distributed.Store``), for agreements
+        that must not be collectives; None with one process."""
+        return None
+
     def check_rank_agreement(self, event: str, key: str, detail: str) -> None:
         """Called by the host on a rank that does something its peers must do too, at the same
         point: skip a step (``training_step`` returned None), or run out of data.
@@ -445,13 +450,19 @@ class Strategy:
         *,
         weights_only: bool = False,
         check: Callable[[dict[str, Any]], None] | None = None,
+        verify: bool = True,
     ) -> dict[str, Any]:
         """Load the model (and optimizer) states of a checkpoint of either format into place and
         return the rest of it (collective). Nothing changes when the checkpoint is incomplete, damaged,
-        of another model, or fails ``check``."""
+        of another model or optimizer, or fails ``check``.
+
+        ``weights_only``: load the model state only (the optimizers keep theirs). ``verify``: check
+        the CRC-32 of every file read first, spread over the ranks (docs/checkpoints.md); False
+        loads a damaged checkpoint's bytes as they are.
+        """
         from fullshard.checkpoint import engine
 
-        return engine.load(self, path, optimizers, weights_only=weights_only, check=check)
+        return engine.load(self, path, optimizers, weights_only=weights_only, check=check, verify=verify)
 
     def wait_for_checkpoint(self) -> None:
         """Wait until the checkpoint being written in the background (``async_save``), if any, is

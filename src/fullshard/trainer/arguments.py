@@ -29,7 +29,7 @@ TRAINER_ARGUMENTS = (
     "num_sanity_val_steps", "log_every_n_steps", "enable_checkpointing", "enable_progress_bar",
     "enable_model_summary", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
     "deterministic", "benchmark", "inference_mode", "use_distributed_sampler", "detect_anomaly",
-    "default_root_dir", "compile",
+    "default_root_dir", "compile", "preemption_signals", "requeue_on_preemption", "on_nonfinite_loss",
 )  # fmt: skip
 
 

@@ -22,14 +22,16 @@ data: see [Note: portable RNG states].
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
-from fullshard.errors import CheckpointError
+from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.seed import rng_states, set_rng_states
+from fullshard.trainer.model_checkpoint import commit_time
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
@@ -62,6 +64,55 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
         callback.on_save_checkpoint(trainer, module, checkpoint)
     module.on_save_checkpoint(checkpoint)
     return checkpoint
+
+
+# [Note: ckpt_path="last" and elastic restarts]
+# ``fit(ckpt_path="last")`` resumes from the newest complete checkpoint in the directories of the
+# run's ModelCheckpoint callbacks, and starts fresh (with a warning, as Lightning) when there is
+# none. So one command serves both the first attempt of a torchrun job and every restart after a
+# crash, at any number of processes (sharded checkpoints reshard, the data position converts).
+# Global rank 0 chooses and tells the others: ranks on several machines may list a shared file
+# system at different moments (or with attribute caches of different ages) and must not load
+# different checkpoints.
+def newest_checkpoint(trainer: Trainer, stage: str) -> str | None:
+    """What ``ckpt_path="last"`` means: the newest complete checkpoint in the ModelCheckpoint
+    directories, as global rank 0 sees them; None (and a warning) when there is none. Collective."""
+    newest: str | None = None
+    if trainer.is_global_zero:
+        found = [p for cb in trainer.checkpoint_callbacks if (p := cb.newest_checkpoint()) is not None]
+        newest = max(found, key=lambda p: commit_time(Path(p))) if found else None
+    newest = trainer.strategy.broadcast(newest)
+    if newest is None and trainer.is_global_zero:
+        dirs = [cb.dirpath for cb in trainer.checkpoint_callbacks if cb.dirpath is not None]
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        warnings.warn(
+            f"{stage}(ckpt_path='last') found no checkpoint in the ModelCheckpoint directories"
+            + (f" ({', '.join(map(repr, dirs))})" if dirs else " (the Trainer has no ModelCheckpoint)")
+            + "; "
+            + ("training starts from scratch." if stage == "fit" else "the model's current weights are used.")
+            + (
+                f" This is restart {restart} of a torchrun job: if an earlier attempt saved checkpoints, they are"
+                " elsewhere. A ModelCheckpoint without dirpath saves into the logger's version folder, which is"
+                " new in every attempt: pass ModelCheckpoint(dirpath=...) so that every attempt uses the same one."
+                if restart != "0"
+                else ""
+            ),
+            stacklevel=4,
+        )
+    return newest
+
+
+def load_options(ckpt_path: str | Path | None, weights_only: object, verify: object) -> tuple[bool, bool]:
+    """The ``ckpt_weights_only`` and ``ckpt_verify`` arguments of fit/validate/test/predict, checked."""
+    for name, value in (("ckpt_weights_only", weights_only), ("ckpt_verify", verify)):
+        if not isinstance(value, bool):
+            raise MisconfigurationError(f"{name}={value!r} is invalid: pass True or False.")
+    if weights_only and ckpt_path is None:
+        raise MisconfigurationError(
+            "fit(ckpt_weights_only=True) loads the weights of the checkpoint given as ckpt_path, and none was "
+            "given. Pass ckpt_path=... too, or leave ckpt_weights_only out."
+        )
+    return bool(weights_only), bool(verify)
 
 
 def scheduler_check(trainer: Trainer, path: str | Path) -> Callable[[dict[str, Any]], None]:
@@ -129,12 +180,13 @@ def restore_rng_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
         return
     rank, world_size = trainer.strategy.global_rank, trainer.strategy.world_size
     if len(states) != world_size:
-        warnings.warn(
-            f"The checkpoint was written by {len(states)} process(es) and is resumed by {world_size}: "
-            "random-number states are not restored, so dropout and shuffling will differ from an "
-            "uninterrupted run.",
-            stacklevel=2,
-        )
+        if trainer.is_global_zero:  # once, not once per process
+            warnings.warn(
+                f"The checkpoint was written by {len(states)} process(es) and is resumed by {world_size}: "
+                "random-number states are not restored, so dropout and shuffling will differ from an "
+                "uninterrupted run.",
+                stacklevel=2,
+            )
         return
     set_rng_states(_native(states[rank]))
 

@@ -29,6 +29,19 @@ def resolve_accelerator(accelerator: str) -> str:
     return "cpu"
 
 
+def resolve_num_nodes(num_nodes: Any, env: ClusterEnvironment) -> int:
+    """``num_nodes`` as an int; ``"auto"`` takes the number of nodes torchrun or SLURM started
+    (1 otherwise), so that an elastic job (``torchrun --nnodes=1:4``) runs on however many joined."""
+    if num_nodes == "auto":
+        return env.num_nodes() or 1
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise MisconfigurationError(
+            f"num_nodes={num_nodes!r} is invalid: use an int >= 1, or 'auto' for the number of nodes torchrun "
+            "or SLURM started."
+        )
+    return num_nodes
+
+
 def resolve_devices(
     devices: Any, accelerator: str, env: ClusterEnvironment, num_nodes: int
 ) -> list[torch.device]:

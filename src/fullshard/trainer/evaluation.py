@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fullshard.launch import stuck_ranks
+
 if TYPE_CHECKING:
     from fullshard.module import Module
     from fullshard.trainer.data import PreparedLoader
@@ -96,6 +98,7 @@ def _run(
             batch = next(iterator)
         except StopIteration:
             break
+        stuck_ranks.kick(stage, batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
         batch = strategy.batch_to_device(batch)
         metrics.set_batch(batch)
         for hook in batch_start:

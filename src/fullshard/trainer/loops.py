@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullshard.errors import MisconfigurationError
+from fullshard.launch import stuck_ranks
 from fullshard.trainer import checkpointing, evaluation
 
 if TYPE_CHECKING:
@@ -100,6 +101,9 @@ def run_train_epoch(trainer: Trainer) -> None:
     zero_grad_hooks = hooks["on_before_zero_grad"]
     before_backward = hooks["on_before_backward"]
     after_backward = hooks["on_after_backward"]
+    nonfinite = trainer._nonfinite  # Trainer(on_nonfinite_loss=...), see fullshard.trainer.nonfinite
+    if nonfinite is not None:
+        nonfinite.reset()
 
     metrics.stage = "train"
     metrics.in_step = False
@@ -117,6 +121,7 @@ def run_train_epoch(trainer: Trainer) -> None:
                 "end_of_data", str(batch_idx), f"the training data ended after {batch_idx} batches"
             )
             break
+        stuck_ranks.kick("train", batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
         batch = strategy.batch_to_device(batch)
         metrics.set_batch(batch)
         trainer.is_last_batch = batch_idx + 1 == num_batches
@@ -135,6 +140,8 @@ def run_train_epoch(trainer: Trainer) -> None:
                     f"training_step returned None at epoch {trainer.current_epoch}, batch {batch_idx}",
                 )
             else:
+                if nonfinite is not None:
+                    nonfinite.observe(loss, batch_idx)
                 if batch_idx % accumulate == 0:
                     for optimizer in trainer.optimizers:
                         for hook in zero_grad_hooks:
@@ -149,8 +156,10 @@ def run_train_epoch(trainer: Trainer) -> None:
                     hook()
         trainer._batches_in_epoch = batch_idx = batch_idx + 1
         trainer._total_batch_idx += 1
-        if boundary and loss is not None:
+        if boundary and loss is not None and (nonfinite is None or nonfinite.step_allowed(trainer)):
             _optimizer_step(trainer)
+            if trainer._preemption.requested and trainer._preemption.should_stop(trainer.global_step):
+                trainer._preemption.save_and_exit(trainer)  # see [Note: preemption, agreed ...]
             if strategy.pending_checkpoint is not None:  # a checkpoint being written in the background
                 strategy.pending_checkpoint.step_boundary(trainer.global_step)  # raises if it failed
         if batch_end:

@@ -44,6 +44,7 @@ from typing_extensions import override
 from fullshard.checkpoint.layout import RECORD_NAME
 from fullshard.errors import MisconfigurationError
 from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.preemption import TrainingPreempted
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -285,6 +286,8 @@ class ModelCheckpoint(Callback):
     @override
     def on_exception(self, trainer: Trainer, pl_module: Module, exception: BaseException) -> None:
         if not self.save_on_exception or not self._fitting or trainer.sanity_checking or trainer.fast_dev_run:
+            return
+        if isinstance(exception, TrainingPreempted):  # it saved its own checkpoint already
             return
         if self._last_global_step_saved == trainer.global_step:
             return

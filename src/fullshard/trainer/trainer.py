@@ -6,6 +6,7 @@ import functools
 import logging
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,19 @@ from torch.optim import Optimizer
 
 from fullshard.compile import parse_compile
 from fullshard.datamodule import DataModule
-from fullshard.errors import MisconfigurationError
+from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.strategies.meta_init import init_new_modules, user_init_of
-from fullshard.trainer import arguments, checkpointing, evaluation, loops
+from fullshard.trainer import arguments, checkpointing, evaluation, loops, nonfinite, preemption
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.data import PreparedLoader, SavedPosition
 from fullshard.trainer.data_setup import DataSetup
-from fullshard.trainer.devices import resolve_accelerator, resolve_devices
+from fullshard.trainer.devices import resolve_accelerator, resolve_devices, resolve_num_nodes
 from fullshard.trainer.loggers import CSVLogger, Logger
 from fullshard.trainer.metrics import MetricsCollector
-from fullshard.trainer.model_checkpoint import ModelCheckpoint, commit_time
+from fullshard.trainer.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
 from fullshard.trainer.preflight import DataSources, check_lightning_only_hooks, overrides, single_loader
 from fullshard.trainer.progress import ProgressBar
@@ -58,7 +59,8 @@ class Trainer(DataSetup):
         strategy: ``"auto"``, a registered name (``"ddp"``, ``"fsdp"``, ...) or a
             :class:`~fullshard.strategies.Strategy` instance.
         devices: processes per node: ``"auto"``, an int, -1 (all GPUs) or a list of GPU indices.
-        num_nodes: number of machines.
+        num_nodes: number of machines, or ``"auto"``: as many as torchrun (``GROUP_WORLD_SIZE``) or
+            SLURM (``SLURM_NNODES``) started, 1 otherwise; for elastic jobs whose node count varies.
         precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or ``"bf16-true"``.
         logger: a :class:`~fullshard.loggers.Logger`, a list of them, True/None for a
             :class:`~fullshard.loggers.CSVLogger` in ``default_root_dir``, or False.
@@ -96,6 +98,17 @@ class Trainer(DataSetup):
             (e.g. transformer block) is compiled, otherwise the module's ``forward``; the step
             methods stay eager. Not a Lightning option (there, call ``torch.compile(model)``);
             see docs/compile.md. A strategy's own ``compile=`` must agree with it.
+        preemption_signals: signals that stop training cleanly (docs/clusters.md): every rank
+            agrees on an optimizer step, saves ``last.ckpt`` (in the ModelCheckpoint's directory,
+            else ``default_root_dir``) and leaves ``fit`` with ``TrainingPreempted``, exit status
+            128 + the signal's number. Names, numbers or ``signal.Signals``; None turns it off.
+            Not a Lightning option (Lightning handles SIGTERM in its SLURM plugin).
+        requeue_on_preemption: under SLURM, rank 0 runs ``scontrol requeue $SLURM_JOB_ID`` after
+            the preemption checkpoint is saved.
+        on_nonfinite_loss: when a training loss is NaN or infinite on any rank: ``"raise"`` stops
+            before that optimizer step with ``NonFiniteLossError`` naming the step and ranks;
+            ``"skip"`` skips that optimizer step on every rank; None does not check. Not a
+            Lightning option; see docs/checkpoints.md for its cost.
     """
 
     def __init__(
@@ -104,7 +117,7 @@ class Trainer(DataSetup):
         accelerator: str = "auto",
         strategy: str | Strategy = "auto",
         devices: Any = "auto",
-        num_nodes: int = 1,
+        num_nodes: int | str = 1,
         precision: Any = "32-true",
         logger: Logger | Iterable[Logger] | bool | None = None,
         callbacks: Callback | Iterable[Callback] | None = None,
@@ -134,13 +147,15 @@ class Trainer(DataSetup):
         detect_anomaly: bool = False,
         default_root_dir: str | Path | None = None,
         compile: bool | dict[str, Any] | None = None,
+        preemption_signals: Any = preemption.DEFAULT_SIGNALS,
+        requeue_on_preemption: bool = True,
+        on_nonfinite_loss: str | None = "raise",
         **lightning_only: Any,
     ) -> None:
         arguments.reject_unknown(lightning_only)
         self.fast_dev_run = arguments.fast_dev_run_batches(fast_dev_run)
         log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps
         arguments.check_counts(
-            num_nodes=num_nodes,
             accumulate_grad_batches=accumulate_grad_batches,
             log_every_n_steps=log_every_n_steps,
         )
@@ -184,6 +199,13 @@ class Trainer(DataSetup):
         arguments.check_limits(**limits)
         arguments.check_deterministic(deterministic)
         compile_config = parse_compile(compile, "Trainer")
+        self._preemption_signals = preemption.parse_signals(preemption_signals)
+        if not isinstance(requeue_on_preemption, bool):
+            raise MisconfigurationError(f"requeue_on_preemption={requeue_on_preemption!r} must be True or False.")
+        self._requeue_on_preemption = requeue_on_preemption
+        self._nonfinite = nonfinite.parse(on_nonfinite_loss)  # [Note: agreeing on a non-finite loss]
+        # what the loop reads at each optimizer step; a live one is set for each fit
+        self._preemption = preemption.Preemption((), requeue=False)
 
         if self.fast_dev_run:
             limits = dict.fromkeys(limits, self.fast_dev_run)
@@ -215,6 +237,7 @@ class Trainer(DataSetup):
 
         self._accelerator = resolve_accelerator(accelerator)
         environment = select_cluster_environment()
+        num_nodes = resolve_num_nodes(num_nodes, environment)
         device_list = resolve_devices(devices, self._accelerator, environment, num_nodes)
         self._strategy = self._resolve_strategy(strategy, len(device_list) * num_nodes)
         self._strategy.configure(
@@ -488,14 +511,26 @@ class Trainer(DataSetup):
         val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | Path | None = None,
+        *,
+        ckpt_weights_only: bool = False,
+        ckpt_verify: bool = True,
     ) -> None:
         """Train ``model``; resume from ``ckpt_path`` (a path, ``"last"`` or ``"best"``) when given.
 
+        ``"last"`` is the newest complete checkpoint in the ModelCheckpoint directories, or a fresh
+        start (with a warning) when there is none: the same command starts a torchrun job and
+        resumes it after each restart (docs/launching.md, "Elastic restarts with torchrun").
+
         Data comes from ``train_dataloaders``/``val_dataloaders``, a ``datamodule`` (also accepted
         in place of ``train_dataloaders``), or the module's own ``train_dataloader()``/``val_dataloader()``.
+        ``ckpt_weights_only``: load only the checkpoint's weights and train from there with fresh
+        optimizers, schedulers and step counters (fine-tuning; a checkpoint saved with
+        ``weights_only=True`` needs it). ``ckpt_verify``: check the checkpoint's CRC-32s first
+        (docs/checkpoints.md); False loads a damaged checkpoint as it is.
         """
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
+        self._ckpt_options = checkpointing.load_options(ckpt_path, ckpt_weights_only, ckpt_verify)
         sources = self._sources(datamodule, train=train_dataloaders, val=val_dataloaders)
         self._preflight("fit", model, sources)
         self._launch(self._run, "fit", model, sources, ckpt_path)
@@ -507,8 +542,12 @@ class Trainer(DataSetup):
         ckpt_path: str | Path | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        *,
+        ckpt_verify: bool = True,
     ) -> list[dict[str, float]]:
-        """Run one validation pass; returns ``[metrics]`` (the epoch values logged in it)."""
+        """Run one validation pass; returns ``[metrics]`` (the epoch values logged in it).
+        ``ckpt_verify``: as for :meth:`fit`."""
+        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify)
         return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
     def test(
@@ -518,8 +557,12 @@ class Trainer(DataSetup):
         ckpt_path: str | Path | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        *,
+        ckpt_verify: bool = True,
     ) -> list[dict[str, float]]:
-        """Run one pass over the test data with ``test_step``; returns ``[metrics]``."""
+        """Run one pass over the test data with ``test_step``; returns ``[metrics]``.
+        ``ckpt_verify``: as for :meth:`fit`."""
+        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify)
         return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
     def predict(
@@ -529,6 +572,8 @@ class Trainer(DataSetup):
         datamodule: DataModule | None = None,
         return_predictions: bool | None = None,
         ckpt_path: str | Path | None = None,
+        *,
+        ckpt_verify: bool = True,
     ) -> list[Any] | None:
         """Run ``predict_step`` over the prediction data; returns the list of per-batch predictions.
 
@@ -537,7 +582,9 @@ class Trainer(DataSetup):
         the processes in step), and the list returned is this process's. On global rank 0 with
         the default launcher that is the process that called ``predict``; gather across
         processes with ``self.all_gather`` in ``on_predict_epoch_end`` if you need all of them.
+        ``ckpt_verify``: as for :meth:`fit`.
         """
+        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify)
         keep = True if return_predictions is None else return_predictions
         result = self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule, keep)
         return result if keep else None
@@ -577,7 +624,9 @@ class Trainer(DataSetup):
 
         Every process must call this (it gathers per-rank state); global rank 0 writes the file
         (or each process its shards, with ``state_dict_type="sharded"``). ``weights_only``: leave
-        out optimizer and scheduler states.
+        out optimizer and scheduler states. With ``FSDP2Strategy(async_save=True)`` it returns once
+        the state is copied to host memory; the checkpoint is committed in the background, and
+        the next save, the end of ``fit`` or the process exit wait for it (docs/checkpoints.md).
         """
         if self._module is None or self._strategy.module is None:
             raise RuntimeError(
@@ -709,6 +758,7 @@ class Trainer(DataSetup):
             strategy.on_exception(exception)
             for cb in self.callbacks:
                 cb.on_exception(self, model, exception)
+            _finish_background_save(strategy, exception)
             self._finalize_loggers("failed")
             raise
         finally:
@@ -749,8 +799,16 @@ class Trainer(DataSetup):
             log.info(model_summary(model))
         self.should_stop = False
         self._call("on_fit_start")
-        loops.run_fit(self, model, sources, checkpoint)
+        self._preemption = preemption.Preemption(self._preemption_signals, self._requeue_on_preemption)
+        if self._preemption_signals:
+            self._preemption.start(self)
+        try:
+            loops.run_fit(self, model, sources, checkpoint)
+        finally:
+            self._preemption.stop()
         self._call("on_fit_end")
+        # fit returns once every checkpoint it started is committed; a failed one raises here
+        self._strategy.wait_for_checkpoint()
         self._fitted = True
         if isinstance(self._strategy.launcher, SpawnLauncher):
             # gathering the weights is collective (FSDP): every rank takes part, rank 0 sends them
@@ -759,6 +817,7 @@ class Trainer(DataSetup):
         return None
 
     _fitted = False
+    _ckpt_options = (False, True)  # (weights only, verify) of the current call's ckpt_path
 
     def _configure_torch(self) -> None:
         if self.deterministic is not None:
@@ -827,15 +886,16 @@ class Trainer(DataSetup):
         path = self._resolved_ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
         if path is None:
             return None
-        if stage != "fit":
-            checkpoint = self._strategy.load_checkpoint(path, weights_only=True)
+        weights_only, verify = self._ckpt_options
+        if stage != "fit" or weights_only:
+            checkpoint = self._strategy.load_checkpoint(path, weights_only=True, verify=verify)
             module = self.lightning_module
             module.on_load_checkpoint(checkpoint)
             for callback in self.callbacks:
                 callback.on_load_checkpoint(self, module, checkpoint)
-            return checkpoint
+            return checkpoint if stage != "fit" else None  # fine-tuning: fresh loops and RNG states
         checkpoint = self._strategy.load_checkpoint(
-            path, self.optimizers, check=checkpointing.scheduler_check(self, path)
+            path, self.optimizers, check=checkpointing.scheduler_check(self, path), verify=verify
         )
         checkpointing.restore_checkpoint(self, checkpoint)
         return checkpoint
@@ -860,15 +920,7 @@ class Trainer(DataSetup):
             return best
         if str(ckpt_path) != "last":
             return str(ckpt_path)
-        candidates = [cb.newest_checkpoint() for cb in self.checkpoint_callbacks]
-        found = [c for c in candidates if c is not None]
-        if not found:
-            rank_zero_warn(
-                f"{stage}(ckpt_path='last') found no checkpoint in the ModelCheckpoint directories; "
-                + ("training starts from scratch." if stage == "fit" else "the model's current weights are used.")
-            )
-            return None
-        return max(found, key=lambda p: commit_time(Path(p)))
+        return checkpointing.newest_checkpoint(self, stage)
 
     # ----------------------------------------------------------------- helpers for the loops
     def _call(self, hook: str, *args: Any) -> None:
@@ -997,6 +1049,16 @@ class Trainer(DataSetup):
         callback = self.checkpoint_callback
         if callback is not None and result.get("best_model_path"):
             callback.best_model_path = result["best_model_path"]
+
+
+def _finish_background_save(strategy: Strategy, exception: BaseException) -> None:
+    """When a run fails, let the checkpoint being written in the background (``async_save``)
+    commit: it is complete, and the last state before the failure. Its own failure, if any, is
+    reported beside the run's exception, which goes on."""
+    try:
+        strategy.wait_for_checkpoint()
+    except CheckpointError as err:
+        warnings.warn(f"{err} (The run itself failed with {type(exception).__name__}.)", stacklevel=3)
 
 
 def _init_new_layers(model: Module, existing: set[int]) -> None:

@@ -1,0 +1,177 @@
+"""Cost of the stuck-rank watchdog (fullshard.launch.stuck_ranks) per training step.
+
+Run from the repository root::
+
+    python benchmarks/stuck_ranks.py                 # about a minute on 2 cores
+    python benchmarks/stuck_ranks.py --pairs 20 --steps 300
+
+Everything runs in this one process on CPU with one intra-op thread; the watchdog publishes its
+heartbeats to a real ``TCPStore`` on the loopback interface, as in a job.
+
+kick
+    The call the training loop makes once per batch, ``stuck_ranks.kick("train", batch_idx)``,
+    with a watchdog started and with none (timeit: the best of 7 repeats, per call).
+watchdog thread
+    What the thread does while nothing is stuck: a look at its own main thread every tick and a
+    heartbeat (the main thread's frame, JSON, one ``store.set``) every heartbeat interval, each
+    timed alone (best of 7), and what that adds up to per second: the time the thread holds the
+    GIL, at most what it takes from the training thread. With the kick, per step of the
+    Trainer's 9 ms (benchmarks/overhead.py's workload in 2 processes, docs/benchmarks.md), this
+    is the cost the watchdog adds, as a factor.
+step, paired
+    A training step of benchmarks/overhead.py's workload (MLP 512 -> 512 -> 512 -> 10, ReLU,
+    batch 64, SGD, cross entropy; one process, so no collective) plus one kick with the watchdog
+    thread running, over the same step without the kick and with no watchdog (the Trainer before
+    the watchdog existed). Segments of ``--steps`` steps alternate between the two (the first
+    ``--warmup`` of each not timed) so that neighbouring segments see the same load; the figure
+    is the median of the ``--pairs`` ratios of mean step times. An end-to-end check whose noise on
+    a shared machine is far larger than the cost itself. Measured for the default timeout
+    (5 minutes: the thread wakes every second and publishes every 10 s) and for the 3 s the
+    tests use (it wakes every 0.15 s and publishes every 0.3 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import timeit
+from collections.abc import Callable
+from datetime import timedelta
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fullshard.launch import stuck_ranks
+
+PER_STEP_TARGET = 1.03  # the Trainer's per-step overhead budget (docs/benchmarks.md)
+TRAINER_STEP_S = 0.009  # the Trainer's time per step of this workload in 2 processes (docs/benchmarks.md)
+
+
+def _watch(timeout: timedelta, store: dist.Store) -> stuck_ranks.StuckRankWatchdog:
+    return stuck_ranks.watch(
+        rank=0,
+        world_size=1,
+        timeout=timeout,
+        store=store,
+        untimed_first_batch=False,
+        end_process=lambda status: None,
+    )
+
+
+def kick_ns(store: dist.Store, number: int = 200_000) -> tuple[float, float]:
+    """Nanoseconds per ``kick`` call: (no watchdog, watchdog started)."""
+    call = "kick('train', 3)"
+    namespace = {"kick": stuck_ranks.kick}
+    stuck_ranks.stop_watching()
+    idle = min(timeit.repeat(call, globals=namespace, number=number, repeat=7)) / number * 1e9
+    _watch(stuck_ranks.DEFAULT_STUCK_RANK_TIMEOUT, store)
+    stuck_ranks.kick("train", 0)  # the first kick of a stage takes the slow path once
+    try:
+        active = min(timeit.repeat(call, globals=namespace, number=number, repeat=7)) / number * 1e9
+    finally:
+        stuck_ranks.stop_watching()
+    return idle, active
+
+
+def thread_cost_us(store: dist.Store) -> tuple[float, float]:
+    """Microseconds per (look at the main thread, heartbeat) of a started watchdog."""
+    watchdog = _watch(stuck_ranks.DEFAULT_STUCK_RANK_TIMEOUT, store)
+    watchdog.kick("train", 0)
+    try:
+        look = min(timeit.repeat(watchdog.overdue, number=20_000, repeat=7)) / 20_000 * 1e6
+        beat = min(timeit.repeat(watchdog.publish, number=500, repeat=7)) / 500 * 1e6
+    finally:
+        stuck_ranks.stop_watching()
+    return look, beat
+
+
+def _step_function() -> Callable[[int], None]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    inputs, labels = torch.randn(64, 512), torch.randint(10, (64,))
+
+    def step(_: int) -> None:
+        loss = nn.functional.cross_entropy(net(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _segment(step: Callable[[int], None], steps: int, warmup: int, kick: bool) -> float:
+    """Mean seconds per timed step of one segment."""
+    for i in range(warmup):
+        if kick:
+            stuck_ranks.kick("train", i)
+        step(i)
+    start = time.perf_counter()
+    for i in range(warmup, steps):
+        if kick:
+            stuck_ranks.kick("train", i)
+        step(i)
+    return (time.perf_counter() - start) / (steps - warmup)
+
+
+def paired_ratio(
+    timeout: timedelta, store: dist.Store, pairs: int, steps: int, warmup: int
+) -> tuple[float, float, float, float]:
+    """(median ratio, lowest, highest, median ms per step without) of steps with the watchdog
+    over steps without, in alternating segments."""
+    step = _step_function()
+    _segment(step, steps, warmup, kick=False)  # warm up the allocator and caches
+    ratios, base = [], []
+    for pair in range(pairs):
+        times: dict[bool, float] = {}
+        for watched in (pair % 2 == 0, pair % 2 == 1):  # alternate which goes first
+            if watched:
+                _watch(timeout, store)
+            times[watched] = _segment(step, steps, warmup, kick=watched)
+            stuck_ranks.stop_watching()
+        ratios.append(times[True] / times[False])
+        base.append(times[False])
+    return statistics.median(ratios), min(ratios), max(ratios), statistics.median(base) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=12, help="pairs of segments per timeout")
+    parser.add_argument("--steps", type=int, default=200, help="steps per segment")
+    parser.add_argument("--warmup", type=int, default=10, help="steps of each segment not timed")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10))
+
+    idle, active = kick_ns(store)
+    look, beat = thread_cost_us(store)
+    cores = f"{os.cpu_count()} cores, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+    print(f"torch {torch.__version__}, {cores}, load average {os.getloadavg()[0]:.2f}")
+    print(f"kick: {idle:.0f} ns per call with no watchdog, {active:.0f} ns with one started")
+    print(f"watchdog thread: {look:.2f} us per look at the main thread, {beat:.0f} us per heartbeat")
+    settings = (("default (5 min)", stuck_ranks.DEFAULT_STUCK_RANK_TIMEOUT), ("3 s", timedelta(seconds=3)))
+    for label, timeout in settings:
+        timing = stuck_ranks.Timing(timeout.total_seconds())
+        thread_us = look / timing.tick + beat / timing.heartbeat  # per second
+        per_step_ns = active + thread_us * TRAINER_STEP_S * 1e3
+        print(
+            f"timeout {label}: the thread looks every {timing.tick:g} s and publishes every {timing.heartbeat:g} s,"
+            f" {thread_us:.0f} us per second; per {TRAINER_STEP_S * 1e3:g} ms Trainer step: {per_step_ns:.0f} ns"
+            f" = {1 + per_step_ns / (TRAINER_STEP_S * 1e9):.5f}x"
+        )
+    for label, timeout in settings:
+        median, low, high, base_ms = paired_ratio(timeout, store, args.pairs, args.steps, args.warmup)
+        verdict = "within" if median <= PER_STEP_TARGET else "above"
+        print(
+            f"paired steps with/without the watchdog, timeout {label}: {median:.4f}x (median of {args.pairs};"
+            f" {low:.3f}x to {high:.3f}x), {base_ms:.2f} ms per step; {verdict} the {PER_STEP_TARGET}x budget"
+        )
+
+
+if __name__ == "__main__":
+    main()

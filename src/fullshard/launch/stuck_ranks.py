@@ -1,0 +1,621 @@
+"""Stuck ranks: end a job whose rank stopped making progress, naming the rank and where it is.
+
+[Note: stuck ranks]
+A rank that stops making progress (it sleeps, deadlocks, or waits in a collective the other
+ranks never call) fails nothing: the others wait for it in their next collective until the
+process group's timeout (30 minutes by default), and then report a timeout that does not say
+which rank was stuck or where. So each process runs a watchdog thread:
+
+- The training and evaluation loops *kick* it once per batch (:func:`kick`): two attribute
+  writes and a counter, no collective, no lock. A launched function's end (``fit``,
+  ``validate``, ... returning, see :func:`launched`) *rests* it until the next kick, and
+  checkpoint I/O *pauses* it (:func:`paused`), so the time a user spends outside the loops,
+  setup, and saving or loading a checkpoint are never timed. With ``compile``, the first
+  batch of each stage (where torch.compile compiles) is not timed either.
+- Every ``heartbeat`` seconds the thread publishes this rank's progress (batches begun, the
+  last one, seconds since) and where its main thread is (innermost frame, and whether that is
+  inside torch, as a rank waiting in a collective is) to the process group's key-value store,
+  from its own connection: a main thread blocked in a store call cannot block it.
+- When its own main thread has not kicked for ``timeout``, it reads every rank's heartbeat
+  twice, ``2 * heartbeat`` apart (a rank whose heartbeat did not move is *silent*: gone,
+  stopped, or holding the GIL in native code). The ranks *behind* are the silent ones, else
+  those that began the fewest batches; on a tie, those not waiting inside torch. A rank that
+  is behind writes its own stack (all its threads) to stderr under a header naming it, and
+  ends with exit code 1; the launcher then ends the job as on any failure ([Note: a failure
+  ends the job] in fullshard.launch.launchers; torchrun and ``srun --kill-on-bad-exit`` do
+  the same). A rank that is not behind says which rank it waits for and where that rank is,
+  then waits ``grace`` seconds for the job to end that way before ending itself, so that a
+  silent rank cannot keep the job alive either.
+
+Progress counts compare across ranks because every rank runs the same batches. A rank
+stopped in a debugger (pdb, debugpy) is never reported; a rank whose thread holds the GIL
+cannot report itself, but its peers name it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from fullshard.errors import MisconfigurationError
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
+
+__all__ = [
+    "DEFAULT_STUCK_RANK_TIMEOUT",
+    "Heartbeat",
+    "StuckRankWatchdog",
+    "Timing",
+    "check_stuck_rank_timeout",
+    "find_behind",
+    "kick",
+    "launched",
+    "paused",
+    "stop_watching",
+    "watch",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STUCK_RANK_TIMEOUT = timedelta(minutes=5)
+STUCK_EXIT_CODE = 1
+_KEY_PREFIX = "fullshard/stuck_ranks"
+_STAGE_NAMES = {"train": "training", "validate": "validation", "test": "test", "predict": "prediction"}
+_TORCH_SPEC = importlib.util.find_spec("torch")  # found, not imported: launch/ does not need torch
+_TORCH_DIR = (
+    Path(_TORCH_SPEC.origin).parent
+    if _TORCH_SPEC is not None and _TORCH_SPEC.origin
+    else Path("/nonexistent")
+)
+_FULLSHARD_DIR = Path(__file__).parent.parent
+_STDLIB_DIRS = tuple(Path(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+_DEBUGGER_FILES = ("bdb.py", "pdb.py")
+
+
+def check_stuck_rank_timeout(value: Any) -> timedelta | None:
+    """``stuck_rank_timeout`` as given, when it is a positive ``timedelta`` or None."""
+    if value is None or (isinstance(value, timedelta) and value > timedelta(0)):
+        return value
+    raise MisconfigurationError(
+        f"stuck_rank_timeout must be a positive datetime.timedelta or None (no check), got {value!r}."
+        " For example: stuck_rank_timeout=datetime.timedelta(minutes=5), the default."
+    )
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The watchdog's intervals, all derived from ``timeout`` (seconds)."""
+
+    timeout: float
+
+    @property
+    def tick(self) -> float:
+        """How often the thread looks at its own main thread."""
+        return min(max(self.timeout / 20, 0.05), 1.0)
+
+    @property
+    def heartbeat(self) -> float:
+        """How often a rank publishes its heartbeat."""
+        return min(max(self.timeout / 10, 0.2), 10.0)
+
+    @property
+    def grace(self) -> float:
+        """How long a rank waiting for a stuck peer gives the job to end before ending itself."""
+        return min(max(self.timeout / 5, 3.0), 60.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a thread is
+
+
+def _inside(filename: str, directory: Path) -> bool:
+    return filename.startswith(str(directory) + os.sep)
+
+
+def _in_stdlib(filename: str) -> bool:
+    return "site-packages" not in filename and any(_inside(filename, d) for d in _STDLIB_DIRS)
+
+
+def _short_path(filename: str) -> str:
+    for directory in (_TORCH_DIR, _FULLSHARD_DIR):
+        if _inside(filename, directory):
+            return os.path.relpath(filename, directory.parent)
+    return filename
+
+
+def _describe_frame(frame: FrameType) -> str:
+    return f"{frame.f_code.co_name} ({_short_path(frame.f_code.co_filename)}:{frame.f_lineno})"
+
+
+def _frames(innermost: FrameType) -> list[FrameType]:
+    """``innermost`` and its callers, innermost first."""
+    frames: list[FrameType] = []
+    frame: FrameType | None = innermost
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames
+
+
+def locate(innermost: FrameType | None) -> tuple[str, bool]:
+    """Where a thread is, in one line, and whether it is inside torch (waiting in a collective,
+    most likely).
+
+    The innermost frame is named first. When it is in torch or the standard library (a lock's
+    ``wait``), its innermost caller outside both follows: the user's code, or fullshard's loop.
+    Whether the thread is inside torch is decided by its innermost frame outside the standard
+    library.
+    """
+    if innermost is None:
+        return "nowhere in Python (no frame)", False
+    frames = _frames(innermost)
+    own = [f for f in frames if not _in_stdlib(f.f_code.co_filename)]
+    in_torch = bool(own) and _inside(own[0].f_code.co_filename, _TORCH_DIR)
+    where = _describe_frame(innermost)
+    callers = [f for f in own if not _inside(f.f_code.co_filename, _TORCH_DIR)]
+    if callers and callers[0] is not innermost:
+        where += f", called from {_describe_frame(callers[0])}"
+    return where, in_torch
+
+
+def in_debugger(innermost: FrameType | None) -> bool:
+    """Whether a thread is stopped in pdb or a debugpy/pydevd debugger."""
+    if innermost is None:
+        return False
+    return any(
+        os.path.basename(f.f_code.co_filename) in _DEBUGGER_FILES or "pydevd" in f.f_code.co_filename
+        for f in _frames(innermost)
+    )
+
+
+def format_threads(
+    frames: Mapping[int, FrameType], names: Mapping[int, str], main: int | None, skip: int | None
+) -> str:
+    """The stack of every thread in ``frames`` (the ``main`` one first, ``skip`` left out), most
+    recent call last, as ``traceback`` prints them."""
+    order = sorted(frames, key=lambda ident: (ident != main, names.get(ident, "")))
+    blocks = []
+    for ident in order:
+        if ident == skip:
+            continue
+        label = "main thread, the one running the loop" if ident == main else "thread"
+        stack = "".join(traceback.format_stack(frames[ident]))
+        blocks.append(f"{label} {names.get(ident, '?')!r} (most recent call last):\n{stack}")
+    return "".join(blocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Heartbeats and who is behind
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What one rank publishes about itself."""
+
+    rank: int
+    pid: int
+    host: str
+    seq: int  # publications so far: a heartbeat whose seq does not move comes from a silent rank
+    kicks: int  # batches begun in this process
+    stage: str | None  # the stage of the last batch begun ('train', 'validate', ...), None before any
+    batch: int  # its batch index
+    idle: float  # seconds since that batch began, when published
+    state: str  # 'running', 'paused' (checkpoint I/O), 'resting' (outside fit/validate/...)
+    where: str  # the main thread's innermost frame (see :func:`locate`)
+    in_torch: bool  # that frame is inside torch: most likely waiting in a collective
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Heartbeat:
+        return cls(**json.loads(text))
+
+    def progress(self) -> str:
+        """E.g. ``"training batch_idx=2, 3.1 s ago"``."""
+        if self.stage is None:
+            return "no batch begun yet"
+        return (
+            f"{_STAGE_NAMES.get(self.stage, self.stage)} batch_idx={self.batch} began {self.idle:.1f} s ago"
+        )
+
+    def describe(self) -> str:
+        state = {
+            "paused": ", reading or writing a checkpoint",
+            "resting": ", outside fit/validate/test/predict",
+        }
+        return (
+            f"rank {self.rank} (pid {self.pid} on {self.host}): {self.progress()}{state.get(self.state, '')};"
+            f" in {self.where}"
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Who is behind, from two reads of every rank's heartbeat."""
+
+    behind: list[int]
+    silent: list[int]  # ranks among ``behind`` whose heartbeat did not move (or never came)
+
+
+def find_behind(
+    own_rank: int, first: Mapping[int, Heartbeat | None], second: Mapping[int, Heartbeat | None]
+) -> Verdict:
+    """The ranks holding the job back; see [Note: stuck ranks]. ``first`` and ``second`` hold
+    every rank's heartbeat (None where there is none), read ``2 * heartbeat`` apart."""
+    silent = []
+    for rank, beat in second.items():
+        before = first.get(rank)
+        if rank != own_rank and (beat is None or (before is not None and before.seq == beat.seq)):
+            silent.append(rank)
+    if silent:
+        return Verdict(behind=sorted(silent), silent=sorted(silent))
+    beats = {rank: beat for rank, beat in second.items() if beat is not None}
+    fewest = min(beat.kicks for beat in beats.values())
+    behind = [rank for rank, beat in beats.items() if beat.kicks == fewest]
+    outside_torch = [rank for rank in behind if not beats[rank].in_torch]
+    return Verdict(behind=sorted(outside_torch or behind), silent=[])
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def stuck_report(own: Heartbeat, others: list[Heartbeat], timeout: float, stacks: str) -> str:
+    """What a stuck rank writes before it ends."""
+    lines = [
+        f"fullshard: rank {own.rank} (pid {own.pid} on {own.host}) is stuck: its {own.progress()} and it"
+        f" has made no progress since (stuck_rank_timeout={_seconds(timeout)}). Where rank {own.rank} is:",
+        stacks.rstrip("\n"),
+    ]
+    if others:
+        lines.append("fullshard: the other ranks:")
+        lines += [f"  {beat.describe()}" for beat in others]
+    lines.append(
+        f"fullshard: ending rank {own.rank} (exit code {STUCK_EXIT_CODE}) so that the job ends now instead of"
+        " waiting in collectives until the process group's timeout. If this rank was busy on purpose (a long"
+        " hook between two batches), raise stuck_rank_timeout, or pass stuck_rank_timeout=None to turn the"
+        " check off (docs/launching.md, 'Stuck ranks')."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def waiting_report(
+    own: Heartbeat, verdict: Verdict, beats: Mapping[int, Heartbeat | None], grace: float
+) -> str:
+    """What a rank that waits for a stuck peer writes (it ends ``grace`` seconds later)."""
+    behind = verdict.behind
+    lines = [
+        f"fullshard: rank {own.rank} (pid {own.pid} on {own.host}) has made no progress: its {own.progress()},"
+        f" and it is in {own.where}. It waits for {_ranks(behind)}, which "
+        + ("is" if len(behind) == 1 else "are")
+        + " behind:"
+    ]
+    for rank in behind:
+        beat = beats.get(rank)
+        if rank in verdict.silent:
+            last = f"; last heard: {beat.describe()}" if beat is not None else "; it never published one"
+            lines.append(
+                f"  rank {rank} has published no heartbeat for a while: its process is gone, stopped, or holds"
+                f" the GIL in native code, so it cannot report where it is{last}"
+            )
+        elif beat is not None:
+            lines.append(f"  {beat.describe()}")
+    lines.append(
+        f"fullshard: rank {own.rank} ends in {_seconds(grace)} unless the job ends first (a stuck rank ends"
+        " itself, and the launcher then ends the others)."
+    )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The watchdog
+
+
+class StuckRankWatchdog:
+    """The watchdog thread of one process; see [Note: stuck ranks].
+
+    Args:
+        rank, world_size: this process's global rank and the job's size.
+        timeout: how long this process's main thread may go without beginning a batch.
+        store: a key-value store every rank reaches (its own connection: see the note).
+        untimed_first_batch: leave the first batch of each stage untimed (``compile``).
+        end_process: ends this process (and those it started) with the given exit code.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        store: Store,
+        untimed_first_batch: bool,
+        end_process: Callable[[int], object],
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.timing = Timing(timeout.total_seconds())
+        self.untimed_first_batch = untimed_first_batch
+        self._store = store
+        self._end_process = end_process
+        self._host = socket.gethostname()
+        # Written by the main thread (kick, rest, paused), read by the watchdog thread.
+        self._kicks = 0
+        self._last_kick = time.monotonic()
+        self._batch = -1
+        self._stage: str | None = None
+        self._last_stage: str | None = None
+        self._resting = True
+        self._paused = 0
+        self._untimed_kick = -1  # the interval after this many kicks is not timed
+        self._stages_seen: set[str] = set()
+        self._main = threading.main_thread().ident
+        # The watchdog thread's own.
+        self._seq = 0
+        self._next_beat = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -------------------------------------------------------------------- the main thread's side
+    def kick(self, stage: str, batch_idx: int) -> None:
+        """The main thread begins batch ``batch_idx`` of ``stage``: the hot path, keep it lean."""
+        self._last_kick = time.monotonic()
+        self._kicks += 1
+        self._batch = batch_idx
+        if stage != self._stage:
+            self._enter_stage(stage)
+
+    def _enter_stage(self, stage: str) -> None:
+        self._stage = self._last_stage = stage
+        self._main = threading.get_ident()
+        self._resting = False
+        if self.untimed_first_batch and stage not in self._stages_seen:
+            self._stages_seen.add(stage)
+            self._untimed_kick = self._kicks
+
+    def rest(self) -> None:
+        """Stop timing until the next batch begins (the launched function returned)."""
+        self._resting = True
+        self._stage = None  # the next kick takes the slow path, which ends the rest
+        self._stages_seen.clear()  # a new run compiles anew
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Do not time what runs inside (checkpoint I/O); the clock restarts when it ends."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            self._last_kick = time.monotonic()
+
+    # ------------------------------------------------------------------- the watchdog's side
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fullshard-stuck-rank-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    @property
+    def _key(self) -> str:
+        return f"{_KEY_PREFIX}/rank{self.rank}"
+
+    def _state(self) -> str:
+        return "resting" if self._resting else "paused" if self._paused else "running"
+
+    def _main_frame(self) -> FrameType | None:
+        return sys._current_frames().get(self._main) if self._main is not None else None
+
+    def heartbeat(self) -> Heartbeat:
+        """This rank's heartbeat now."""
+        where, in_torch = locate(self._main_frame())
+        return Heartbeat(
+            rank=self.rank,
+            pid=os.getpid(),
+            host=self._host,
+            seq=self._seq,
+            kicks=self._kicks,
+            stage=self._last_stage,
+            batch=self._batch,
+            idle=round(time.monotonic() - self._last_kick, 3),
+            state=self._state(),
+            where=where,
+            in_torch=in_torch,
+        )
+
+    def publish(self) -> Heartbeat:
+        self._seq += 1
+        beat = self.heartbeat()
+        self._store.set(self._key, beat.to_json())
+        return beat
+
+    def read_all(self) -> dict[int, Heartbeat | None]:
+        """Every rank's last heartbeat (None where there is none); never waits for a missing key."""
+        beats: dict[int, Heartbeat | None] = {}
+        for rank in range(self.world_size):
+            key = f"{_KEY_PREFIX}/rank{rank}"
+            beats[rank] = Heartbeat.from_json(self._store.get(key)) if self._store.check([key]) else None
+        return beats
+
+    def overdue(self) -> bool:
+        """Whether the main thread has gone ``timeout`` without beginning a batch while timed."""
+        if self._resting or self._paused or self._kicks == self._untimed_kick:
+            return False
+        if time.monotonic() - self._last_kick < self.timing.timeout:
+            return False
+        return not in_debugger(self._main_frame())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.timing.tick):
+            try:
+                self._publish_when_due()
+                if self.overdue() and self.check_peers():
+                    return
+            except Exception as error:  # the store may be gone at the end of a job: never fail for it
+                log.debug("stuck-rank watchdog: %s", error)
+
+    def _publish_when_due(self) -> None:
+        if time.monotonic() >= self._next_beat:
+            self.publish()
+            self._next_beat = time.monotonic() + self.timing.heartbeat
+
+    def _wait_unless_progress(self, seconds: float, kicks: int) -> bool:
+        """Wait ``seconds``, publishing heartbeats as usual; False as soon as the main thread made
+        progress, or the watchdog stops."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._stop.wait(min(self.timing.tick, max(deadline - time.monotonic(), 0.0))):
+                return False
+            if self._kicks != kicks or not self.overdue():
+                return False
+            with contextlib.suppress(Exception):
+                self._publish_when_due()
+        return True
+
+    def check_peers(self) -> bool:
+        """This rank is overdue: find who is behind, report, and end this process. Returns True
+        when the process was asked to end, False when the main thread made progress meanwhile."""
+        kicks = self._kicks
+        try:
+            self.publish()
+            first = self.read_all()
+        except Exception as error:  # no store (its host is gone): this rank cannot tell, so it ends
+            self._report_alone(error)
+            return True
+        if not self._wait_unless_progress(2 * self.timing.heartbeat, kicks):
+            return False
+        try:
+            own = self.publish()
+            second = self.read_all()
+        except Exception as error:
+            self._report_alone(error)
+            return True
+        verdict = find_behind(self.rank, first, second)
+        if self.rank in verdict.behind:
+            others = [beat for rank, beat in sorted(second.items()) if rank != self.rank and beat is not None]
+            _write(stuck_report(own, others, self.timing.timeout, self._stacks()))
+        else:
+            _write(waiting_report(own, verdict, second, self.timing.grace))
+            if not self._wait_unless_progress(self.timing.grace, kicks):
+                return False
+            _write(
+                f"fullshard: ending rank {self.rank}: the job did not end within {_seconds(self.timing.grace)}"
+                f" of finding {_ranks(verdict.behind)} behind.\n"
+            )
+        self._end_process(STUCK_EXIT_CODE)
+        return True
+
+    def _stacks(self) -> str:
+        names = {thread.ident: thread.name for thread in threading.enumerate() if thread.ident is not None}
+        return format_threads(sys._current_frames(), names, self._main, skip=threading.get_ident())
+
+    def _report_alone(self, error: Exception) -> None:
+        own = self.heartbeat()
+        note = (
+            f"fullshard: the other ranks' heartbeats could not be read ({type(error).__name__}: {error});"
+            " the process hosting the store (rank 0) may be gone.\n"
+        )
+        _write(stuck_report(own, [], self.timing.timeout, self._stacks()) + note)
+        self._end_process(STUCK_EXIT_CODE)
+
+
+def _write(text: str) -> None:
+    stream = sys.stderr if sys.stderr is not None else sys.__stderr__
+    if stream is not None:
+        stream.write(text)  # one write, so that other ranks' lines do not land inside it
+        stream.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# This process's watchdog
+
+
+_active: StuckRankWatchdog | None = None
+
+
+def kick(stage: str, batch_idx: int) -> None:
+    """The loop of ``stage`` (``"train"``, ``"validate"``, ``"test"``, ``"predict"``) begins
+    batch ``batch_idx``; nothing happens unless a strategy started a watchdog in this process."""
+    watchdog = _active
+    if watchdog is not None:
+        watchdog.kick(stage, batch_idx)
+
+
+def watch(
+    *,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    store: Store,
+    untimed_first_batch: bool,
+    end_process: Callable[[int], object],
+) -> StuckRankWatchdog:
+    """Start this process's watchdog (replacing one started before)."""
+    global _active
+    stop_watching()
+    _active = StuckRankWatchdog(
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        store=store,
+        untimed_first_batch=untimed_first_batch,
+        end_process=end_process,
+    )
+    _active.start()
+    return _active
+
+
+def stop_watching() -> None:
+    """Stop this process's watchdog, if any."""
+    global _active
+    watchdog, _active = _active, None
+    if watchdog is not None:
+        watchdog.stop()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Leave what runs inside untimed (checkpoint I/O)."""
+    watchdog = _active
+    if watchdog is None:
+        yield
+        return
+    with watchdog.paused():
+        yield
+
+
+@contextlib.contextmanager
+def launched() -> Iterator[None]:
+    """Around a launched function (``fit``, ``validate``, ...) in the process that runs it: when it
+    ends, however it ends, nothing is timed until the next batch begins."""
+    try:
+        yield
+    finally:
+        watchdog = _active
+        if watchdog is not None:
+            watchdog.rest()
