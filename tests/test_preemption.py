@@ -80,8 +80,7 @@ def test_preempted_run_resumes_exactly(
 def test_single_process_preemption(tmp_path: Path) -> None:
     from torch.utils.data import DataLoader
 
-    import ckpt_helpers  # noqa: F401  (puts tests/scripts on sys.path)
-    from ckpt_job import Net, make_data
+    from ckpt_helpers import Net, make_data
 
     class Signal(fullshard.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]

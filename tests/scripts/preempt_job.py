@@ -22,7 +22,7 @@ import fullshard
 import fullshard.trainer.preemption as preemption
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ckpt_job import Net, make_data, make_strategy  # noqa: E402
+from ckpt_job import Net, make_data, make_strategy
 
 
 class Recorder(fullshard.Callback):
