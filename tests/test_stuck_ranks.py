@@ -172,6 +172,7 @@ def test_a_rank_whose_heartbeat_does_not_move_is_silent() -> None:
     assert (verdict.behind, verdict.silent) == ([1], [1])
     never = {0: _beat(0, 4), 1: None}
     assert find_behind(0, never, _moved(never)).silent == [1]
+    assert find_behind(0, {0: None}, {0: None}).behind == [0]  # nothing to compare: this rank reports
 
 
 def test_stuck_report_names_the_rank_and_shows_the_stack() -> None:

@@ -13,7 +13,9 @@ thread; when one exits non-zero it says so on stderr, ends the rest and ends its
 ``os._exit`` (its main thread may be stuck inside a C++ collective, where no Python
 exception or signal handler can reach it). When rank 0 itself fails, it ends the others
 before re-raising; when it is killed outright, each child notices from a watchdog thread that
-its parent is gone and ends itself.
+its parent is gone and ends itself. A process that is stuck rather than failed ends itself
+after a while, which this same path turns into the end of the job ([Note: stuck ranks] in
+:mod:`fullshard.launch.stuck_ranks`; :func:`end_job`).
 """
 
 from __future__ import annotations

@@ -331,7 +331,9 @@ class ParallelStrategy(Strategy):
         verify: bool = True,
     ) -> dict[str, Any]:
         with stuck_ranks.paused():
-            return super().load_checkpoint(path, optimizers, weights_only=weights_only, check=check, verify=verify)
+            return super().load_checkpoint(
+                path, optimizers, weights_only=weights_only, check=check, verify=verify
+            )
 
     @override
     def wait_for_checkpoint(self) -> None:
