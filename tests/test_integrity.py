@@ -12,8 +12,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ import torch.utils.serialization
 from torch.utils.data import DataLoader
 
 import fullshard
+import fullshard.trainer.nonfinite
 from ckpt_helpers import Net, assert_same_state, full_state, make_data, run_single
 from conftest import check_ok, quiet_trainer, run_script
 from fullshard.checkpoint.events import set_event_hook
@@ -123,12 +126,20 @@ def test_assign_shares_gives_each_rank_its_own_files_then_balances_bytes() -> No
 
 # ----------------------------------------------------------- verification on every load
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
-def test_flipped_byte_is_refused_and_changes_nothing(saved: dict[str, Path], tmp_path: Path, fmt: str) -> None:
+def test_flipped_byte_is_refused_and_changes_nothing(
+    saved: dict[str, Path], tmp_path: Path, fmt: str
+) -> None:
     broken = _damaged(saved, fmt, tmp_path)
     trainer = _trained(tmp_path)
     before = full_state(trainer)
-    named = r"entry '[^']*/data/\d+' fails its CRC-32 check" if fmt == "full" else r"__0_0\.distcp fails its CRC-32"
-    with pytest.raises(CorruptCheckpointError, match=rf"broken-{fmt}\.ckpt'? is damaged: {named}.*ckpt_verify=False"):
+    named = (
+        r"entry '[^']*/data/\d+' fails its CRC-32 check"
+        if fmt == "full"
+        else r"__0_0\.distcp fails its CRC-32"
+    )
+    with pytest.raises(
+        CorruptCheckpointError, match=rf"broken-{fmt}\.ckpt'? is damaged: {named}.*ckpt_verify=False"
+    ):
         trainer.strategy.load_checkpoint(broken, trainer.optimizers)
     assert_same_state(full_state(trainer), before)  # model and optimizer untouched
     with pytest.raises(CorruptCheckpointError, match=named):  # through the Trainer, before anything loads
@@ -179,7 +190,12 @@ def _listing(directory: Path, checkpoint: Path) -> list[str]:
 
 FAILED_SAVES = [
     ("full", "full.mid_data", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), ENOSPC),
-    ("full", "full.before_commit", PermissionError(errno.EACCES, "Permission denied"), r"PermissionError: \[Errno 13\]"),
+    (
+        "full",
+        "full.before_commit",
+        PermissionError(errno.EACCES, "Permission denied"),
+        r"PermissionError: \[Errno 13\]",
+    ),
     ("sharded", "sharded.data_written", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), ENOSPC),
     ("sharded", "sharded.metadata_written", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), ENOSPC),
     ("sharded", "sharded.before_commit", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), ENOSPC),
@@ -218,11 +234,34 @@ def test_failed_save_raises_one_error_and_the_next_save_works(
     assert_same_state(full_state(resumed), full_state(trainer))
 
 
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+def test_failure_after_the_commit_says_the_checkpoint_is_there(
+    saved: dict[str, Path], tmp_path: Path, fmt: str
+) -> None:
+    path = _copy(saved[fmt], tmp_path / "ckpt")
+    trainer = _trained(tmp_path, fmt)
+
+    def fail(reached: str) -> None:
+        if reached == f"{fmt}.after_commit":
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    set_event_hook(fail)
+    with pytest.raises(
+        CheckpointError,
+        match=rf"'{path}' was written and committed \(it loads\), but .* rank 0: OSError: \[Errno 5\]",
+    ) as raised:
+        trainer.save_checkpoint(path)
+    assert not isinstance(raised.value, CheckpointSaveError)
+    assert inspect(path, verify_checksums=True).global_step == 2  # the new checkpoint
+
+
 def test_state_that_cannot_be_pickled_fails_the_save_cleanly(tmp_path: Path) -> None:
     trainer, model = run_single(tmp_path, max_steps=1)
     model.hparams["fn"] = lambda: None  # type: ignore[index]
     path = tmp_path / "x.ckpt"
-    with pytest.raises(CheckpointSaveError, match=r"rank 0: (AttributeError|PicklingError).*keep hyperparameters"):
+    with pytest.raises(
+        CheckpointSaveError, match=r"rank 0: (AttributeError|PicklingError).*keep hyperparameters"
+    ):
         trainer.save_checkpoint(path)
     assert not path.exists() and not list(tmp_path.glob(".tmp-*"))
 
@@ -249,7 +288,9 @@ def test_optimizer_of_another_class_is_refused(saved: dict[str, Path], tmp_path:
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
-def test_weights_only_checkpoint_in_fit_needs_the_option(saved: dict[str, Path], tmp_path: Path, fmt: str) -> None:
+def test_weights_only_checkpoint_in_fit_needs_the_option(
+    saved: dict[str, Path], tmp_path: Path, fmt: str
+) -> None:
     weights_only = saved[f"{fmt}-weights"]
     with pytest.raises(
         CheckpointError,
@@ -275,13 +316,17 @@ def test_weights_only_checkpoint_in_fit_needs_the_option(saved: dict[str, Path],
 def test_checkpoint_options_are_checked(tmp_path: Path) -> None:
     trainer = quiet_trainer(tmp_path, max_steps=1)
     loader = DataLoader(make_data(), batch_size=8)
-    with pytest.raises(MisconfigurationError, match=r"ckpt_weights_only=True\) loads the weights .* Pass ckpt_path"):
+    with pytest.raises(
+        MisconfigurationError, match=r"ckpt_weights_only=True\) loads the weights .* Pass ckpt_path"
+    ):
         trainer.fit(Net(), loader, ckpt_weights_only=True)
     with pytest.raises(MisconfigurationError, match=r"ckpt_verify='no' is invalid: pass True or False"):
         trainer.validate(Net(), loader, ckpt_path="x.ckpt", ckpt_verify="no")  # type: ignore[arg-type]
 
 
-def test_other_number_of_param_groups_is_refused_before_loading(saved: dict[str, Path], tmp_path: Path) -> None:
+def test_other_number_of_param_groups_is_refused_before_loading(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
     class TwoGroups(Net):
         def configure_optimizers(self) -> Any:
             groups: list[dict[str, Any]] = [
@@ -296,7 +341,8 @@ def test_other_number_of_param_groups_is_refused_before_loading(saved: dict[str,
         trainer = _trained(tmp_path, model=TwoGroups())
         before = full_state(trainer)
         with pytest.raises(
-            CheckpointError, match=r"optimizer 0 \(AdamW\) with 1 parameter group\(s\), but configure_optimizers\(\)"
+            CheckpointError,
+            match=r"optimizer 0 \(AdamW\) with 1 parameter group\(s\), but configure_optimizers\(\)",
         ):
             trainer.strategy.load_checkpoint(saved[fmt], trainer.optimizers)
         assert_same_state(full_state(trainer), before)
@@ -309,13 +355,27 @@ MALFORMED_RECORDS: list[tuple[str, Any, str]] = [
     ("files a string", {"files": "abc"}, r"field 'files' is \"abc\", not an object"),
     ("world size a string", {"world_size": "2"}, r"field 'world_size' is \"2\", not an integer"),
     ("step a bool", {"global_step": True}, r"field 'global_step' is true, not an integer"),
-    ("data outside", {"data": "../elsewhere"}, r"field 'data' is '\.\./elsewhere', not the name of a data-\*"),
-    ("file outside", {"files": {"../x": {"size": 1, "crc32": 1}}}, r"'files' names '\.\./x', which is not a file"),
-    ("size a string", {"files": {"meta.pt": {"size": "1", "crc32": 1}}}, r"'files' entry 'meta\.pt' is .*size"),
+    (
+        "data outside",
+        {"data": "../elsewhere"},
+        r"field 'data' is '\.\./elsewhere', not the name of a data-\*",
+    ),
+    (
+        "file outside",
+        {"files": {"../x": {"size": 1, "crc32": 1}}},
+        r"'files' names '\.\./x', which is not a file",
+    ),
+    (
+        "size a string",
+        {"files": {"meta.pt": {"size": "1", "crc32": 1}}},
+        r"'files' entry 'meta\.pt' is .*size",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("what", "change", "match"), MALFORMED_RECORDS, ids=[m[0] for m in MALFORMED_RECORDS])
+@pytest.mark.parametrize(
+    ("what", "change", "match"), MALFORMED_RECORDS, ids=[m[0] for m in MALFORMED_RECORDS]
+)
 def test_malformed_commit_records_are_refused(
     saved: dict[str, Path], tmp_path: Path, what: str, change: Any, match: str
 ) -> None:
@@ -326,7 +386,9 @@ def test_malformed_commit_records_are_refused(
         record = {k: v for k, v in record.items() if v is not None}
     text = change if isinstance(change, str) else json.dumps(record if isinstance(change, dict) else change)
     (path / RECORD_NAME).write_text(text)
-    with pytest.raises(CorruptCheckpointError, match=rf"The commit record '.*{RECORD_NAME}' is damaged: {match}"):
+    with pytest.raises(
+        CorruptCheckpointError, match=rf"The commit record '.*{RECORD_NAME}' is damaged: {match}"
+    ):
         CommitRecord.read(path)
     model = Net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -339,7 +401,9 @@ def test_commit_record_of_a_newer_format_says_so(saved: dict[str, Path], tmp_pat
     path = _copy(saved["sharded"], tmp_path / "ckpt")
     record = json.loads((path / RECORD_NAME).read_text())
     (path / RECORD_NAME).write_text(json.dumps({**record, "format_version": 99, "new_field": 1}))
-    with pytest.raises(CheckpointError, match=r"has format version 99; this fullshard reads format 1 and older"):
+    with pytest.raises(
+        CheckpointError, match=r"has format version 99; this fullshard reads format 1 and older"
+    ):
         CommitRecord.read(path)
     (path / RECORD_NAME).write_text(json.dumps({**record, "new_field": 1}))  # same format, a field added
     assert CommitRecord.read(path).global_step == 4
@@ -353,10 +417,15 @@ def test_consolidate_and_export_refuse_damaged_input(saved: dict[str, Path], tmp
         consolidate(broken, out)
     assert not out.exists()
     cli = [sys.executable, "-m", "fullshard.cli", "checkpoint"]
-    done = subprocess.run([*cli, "consolidate", str(broken), str(out)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*cli, "consolidate", str(broken), str(out)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1 and "__0_0.distcp fails its CRC-32 check" in done.stderr and not out.exists()
     done = subprocess.run(
-        [*cli, "consolidate", "--no-verify", str(broken), str(out)], capture_output=True, text=True, timeout=60
+        [*cli, "consolidate", "--no-verify", str(broken), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     check_ok(done)
     assert out.is_file()
@@ -382,16 +451,25 @@ def test_every_rank_refuses_damage_and_failed_saves(tmp_path: Path) -> None:
     check_ok(run_script("integrity_job.py", "--out", str(tmp_path), timeout=180))
     logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank, log in enumerate(logs):
-        for case, named in (("damaged_sharded", r"__1_0\.distcp fails its CRC-32 check"), ("damaged_full", "entry")):
+        for case, named in (
+            ("damaged_sharded", r"__1_0\.distcp fails its CRC-32 check"),
+            ("damaged_full", "entry"),
+        ):
             assert log[case]["error"] == "CorruptCheckpointError", (rank, log[case])
             assert log[case]["message"] == logs[0][case]["message"]  # the same error on every rank
             assert re.search(named, log[case]["message"]), log[case]["message"]
-            assert log[case]["changed"] == [], (rank, case, log[case]["changed"])  # model and optimizer untouched
+            # model and optimizer untouched
+            assert log[case]["changed"] == [], (rank, case, log[case]["changed"])
         assert log["unverified"]["error"] is None
         assert len(log["unverified"]["changed"]) == 1 and log["unverified"]["changed"][0].endswith(": 1")
-        for point in ("sharded.data_written", "sharded.metadata_written", "sharded.before_commit", "full.mid_data"):
+        for point in (
+            "sharded.data_written",
+            "sharded.metadata_written",
+            "sharded.before_commit",
+            "full.mid_data",
+        ):
             failed = log[f"save_{point}"]
-            assert (failed["error"], failed["errno"]) == ("CheckpointSaveError", errno.ENOSPC), (rank, point, failed)
+            assert (failed["error"], failed["errno"]) == ("CheckpointSaveError", errno.ENOSPC), failed
             assert failed["message"] == logs[0][f"save_{point}"]["message"]
             assert "No space left on device" in failed["message"]
             assert failed["previous"][0] is True  # still verifies
@@ -406,15 +484,19 @@ def test_every_rank_refuses_damage_and_failed_saves(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
-def test_every_rank_takes_the_same_decision_on_a_nonfinite_loss(tmp_path: Path) -> None:
-    check_ok(run_script("nonfinite_job.py", "--out", str(tmp_path), timeout=180))
-    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    for log in logs:
+def test_a_nonfinite_loss_on_one_rank_is_skipped_everywhere_or_ends_the_job(tmp_path: Path) -> None:
+    check_ok(run_script("nonfinite_job.py", "--out", str(tmp_path), "--mode", "skip", timeout=180))
+    for rank in (0, 1):
         # rank 1's NaN at batch 2: both ranks skipped that step (5 batches for 4 steps), and stayed replicas
-        assert log["skip"] == {"global_step": 4, "batches": 5, "finite": True, "replicas_equal": True}
-        assert log["raise"]["error"] == "NonFiniteLossError" and log["raise"]["global_step"] == 6
-        assert log["raise"]["message"] == logs[0]["raise"]["message"]
-        assert "was nan at epoch 1, batch 2 (before optimizer step 7) on rank 1." in log["raise"]["message"]
+        log = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert log == {"global_step": 4, "batches": 5, "finite": True, "replicas_equal": True}
+    start = time.monotonic()
+    result = run_script("nonfinite_job.py", "--out", str(tmp_path / "raise"), "--mode", "raise", timeout=180)
+    assert result.returncode != 0 and time.monotonic() - start < 90
+    assert (
+        "NonFiniteLossError: The training loss was nan at epoch 0, batch 2 (before optimizer step 3) on rank 1."
+        in result.stdout + result.stderr
+    )
 
 
 # ------------------------------------------------------------------- non-finite loss
@@ -466,7 +548,9 @@ def test_nonfinite_loss_raises_before_the_step_by_default(tmp_path: Path) -> Non
 def test_nonfinite_loss_skip_skips_the_step_as_a_none_loss_does(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    trainer, skipped = _fit(tmp_path, lambda: NaNAt({2, 3}), on_nonfinite_loss="skip", accumulate_grad_batches=2)
+    trainer, skipped = _fit(
+        tmp_path, lambda: NaNAt({2, 3}), on_nonfinite_loss="skip", accumulate_grad_batches=2
+    )
     assert "The training loss was nan at epoch 0, batch 2 (before optimizer step 2) on rank 0" in caplog.text
     assert "the optimizer step was skipped" in caplog.text
     reference, none = _fit(tmp_path, lambda: NoneAt({2, 3}), accumulate_grad_batches=2)  # batches 2-3 skipped
@@ -477,7 +561,8 @@ def test_nonfinite_loss_skip_skips_the_step_as_a_none_loss_does(
 def test_nonfinite_weights_never_replace_a_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
     run_single(tmp_path, max_steps=2, save=path)
-    trainer, _ = _fit(tmp_path, lambda: NaNAt({2}), on_nonfinite_loss=None)  # no check: the weights become NaN
+    # no check: the weights become NaN
+    trainer, _ = _fit(tmp_path, lambda: NaNAt({2}), on_nonfinite_loss=None)
     assert not torch.isfinite(trainer.lightning_module.state_dict()["head.weight"]).all()
     for fmt in ("full", "sharded"):
         target = path if fmt == "full" else tmp_path / "sharded"
@@ -493,6 +578,26 @@ def test_nonfinite_weights_never_replace_a_checkpoint(tmp_path: Path) -> None:
         assert inspect(target, verify_checksums=True).global_step == 2
 
 
+def test_nonfinite_check_on_a_device_reads_once_per_step() -> None:
+    """The GPU path (tensor operations, read at the optimizer step), run on CPU tensors."""
+    trainer = SimpleNamespace(
+        strategy=SingleDeviceStrategy(), optimizers=[], current_epoch=1, global_step=4, is_global_zero=True
+    )
+    check = fullshard.trainer.nonfinite.NonFiniteLoss("raise")
+    for batch, value in enumerate((0.5, float("inf"), float("nan"), 0.25)):
+        check._observe_on_device(torch.tensor(value), batch)
+    assert isinstance(check._window, torch.Tensor)
+    with pytest.raises(
+        fullshard.errors.NonFiniteLossError,
+        match=r"was inf at epoch 1, batch 1 \(before optimizer step 5\) on rank 0",
+    ):
+        check.step_allowed(trainer)  # type: ignore[arg-type]
+    check._observe_on_device(torch.tensor([0.5, 1.0]), 7)
+    assert check.step_allowed(trainer)  # type: ignore[arg-type]
+
+
 def test_nonfinite_loss_option_is_checked(tmp_path: Path) -> None:
-    with pytest.raises(MisconfigurationError, match=r"on_nonfinite_loss='warn' is invalid: use 'raise' .* 'skip'"):
+    with pytest.raises(
+        MisconfigurationError, match=r"on_nonfinite_loss='warn' is invalid: use 'raise' .* 'skip'"
+    ):
         quiet_trainer(tmp_path, on_nonfinite_loss="warn")

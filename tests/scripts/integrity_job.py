@@ -54,7 +54,10 @@ def damage_rank1_file(source: Path, target: Path, scratch: Path) -> None:
     weights = torch.load(consolidate(source, scratch / "a.ckpt"), weights_only=False)["state_dict"]
     for tensor in weights.values():  # the end of a weight that rank 1's shard holds
         needle = tensor.contiguous().view(-1).numpy().tobytes()[-32:]
-        if needle in (data / "__1_0.distcp").read_bytes() and needle not in (data / "__0_0.distcp").read_bytes():
+        if (
+            needle in (data / "__1_0.distcp").read_bytes()
+            and needle not in (data / "__0_0.distcp").read_bytes()
+        ):
             flip_inside(data / "__1_0.distcp", tensor)
             return
     raise AssertionError("no weight of rank 1's file to damage")
@@ -121,7 +124,9 @@ def main() -> None:
         (out / "scratch").mkdir()
         damage_rank1_file(a, out / "broken", out / "scratch")
         shutil.copy(full, out / "broken.ckpt")
-        flip_inside(out / "broken.ckpt", torch.load(full, weights_only=False)["state_dict"]["blocks.1.fc.weight"])
+        flip_inside(
+            out / "broken.ckpt", torch.load(full, weights_only=False)["state_dict"]["blocks.1.fc.weight"]
+        )
     strategy.barrier()
     log: dict[str, Any] = {}
 
@@ -153,7 +158,9 @@ def main() -> None:
     # 3. verify=False loads the damaged bytes
     strategy.load_checkpoint(a, trainer.optimizers)
     intact = state(trainer)
-    attempt(log, "unverified", lambda: strategy.load_checkpoint(out / "broken", trainer.optimizers, verify=False))
+    attempt(
+        log, "unverified", lambda: strategy.load_checkpoint(out / "broken", trainer.optimizers, verify=False)
+    )
     log["unverified"]["changed"] = differences(state(trainer), intact)
 
     # 4. failed saves: one error everywhere, the previous checkpoint as it was, the next save works

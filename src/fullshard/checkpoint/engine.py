@@ -40,8 +40,22 @@ from torch.optim import Optimizer
 
 from fullshard.checkpoint import async_save
 from fullshard.checkpoint.events import checkpoint_event
+from fullshard.checkpoint.guards import (
+    PARSED_BY_RANK0,
+    ArchiveCheck,
+    Failure,
+    MetaCheck,
+    after_commit_error,
+    check_meta,
+    failures_of,
+    nonfinite_parameters,
+    refuse_nonfinite,
+    save_error,
+    verify_shares,
+)
 from fullshard.checkpoint.io import (
     TIED_KEY,
+    AfterCommitError,
     atomic_torch_save,
     atomic_write_text,
     load_checkpoint_file,
@@ -51,25 +65,20 @@ from fullshard.checkpoint.io import (
 from fullshard.checkpoint.layout import (
     DATA_PREFIX,
     META_NAME,
-    PICKLE_ENTRY,
     RECORD_NAME,
     UNVERIFIED_HINT,
     CommitRecord,
-    archive_entries,
-    assign_shares,
     check_sharded_files,
     crc32_of,
     damaged_sharded,
     detect_format,
-    entry_problems,
     file_problems,
     fsync_file,
-    full_file_error,
     leftover_data_dirs,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
 from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
-from fullshard.errors import CheckpointError, CheckpointSaveError, CorruptCheckpointError
+from fullshard.errors import CheckpointError
 
 if TYPE_CHECKING:
     from fullshard.strategies.strategy import Strategy
@@ -91,12 +100,6 @@ def _quiet_torch() -> Iterator[None]:
         for message in _TORCH_NOISE:
             warnings.filterwarnings("ignore", message=message)
         yield
-
-
-REQUIRED_KEYS = ("lr_schedulers", "loops", "optimizer_count")
-MetaCheck = Callable[[dict[str, Any]], None]
-# the files of a sharded checkpoint rank 0 parses itself, and so checksums before reading them
-_PARSED_BY_RANK0 = (".metadata", META_NAME)
 
 
 def _decide(strategy: Strategy, decide: Callable[[], T]) -> T:
@@ -189,93 +192,17 @@ def _save_full(
         checkpoint[TIED_KEY] = tied
 
     def write() -> None:
-        _refuse_nonfinite(path, _nonfinite_parameters(strategy, model_state))  # whole tensors here
+        refuse_nonfinite(path, nonfinite_parameters(strategy, model_state))  # whole tensors here
         try:  # [Note: a failed save]: atomic_torch_save removes its temporary file
             atomic_torch_save(
                 {**checkpoint, "state_dict": model_state, "optimizer_states": optimizer_states}, path
             )
+        except AfterCommitError as err:
+            raise after_commit_error(path, err) from err
         except Exception as err:
-            raise save_error(path, _failures(err, 0)) from err
+            raise save_error(path, failures_of(err, 0)) from err
 
     _decide(strategy, write)
-
-
-def _local_tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors this rank holds of a state dict value: a DTensor's or ShardedTensor's local
-    shards, a plain tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(value, DTensor):
-        return [value.to_local()]
-    if hasattr(value, "local_shards"):  # FSDP1's ShardedTensor
-        return [shard.tensor for shard in value.local_shards()]
-    return [value] if isinstance(value, torch.Tensor) else []
-
-
-def _nonfinite_parameters(strategy: Strategy, model_state: Mapping[str, Any]) -> list[str]:
-    """The entries of ``model_state`` (this rank's part) that hold NaN or inf, buffers excepted: a
-    mask of ``-inf`` is a buffer. One synchronisation per device."""
-    module = strategy.module
-    buffers = (
-        {".".join(p for p in n.split(".") if p not in _WRAPPER_COMPONENTS) for n, _ in module.named_buffers()}
-        if module is not None
-        else set()
-    )
-    flags: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-    for name, value in model_state.items():
-        if name in buffers:
-            continue
-        for local in _local_tensors(value):
-            if local.is_floating_point() and local.numel():
-                flags.setdefault(local.device, []).append((name, torch.isfinite(local).all()))
-    bad: set[str] = set()
-    for items in flags.values():
-        finite = torch.stack([flag for _, flag in items]).tolist()
-        bad.update(name for (name, _), ok in zip(items, finite, strict=True) if not ok)
-    return sorted(bad)
-
-
-def _refuse_nonfinite(path: Path, names: Sequence[str]) -> None:
-    """A checkpoint of diverged weights never replaces one of finite weights."""
-    if names:
-        listed = ", ".join(names[:5]) + (f" (+{len(names) - 5} more)" if len(names) > 5 else "")
-        raise CheckpointError(
-            f"The model's parameters hold NaN or infinite values ({listed}), so the checkpoint {str(path)!r} was not "
-            "written: the checkpoint previously at that path, if any, stays as it was. Training diverged: resume "
-            "from the last good checkpoint (with a lower learning rate, or gradient clipping); "
-            "Trainer(on_nonfinite_loss='raise'), the default, stops before a non-finite loss reaches the weights. "
-            "To keep such weights for debugging, torch.save(model.state_dict(), ...) writes them."
-        )
-
-
-Failure = tuple[str, "int | None"]  # a rank's cause, said in words, and its errno when an OSError
-
-
-def _failures(err: BaseException, rank: int) -> list[Failure]:
-    """One cause per rank that failed: DCP gathers its ranks' exceptions into one."""
-    if isinstance(err, CheckpointException):
-        return [
-            (f"rank {failed}: {type(exc).__name__}: {exc}", getattr(exc, "errno", None))
-            for failed, (exc, _) in sorted(err.failures.items())
-        ]
-    return [(f"rank {rank}: {type(err).__name__}: {err}", getattr(err, "errno", None))]
-
-
-def save_error(path: Path, failures: Sequence[Failure]) -> CheckpointSaveError:
-    """The one error a failed save raises on every rank (see [Note: a failed save])."""
-    causes = "; ".join(dict.fromkeys(cause for cause, _ in failures))
-    errno = next((number for _, number in failures if number is not None), None)
-    fix = (
-        "Free disk space (or fix the permissions, or the path) and save again"
-        if errno is not None
-        else "Fix the cause (keep hyperparameters and callback states plain data: numbers, strings, lists, "
-        "dicts) and save again"
-    )
-    return CheckpointSaveError(
-        f"Could not write the checkpoint {str(path)!r}: {causes}. Nothing was committed: the checkpoint "
-        f"previously at that path, if any, is intact and loads, and the partial files were removed. {fix}.",
-        errno,
-    )
 
 
 class _Writer(FileSystemWriter):
@@ -303,13 +230,13 @@ def _save_sharded(
         try:
             (path / name).mkdir(parents=True)
         except OSError as err:
-            raise save_error(path, _failures(err, 0)) from err
+            raise save_error(path, failures_of(err, 0)) from err
         return name
 
     model_state, optimizer_states = strategy.get_state(optimizers, full=False)
     # each rank checks its shards; before anything is written, every rank learns what all found
-    found = strategy.all_gather_object(_nonfinite_parameters(strategy, model_state))
-    _refuse_nonfinite(path, sorted({name for names in found for name in names}))
+    found = strategy.all_gather_object(nonfinite_parameters(strategy, model_state))
+    refuse_nonfinite(path, sorted({name for names in found for name in names}))
     data_name = _decide(strategy, prepare)
     data = path / data_name
     tied = tied_parameters(strategy.module, model_state)
@@ -333,7 +260,9 @@ def _save_sharded(
             staged,
             staged_bytes,
             write=lambda staged, group: _write_shards(staged, data, rank, group, no_dist),
-            commit=lambda files: _commit_sharded(path, record, files, lambda target: _write_bytes(meta, target)),
+            commit=lambda files: _commit_sharded(
+                path, record, files, lambda target: _write_bytes(meta, target)
+            ),
         )
         return
     mine: dict[str, dict[str, int]] = {}
@@ -341,7 +270,7 @@ def _save_sharded(
     try:
         mine = _write_shards(state, data, rank, None, no_dist)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
-        failures = _failures(err, rank)
+        failures = failures_of(err, rank)
     # every rank learns every rank's outcome: none may go on to the commit alone
     gathered = strategy.all_gather_object((mine, failures))
     failures = [failure for _, rank_failures in gathered for failure in rank_failures]
@@ -358,11 +287,14 @@ def _save_sharded(
 
     def commit() -> None:
         try:
-            _commit_sharded(path, record, files, lambda target: atomic_torch_save(checkpoint, target, events=False))
+            _commit_sharded(
+                path, record, files, lambda target: atomic_torch_save(checkpoint, target, events=False)
+            )
         except Exception as err:
-            if not _names(path, record.data):  # the commit record was not replaced: nothing committed
-                _rmtree(data)
-            raise save_error(path, _failures(err, 0)) from err
+            if _names(path, record.data):  # the commit record was replaced: committed
+                raise after_commit_error(path, err) from err
+            _rmtree(data)
+            raise save_error(path, failures_of(err, 0)) from err
 
     _decide(strategy, commit)
 
@@ -522,94 +454,6 @@ def load(
         return _load_sharded(strategy, path, optimizers[:n_optimizers], check, verify)
 
 
-def _check_meta(
-    meta: dict[str, Any],
-    path: Path,
-    optimizers: Sequence[Optimizer],
-    check: MetaCheck | None,
-    param_groups: Sequence[Sequence[Any]] | None,
-) -> None:
-    """Everything about the checkpoint that must fit before anything is loaded. ``param_groups``:
-    the saved optimizers' ``param_groups`` (None when they are not at hand)."""
-    missing = [key for key in REQUIRED_KEYS if key not in meta]
-    if missing:
-        raise CorruptCheckpointError(
-            f"{str(path)!r} is not a complete fullshard checkpoint: it lacks {', '.join(missing)}. Resume from "
-            "a checkpoint written by Trainer.save_checkpoint() or ModelCheckpoint."
-        )
-    saved = meta["optimizer_count"]
-    if optimizers and saved == 0:
-        raise CheckpointError(
-            f"The checkpoint {str(path)!r} holds only model weights: no optimizer or scheduler state (it was saved "
-            "with save_checkpoint(..., weights_only=True) or ModelCheckpoint(save_weights_only=True)), so training "
-            "cannot resume from it. To fine-tune from its weights with fresh optimizers, schedulers and step "
-            f"counters, pass fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True); validate, test and predict "
-            "take it as it is."
-        )
-    if optimizers and saved != len(optimizers):
-        raise CheckpointError(
-            f"The checkpoint {str(path)!r} holds {saved} optimizer state(s) but configure_optimizers() returned "
-            f"{len(optimizers)} optimizer(s). Resume with the optimizer setup the checkpoint was trained with, or "
-            f"load only the weights: fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True) starts fresh "
-            "optimizers, Trainer.validate(ckpt_path=...) and Module.load_from_checkpoint() need none."
-        )
-    _check_optimizer_types(meta.get("optimizer_types"), optimizers, path)
-    if param_groups is not None:
-        for i, (groups, optimizer) in enumerate(zip(param_groups, optimizers, strict=False)):
-            if len(groups) != len(optimizer.param_groups):
-                raise CheckpointError(
-                    f"The checkpoint {str(path)!r} holds optimizer {i} ({type(optimizer).__name__}) with "
-                    f"{len(groups)} parameter group(s), but configure_optimizers() built it with "
-                    f"{len(optimizer.param_groups)}. Build the optimizer with the groups it was trained with, or "
-                    f"load only the weights: fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True)."
-                )
-    if check is not None:
-        check(meta)
-
-
-def _check_optimizer_types(saved: Any, optimizers: Sequence[Optimizer], path: Path) -> None:
-    """Each optimizer is of the class the checkpoint's state was written by (checkpoints written
-    before the classes were recorded, and Lightning's, are not checked)."""
-    if not isinstance(saved, list) or len(saved) != len(optimizers):
-        return
-    for i, (name, optimizer) in enumerate(zip(saved, optimizers, strict=True)):
-        if name != type(optimizer).__qualname__:
-            ours = type(optimizer).__qualname__
-            raise CheckpointError(
-                f"The checkpoint's optimizer {i} is {name}, the model's (configure_optimizers()) is {ours}: the "
-                f"state of {name} does not fit {ours}. Resume with {name}, as the checkpoint was trained, or load only "
-                f"the weights and start {ours} afresh: fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True). "
-                "Nothing was loaded."
-            )
-
-
-class _ArchiveCheck:
-    """The CRC-32 checks of a full checkpoint file, on rank 0 (see [Note: checksums checked on
-    load] in layout.py): the pickle entry and the small ones at once, before ``torch.load``
-    unpickles anything; the tensor entries in a thread, while ``torch.load`` reads them (zlib
-    releases the GIL), so that the check costs little more than the load itself."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        entries = archive_entries(path) or []
-        first = [e for e in entries if e.name.rsplit("/", 1)[-1] == PICKLE_ENTRY or e.size < 2**16]
-        problems = entry_problems(path, first)
-        if problems:
-            raise full_file_error(path, problems, UNVERIFIED_HINT)
-        rest = [e for e in entries if e not in first]
-        self._problems: list[str] = []
-        self._thread = threading.Thread(
-            target=lambda: self._problems.extend(entry_problems(path, rest)), name="fullshard-verify", daemon=True
-        )
-        self._thread.start()
-
-    def finish(self) -> None:
-        """Wait for the thread; raise :class:`CorruptCheckpointError` naming the damaged entries."""
-        self._thread.join()
-        if self._problems:
-            raise full_file_error(self.path, self._problems, UNVERIFIED_HINT)
-
-
 def _load_full(
     strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None, verify: bool
 ) -> dict[str, Any]:
@@ -618,7 +462,7 @@ def _load_full(
     shapes = strategy.full_shapes()
 
     def read() -> dict[str, Any]:
-        archive = _ArchiveCheck(path) if verify else None
+        archive = ArchiveCheck(path) if verify else None
         try:
             checkpoint = load_checkpoint_file(path)
         except BaseException:
@@ -636,7 +480,7 @@ def _load_full(
             checkpoint["optimizer_count"] = len(checkpoint["optimizer_states"])
         saved_states = checkpoint.get("optimizer_states") or []
         groups = [s.get("param_groups", []) for s in saved_states if isinstance(s, dict)]
-        _check_meta(checkpoint, path, optimizers, check, groups if len(groups) == len(saved_states) else None)
+        check_meta(checkpoint, path, optimizers, check, groups if len(groups) == len(saved_states) else None)
         check_state_dict_matches(shapes, checkpoint["state_dict"])
         tensors["state_dict"] = checkpoint.pop("state_dict")
         tensors["optimizer_states"] = checkpoint.pop("optimizer_states")
@@ -661,17 +505,6 @@ def _dcp_shapes(data: Path) -> dict[str, torch.Size]:
     }
 
 
-def _verify_shares(strategy: Strategy, path: Path, record: CommitRecord) -> None:
-    """Each rank checksums its share of the tensor files; every rank raises if any rank found a
-    problem (see [Note: checksums checked on load] in layout.py). Collective."""
-    rest = {name: info for name, info in record.files.items() if name not in _PARSED_BY_RANK0}
-    shares = assign_shares({name: info["size"] for name, info in rest.items()}, strategy.world_size)
-    mine = file_problems(path / record.data, {name: rest[name] for name in shares[strategy.global_rank]}, verify=True)
-    found = sorted({problem for problems in strategy.all_gather_object(mine) for problem in problems})
-    if found:
-        raise damaged_sharded(path, found, UNVERIFIED_HINT)
-
-
 def _load_sharded(
     strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None, verify: bool
 ) -> dict[str, Any]:
@@ -681,13 +514,13 @@ def _load_sharded(
         record = CommitRecord.read(path)
         check_sharded_files(path, record, verify=False)  # every file there, at its size
         data = path / record.data
-        if verify:  # the files parsed here, before parsing them; the rest in _verify_shares
-            parsed = {name: record.files[name] for name in _PARSED_BY_RANK0 if name in record.files}
+        if verify:  # the files parsed here, before parsing them; the rest in verify_shares
+            parsed = {name: record.files[name] for name in PARSED_BY_RANK0 if name in record.files}
             problems = file_problems(data, parsed, verify=True)
             if problems:
                 raise damaged_sharded(path, problems, UNVERIFIED_HINT)
         meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
-        _check_meta(meta, path, optimizers, check, meta.get("optimizer_param_groups"))
+        check_meta(meta, path, optimizers, check, meta.get("optimizer_param_groups"))
         saved = {k[len("model.") :]: v for k, v in _dcp_shapes(data).items() if k.startswith("model.")}
         restore_tied(saved, meta.get(TIED_KEY))
         # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
@@ -704,7 +537,7 @@ def _load_sharded(
 
     record, meta = _decide(strategy, read)
     if verify:
-        _verify_shares(strategy, path, record)
+        verify_shares(strategy, path, record)
     model_state, optimizer_states = strategy.get_state(optimizers, full=False)
     # the aliases are not in the DCP files: read the canonical tensors, then hand each alias its
     # canonical one ([Note: tied parameters stored once] in io.py)

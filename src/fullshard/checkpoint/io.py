@@ -57,6 +57,11 @@ _WRITEBACK_BYTES = 16 * 2**20  # see [Note: early writeback]
 TIED_KEY = "tied_parameters"  # {alias: canonical}, see [Note: tied parameters stored once]
 
 
+class AfterCommitError(OSError):
+    """A save failed after its commit: the new checkpoint is in place (see [Note: a failed save]
+    in engine.py). ``args[0]`` is the cause (an ``OSError``, as the directory's fsync raises)."""
+
+
 def restore_tied(state: dict[str, Any], tied: Mapping[str, str] | None) -> dict[str, Any]:
     """Put back (in place) each alias of ``tied`` that ``state`` lacks, as its canonical tensor
     itself; returns ``state``. See [Note: tied parameters stored once]."""
@@ -111,9 +116,12 @@ def atomic_torch_save(obj: Any, path: str | Path, events: bool = True) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
         raise
-    _fsync_dir(path.parent)
-    if events:
-        checkpoint_event("full.after_commit")
+    try:
+        _fsync_dir(path.parent)
+        if events:
+            checkpoint_event("full.after_commit")
+    except Exception as err:
+        raise AfterCommitError(err) from err
 
 
 def atomic_write_text(text: str, path: Path, before_rename: str | None = None) -> None:

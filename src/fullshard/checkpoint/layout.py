@@ -177,10 +177,12 @@ def _record_problem(raw: object) -> str | None:
             return f"'files' names {name!r}, which is not a file name"
         if (
             not isinstance(info, dict)
-            or not all(isinstance(info.get(k), int) and not isinstance(info.get(k), bool) for k in ("size", "crc32"))
+            or not all(
+                isinstance(info.get(k), int) and not isinstance(info.get(k), bool) for k in ("size", "crc32")
+            )
             or info["size"] < 0
         ):
-            return f"'files' entry {name!r} is {json.dumps(info)[:60]}, not {{\"size\": bytes, \"crc32\": checksum}}"
+            return f'\'files\' entry {name!r} is {json.dumps(info)[:60]}, not {{"size": bytes, "crc32": checksum}}'
     return None
 
 
@@ -255,7 +257,9 @@ def file_problems(data: Path, files: Mapping[str, Mapping[str, int]], verify: bo
             elif verify:
                 with open(file, "rb", buffering=0) as f:
                     if _crc32_of_range(f, buffer, None) != info["crc32"]:
-                        problems.append(f"{name} fails its CRC-32 check (its bytes changed after it was written)")
+                        problems.append(
+                            f"{name} fails its CRC-32 check (its bytes changed after it was written)"
+                        )
         except OSError as err:
             problems.append(f"{name} cannot be read ({type(err).__name__}: {err})")
     return problems
@@ -353,7 +357,9 @@ def archive_entries(path: Path) -> list[ArchiveEntry] | None:
         with open(path, "rb") as f:
             for info in infos:
                 if info.compress_type != zipfile.ZIP_STORED:
-                    raise zipfile.BadZipFile(f"entry {info.filename!r} is compressed, which torch.save never does")
+                    raise zipfile.BadZipFile(
+                        f"entry {info.filename!r} is compressed, which torch.save never does"
+                    )
                 if info.CRC == 0:
                     continue  # empty, or written with compute_crc32=False
                 f.seek(info.header_offset)

@@ -4,6 +4,7 @@ The layout (see DESIGN.md, checkpoint contract)::
 
     {
       "fullshard_version": str, "strategy": str, "world_size": int, "optimizer_count": int,
+      "optimizer_types": [class name of each optimizer]  (checked on resume; added by the engine)
       "state_dict": model state (full, unwrapped key names)          } full format only; the
       "optimizer_states": [one per optimizer]                         } sharded one keeps them in DCP
       "lr_schedulers": [one per scheduler],

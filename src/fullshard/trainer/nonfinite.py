@@ -1,30 +1,33 @@
 """``Trainer(on_nonfinite_loss=...)``: what the fit loop does when the training loss is NaN or infinite.
 
-- ``"raise"`` (the default): stop before the optimizer step, on every rank, with
-  :class:`~fullshard.errors.NonFiniteLossError` naming the step and the ranks; the weights are
-  still those of the last finite step.
+- ``"raise"`` (the default): a process whose loss is non-finite raises
+  :class:`~fullshard.errors.NonFiniteLossError` naming the step and its rank, before its optimizer
+  step (its weights are still those of the last finite step); the job's other processes are then
+  stopped as after any failed process (docs/launching.md).
 - ``"skip"``: skip that optimizer step on every rank (the gradients of its accumulation window
   are dropped; ``global_step`` does not count it, as when ``training_step`` returns None), and go on.
 - ``None``: no check (the loss goes into the optimizer step whatever it is).
 
 [Note: agreeing on a non-finite loss]
-Each rank computes its own loss, and one rank's NaN need not reach the others' (a loss that is
-``inf`` may even give finite gradients), yet every rank must take the same decision: a rank that
-skips the optimizer step or raises while the others step leaves them waiting in different
-collectives. So at each optimizer step the ranks exchange, in one ``all_gather`` of two numbers
-per rank, whether a loss of the step's accumulation window was non-finite, and its value.
+Each rank computes its own loss, and one rank's NaN need not reach the others' (an ``inf`` loss
+may even give finite gradients). To raise, a rank needs nobody's agreement: it stops, and the
+launcher stops the rest. To skip, every rank must skip the same step, or those that step and
+those that do not wait for each other in different collectives: so with ``"skip"`` the ranks
+exchange, at each optimizer step, whether a loss of the step's accumulation window was
+non-finite, in one ``all_gather`` of three numbers per rank.
 
-The cost: while the window runs, each loss is checked on its own device (``torch.isfinite``, no
-synchronisation); at the optimizer step, with several processes, the one small all_gather
-(gloo on CPU: about 0.1 ms; NCCL: a few microseconds); and reading the result, which on a GPU
-waits for the backward pass to finish: one device-to-host synchronisation per optimizer step, as
-``torch.amp.GradScaler`` makes to decide whether to skip a step. ``on_nonfinite_loss=None``
-avoids all of it.
+The cost: each loss is checked where it is, on a GPU with tensor operations (no synchronisation
+while the accumulation window runs), on the CPU by reading the number. At each optimizer step a
+GPU's result is read: one device-to-host synchronisation per optimizer step, as
+``torch.amp.GradScaler`` makes to decide whether to skip a step. ``"skip"`` with several
+processes adds the small all_gather per optimizer step (benchmarks/nonfinite_check.py measures
+both). ``on_nonfinite_loss=None`` avoids all of it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -56,34 +59,62 @@ class NonFiniteLoss:
 
     def __init__(self, mode: Mode) -> None:
         self.mode = mode
-        self._window: torch.Tensor | None = None  # [non-finite?, the loss, its batch], of the window so far
+        # [non-finite?, the loss, its batch] of the window so far: a tensor on the loss's device
+        # (no synchronisation), or on the CPU, where reading a number costs nothing, a tuple
+        self._window: torch.Tensor | tuple[float, float, float] | None = None
 
     def reset(self) -> None:
         """Forget the window in progress (a new epoch starts a new one)."""
         self._window = None
 
     def observe(self, loss: torch.Tensor, batch_idx: int) -> None:
-        """Note the loss of the micro-batch ``batch_idx`` (on its device: no synchronisation)."""
-        value = loss.detach().float().sum()
-        bad = ~torch.isfinite(value)
-        zero = torch.zeros_like(value)
-        entry = torch.stack([bad.float(), torch.where(bad, value, zero), zero + batch_idx])
+        """Note the loss of the micro-batch ``batch_idx``."""
         window = self._window
-        # the first non-finite loss of the window is the one reported
-        self._window = entry if window is None else torch.where(window[0] > 0, window, entry)
+        if isinstance(window, tuple) and window[0]:
+            return  # the first non-finite loss of the window is the one reported
+        loss = loss.detach()
+        if loss.device.type != "cpu":
+            self._observe_on_device(loss, batch_idx)
+            return
+        value = float(loss if loss.numel() == 1 else loss.float().sum())
+        if not math.isfinite(value):
+            self._window = (1.0, value, float(batch_idx))
+        elif window is None:
+            self._window = (0.0, 0.0, 0.0)
+
+    def _observe_on_device(self, loss: torch.Tensor, batch_idx: int) -> None:
+        """:meth:`observe` without reading the loss: tensor operations on its device."""
+        window = self._window
+        total = loss.float().sum()
+        bad = ~torch.isfinite(total)
+        zero = torch.zeros_like(total)
+        entry = torch.stack([bad.float(), torch.where(bad, total, zero), zero + batch_idx])
+        self._window = (
+            entry if not isinstance(window, torch.Tensor) else torch.where(window[0] > 0, window, entry)
+        )
 
     def step_allowed(self, trainer: Trainer) -> bool:
-        """Whether the optimizer step of the window observed may be taken, the same answer on
-        every rank (collective, see [Note: agreeing on a non-finite loss]).
+        """Whether the optimizer step of the window observed may be taken. With ``"skip"`` the
+        same answer on every rank (a collective, see [Note: agreeing on a non-finite loss]).
 
         Raises:
-            NonFiniteLossError: with ``"raise"``, when a rank's loss was non-finite.
+            NonFiniteLossError: with ``"raise"``, when this rank's loss was non-finite.
         """
         window, self._window = self._window, None
         if window is None:
             return True
-        reports = trainer.strategy.all_gather(window).tolist()
-        bad = [(rank, value, int(batch)) for rank, (flag, value, batch) in enumerate(reports) if flag]
+        strategy = trainer.strategy
+        if self.mode == "raise" or strategy.world_size == 1:
+            mine = list(window) if isinstance(window, tuple) else window.tolist()
+            reports = {strategy.global_rank: mine}
+        else:
+            local = (
+                window
+                if isinstance(window, torch.Tensor)
+                else torch.tensor(window, device=strategy.root_device)
+            )
+            reports = dict(enumerate(strategy.all_gather(local).tolist()))
+        bad = [(rank, value, int(batch)) for rank, (flag, value, batch) in reports.items() if flag]
         if not bad:
             return True
         batches = sorted({batch for _, _, batch in bad})
