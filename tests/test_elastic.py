@@ -110,6 +110,14 @@ def test_restart_resumes_bitwise_from_newest_complete_checkpoint(
     assert_bitwise_equal(load(tmp_path / "run-final.pt"), load(reference / "run-final.pt"))
 
 
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.mark.multiprocess
 def test_elastic_job_goes_on_with_the_node_that_is_left(tmp_path: Path) -> None:
     """``--nnodes=1:2``: two agents (2 processes each) train until the last rank stalls at step 7;
@@ -123,8 +131,16 @@ def test_elastic_job_goes_on_with_the_node_that_is_left(tmp_path: Path) -> None:
     agent += [f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test", f"--rdzv-conf={conf}"]
     job = [JOB, "--out", str(tmp_path), "--stall-at", str(DIE_AT)]
     with Processes(tmp_path / "logs") as procs:
-        for node in (0, 1):
-            procs.start(f"node{node}", torchrun(*agent, *job), clean_env(**RESTARTS_OK))
+        # node0 first, alone until it hosts the rendezvous store on the port: node0 then joins first,
+        # the stalled (last) rank is node1's, and the node killed below is never the store's host,
+        # without which no rendezvous can go on (c10d rendezvous: the endpoint's host must live)
+        procs.start("node0", torchrun(*agent, *job), clean_env(**RESTARTS_OK))
+        deadline = time.monotonic() + 60
+        while not _listening(port):
+            assert procs.procs["node0"].poll() is None and time.monotonic() < deadline, procs.output()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        procs.start("node1", torchrun(*agent, *job), clean_env(**RESTARTS_OK))
         deadline = time.monotonic() + 90
         while not (tmp_path / "stalled").exists():
             running = all(proc.poll() is None for proc in procs.procs.values())
