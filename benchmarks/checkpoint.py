@@ -613,7 +613,7 @@ def render_fsdp2(fsdp1: dict[str, Any], fsdp2: dict[str, Any]) -> str:
         "| --- | ---: |",
         f"| Sync sharded save (blocks training for all of it) | {sync:.3f} s |",
         f"| Async: `save_checkpoint` returns after (training blocked) | {blocked:.3f} s ({blocked / sync:.2f}x the sync save) |",
-        f"| Async: committed after | {committed:.3f} s |",
+        f"| Async: committed, waited for after the {ASYNC_STEPS} timed steps | {committed:.3f} s |",
         f"| Step time, no save in flight | {quiet * 1e3:.1f} ms |",
         f"| Step time while the files are written (median of {count:.0f} steps) | {during * 1e3:.1f} ms ({during / quiet:.2f}x) |",
         f"| Host memory staged per rank (its shard of model + AdamW state) | {staged:.0f} MB |",
