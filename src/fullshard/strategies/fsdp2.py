@@ -32,7 +32,7 @@ from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import FSDP2Precision, Precision
 from fullshard.strategies.fsdp import FSDPStrategy, sharding_name
-from fullshard.strategies.meta_init import MetaInit, user_init_of
+from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -234,7 +234,8 @@ class FSDP2Strategy(FSDPStrategy):
             )
         selected = [] if manually_wrapped or auto_wrap is None else auto_wrap.selected(module)
         wrappers = _apply_checkpointing(module, checkpointing)
-        units = [wrappers.get(m, m) for m in _children_first(module) if m in set(selected) and m is not module]
+        chosen = set(selected)
+        units = [wrappers.get(m, m) for m in children_first(list(module.modules())) if m in chosen and m is not module]
         kwargs = self._fully_shard_kwargs()
         init = MetaInit(self.root_device, module, user_init_of(module)) if self.empty_init else None
         for unit in units:
@@ -300,23 +301,6 @@ def _no_gradient_sync(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
-
-
-def _children_first(module: nn.Module) -> list[nn.Module]:
-    """``module``'s submodules, each after its own submodules."""
-    order: list[nn.Module] = []
-    seen: set[nn.Module] = set()
-
-    def visit(m: nn.Module) -> None:
-        if m in seen:
-            return
-        seen.add(m)
-        for child in m.children():
-            visit(child)
-        order.append(m)
-
-    visit(module)
-    return order
 
 
 def _holds_unit(module: nn.Module) -> bool:

@@ -151,7 +151,7 @@ class MetaInit:
     def _initialise(self, unit: list[nn.Module], pending: list[nn.Module]) -> None:
         touched = set(pending)
         # modules whose subtree in this unit had meta tensors: their init may cover children
-        order = [m for m in _post_order(unit) if any(d in touched for d in _subtree(m, unit))]
+        order = [m for m in children_first(unit) if any(d in touched for d in _subtree(m, unit))]
         with torch.no_grad():
             for m in order:  # 1. as the constructors did, children first
                 reset = _reset_of(m)
@@ -245,8 +245,9 @@ def _subtree(module: nn.Module, unit: list[nn.Module]) -> Iterator[nn.Module]:
         stack.extend(c for c in m.children() if c in members)
 
 
-def _post_order(unit: list[nn.Module]) -> list[nn.Module]:
-    """The unit's modules children first, in definition order (``nn.Module.apply``'s order)."""
+def children_first(unit: list[nn.Module]) -> list[nn.Module]:
+    """The modules of ``unit`` (``unit[0]`` and those of its descendants listed), each after its own
+    children, in definition order (``nn.Module.apply``'s order)."""
     members = set(unit)
     order: list[nn.Module] = []
     seen: set[nn.Module] = set()
@@ -279,6 +280,6 @@ def init_new_modules(root: nn.Module, hook: InitHook, existing: set[int]) -> Non
     not in ``existing`` (ids of the parameters before ``configure_model``), children first."""
     fresh = {m for m in root.modules() if any(id(p) not in existing for p in m.parameters())}
     with torch.no_grad():
-        for m in _post_order([root, *root.modules()]):
+        for m in children_first([root, *root.modules()]):
             if m in fresh:
                 hook(m)
