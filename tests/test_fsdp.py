@@ -169,3 +169,32 @@ def test_optimizer_without_sharded_parameters(tmp_path: Path) -> None:
     result = run_script("train_fsdp.py", "--out", str(tmp_path), "--bad-optimizer", timeout=60)
     assert result.returncode != 0
     assert "references no parameter of the FSDP-wrapped model" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def manual_wrap_single(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    single = tmp_path_factory.mktemp("guide_single")
+    check_ok(
+        run_script("guide_manual_wrap.py", "--out", str(single), "--devices", "1", "--strategy", "single_device")
+    )
+    return single
+
+
+@pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
+def test_the_guides_manual_wrapping_flow(tmp_path: Path, manual_wrap_single: Path, state_dict_type: str) -> None:
+    """Lightning's guide, "Manual wrapping" (its class verbatim): a wrapped layer stays reachable
+    under its old name too, which is one module under two names, not a tie; it trains like one
+    process, and its checkpoints hold whole tensors under both names and resume."""
+    sharded, single = tmp_path, manual_wrap_single
+    args = ("--out", str(sharded), "--state-dict-type", state_dict_type)
+    check_ok(run_script("guide_manual_wrap.py", *args, timeout=180))
+    result = json.loads((sharded / "result.json").read_text())
+    assert result["steps"] == [4, 6]
+    assert result["units"] == ["", "block.0", "block.1", "model.0"]
+    for name in ("model", "resumed"):
+        expected = torch.load(single / f"{name}.pt")
+        actual = torch.load(sharded / f"{name}.pt")
+        assert sorted(actual) == sorted(expected)
+        assert actual["linear_layer.weight"].shape == (32, 32)
+        assert torch.equal(actual["linear_layer.weight"], actual["model.0.weight"])
+        _assert_close(actual, expected)

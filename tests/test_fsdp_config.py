@@ -94,6 +94,22 @@ def test_plan_warns_about_unmatched_policy_and_tied_parameters() -> None:
     assert plan.total_numel == 500 + 3 * 130  # the shared weight counts once
 
 
+def test_one_module_under_two_names_is_not_a_tie() -> None:
+    from fullshard.policies import tied_parameter_groups
+
+    inner = nn.Linear(4, 4)
+    aliased = nn.Module()
+    aliased.linear = inner
+    aliased.seq = nn.Sequential(inner, nn.ReLU())  # the same Linear again: one owner, two names
+    assert tied_parameter_groups(aliased) == []
+    assert not FSDPStrategy(auto_wrap_policy={nn.Linear}).plan(aliased, world_size=2).notes
+    assert tied_parameter_groups(Tied()) == [["embed.weight", "head.weight"]]  # two modules: a tie
+    both = nn.Module()
+    both.tied, both.alias = Tied(), None
+    both.alias = both.tied.embed  # an alias of one holder of a real tie: still one group of two
+    assert tied_parameter_groups(both) == [["tied.embed.weight", "tied.head.weight"]]
+
+
 def test_plan_on_the_meta_device_and_for_the_demo() -> None:
     from fullshard.demos import Transformer
 

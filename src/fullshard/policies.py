@@ -175,11 +175,23 @@ def resolve_policy(policy: Policy | None, model: nn.Module) -> Policy | None:
 
 def tied_parameter_groups(model: nn.Module) -> list[list[str]]:
     """Names of parameters shared by several modules (one ``nn.Parameter`` under several names),
-    one sorted list per shared parameter."""
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return [sorted(names) for names in groups.values() if len(names) > 1]
+    one sorted list per shared parameter.
+
+    [Note: a tie is two modules, not two names]
+    A module can be reachable under several names: Lightning's manual-wrapping guide keeps
+    ``self.linear_layer`` and also puts ``wrap(self.linear_layer)`` into ``self.model``, so the
+    same ``Linear`` is ``linear_layer`` and ``model.0._fsdp_wrapped_module``. Its weight then has
+    two names, but it is not tied: one module owns it, and FSDP manages it wherever it wrapped
+    that module. A parameter is tied only when *different* modules (or one module under two
+    attribute names) hold it, as tied input and output embeddings do; a group lists one name per
+    holder, the first under which ``named_parameters`` reaches it.
+    """
+    holders: dict[int, dict[tuple[int, str], str]] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for local, param in module.named_parameters(recurse=False, remove_duplicate=False):
+            name = f"{module_name}.{local}" if module_name else local
+            holders.setdefault(id(param), {}).setdefault((id(module), local), name)
+    return [sorted(names.values()) for names in holders.values() if len(names) > 1]
 
 
 def _common_prefix(paths: list[str]) -> str:
@@ -382,19 +394,30 @@ def estimate_memory(
 
 
 def _owner_units(model: nn.Module, wrapped: set[nn.Module]) -> dict[str, str]:
-    """Map each parameter name to the name of the unit (nearest wrapped ancestor) owning it."""
-    owners: dict[str, str] = {}
+    """Map each parameter name to the name of the unit (nearest wrapped ancestor) owning it.
 
-    def visit(module: nn.Module, prefix: str, unit: str) -> None:
+    A module reachable under several names (see [Note: a tie is two modules, not two names])
+    belongs to the unit that wraps it on one of its paths, as FSDP manages it there; only a
+    module no unit wraps on any path belongs to the root. A unit is named by its first name.
+    """
+    first_name = {m: n for n, m in model.named_modules()}
+    unit_of: dict[int, str] = {}
+
+    def visit(module: nn.Module, unit: str) -> None:
         if module in wrapped:
-            unit = prefix.rstrip(".")
-        for name, _ in module.named_parameters(recurse=False, remove_duplicate=False):
-            owners[prefix + name] = unit
-        for child_name, child in module.named_children():
-            visit(child, f"{prefix}{child_name}.", unit)
+            unit = first_name[module]
+        if unit_of.get(id(module)):  # already in a unit on another path: that unit manages it
+            return
+        unit_of[id(module)] = unit
+        for child in module.children():
+            visit(child, unit)
 
-    visit(model, "", "")
-    return owners
+    visit(model, "")
+    return {
+        f"{module_name}.{local}" if module_name else local: unit_of[id(module)]
+        for module_name, module in model.named_modules(remove_duplicate=False)
+        for local, _ in module.named_parameters(recurse=False, remove_duplicate=False)
+    }
 
 
 def build_plan(

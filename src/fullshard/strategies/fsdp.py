@@ -7,6 +7,7 @@ import enum
 import logging
 import warnings
 import weakref
+from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from fullshard.policies import (
 )
 from fullshard.precision import FSDPPrecision, Precision
 from fullshard.strategies.meta_init import MetaInit, user_init_of
+from fullshard.strategies.module_aliases import add_alias_keys, detached, drop_alias_keys, find_aliases
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 
 if TYPE_CHECKING:
@@ -554,6 +556,31 @@ class FSDPStrategy(ParallelStrategy):
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------------- checkpoints
+    @override
+    def get_state(
+        self, optimizers: Sequence[Optimizer], *, full: bool
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        aliases = find_aliases(self._require_model(), _torch_fsdp().FullyShardedDataParallel)
+        with detached(aliases):  # see [Note: a module wrapped by hand and kept under its old name]
+            model_state, optimizer_states = super().get_state(optimizers, full=full)
+        return add_alias_keys(model_state, aliases), optimizer_states
+
+    @override
+    def set_state(
+        self,
+        model_state: dict[str, Any],
+        optimizer_states: Sequence[dict[str, Any]],
+        optimizers: Sequence[Optimizer],
+        *,
+        full: bool,
+        from_rank0: bool,
+    ) -> None:
+        aliases = find_aliases(self._require_model(), _torch_fsdp().FullyShardedDataParallel)
+        with detached(aliases):
+            super().set_state(
+                drop_alias_keys(model_state, aliases), optimizer_states, optimizers, full=full, from_rank0=from_rank0
+            )
+
     @override
     def full_shapes(self) -> dict[str, torch.Size]:
         if not self._param_shapes:  # manual wrap(): sharded before we saw it, gather once to learn them
