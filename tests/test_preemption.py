@@ -77,6 +77,23 @@ def test_preempted_run_resumes_exactly(
         assert torch.equal(final["model"][key], value), key
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("skip", ["return-none", "nonfinite"])
+def test_preemption_while_every_step_is_skipped(tmp_path: Path, skip: str) -> None:
+    """No optimizer step ever completes (training_step returns None, or every loss is NaN with
+    on_nonfinite_loss="skip"): the signal still saves at a boundary the ranks agree on and ends
+    the job, instead of being noted and ignored until SIGKILL."""
+    out = tmp_path / "run"
+    job = _job(out, "--strategy", "fsdp", "--skip", skip, "--signal-rank", "1", "--signal-step", "3")
+    assert job.returncode == 128 + signal.SIGTERM, job.stdout + job.stderr
+    assert "SIGTERM received; saved" in job.stdout
+    batches = len(_losses(out, "", 0))
+    assert 3 < batches < 12  # 3 epochs of 6 batches: stopped soon after the signal, not at the end
+    saved = torch.load(out / "ckpts" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 0
+    assert saved["loops"]["total_batch_idx"] == batches
+
+
 def test_single_process_preemption(tmp_path: Path) -> None:
     from torch.utils.data import DataLoader
 

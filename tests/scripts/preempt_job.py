@@ -35,12 +35,27 @@ class Recorder(fullshard.Callback):
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         time.sleep(0.01)  # steps of a few ms: let the other rank's poller see the request in time
-        if trainer.global_rank == self.signal_rank and trainer.global_step == self.signal_step:
+        # with every step skipped (--skip) the step never moves: signal_step counts batches then
+        position = batch_idx + 1 if getattr(self.model, "skips", False) else trainer.global_step
+        if trainer.global_rank == self.signal_rank and position == self.signal_step:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def on_save_checkpoint(self, trainer: Any, module: Any, checkpoint: dict[str, Any]) -> None:
         if self.twice and trainer.global_rank == self.signal_rank:
             os.kill(os.getpid(), signal.SIGTERM)  # a second signal while the checkpoint is saved
+
+
+class Skipping(Net):
+    """A model none of whose optimizer steps runs."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.skips = True
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        return None if self.how == "return-none" else loss * float("nan")
 
 
 def main() -> None:
@@ -54,6 +69,8 @@ def main() -> None:
     p.add_argument("--twice", action="store_true", help="signal again while the checkpoint is saved")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--tag", default="", help="suffix of the losses files")
+    p.add_argument("--skip", choices=["none", "return-none", "nonfinite"], default="none",
+                   help="skip every optimizer step: training_step returns None, or a NaN loss with on_nonfinite_loss='skip'")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -61,12 +78,14 @@ def main() -> None:
     preemption.requeue_job = lambda job_id: requeued.write_text(job_id)  # the SLURM seam
     preemption.POLL_S = 0.02
     fullshard.seed_everything(11)
-    model = Net()
+    model = Skipping(args.skip) if args.skip != "none" else Net()
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=2,
         strategy=make_strategy(args.strategy, args.format),
         max_steps=args.max_steps,
+        max_epochs=3 if args.skip != "none" else None,
+        on_nonfinite_loss="skip" if args.skip == "nonfinite" else "raise",
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

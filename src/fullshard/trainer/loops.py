@@ -156,12 +156,14 @@ def run_train_epoch(trainer: Trainer) -> None:
                     hook()
         trainer._batches_in_epoch = batch_idx = batch_idx + 1
         trainer._total_batch_idx += 1
-        if boundary and loss is not None and (nonfinite is None or nonfinite.step_allowed(trainer)):
+        stepped = boundary and loss is not None and (nonfinite is None or nonfinite.step_allowed(trainer))
+        if stepped:
             _optimizer_step(trainer)
-            if trainer._preemption.requested and trainer._preemption.should_stop(trainer.global_step):
-                trainer._preemption.save_and_exit(trainer)  # see [Note: preemption, agreed ...]
-            if strategy.pending_checkpoint is not None:  # a checkpoint being written in the background
-                strategy.pending_checkpoint.step_boundary(trainer.global_step)  # raises if it failed
+        # at every boundary, stepped or skipped: see [Note: preemption, agreed without a per-step ...]
+        if boundary and trainer._preemption.requested and trainer._preemption.should_stop(trainer._total_batch_idx):
+            trainer._preemption.save_and_exit(trainer)
+        if stepped and strategy.pending_checkpoint is not None:  # a checkpoint written in the background
+            strategy.pending_checkpoint.step_boundary(trainer.global_step)  # raises if it failed
         if batch_end:
             outputs = _batch_outputs(output, loss)
             for hook in batch_end:

@@ -4,24 +4,29 @@
 SLURM and Kubernetes stop a job with SIGTERM (SLURM can send SIGUSR1 ahead of the time limit),
 often to one process only (a container's first process). The signal handler only notes the
 signal: saving there would run collectives and file I/O at an arbitrary point of the program
-(Lightning's issue #21406). The save happens at an optimizer-step boundary, and every rank must
-pick the *same* one, or some would start the checkpoint's collectives while others start the
-next step's.
+(Lightning's issue #21406). The save happens at a *boundary*: the end of an accumulation window,
+whether its optimizer step ran or was skipped (``training_step`` returned None,
+``on_nonfinite_loss="skip"``), so a run that skips every step still stops. Every rank must pick
+the *same* boundary, or some would start the checkpoint's collectives while others start the
+next window's. Boundaries are named by their *position*, the number of batches the fit has run
+(the same on every rank, which all run the same batches), not by the optimizer step, which a
+skipped window does not move.
 
-The ranks agree through the process group's key-value store, not a collective, so a step with
-no signal in sight costs one attribute read:
+The ranks agree through the process group's key-value store, not a collective, so a boundary
+with no signal in sight costs one attribute read:
 
 1. The signalled rank, at its next boundary, sets the key ``request``.
 2. A daemon thread in every rank polls the store for ``request`` every :data:`POLL_S` seconds.
-   Once a rank knows of the request (its own signal or the thread), it publishes the step it is
-   at, at its next boundary (``step/<rank>``), and goes on training.
-3. When every rank has published, each computes ``target = max(published) + 1`` and stops at the
-   boundary of step ``target``. Every optimizer step has a collective all ranks take part in,
-   so no rank can finish a step that another has not started. Let ``L`` be the rank that
-   publishes last, at its boundary ``s_L <= max``: until then ``L`` has not started step
-   ``s_L + 1``, so no rank gets past its boundary ``s_L``, and each looks at the keys again at
-   its next boundary (at most ``max + 1``), where ``L``'s key is there: every rank finds the
-   same ``target`` before reaching it.
+   Once a rank knows of the request (its own signal or the thread), it publishes its position
+   at its next boundary (``position/<rank>``), and goes on training.
+3. When every rank has published, each stops at the first boundary past ``latest =
+   max(published)``. Every window ends with something all ranks take part in (the gradient
+   reduction, the agreement on a skipped step, the non-finite check's gather), so no rank can
+   finish a window another has not started. Let ``L`` be the rank that publishes last, at its
+   boundary ``p_L <= latest``: until then ``L`` has not started the next window, so no rank gets
+   past the boundary after ``p_L``, and each looks at the keys again at each boundary, so every
+   rank finds ``latest`` at a boundary no later than the first one past ``latest``, and stops
+   there.
 
 Then every rank saves one checkpoint (crash-safe commit, synchronous or a background save that
 is waited for), rank 0 asks SLURM to requeue the job when it runs under SLURM with requeue on,
@@ -101,7 +106,7 @@ def requeue_job(job_id: str) -> None:
 
 class Preemption:
     """One ``fit`` call's preemption handling (see [Note: preemption, agreed without a per-step
-    collective]). ``requested`` is what the loop reads at each optimizer step."""
+    collective]). ``requested`` is what the loop reads at each boundary."""
 
     _sessions = 0  # per process: every rank runs the same fits, so the same count names a session
 
@@ -114,7 +119,8 @@ class Preemption:
         self._own = False  # this rank received a signal
         self._announced = False
         self._published = False
-        self._target: int | None = None
+        self._latest: int | None = None  # the largest position published, once every rank has
+        self._checked = -1  # the position of this rank's last boundary since it published
         self._previous: dict[signal.Signals, Any] = {}
         self._store: Any = None  # only while fit runs (set by start, dropped by stop)
         self._prefix = ""
@@ -178,9 +184,9 @@ class Preemption:
                 return
 
     # ------------------------------------------------------------------- at a step boundary
-    def should_stop(self, step: int) -> bool:
-        """Called by the loop at the boundary after optimizer step ``step`` once ``requested``:
-        True at the step every rank stops at."""
+    def should_stop(self, position: int) -> bool:
+        """Called by the loop at each boundary once ``requested``, with the number of batches
+        the fit has run: True at the boundary every rank stops at."""
         if self._store is None or self._world_size == 1:
             return True
         store = self._store
@@ -188,19 +194,21 @@ class Preemption:
             store.set(f"{self._prefix}/request", str(self.signum))
             self._announced = True
         if not self._published:
-            store.set(f"{self._prefix}/step/{self._rank}", str(step))
+            store.set(f"{self._prefix}/position/{self._rank}", str(position))
             self._published = True
-        if self._target is None:
-            keys = [f"{self._prefix}/step/{rank}" for rank in range(self._world_size)]
+        if self._latest is None:
+            keys = [f"{self._prefix}/position/{rank}" for rank in range(self._world_size)]
             if not store.check(keys):
+                self._checked = position
                 return False
-            self._target = max(int(store.get(k)) for k in keys) + 1
-        if step > self._target:  # cannot happen, see the note; never save out of step
-            raise RuntimeError(
-                f"rank {self._rank} passed the agreed preemption step {self._target} (at {step}); "
-                "please report this as a fullshard bug."
-            )
-        return step == self._target
+            self._latest = max(int(store.get(k)) for k in keys)
+            if self._checked > self._latest:  # cannot happen, see the note; never save out of step
+                raise RuntimeError(
+                    f"rank {self._rank} passed the agreed preemption position {self._latest} (at {self._checked}); "
+                    "please report this as a fullshard bug."
+                )
+        self._checked = position
+        return position > self._latest
 
     def save_and_exit(self, trainer: Trainer) -> None:
         """Save the preemption checkpoint on every rank, requeue under SLURM, and raise
