@@ -264,3 +264,17 @@ def test_custom_sampler_warns_when_the_world_size_changed(tmp_path: Path) -> Non
     )
     with pytest.warns(UserWarning, match=message):
         train(tmp_path / "c", max_steps=5, sampler=Forward(), resume=str(tmp_path / "two.ckpt"))
+
+
+def test_resume_under_another_seed_keeps_the_checkpoints_order(tmp_path: Path) -> None:
+    """A script that seeds differently when it resumes still trains on the rest of the order the
+    checkpoint was written in, and on the uninterrupted run's later epochs; it says so once."""
+    ckpt = tmp_path / "cut.ckpt"
+    steps_per_epoch = -(-LENGTH // BATCH)
+    train(tmp_path / "a", max_steps=5, shuffle=True, save=str(ckpt))
+    assert loops_of(ckpt)["data_seed"] == SEED
+    with pytest.warns(UserWarning, match=rf"data order of the checkpoint \(seed {SEED}\), not of this run's seed \(99\)"):
+        _, resumed = train(tmp_path / "b", max_steps=steps_per_epoch + 3, shuffle=True, resume=str(ckpt), seed=99)
+    order = epoch_order(0, shuffle=True)
+    assert [r[3] for r in in_epoch(resumed.seen, 0)] == rest_of_epoch(order, 5 * BATCH, 0, 1, drop_last=False)
+    assert [r[3] for r in in_epoch(resumed.seen, 1)] == uninterrupted(1, True, 0, 1, drop_last=False)[:3]

@@ -60,9 +60,10 @@ def train(
     save: str | None = None,
     save_every: int = 0,
     sampler: Any = None,
+    seed: int = SEED,
 ) -> tuple[fullshard.Trainer, Recorder]:
     """Fit ``Recorder`` and write ``seen_rank{r}.json`` into ``out``."""
-    fullshard.seed_everything(SEED)
+    fullshard.seed_everything(seed)
     callbacks = []
     if save_every:
         callbacks.append(

@@ -10,7 +10,7 @@ The layout (see DESIGN.md, checkpoint contract)::
       "lr_schedulers": [one per scheduler],
       "grad_scaler": dict,
       "loops": {"epoch", "global_step", "batches_in_epoch", "samples_in_epoch", "epoch_finished",
-                "total_batch_idx"},
+                "total_batch_idx", "data_seed"},
       "callbacks": {state_key: state}, "rng_states": [one per rank], "hyper_parameters": dict,
       "epoch": int, "global_step": int, "pytorch-lightning_version": str,   for Lightning's readers
       <DataModule class name>: its state_dict(), when not empty (as Lightning)

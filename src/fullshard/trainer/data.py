@@ -8,7 +8,10 @@ of an epoch by skipping the samples already seen. The rebuilt loader also gets i
 ``torch.Generator`` (reseeded per epoch) so that creating its iterator draws nothing from the
 global RNG: a resumed run then sees exactly the random numbers an uninterrupted run would.
 Iterable datasets and custom samplers are used as given (resuming them mid-epoch is exact
-only on as many processes as wrote the checkpoint).
+only on as many processes as wrote the checkpoint). A checkpoint records the seed (``data_seed``)
+and a resumed run draws its orders from it, whatever ``seed_everything`` was given this time:
+the rest of a cut epoch is then the rest of the order the checkpoint was written in, and the
+later epochs are those of the uninterrupted run.
 
 [Note: resuming at another world size]
 Under ``DistributedSampler``'s split (position ``i`` of the padded epoch order goes to rank
@@ -113,6 +116,13 @@ class PreparedLoader:
         self.seed = seed
         self.num_replicas = num_replicas
         self.not_resumable = not_resumable
+
+    def reseed(self, seed: int) -> None:
+        """Draw every epoch's order (and the loader's generator) from ``seed`` from now on: a
+        resumed run takes the seed its checkpoint recorded (see [Note: reproducible data order])."""
+        self.seed = seed
+        if isinstance(self.loader.sampler, DistributedSampler):
+            self.loader.sampler.seed = seed
 
     @property
     def resumable(self) -> bool:

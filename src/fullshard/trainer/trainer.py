@@ -21,6 +21,7 @@ from fullshard.datamodule import DataModule
 from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
+from fullshard.seed import current_seed
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.strategies.meta_init import init_new_modules, user_init_of
 from fullshard.trainer import arguments, checkpointing, evaluation, loops, nonfinite, preemption
@@ -274,6 +275,7 @@ class Trainer(DataSetup):
         self._epoch_start = (0, 0)  # (batch index, samples consumed) where this run of the epoch began
         self._saved_position: SavedPosition | None = None  # from a checkpoint, until the loader exists
         self._pending_loop_state: dict[str, Any] | None = None  # from a checkpoint, until the loop starts
+        self._data_seed: int | None = None  # from a checkpoint, until the training loader exists
         self._epoch_end_pending = False
         self.ckpt_path: str | None = None  # the checkpoint the current call loaded, if any
         self._resolved_ckpt_path: str | None = None
@@ -961,6 +963,7 @@ class Trainer(DataSetup):
             "samples_in_epoch": samples,
             "epoch_finished": self._epoch_finished,
             "total_batch_idx": self._total_batch_idx,
+            "data_seed": self._train_loader.seed if self._train_loader is not None else current_seed(),
         }
 
     def _samples_in_epoch(self) -> int | None:
@@ -987,6 +990,8 @@ class Trainer(DataSetup):
         )
         self._epoch_start = (self._batches_in_epoch, 0)  # placed by _finish_epoch_restore
         self._total_batch_idx = int(state.get("total_batch_idx", 0))
+        seed = state.get("data_seed")  # None in checkpoints written before it was recorded
+        self._data_seed = None if seed is None else int(seed)
         self._epoch_finished = False
         self._epoch_end_pending = bool(state.get("epoch_finished"))
         if not epoch_end_pending:
@@ -1002,6 +1007,16 @@ class Trainer(DataSetup):
             self._epoch_end_pending = False
             self._saved_position = None
         position, loader = self._saved_position, self._train_loader
+        if self._data_seed is not None and loader is not None:
+            if self._data_seed != loader.seed:
+                rank_zero_warn(
+                    f"Resuming with the data order of the checkpoint (seed {self._data_seed}), not of this run's "
+                    f"seed ({loader.seed}), so that training goes on with the samples it would have seen. To "
+                    "train on another order, start from the checkpoint's weights (ckpt_weights_only=True).",
+                    stacklevel=2,
+                )
+            loader.reseed(self._data_seed)
+            self._data_seed = None
         if position is not None and loader is not None:
             self._saved_position = None
             self._epoch_start = loader.resume_start(position, self.current_epoch)
