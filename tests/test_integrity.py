@@ -558,6 +558,28 @@ def test_nonfinite_loss_skip_skips_the_step_as_a_none_loss_does(
     assert all(torch.equal(skipped.state_dict()[k], v) for k, v in none.state_dict().items())
 
 
+def test_nonfinite_loss_with_the_check_off_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """on_nonfinite_loss=None trains on, but not silently: one warning, at the first NaN (a
+    monitored ModelCheckpoint never improves on a NaN metric, so nothing else would say it)."""
+    trainer, _ = _fit(tmp_path, lambda: NaNAt({2, 4}), on_nonfinite_loss=None)
+    assert trainer.global_step == 6  # not stopped, not skipped
+    said = [r.getMessage() for r in caplog.records if "on_nonfinite_loss=None" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("The training loss was nan at epoch 0, batch 2, and Trainer(on_nonfinite_loss=None)")
+
+
+def test_nonfinite_check_off_reads_a_device_window_at_logging_steps() -> None:
+    """The GPU path of on_nonfinite_loss=None (run on CPU tensors): no read between logging steps."""
+    trainer = SimpleNamespace(global_step=0, log_every_n_steps=3, is_global_zero=True, current_epoch=0)
+    check = fullshard.trainer.nonfinite.parse(None)
+    check._observe_on_device(torch.tensor(float("inf")), 0)
+    assert check.step_allowed(trainer)  # type: ignore[arg-type]
+    assert isinstance(check._window, torch.Tensor)  # kept: step 1 logs nothing
+    trainer.global_step = 2
+    check._observe_on_device(torch.tensor(1.0), 1)
+    assert check.step_allowed(trainer) and check._window is None and check._warned  # type: ignore[arg-type]
+
+
 def test_nonfinite_weights_never_replace_a_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
     run_single(tmp_path, max_steps=2, save=path)

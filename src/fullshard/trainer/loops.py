@@ -102,8 +102,7 @@ def run_train_epoch(trainer: Trainer) -> None:
     before_backward = hooks["on_before_backward"]
     after_backward = hooks["on_after_backward"]
     nonfinite = trainer._nonfinite  # Trainer(on_nonfinite_loss=...), see fullshard.trainer.nonfinite
-    if nonfinite is not None:
-        nonfinite.reset()
+    nonfinite.reset()
 
     metrics.stage = "train"
     metrics.in_step = False
@@ -140,8 +139,7 @@ def run_train_epoch(trainer: Trainer) -> None:
                     f"training_step returned None at epoch {trainer.current_epoch}, batch {batch_idx}",
                 )
             else:
-                if nonfinite is not None:
-                    nonfinite.observe(loss, batch_idx)
+                nonfinite.observe(loss, batch_idx)
                 if batch_idx % accumulate == 0:
                     for optimizer in trainer.optimizers:
                         for hook in zero_grad_hooks:
@@ -156,7 +154,7 @@ def run_train_epoch(trainer: Trainer) -> None:
                     hook()
         trainer._batches_in_epoch = batch_idx = batch_idx + 1
         trainer._total_batch_idx += 1
-        stepped = boundary and loss is not None and (nonfinite is None or nonfinite.step_allowed(trainer))
+        stepped = boundary and loss is not None and nonfinite.step_allowed(trainer)
         if stepped:
             _optimizer_step(trainer)
         # at every boundary, stepped or skipped: see [Note: preemption, agreed without a per-step ...]

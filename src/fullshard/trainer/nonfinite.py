@@ -6,7 +6,9 @@
   stopped as after any failed process (docs/launching.md).
 - ``"skip"``: skip that optimizer step on every rank (the gradients of its accumulation window
   are dropped; ``global_step`` does not count it, as when ``training_step`` returns None), and go on.
-- ``None``: no check (the loss goes into the optimizer step whatever it is).
+- ``None``: no check (the loss goes into the optimizer step whatever it is), but not silently
+  either: the first non-finite loss rank 0 sees is reported once, as a warning on rank 0 (a NaN
+  on another rank reaches rank 0's weights, and so its loss, through the gradient reduction).
 
 [Note: agreeing on a non-finite loss]
 Each rank computes its own loss, and one rank's NaN need not reach the others' (an ``inf`` loss
@@ -21,7 +23,9 @@ while the accumulation window runs), on the CPU by reading the number. At each o
 GPU's result is read: one device-to-host synchronisation per optimizer step, as
 ``torch.amp.GradScaler`` makes to decide whether to skip a step. ``"skip"`` with several
 processes adds the small all_gather per optimizer step (benchmarks/nonfinite_check.py measures
-both). ``on_nonfinite_loss=None`` avoids all of it.
+both). ``on_nonfinite_loss=None`` avoids all of it: the losses are noted the same way, but a
+GPU's are read only every ``log_every_n_steps`` optimizer steps (when the step's metrics are
+logged and read anyway), and never gathered.
 """
 
 from __future__ import annotations
@@ -38,15 +42,13 @@ if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
 
 log = logging.getLogger("fullshard")
-Mode = Literal["raise", "skip"]
+Mode = Literal["raise", "skip"] | None
 MODES = ("raise", "skip", None)
 
 
-def parse(mode: object) -> NonFiniteLoss | None:
-    """The check ``Trainer(on_nonfinite_loss=mode)`` asks for (None: no check)."""
-    if mode is None:
-        return None
-    if mode not in ("raise", "skip"):
+def parse(mode: object) -> NonFiniteLoss:
+    """The check ``Trainer(on_nonfinite_loss=mode)`` asks for (None: no check, only a warning)."""
+    if mode not in MODES:
         raise MisconfigurationError(
             f"on_nonfinite_loss={mode!r} is invalid: use 'raise' (stop before the optimizer step, the default), "
             "'skip' (skip that optimizer step and go on) or None (no check)."
@@ -59,6 +61,7 @@ class NonFiniteLoss:
 
     def __init__(self, mode: Mode) -> None:
         self.mode = mode
+        self._warned = False  # mode None: the one warning was given
         # [non-finite?, the loss, its batch] of the window so far: a tensor on the loss's device
         # (no synchronisation), or on the CPU, where reading a number costs nothing, a tuple
         self._window: torch.Tensor | tuple[float, float, float] | None = None
@@ -100,6 +103,9 @@ class NonFiniteLoss:
         Raises:
             NonFiniteLossError: with ``"raise"``, when this rank's loss was non-finite.
         """
+        if self.mode is None:
+            self._warn_unchecked(trainer)
+            return True
         window, self._window = self._window, None
         if window is None:
             return True
@@ -140,3 +146,28 @@ class NonFiniteLoss:
                 where,
             )
         return False
+
+    def _warn_unchecked(self, trainer: Trainer) -> None:
+        """``on_nonfinite_loss=None``: warn once, on rank 0, of the first non-finite loss it sees;
+        a GPU's window is kept (and grows) until a logging step reads it."""
+        window = self._window
+        if self._warned or window is None or not trainer.is_global_zero:
+            self._window = None
+            return
+        if isinstance(window, torch.Tensor):
+            if (trainer.global_step + 1) % trainer.log_every_n_steps:
+                return  # not read yet: the next losses are noted into the same window
+            window = tuple(window.tolist())
+        self._window = None
+        flag, value, batch = window
+        if flag:
+            self._warned = True
+            log.warning(
+                "The training loss was %s at epoch %d, batch %d, and Trainer(on_nonfinite_loss=None) does not "
+                "check it: the optimizer steps on, and the weights are likely NaN from now on (checkpoints of "
+                "them are refused). Pass on_nonfinite_loss='raise' (the default) to stop there, or 'skip' to "
+                "skip such steps. This is said once.",
+                value,
+                trainer.current_epoch,
+                int(batch),
+            )

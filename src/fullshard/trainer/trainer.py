@@ -108,8 +108,9 @@ class Trainer(DataSetup):
             the preemption checkpoint is saved.
         on_nonfinite_loss: when a training loss is NaN or infinite on any rank: ``"raise"`` stops
             before that optimizer step with ``NonFiniteLossError`` naming the step and ranks;
-            ``"skip"`` skips that optimizer step on every rank; None does not check. Not a
-            Lightning option; see docs/checkpoints.md for its cost.
+            ``"skip"`` skips that optimizer step on every rank; None does not check (it warns
+            once, on rank 0, when it sees one). Not a Lightning option; see docs/checkpoints.md
+            for its cost.
     """
 
     def __init__(
