@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -145,3 +147,31 @@ def test_tensorboard_logger_writes_an_event_file(tmp_path: Path) -> None:
     scalars = accumulator.Scalars("loss")
     assert [(event.step, event.value) for event in scalars] == [(0, 1.0), (1, 0.5)]
     assert json.loads((run_dir / "hparams.json").read_text()) == {"lr": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"max_epochs": 1}, r"The training epoch has 12 optimizer step\(s\), fewer than Trainer\(log_every_n_steps=50\)"),
+        ({"max_steps": 3, "log_every_n_steps": 10}, r"This run has 3 optimizer step\(s\) left \(max_steps=3\), fewer than"),
+        ({"max_steps": 3, "log_every_n_steps": 3}, None),
+        ({"max_steps": 3, "logger": False}, None),
+    ],
+)
+def test_a_run_shorter_than_the_logging_interval_says_so(
+    tmp_path: Path, kwargs: dict[str, Any], said: str | None
+) -> None:
+    from torch.utils.data import DataLoader
+
+    from ckpt_helpers import Net, make_data
+    from conftest import quiet_trainer
+
+    trainer = quiet_trainer(tmp_path, **{"logger": CSVLogger(tmp_path), **kwargs})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Net(), DataLoader(make_data(), batch_size=8))
+    found = [str(w.message) for w in caught if "log_every_n_steps" in str(w.message)]
+    if said is None:
+        assert not found
+    else:
+        assert len(found) == 1 and re.search(said, found[0]), found

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from fullshard.errors import MisconfigurationError
 from fullshard.launch import stuck_ranks
@@ -75,12 +76,32 @@ def run_fit(
         trainer._setup_val_data(module, sources)
     trainer._finish_epoch_restore()
     trainer._val_check_batch = trainer._compute_val_check_batch()
+    _warn_if_nothing_logged(trainer)
     if checkpoint is not None:
         checkpointing.restore_rng_states(trainer, checkpoint)
     trainer._call("on_train_start")
     while not trainer._done():
         run_train_epoch(trainer)
     trainer._call("on_train_end")
+
+
+def _warn_if_nothing_logged(trainer: Trainer) -> None:
+    """Say, as Lightning does, when the steps of the run (or of an epoch) are fewer than
+    ``log_every_n_steps``: their step metrics would never reach the loggers."""
+    if not trainer.loggers or trainer.fast_dev_run:
+        return
+    steps = trainer.num_training_batches / trainer.accumulate_grad_batches
+    what = f"The training epoch has {math.ceil(steps)} optimizer step(s)"
+    if trainer.max_steps >= 0 and trainer.max_steps - trainer.global_step < steps:
+        steps = trainer.max_steps - trainer.global_step
+        what = f"This run has {steps} optimizer step(s) left (max_steps={trainer.max_steps})"
+    if 0 < steps < trainer.log_every_n_steps:
+        rank_zero_warn(
+            f"{what}, fewer than Trainer(log_every_n_steps={trainer.log_every_n_steps}): step metrics are logged "
+            "every log_every_n_steps steps, so they will not reach the loggers (epoch metrics still do). Pass a "
+            "lower log_every_n_steps to see them.",
+            stacklevel=3,
+        )
 
 
 def run_train_epoch(trainer: Trainer) -> None:
