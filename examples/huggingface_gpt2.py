@@ -1,6 +1,6 @@
 """Train a Hugging Face GPT-2 with fullshard: FSDP on 2 CPU processes, resume, export, reload.
 
-    pip install "fullshard[hf]"                      # transformers and safetensors
+    pip install -e ".[hf]"                           # in the fullshard clone: transformers and safetensors
     python examples/huggingface_gpt2.py              # writes gpt2_run/ (about half a minute on CPU)
     python examples/huggingface_gpt2.py --strategy fsdp2 --root-dir gpt2_run_fsdp2
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,20 @@ def _trainer(tmp_path: Path, **kwargs: Any) -> fullshard.Trainer:
     ("kwargs", "match"),
     [
         ({"precision": "fp16"}, r"Precision 'fp16' is not supported\. Valid values: '32-true', '16-mixed'"),
-        ({"precision": 64}, r"Precision 64 is not supported"),
+        (
+            {"precision": 64},
+            r"Precision 64 is not supported\. fullshard does not train in float64 \(Lightning's '64-true'\)\. "
+            r"Valid values: .*'bf16-true', and Lightning's aliases 32 / '32' for '32-true', 16 / '16' for "
+            r"'16-mixed', 'bf16' for 'bf16-mixed'",
+        ),
+        ({"precision": "64"}, r"Precision '64' is not supported\. fullshard does not train in float64"),
+        ({"precision": "bf16-mix"}, r"Precision 'bf16-mix' is not supported\. Did you mean 'bf16-mixed'\?"),
+        ({"precision": True}, r"Precision True is not supported\. Valid values"),
         ({"accelerator": "tpu"}, r"accelerator='tpu' is not supported\. Use one of 'auto', 'cpu', 'cuda'"),
+        (
+            {"accelerator": "cpy"},
+            r"accelerator='cpy' is not supported\. Did you mean 'cpu'\? Use one of 'auto'",
+        ),
         ({"devices": 0}, r"devices=0 is invalid; use 'auto', a positive int"),
         ({"devices": "two"}, r"devices='two' is not understood"),
         ({"devices": -1}, r"devices=-1 means 'all GPUs' and needs accelerator='cuda'"),
@@ -91,8 +104,27 @@ def test_bad_strategy_arguments() -> None:
         DDPStrategy(timeout=30)  # type: ignore[arg-type]
 
 
-def test_parse_precision_aliases() -> None:
-    assert parse_precision(32) == "32-true" and parse_precision("bf16-mixed") == "bf16-mixed"
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [(32, "32-true"), ("32", "32-true"), (16, "16-mixed"), ("16", "16-mixed"), ("bf16", "bf16-mixed")],
+)
+def test_lightning_precision_aliases(tmp_path: Path, given: Any, canonical: str) -> None:
+    """Lightning 2.x's aliases (its _PRECISION_INPUT) mean the setting it maps them to; like Lightning,
+    the ones that hide "mixed" (16, "16", "bf16") warn."""
+    assert parse_precision(given) == canonical and parse_precision(canonical) == canonical
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _trainer(tmp_path, precision=given)
+    assert trainer.precision == canonical and trainer.strategy.precision.precision == canonical
+    notes = [str(w.message) for w in caught if "alias" in str(w.message)]
+    if given in (32, "32"):
+        assert notes == []
+    else:
+        assert notes == [
+            f"precision={given!r} is an alias kept for Lightning's older spelling; it means "
+            f"precision={canonical!r} (float32 weights, half-precision autocast). Pass {canonical!r} to say "
+            "so and silence this warning."
+        ]
 
 
 def test_fit_with_wrong_model_or_data(tmp_path: Path) -> None:
@@ -284,3 +316,26 @@ def test_checkpoint_with_other_number_of_optimizers(tmp_path: Path) -> None:
 def test_save_checkpoint_before_fit(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"save_checkpoint\(\) needs a model that was set up"):
         _trainer(tmp_path).save_checkpoint(tmp_path / "x.ckpt")
+
+
+def test_missing_optional_packages_say_how_to_install_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hint works however fullshard was installed: the package itself, or the extra from a clone."""
+    import lightning_utilities.core.imports
+
+    from fullshard.checkpoint import tools
+    from fullshard.trainer import loggers
+
+    monkeypatch.setattr(loggers, "_TENSORBOARD_AVAILABLE", False)
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"Install it with `pip install tensorboard` \(in a fullshard clone: `pip install -e '\.\[tensorboard\]'`\)",
+    ):
+        loggers.TensorBoardLogger(tmp_path)
+    monkeypatch.setattr(lightning_utilities.core.imports, "RequirementCache", lambda name: False)
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"safetensors: pip install safetensors \(in a fullshard clone: pip install -e '\.\[safetensors\]'\)",
+    ):
+        tools._safetensors()

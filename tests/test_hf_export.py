@@ -323,7 +323,7 @@ def test_checkpoint_without_tie_record_still_loads_and_exports(
 # -------------------------------------------------------------------- real transformers
 def test_gpt2_from_pretrained_after_export(tmp_path: Path) -> None:
     """Optional: a real ``GPT2LMHeadModel`` trained in a Module, exported, and loaded back with
-    ``from_pretrained`` (skipped unless ``transformers`` is installed: pip install 'fullshard[hf]')."""
+    ``from_pretrained`` (skipped unless ``transformers`` is installed: pip install -e '.[hf]')."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("safetensors")
     from conftest import quiet_trainer

@@ -39,11 +39,27 @@ def test_register_with_default_arguments_and_override() -> None:
 
 def test_unknown_name_lists_available() -> None:
     with pytest.raises(
-        StrategyRegistryError, match=r"Unknown strategy 'dpp'\. Available strategies: .*ddp.*single_device"
+        StrategyRegistryError,
+        match=r"Unknown strategy 'dpp'\. Did you mean 'ddp'\? Available strategies: .*ddp.*single_device",
     ):
         STRATEGY_REGISTRY.get("dpp")
     with pytest.raises(StrategyRegistryError, match="Unknown strategy 'dpp'"):
         fullshard.Trainer(accelerator="cpu", strategy="dpp")
+
+
+@pytest.mark.parametrize(
+    ("given", "nearest"), [("fdsp", "fsdp"), ("FSDP2", "fsdp2"), ("ddp-spawn", "ddp_spawn")]
+)
+def test_unknown_name_suggests_the_nearest(given: str, nearest: str) -> None:
+    with pytest.raises(
+        StrategyRegistryError, match=rf"Unknown strategy '{given}'\. Did you mean '{nearest}'\?"
+    ):
+        fullshard.Trainer(accelerator="cpu", strategy=given)
+
+
+def test_unknown_name_far_from_every_name_gets_no_suggestion() -> None:
+    with pytest.raises(StrategyRegistryError, match=r"Unknown strategy 'horovod'\. Available strategies: "):
+        STRATEGY_REGISTRY.get("horovod")
 
 
 def test_entry_point_registers_a_strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -106,9 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out")
     _no_verify(p)
     p.set_defaults(run=_consolidate)
-    p = commands.add_parser(
-        "export", help="model weights -> .safetensors (pip install 'fullshard[safetensors]')"
-    )
+    p = commands.add_parser("export", help="model weights -> .safetensors (needs: pip install safetensors)")
     p.add_argument("path")
     p.add_argument(
         "out", help="a .safetensors file, or a directory (gets model.safetensors, as Hugging Face)"

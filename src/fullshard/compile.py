@@ -43,7 +43,6 @@ import difflib
 import functools
 import inspect
 import types
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ import torch
 from torch import nn
 
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import rank_zero_warn
 
 __all__ = ["CompileConfig", "CompileUnit", "apply_compile", "fsdp_units", "parse_compile", "resolve_compile"]
 
@@ -277,7 +277,7 @@ def _compile_whole(
         return
     children = [child for child in module.children() if any(True for _ in child.parameters())]
     if not children:
-        warnings.warn(
+        rank_zero_warn(
             f"compile={config}: {type(module).__name__} defines no forward and has no layers with "
             "parameters, so nothing was compiled.",
             stacklevel=3,

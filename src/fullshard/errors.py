@@ -7,6 +7,9 @@ it. The classes below subclass the builtin type a caller would expect (``ValueEr
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class FullshardError(Exception):
     """Base class of every exception fullshard defines."""
@@ -67,3 +70,11 @@ class ProcessFailedError(FullshardError, RuntimeError):
 class RankDivergenceError(FullshardError, RuntimeError):
     """The processes of a job took different paths (one skipped a step, or ran out of data,
     while the others went on into a collective)."""
+
+
+def did_you_mean(given: object, choices: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` naming the choice closest to a mistyped ``given``; empty when none is close."""
+    if not isinstance(given, str):
+        return ""
+    close = difflib.get_close_matches(given.lower(), list(choices), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""

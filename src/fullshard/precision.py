@@ -9,6 +9,9 @@ string             parameters / optimizer      compute
 ``"16-true"``      float16                     float16
 ``"bf16-true"``    bfloat16                    bfloat16
 =================  ==========================  ===========================================
+
+Lightning's older spellings are accepted for the same settings (:data:`PRECISION_ALIASES`):
+``32``/``"32"``, ``16``/``"16"`` (``"16-mixed"``) and ``"bf16"`` (``"bf16-mixed"``).
 """
 
 from __future__ import annotations
@@ -23,28 +26,63 @@ from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from fullshard.errors import MisconfigurationError
+from fullshard.errors import MisconfigurationError, did_you_mean
 
 PrecisionStr = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
 PRECISIONS: tuple[PrecisionStr, ...] = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 _NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one shared instance
-_ALIASES: dict[Any, PrecisionStr] = {32: "32-true", "32": "32-true"}
+# Lightning 2.x's older spellings (its _PRECISION_INPUT_INT and _PRECISION_INPUT_STR_ALIAS), mapped
+# as its connector maps them. "64"/64 ("64-true") is among them, but fullshard has no float64.
+PRECISION_ALIASES: dict[int | str, PrecisionStr] = {
+    32: "32-true",
+    "32": "32-true",
+    16: "16-mixed",
+    "16": "16-mixed",
+    "bf16": "bf16-mixed",
+}
+_ALIASES_TEXT = "32 / '32' for '32-true', 16 / '16' for '16-mixed', 'bf16' for 'bf16-mixed'"
+
+
+def _alias_key(value: Any) -> int | str | None:
+    """``value`` as a key of PRECISION_ALIASES (ints and strings only: not True, not 32.0)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    return value
 
 
 def parse_precision(value: Any) -> PrecisionStr:
-    """Normalise a user's precision setting to one of :data:`PRECISIONS`.
+    """Normalise a user's precision setting to one of :data:`PRECISIONS`; Lightning's aliases
+    (:data:`PRECISION_ALIASES`) become the setting they stand for.
 
     Raises:
         MisconfigurationError: the value is not a supported precision.
     """
     if isinstance(value, str) and value in PRECISIONS:
         return value  # type: ignore[return-value]
-    if isinstance(value, int | str) and value in _ALIASES:
-        return _ALIASES[value]
+    key = _alias_key(value)
+    if key is not None and key in PRECISION_ALIASES:
+        return PRECISION_ALIASES[key]
+    if key in (64, "64", "64-true"):
+        reason = " fullshard does not train in float64 (Lightning's '64-true')."
+    else:
+        reason = did_you_mean(value, PRECISIONS)
     raise MisconfigurationError(
-        f"Precision {value!r} is not supported. Valid values: {', '.join(repr(p) for p in PRECISIONS)} "
-        "(32 is accepted for '32-true'). For half precision with float32 weights use '16-mixed' or "
-        "'bf16-mixed'."
+        f"Precision {value!r} is not supported.{reason} Valid values: {', '.join(repr(p) for p in PRECISIONS)}, "
+        f"and Lightning's aliases {_ALIASES_TEXT}. For half precision with float32 weights use '16-mixed' "
+        "or 'bf16-mixed'."
+    )
+
+
+def alias_warning(value: Any) -> str | None:
+    """The warning Lightning gives for the aliases that hide that they mean mixed precision
+    (16, "16", "bf16"); None for any other value."""
+    key = _alias_key(value)
+    if key not in (16, "16", "bf16"):
+        return None
+    return (
+        f"precision={value!r} is an alias kept for Lightning's older spelling; it means "
+        f"precision={PRECISION_ALIASES[key]!r} (float32 weights, half-precision autocast). Pass "
+        f"{PRECISION_ALIASES[key]!r} to say so and silence this warning."
     )
 
 

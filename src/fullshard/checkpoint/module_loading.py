@@ -11,7 +11,6 @@ call ``.eval()`` for inference.
 from __future__ import annotations
 
 import inspect
-import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +22,7 @@ from fullshard.checkpoint.layout import META_NAME, detect_format, verify_full_fi
 from fullshard.checkpoint.tools import _committed, _read_dcp
 from fullshard.checkpoint.validate import check_state_dict_matches
 from fullshard.errors import CheckpointNotFoundError
+from fullshard.rank_zero import rank_zero_warn
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -149,7 +149,7 @@ def load_module_from_checkpoint(
     check_state_dict_matches(expected, state_dict, strict=strict)
     keys = model.load_state_dict(state_dict, strict=strict)
     if not strict and (keys.missing_keys or keys.unexpected_keys):
-        warnings.warn(
+        rank_zero_warn(  # every rank loading the same file would say the same
             f"{cls.__name__}.load_from_checkpoint(strict=False) loaded {str(path)!r} partially: "
             f"not in the checkpoint (left as initialised): {keys.missing_keys or 'none'}; in the checkpoint "
             f"but not in the module (ignored): {keys.unexpected_keys or 'none'}.",

@@ -208,7 +208,8 @@ def _safetensors() -> Any:
 
     if not RequirementCache("safetensors"):
         raise ModuleNotFoundError(
-            "Exporting to safetensors needs the optional dependency: pip install 'fullshard[safetensors]'."
+            "Exporting to safetensors needs the optional dependency safetensors: pip install safetensors "
+            "(in a fullshard clone: pip install -e '.[safetensors]')."
         )
     import safetensors.torch
 

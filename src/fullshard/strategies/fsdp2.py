@@ -33,6 +33,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.precision import FSDP2Precision, Precision
 from fullshard.strategies.fsdp import FSDPStrategy, sharding_name
 from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
+from fullshard.strategies.strategy import ParameterSize, clean_parameter_name
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -226,7 +227,7 @@ class FSDP2Strategy(FSDPStrategy):
 
         manually_wrapped = self._manually_wrapped(module)
         auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
-        if manually_wrapped and self.auto_wrap_policy is not None:
+        if manually_wrapped and self.auto_wrap_policy is not None and self.is_global_zero:
             warnings.warn(
                 "configure_model() already applied fully_shard to layers, so auto_wrap_policy is ignored (the "
                 "model is not sharded twice). Remove one of the two.",
@@ -291,6 +292,22 @@ class FSDP2Strategy(FSDPStrategy):
         if not enabled:
             return contextlib.nullcontext()
         return _no_gradient_sync(self._require_model())
+
+    @override
+    def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
+        """A sharded parameter is a DTensor: its shape is the full one, its local tensor this rank's share."""
+        from torch.distributed.tensor import DTensor
+
+        return [
+            ParameterSize(
+                clean_parameter_name(name),
+                p.numel(),
+                p.to_local().numel() if isinstance(p, DTensor) else p.numel(),
+                p.requires_grad,
+                p.element_size(),
+            )
+            for name, p in module.named_parameters()
+        ]
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import importlib.metadata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fullshard.errors import StrategyRegistryError
+from fullshard.errors import StrategyRegistryError, did_you_mean
 
 if TYPE_CHECKING:
     from fullshard.strategies.strategy import Strategy
@@ -78,7 +78,8 @@ class StrategyRegistry:
             return self._entries[name]
         except KeyError:
             raise StrategyRegistryError(
-                f"Unknown strategy {name!r}. Available strategies: {', '.join(self.available())}. "
+                f"Unknown strategy {name!r}.{did_you_mean(name, self.available())} "
+                f"Available strategies: {', '.join(self.available())}. "
                 "Pass one of these names, a `fullshard.strategies.Strategy` instance, or register "
                 "your own with `fullshard.strategies.STRATEGY_REGISTRY.register(...)`."
             ) from None

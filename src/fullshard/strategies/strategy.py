@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -45,6 +45,38 @@ T = TypeVar("T")
 NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one shared instance
 STATE_DICT_TYPES = ("full", "sharded")
 ReduceOp = Literal["sum", "mean", "max", "min"]
+# What wrappers insert into parameter names (FSDP1 units, activation checkpointing).
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+@dataclass(frozen=True)
+class ParameterSize:
+    """One parameter of the model as the user wrote it: its full size and this process's share.
+
+    ``name`` carries no wrapper prefixes; ``numel`` is the whole parameter's element count,
+    ``local_numel`` the part this process holds (smaller only when a strategy shards it).
+    """
+
+    name: str
+    numel: int
+    local_numel: int
+    requires_grad: bool
+    element_size: int
+
+
+def clean_parameter_name(name: str) -> str:
+    """``name`` without the prefixes FSDP1 and activation checkpointing wrappers insert."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def unsharded_parameter_sizes(module: nn.Module) -> list[ParameterSize]:
+    """Each parameter of ``module`` as it is: whole, and all of it held by this process."""
+    return [
+        ParameterSize(clean_parameter_name(name), p.numel(), p.numel(), p.requires_grad, p.element_size())
+        for name, p in module.named_parameters()
+    ]
 
 
 def _redirected_call(wrapper: nn.Module, module: nn.Module, method: str, *args: Any) -> Any:
@@ -428,6 +460,14 @@ class Strategy:
     def full_shapes(self) -> dict[str, torch.Size]:
         """Full (unsharded) shapes of the model's state, to check checkpoints against."""
         return self._param_shapes
+
+    def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
+        """Each parameter of ``module`` (set up by this strategy) with its full size and this
+        process's share, for the model summary. Reads metadata only: no communication.
+
+        Strategies that shard parameters override this, so that a sharded model is counted whole.
+        """
+        return unsharded_parameter_sizes(module)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer] = ()

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
-from fullshard.errors import MisconfigurationError
+from fullshard.errors import MisconfigurationError, did_you_mean
 from fullshard.launch import ClusterEnvironment
 
 _ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
+_OTHER_HARDWARE = ("tpu", "mps", "hpu", "ipu", "xla")  # Lightning's other accelerators
 
 
 def resolve_accelerator(accelerator: str) -> str:
     if accelerator not in _ACCELERATORS:
+        # 'tpu' is one letter from 'gpu', but means other hardware, not a typo
+        hint = "" if str(accelerator).lower() in _OTHER_HARDWARE else did_you_mean(accelerator, _ACCELERATORS)
         raise MisconfigurationError(
-            f"accelerator={accelerator!r} is not supported. Use one of {', '.join(map(repr, _ACCELERATORS))}."
+            f"accelerator={accelerator!r} is not supported.{hint} "
+            f"Use one of {', '.join(map(repr, _ACCELERATORS))}."
         )
     if accelerator == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,6 +85,27 @@ def resolve_devices(
             )
         return [torch.device("cuda", i) for i in indices]
     return [torch.device("cpu")] * len(indices)
+
+
+def usable_cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def more_processes_than_cores(num_processes: int) -> str | None:
+    """The warning for a CPU run that starts more processes on this machine than it has cores;
+    None when each process can have a core of its own."""
+    cores = usable_cpu_cores()
+    if num_processes <= cores:
+        return None
+    return (
+        f"devices={num_processes} starts {num_processes} CPU processes on this machine, but only {cores} CPU "
+        f"core(s) are available to them. The processes share the cores, so each step takes longer than "
+        f"with one process per core. Pass devices={cores} or fewer (devices <= CPU cores) unless you "
+        "mean to test more ranks than the machine has cores."
+    )
 
 
 def _local_environment_type() -> type:

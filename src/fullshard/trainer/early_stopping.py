@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import warnings
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ import torch
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks import Callback
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ class EarlyStopping(Callback):
         if self.strict:
             raise RuntimeError(message + " (strict=False skips the check while the metric is missing.)")
         if self.verbose:
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            rank_zero_warn(message, RuntimeWarning, stacklevel=2)  # the metrics are the same on every rank
         return False
 
     def _run_early_stopping_check(self, trainer: Trainer) -> None:

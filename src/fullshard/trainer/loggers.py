@@ -234,7 +234,8 @@ class CSVLogger(_VersionedLogger):
 class TensorBoardLogger(_VersionedLogger):
     """Writes metrics as TensorBoard scalars into ``save_dir/name/version_N``.
 
-    Needs the optional ``tensorboard`` package (``pip install 'fullshard[tensorboard]'``).
+    Needs the optional ``tensorboard`` package (``pip install tensorboard``; in a fullshard clone
+    ``pip install -e '.[tensorboard]'``).
     Hyperparameters are shown as text in TensorBoard and also written to ``hparams.json``.
     The event file is opened at the first write.
 
@@ -255,7 +256,8 @@ class TensorBoardLogger(_VersionedLogger):
         if not _TENSORBOARD_AVAILABLE:
             raise ModuleNotFoundError(
                 "TensorBoardLogger needs the `tensorboard` package, which is not installed. "
-                "Install it with `pip install 'fullshard[tensorboard]'`, or log with `CSVLogger` instead."
+                "Install it with `pip install tensorboard` (in a fullshard clone: `pip install -e '.[tensorboard]'`), "
+                "or log with `CSVLogger` instead."
             )
         super().__init__(save_dir, name, version)
         self._writer: Any = None

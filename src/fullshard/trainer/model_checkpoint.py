@@ -43,6 +43,7 @@ from typing_extensions import override
 
 from fullshard.checkpoint.layout import RECORD_NAME
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.preemption import TrainingPreempted
 
@@ -332,7 +333,7 @@ class ModelCheckpoint(Callback):
             self.last_model_path = state_dict.get("last_model_path", self.last_model_path)
             self._newest = list(state_dict.get("newest_model_paths", self._newest))
         else:
-            warnings.warn(
+            rank_zero_warn(
                 f"ModelCheckpoint's dirpath changed from {saved_dir!r} (in the checkpoint) to {self.dirpath!r}: "
                 "only best_model_path is restored; best_model_score, best_k_models, kth_best_model_path, "
                 "kth_value and last_model_path start afresh.",

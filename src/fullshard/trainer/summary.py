@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import nn
 
-
-def _count(module: nn.Module) -> tuple[int, int]:
-    params = list(module.parameters())
-    total = sum(p.numel() for p in params)
-    trainable = sum(p.numel() for p in params if p.requires_grad)
-    return total, trainable
+from fullshard.strategies.strategy import ParameterSize, unsharded_parameter_sizes
 
 
 def _human(n: int) -> str:
@@ -19,16 +16,30 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def model_summary(model: nn.Module) -> str:
-    """A table of the model's top-level layers with their parameter counts, and the totals."""
+def model_summary(model: nn.Module, sizes: Sequence[ParameterSize] | None = None) -> str:
+    """A table of the model's top-level layers with their parameter counts, and the totals.
+
+    ``sizes`` (from :meth:`Strategy.parameter_sizes`) gives each parameter's full size, so that a
+    sharded model is counted whole; the share this process holds is shown beside the total when
+    it is smaller. Without ``sizes`` the parameters are counted as they are in ``model``.
+    """
+    sizes = unsharded_parameter_sizes(model) if sizes is None else sizes
+    per_child: dict[str, int] = {}
+    for size in sizes:
+        top = size.name.split(".", 1)[0]
+        per_child[top] = per_child.get(top, 0) + size.numel
     rows = [("", "Name", "Type", "Params", "Mode")]
     for i, (name, child) in enumerate(model.named_children()):
-        rows.append((str(i), name, type(child).__name__, _human(_count(child)[0]), "train" if child.training else "eval"))
+        mode = "train" if child.training else "eval"
+        rows.append((str(i), name, type(child).__name__, _human(per_child.get(name, 0)), mode))
     widths = [max(len(row[c]) for row in rows) for c in range(5)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     rule = "-" * max(len(line) for line in lines)
-    total, trainable = _count(model)
-    size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+    total = sum(s.numel for s in sizes)
+    trainable = sum(s.numel for s in sizes if s.requires_grad)
+    local = sum(s.local_numel for s in sizes)
+    share = f" (sharded: this process holds {_human(local)})" if local < total else ""
+    size_mb = sum(s.numel * s.element_size for s in sizes) / 1e6
     return "\n".join(
         [
             lines[0],
@@ -37,7 +48,7 @@ def model_summary(model: nn.Module) -> str:
             rule,
             f"{_human(trainable)}  Trainable params",
             f"{_human(total - trainable)}  Non-trainable params",
-            f"{_human(total)}  Total params",
+            f"{_human(total)}  Total params{share}",
             f"{size_mb:.3f}  Total estimated model params size (MB)",
         ]
     )

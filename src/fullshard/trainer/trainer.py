@@ -21,6 +21,7 @@ from fullshard.datamodule import DataModule
 from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
+from fullshard.precision import alias_warning
 from fullshard.seed import current_seed
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.strategies.meta_init import init_new_modules, user_init_of
@@ -28,7 +29,12 @@ from fullshard.trainer import arguments, checkpointing, evaluation, loops, nonfi
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.data import PreparedLoader, SavedPosition
 from fullshard.trainer.data_setup import DataSetup
-from fullshard.trainer.devices import resolve_accelerator, resolve_devices, resolve_num_nodes
+from fullshard.trainer.devices import (
+    more_processes_than_cores,
+    resolve_accelerator,
+    resolve_devices,
+    resolve_num_nodes,
+)
 from fullshard.trainer.loggers import CSVLogger, Logger
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.model_checkpoint import ModelCheckpoint
@@ -62,7 +68,9 @@ class Trainer(DataSetup):
         devices: processes per node: ``"auto"``, an int, -1 (all GPUs) or a list of GPU indices.
         num_nodes: number of machines, or ``"auto"``: as many as torchrun (``GROUP_WORLD_SIZE``) or
             SLURM (``SLURM_NNODES``) started, 1 otherwise; for elastic jobs whose node count varies.
-        precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or ``"bf16-true"``.
+        precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or ``"bf16-true"``;
+            Lightning's aliases ``32``/``"32"``, ``16``/``"16"`` and ``"bf16"`` mean the same settings
+            (:attr:`precision` gives the canonical name).
         logger: a :class:`~fullshard.loggers.Logger`, a list of them, True/None for a
             :class:`~fullshard.loggers.CSVLogger` in ``default_root_dir``, or False.
         callbacks: extra :class:`~fullshard.Callback` instances.
@@ -250,6 +258,15 @@ class Trainer(DataSetup):
             compile=compile_config,
         )
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # warnings before fit: rank 0 only
+        if (note := alias_warning(precision)) is not None:
+            rank_zero_warn(note, stacklevel=5)
+        if (
+            self._accelerator == "cpu"
+            and self._strategy.launcher is not None
+            and not environment.creates_processes_externally  # this process starts the others
+            and (note := more_processes_than_cores(len(device_list))) is not None
+        ):
+            rank_zero_warn(note, stacklevel=5)
 
         self.callbacks = self._build_callbacks(
             callbacks, enable_checkpointing is not False, enable_progress_bar is not False
@@ -353,6 +370,12 @@ class Trainer(DataSetup):
     def strategy(self) -> Strategy:
         """The strategy running this Trainer's processes."""
         return self._strategy
+
+    @property
+    def precision(self) -> str:
+        """The precision setting, spelled as in :data:`fullshard.precision.PRECISIONS`
+        (``"bf16-mixed"`` for ``precision="bf16"``), as in Lightning."""
+        return self._strategy.precision.precision
 
     @property
     def model(self) -> nn.Module | None:
@@ -799,7 +822,7 @@ class Trainer(DataSetup):
             return result
         self._log_hyperparams(model)
         if self.enable_model_summary and self.is_global_zero:
-            log.info(model_summary(model))
+            log.info(model_summary(model, self._strategy.parameter_sizes(model)))
         self.should_stop = False
         self._call("on_fit_start")
         self._preemption = preemption.Preemption(self._preemption_signals, self._requeue_on_preemption)
