@@ -43,12 +43,12 @@ import signal
 import subprocess
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
@@ -133,7 +133,7 @@ class Preemption:
     def start(self, trainer: Trainer) -> None:
         """Install the handlers (main thread only) and, with several processes, the poller."""
         if threading.current_thread() is not threading.main_thread():
-            warnings.warn(
+            rank_zero_warn(
                 "fit() runs outside the main thread, where signal handlers cannot be installed: preemption "
                 "signals are not handled. Call fit() from the main thread, or pass preemption_signals=None.",
                 stacklevel=3,
