@@ -30,9 +30,7 @@ from fullshard.trainer.data import (
 sys.path.insert(0, str(SCRIPTS))
 from resume_order_job import BATCH, LENGTH, SEED, train
 
-# The model's optimizer is SGD with momentum: with a stateless optimizer (plain SGD), loading a
-# full checkpoint on several processes fails inside torch's set_optimizer_state_dict
-# (broadcast_from_rank0: "Expected device to be set"), which is not what these tests are about.
+# The model's optimizer is SGD with momentum, except in the test of a stateless optimizer.
 
 Seen = list[list[Any]]  # [epoch, batch_idx, is_last_batch, indices] per batch, as the job writes it
 
@@ -278,3 +276,14 @@ def test_resume_under_another_seed_keeps_the_checkpoints_order(tmp_path: Path) -
     order = epoch_order(0, shuffle=True)
     assert [r[3] for r in in_epoch(resumed.seen, 0)] == rest_of_epoch(order, 5 * BATCH, 0, 1, drop_last=False)
     assert [r[3] for r in in_epoch(resumed.seen, 1)] == uninterrupted(1, True, 0, 1, drop_last=False)[:3]
+
+
+@pytest.mark.multiprocess
+def test_a_stateless_optimizer_resumes_from_a_full_checkpoint_on_several_processes(tmp_path: Path) -> None:
+    """Plain SGD has no per-parameter state; torch's loader, broadcasting from rank 0, failed on it
+    ("Expected device to be set"): only its groups' settings are restored, on every rank."""
+    ckpt = tmp_path / "plain.ckpt"
+    _job(tmp_path / "a", "--devices", "2", "--max-steps", "3", "--momentum", "0", "--save", str(ckpt))
+    assert not torch.load(ckpt, weights_only=True)["optimizer_states"][0]["state"]
+    resumed = _job(tmp_path / "b", "--devices", "2", "--max-steps", "5", "--momentum", "0", "--resume", str(ckpt))
+    assert [len(records) for records in resumed] == [2, 2]

@@ -33,8 +33,9 @@ class Indices(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 class Recorder(fullshard.Module):
-    def __init__(self) -> None:
+    def __init__(self, momentum: float = 0.9) -> None:
         super().__init__()
+        self.momentum = momentum
         self.layer = torch.nn.Linear(2, 1)
         self.seen: list[list[Any]] = []  # [epoch, batch_idx, is_last_batch, indices]
 
@@ -44,8 +45,7 @@ class Recorder(fullshard.Module):
         return self.layer(x).pow(2).mean()
 
     def configure_optimizers(self) -> Any:
-        # with momentum: a stateless optimizer trips torch on a resume, see the test file
-        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=self.momentum)  # 0: no per-parameter state
 
 
 def train(
@@ -61,6 +61,7 @@ def train(
     save_every: int = 0,
     sampler: Any = None,
     seed: int = SEED,
+    momentum: float = 0.9,
 ) -> tuple[fullshard.Trainer, Recorder]:
     """Fit ``Recorder`` and write ``seen_rank{r}.json`` into ``out``."""
     fullshard.seed_everything(seed)
@@ -81,7 +82,7 @@ def train(
         enable_model_summary=False,
         default_root_dir=out,
     )
-    model = Recorder()
+    model = Recorder(momentum)
     loader = DataLoader(
         Indices(), batch_size=BATCH, shuffle=shuffle and sampler is None, drop_last=drop_last, sampler=sampler
     )
@@ -104,6 +105,7 @@ def main() -> None:
     p.add_argument("--resume", default=None)
     p.add_argument("--save", default=None)
     p.add_argument("--save-every", type=int, default=0, help="ModelCheckpoint every N steps into --out/ckpts")
+    p.add_argument("--momentum", type=float, default=0.9, help="0: plain SGD, an optimizer without state")
     args = p.parse_args()
     train(
         Path(args.out),
@@ -115,6 +117,7 @@ def main() -> None:
         resume=args.resume,
         save=args.save,
         save_every=args.save_every,
+        momentum=args.momentum,
     )
 
 

@@ -438,12 +438,15 @@ class Strategy:
         model = self._require_model()
         options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
         set_model_state_dict(model, model_state, options=options)
-        for optimizer, state in zip(optimizers, optimizer_states, strict=True):
-            if not from_rank0 and not state.get("state"):
-                # An optimizer without per-parameter state (plain SGD): torch's loader needs a state
-                # tensor to find the device and fails ("Expected device to be set"), and there is
-                # nothing but the groups' hyperparameters to restore anyway.
-                _load_param_group_settings(optimizer, state)
+        # An optimizer without per-parameter state (plain SGD): torch's loader needs a state tensor
+        # to find the device and fails ("Expected device to be set"), and there is nothing but the
+        # groups' hyperparameters to restore anyway. With from_rank0 only rank 0 knows which.
+        groups_only = [None if state.get("state") else state.get("param_groups", []) for state in optimizer_states]
+        if from_rank0 and optimizers:
+            groups_only = self.broadcast(groups_only)
+        for optimizer, state, groups in zip(optimizers, optimizer_states, groups_only, strict=True):
+            if groups is not None:
+                _load_param_group_settings(optimizer, {"param_groups": groups})
                 continue
             set_optimizer_state_dict(model, optimizer, state, options=options)
 
