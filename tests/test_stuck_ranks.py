@@ -46,7 +46,12 @@ from fullshard.strategies import DDPStrategy, FSDP2Strategy, FSDPStrategy
 JOB_SCRIPT = SCRIPTS / "stuck_job.py"
 JOB_TIMEOUT_S = 120  # far above what any scenario needs; a hang fails the test instead of the run
 STUCK_S = 3.0  # the jobs' stuck_rank_timeout
-PROMPT_S = 30  # after a rank stops, the job ends within STUCK_S + this (measured: about 5 s)
+PROMPT_S = 30  # after a rank stops, the job ends within STUCK_S + this (measured: 3.1 to 4.6 s in all)
+# The report must come within 5% of the timeout after the rank stopped. On top of that, what no
+# timing can remove: the watchdog thread waking at its deadline, two store reads over loopback, the
+# stacks formatted and written to a pipe, and this process's reader thread waking for the line,
+# each possibly behind other processes on a shared 2-core machine (measured: under 0.03 s).
+REPORT_SLACK_S = 0.25
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,9 +84,96 @@ def test_stuck_rank_timeout_must_be_a_positive_timedelta_or_none(value: Any) -> 
 
 def test_intervals_follow_the_timeout() -> None:
     default = Timing(DEFAULT_STUCK_RANK_TIMEOUT.total_seconds())
-    assert (default.tick, default.heartbeat, default.grace) == (1.0, 10.0, 60.0)
+    assert (default.tick, default.heartbeat, default.first_reading, default.grace) == (1.0, 10.0, 278.0, 5.0)
     short = Timing(3.0)
-    assert (short.tick, short.heartbeat, short.grace) == (0.15, 0.3, 3.0)
+    assert (short.tick, short.heartbeat, short.grace) == (0.15, 0.3, 1.0)
+    assert short.first_reading == pytest.approx(2.1)
+
+
+# The watchdog's own loop on a virtual clock: ``time.monotonic`` and the stop event's ``wait`` only
+# move that clock, so a 5-minute timeout runs in microseconds, with the exact same code.
+
+
+class _VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.stopped = False
+        self.written: list[tuple[float, str]] = []  # what the watchdog wrote to stderr, and when
+        self.ended_at: float | None = None
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, timeout: float | None = None) -> bool:  # the stop event's
+        if not self.stopped:
+            assert timeout is not None
+            self.now += timeout
+        return self.stopped
+
+    def set(self) -> None:
+        self.stopped = True
+
+    def end_process(self, status: int) -> None:
+        assert status == 1
+        self.ended_at = self.now
+        self.stopped = True
+
+    def first_written(self, text: str) -> float:
+        return next(at for at, written in self.written if text in written)
+
+
+def _run_on_virtual_clock(
+    monkeypatch: pytest.MonkeyPatch, timeout: float, phase: float, world_size: int
+) -> _VirtualClock:
+    """Rank 0 begins a batch at 0 and never another; its watchdog loop starts ``phase`` later (so
+    that its ticks fall anywhere relative to the batch). The other ranks never publish."""
+    clock = _VirtualClock()
+    monkeypatch.setattr(stuck_ranks, "time", clock)
+    monkeypatch.setattr(stuck_ranks, "_write", lambda text: clock.written.append((clock.now, text)))
+    watchdog = StuckRankWatchdog(
+        rank=0, world_size=world_size, timeout=timedelta(seconds=timeout), store=dist.HashStore(),
+        untimed_first_batch=False, end_process=clock.end_process,
+    )  # fmt: skip
+    watchdog._stop = clock  # type: ignore[assignment]
+    watchdog.kick("train", 0)
+    clock.now = phase
+    watchdog._run()
+    assert clock.ended_at is not None
+    return clock
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.37, 0.999], ids=lambda p: f"phase{p:g}")
+@pytest.mark.parametrize("timeout", [1.0, 3.0, 4.0, 10.0, 60.0, 300.0, 1800.0])
+def test_the_report_comes_within_5_percent_of_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, timeout: float, phase: float
+) -> None:
+    timing = Timing(timeout)
+    clock = _run_on_virtual_clock(monkeypatch, timeout, phase * timing.tick, world_size=1)
+    reported = clock.first_written("fullshard: rank 0 ")
+    # Before: a tick, then 2 heartbeats, after the timeout (320 to 321 s at 300 s).
+    assert timeout <= reported <= 1.05 * timeout, clock.written
+    assert clock.ended_at == reported
+    assert reported <= timing.latest_verdict
+    # The readings are at least 2 heartbeats apart, longer than the longest gap between two
+    # heartbeats of a rank that is alive (a heartbeat plus a tick): it is never taken for silent.
+    assert 2 * timing.heartbeat > timing.heartbeat + timing.tick
+    # Nothing is read before half the timeout (278 s at the default): a healthy job reads nothing.
+    assert timing.first_reading >= 0.5 * timeout
+
+
+@pytest.mark.parametrize("timeout", [3.0, 60.0, 300.0])
+def test_the_peers_of_a_silent_rank_name_it_at_the_timeout_and_end_soon_after(
+    monkeypatch: pytest.MonkeyPatch, timeout: float
+) -> None:
+    # Rank 1 never publishes (gone, stopped, or holding the GIL): it cannot report itself, so rank 0
+    # names it and ends the job a grace later. Before, at 300 s: named at 321 s, ended at 381 s.
+    timing = Timing(timeout)
+    clock = _run_on_virtual_clock(monkeypatch, timeout, 0.5 * timing.tick, world_size=2)
+    named = clock.first_written("It waits for rank 1, which is behind:")
+    assert timeout <= named <= 1.05 * timeout, clock.written
+    assert clock.ended_at is not None
+    assert clock.ended_at - named == pytest.approx(timing.grace) and timing.grace <= 5.0
+    assert clock.first_written("the job did not end within") == clock.ended_at
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,14 +290,15 @@ def test_stuck_report_names_the_rank_and_shows_the_stack() -> None:
 def test_waiting_report_names_the_rank_behind_and_where_it_is() -> None:
     beats: dict[int, Heartbeat | None] = {0: _beat(0, 4), 1: _beat(1, 3, where="nap (train.py:9)")}
     verdict = find_behind(0, beats, _moved(beats))
-    text = waiting_report(_moved(beats)[0], verdict, beats, grace=3.0)  # type: ignore[arg-type]
+    text = waiting_report(_moved(beats)[0], verdict, beats, wait=3.0)  # type: ignore[arg-type]
     assert text.startswith(
         "fullshard: rank 0 (pid 100 on h) has made no progress: its training batch_idx=3 began 3.5 s ago, and it"
         " is in x. It waits for rank 1, which is behind:\n"
         "  rank 1 (pid 101 on h): training batch_idx=2 began 3.5 s ago; in nap (train.py:9)\n"
     ), text
     assert text.endswith(
-        "fullshard: rank 0 ends in 3 s unless the job ends first (a stuck rank ends itself, and the launcher then ends the others).\n"
+        "fullshard: rank 0 ends itself once rank 1 ended, or in 3 s unless the job ends first (a stuck rank"
+        " reports itself and ends, and the launcher then ends the others).\n"
     )
     silent = waiting_report(
         _beat(0, 4),
@@ -240,6 +333,7 @@ class _SlowCheckTiming(_FastTiming):
 class _Rank:
     watchdog: StuckRankWatchdog
     ended: threading.Event
+    ended_at: list[float]  # time.monotonic() when it asked to end
 
 
 def _watchdog(
@@ -252,9 +346,11 @@ def _watchdog(
     timing: type[Timing] = _FastTiming,
 ) -> _Rank:
     ended = threading.Event()
+    ended_at: list[float] = []
 
     def end(status: int) -> None:
         assert status == 1
+        ended_at.append(time.monotonic())
         ended.set()
 
     watchdog = StuckRankWatchdog(
@@ -263,7 +359,7 @@ def _watchdog(
     )  # fmt: skip
     watchdog.timing = timing(timeout_s)
     watchdog.start()
-    return _Rank(watchdog, ended)
+    return _Rank(watchdog, ended, ended_at)
 
 
 @pytest.fixture
@@ -320,7 +416,61 @@ def test_a_stuck_rank_reports_itself_and_its_peer_names_it(
         r"  rank 1 \(pid \d+ on [^)]*\): training batch_idx=1 began [\d.]+ s ago; in wait .*, called from culprit_nap",
         err,
     ), err
-    assert "fullshard: ending rank 0: the job did not end within 0.5 s of finding rank 1 behind." in err
+    assert "fullshard: ending rank 0: rank 1 reported itself stuck and ended." in err
+
+
+def test_the_report_comes_at_the_timeout_and_the_peer_ends_at_once(
+    watchdogs: list[StuckRankWatchdog], capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The timing every job gets (no test intervals): at 1 s, a tick of 0.05 s, a heartbeat every
+    # 0.2 s, the first reading at 0.5 s. Before: the report came 1.4 to 1.45 s after the last batch
+    # began, and the peer ended 3 s (the grace) after it.
+    timeout_s = 1.0
+    store = dist.HashStore()
+    ranks = [_watchdog(store, rank, 2, timeout_s=timeout_s, timing=Timing) for rank in (0, 1)]
+    watchdogs += [r.watchdog for r in ranks]
+    release = threading.Event()
+
+    def rank0_loop() -> None:
+        for batch in range(3):
+            ranks[0].watchdog.kick("train", batch)
+        release.wait(30)
+
+    def rank1_loop() -> None:
+        for batch in range(2):
+            ranks[1].watchdog.kick("train", batch)
+        culprit_nap(release)
+
+    threads = [_run_in_thread(rank0_loop), _run_in_thread(rank1_loop)]
+    try:
+        assert ranks[1].ended.wait(20), capfd.readouterr().err
+        assert ranks[0].ended.wait(20), capfd.readouterr().err
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+    err = capfd.readouterr().err
+    reported_after = ranks[1].ended_at[0] - ranks[1].watchdog._last_kick
+    # The slack: waking at the deadline, reading a HashStore and formatting the stacks, in a process
+    # whose other threads compete for the GIL on a shared machine (measured: under 0.01 s).
+    assert timeout_s <= reported_after <= 1.05 * timeout_s + 0.1, (reported_after, err)
+    assert ranks[0].ended_at[0] - ranks[1].ended_at[0] <= 0.5, err  # a tick or two, not the grace
+    assert "fullshard: ending rank 0: rank 1 reported itself stuck and ended." in err, err
+
+
+def test_batches_slower_than_the_first_reading_are_not_stuck(
+    watchdogs: list[StuckRankWatchdog], capfd: pytest.CaptureFixture[str]
+) -> None:
+    # At 1 s the heartbeats are first read 0.5 s after a batch began: batches of 0.9 s begin
+    # between the two readings, which must cancel the check.
+    rank = _watchdog(dist.HashStore(), 0, 1, timeout_s=1.0, timing=Timing)
+    watchdogs.append(rank.watchdog)
+    for batch in range(4):
+        rank.watchdog.kick("train", batch)
+        time.sleep(0.9)
+    rank.watchdog.rest()
+    assert not rank.ended.is_set(), capfd.readouterr().err
+    assert "fullshard:" not in capfd.readouterr().err
 
 
 def test_nothing_is_timed_while_resting_paused_or_in_an_untimed_first_batch(
@@ -351,8 +501,9 @@ def test_progress_during_the_check_cancels_it(
     rank = _watchdog(dist.HashStore(), 0, 1, timeout_s=0.4, timing=_SlowCheckTiming)
     watchdogs.append(rank.watchdog)
     rank.watchdog.kick("train", 0)
-    # Each check starts 0.4 s after a batch began and reads the heartbeats twice, 2 s apart: a
-    # batch begun meanwhile ends it. Batches of 1 s are slower than the timeout, never than a check.
+    # Each check reads the heartbeats twice, 2 s apart (the first reading at once, as 2 heartbeats
+    # exceed the timeout): a batch begun meanwhile ends it. Batches of 1 s are slower than the
+    # timeout, never than a check.
     for batch in range(1, 3):
         time.sleep(1.0)
         rank.watchdog.kick("train", batch)
@@ -411,13 +562,21 @@ class _JobRun:
     returncode: int
     stdout: str
     stderr: str
-    ended_at: float  # time.time()
+    ended_at: float  # time.time() when the last process holding its stdout or stderr ended
     pids: dict[int, int]
+    stderr_lines: list[tuple[float, str]]  # (time.time() when it came, line)
 
     def stopped_at(self, rank: int) -> float:
         found = re.search(rf"stuck-test rank={rank} stops at ([\d.]+)", self.stdout)
         assert found, f"rank {rank} never stopped\n{self}"
         return float(found.group(1))
+
+    def reported_at(self, rank: int) -> float:
+        """When the line saying that ``rank`` is stuck came (time.time())."""
+        for at, line in self.stderr_lines:
+            if line.startswith(f"fullshard: rank {rank} (pid ") and " is stuck: " in line:
+                return at
+        raise AssertionError(f"rank {rank} was never reported\n{self}")
 
     def __str__(self) -> str:
         return f"returncode={self.returncode}\n--stdout--\n{self.stdout}\n--stderr--\n{self.stderr}"
@@ -466,30 +625,55 @@ def _run_job(scenario: str, tmp_path: Path, *, torchrun: bool = False, timeout_s
         env=env,
         start_new_session=True,
     )
-    try:
-        # communicate() returns once every process holding the pipes has ended: a leftover rank
-        # makes it time out.
-        stdout, stderr = process.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    # Each line is taken with the time it came. The readers reach the end once every process
+    # holding the pipes has ended: a leftover rank makes them time out.
+    out: list[tuple[float, str]] = []
+    err: list[tuple[float, str]] = []
+    readers = [_read_lines(process.stdout, out), _read_lines(process.stderr, err)]
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    for reader in readers:
+        reader.join(max(deadline - time.monotonic(), 0.0))
+    if any(reader.is_alive() for reader in readers):
         os.killpg(process.pid, signal.SIGKILL)
         for pid in _pids(pid_dir).values():
             if not _process_gone(pid):
                 os.kill(pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"the job did not end within {JOB_TIMEOUT_S}s\n{stdout}\n{stderr}")
-    return _JobRun(process.returncode, stdout, stderr, time.time(), _pids(pid_dir))
+        for reader in readers:
+            reader.join()
+        process.wait()
+        pytest.fail(f"the job did not end within {JOB_TIMEOUT_S}s\n{_text(out)}\n{_text(err)}")
+    process.wait()
+    ended_at = max(lines[-1][0] for lines in (out, err))  # each reader's last entry is its end
+    return _JobRun(process.returncode, _text(out), _text(err), ended_at, _pids(pid_dir), err[:-1])
+
+
+def _read_lines(stream: Any, lines: list[tuple[float, str]]) -> threading.Thread:
+    """Append each line of ``stream`` with the time it came, then ``(time, "")`` at its end."""
+
+    def read() -> None:
+        for line in stream:
+            lines.append((time.time(), line))
+        lines.append((time.time(), ""))
+        stream.close()
+
+    return _run_in_thread(read)
+
+
+def _text(lines: list[tuple[float, str]]) -> str:
+    return "".join(line for _, line in lines)
 
 
 def _pids(pid_dir: Path) -> dict[int, int]:
     return {int(path.stem.removeprefix("rank")): int(path.read_text()) for path in pid_dir.glob("rank*.pid")}
 
 
-def _assert_stuck_rank_reported(run: _JobRun, rank: int, function: str) -> None:
+def _assert_stuck_rank_reported(run: _JobRun, rank: int, function: str, timeout_s: float = STUCK_S) -> None:
     assert run.returncode != 0, str(run)
-    assert run.ended_at - run.stopped_at(rank) < STUCK_S + PROMPT_S, str(run)
+    assert run.reported_at(rank) - run.stopped_at(rank) <= 1.05 * timeout_s + REPORT_SLACK_S, str(run)
+    assert run.ended_at - run.stopped_at(rank) < timeout_s + PROMPT_S, str(run)
     assert re.search(
         rf"fullshard: rank {rank} \(pid {run.pids[rank]} on [^)]*\) is stuck: its training batch_idx=2 began"
-        rf" [\d.]+ s ago and it has made no progress since \(stuck_rank_timeout={STUCK_S:g} s\)\. Where rank"
+        rf" [\d.]+ s ago and it has made no progress since \(stuck_rank_timeout={timeout_s:g} s\)\. Where rank"
         rf" {rank} is:\nmain thread, the one running the loop 'MainThread'",
         run.stderr,
     ), str(run)
@@ -509,6 +693,23 @@ def test_a_rank_sleeping_in_a_hook_ends_the_job(tmp_path: Path, torchrun: bool) 
 def test_rank_0_sleeping_in_a_hook_ends_the_job(tmp_path: Path) -> None:
     run = _run_job("sleep_rank0", tmp_path)
     _assert_stuck_rank_reported(run, 0, "nap_forever")
+
+
+@pytest.mark.multiprocess
+def test_the_report_comes_at_the_timeout_and_the_job_ends_at_once(tmp_path: Path) -> None:
+    # Rank 0, which started rank 1 and hosts the store, stops: its report must come within 5% of
+    # the timeout after it stopped, and the job end right after, although rank 1, waiting in a
+    # collective inside fit, ignores SIGTERM (it asks for a preemption checkpoint). Before: the
+    # report came 2 heartbeats and up to a tick late (4.8 to 5 s after the stop, at 4 s), and the
+    # job ended 3 s after it (SIGKILL after SIGTERM, or rank 1 ending itself after its grace).
+    timeout_s = 4.0
+    run = _run_job("sleep_rank0", tmp_path, timeout_s=timeout_s)
+    _assert_stuck_rank_reported(run, 0, "nap_forever", timeout_s)
+    reported = run.reported_at(0) - run.stopped_at(0)
+    ended = run.ended_at - run.reported_at(0)
+    print(f"reported {reported:.3f} s after rank 0 stopped; the job ended {ended:.3f} s after the report")
+    # Measured: 0.1 s. At worst rank 0 SIGKILLs rank 1 half a second after SIGTERM.
+    assert ended <= 1.5, str(run)
 
 
 @pytest.mark.multiprocess

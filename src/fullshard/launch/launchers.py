@@ -50,6 +50,10 @@ LAUNCHER_PID_VAR = "FULLSHARD_LAUNCHER_PID"
 _CHILD_POLL_S = 0.2  # how often rank 0 looks at its children
 _PARENT_POLL_S = 0.5  # how often a child checks that its launcher is alive
 _TERMINATE_GRACE_S = 3.0  # between SIGTERM and SIGKILL when ending processes
+# The same for end_job: its process is stuck or waits for a stuck one, and so do its children,
+# which ignore SIGTERM meanwhile (inside fit it only asks for a preemption checkpoint at the next
+# step, which never comes; in a C++ collective no Python handler runs at all).
+_END_JOB_TERMINATE_GRACE_S = 0.5
 
 
 class Launcher(ABC):
@@ -178,8 +182,10 @@ def _exit_orphaned(launcher_pid: int) -> None:
 # Rank 0: the children it started and the monitor that watches them.
 
 
-def _end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> dict[int, signal.Signals]:
-    """SIGTERM the processes still running, then SIGKILL those that outlive the grace period.
+def _end_processes(
+    processes: Sequence[subprocess.Popen[bytes]], grace_s: float = _TERMINATE_GRACE_S
+) -> dict[int, signal.Signals]:
+    """SIGTERM the processes still running, then SIGKILL those that outlive ``grace_s``.
 
     Returns, by pid, the last signal sent to each process this call had to end.
     """
@@ -188,7 +194,7 @@ def _end_processes(processes: Sequence[subprocess.Popen[bytes]]) -> dict[int, si
     for process in alive:
         process.terminate()
         sent[process.pid] = signal.SIGTERM
-    deadline = time.monotonic() + _TERMINATE_GRACE_S
+    deadline = time.monotonic() + grace_s
     for process in alive:
         try:
             process.wait(timeout=max(deadline - time.monotonic(), 0.0))
@@ -248,8 +254,9 @@ class _LocalJob:
             self.stop()
             raise
 
-    def stop(self) -> None:
-        """End the children because this process failed (the monitor must not report them)."""
+    def stop(self, grace_s: float = _TERMINATE_GRACE_S) -> None:
+        """End the children because this process failed (the monitor must not report them),
+        SIGKILLing those that outlive SIGTERM by ``grace_s``."""
         with self._lock:
             if self._stopped:
                 return
@@ -259,7 +266,7 @@ class _LocalJob:
                 file=sys.stderr,
                 flush=True,
             )
-            sent = _end_processes([child.process for child in self._children])
+            sent = _end_processes([child.process for child in self._children], grace_s)
             for child in self._children:
                 code = child.process.returncode
                 ended_by_us = child.process.pid in sent and code == -sent[child.process.pid]
@@ -338,12 +345,13 @@ def end_job(status: int) -> NoReturn:
 
     For a process whose main thread cannot be reached (stuck in user code or in a C++
     collective; see [Note: stuck ranks] in :mod:`fullshard.launch.stuck_ranks`). In a rank 0
-    that started its node's other processes, those are ended first; elsewhere the launcher (or
-    torchrun, or ``srun --kill-on-bad-exit``) sees this process fail and ends the job.
+    that started its node's other processes, those are ended first (SIGKILL half a second after
+    SIGTERM: they wait for this process in collectives); elsewhere the launcher (or torchrun, or
+    ``srun --kill-on-bad-exit``) sees this process fail and ends the job.
     """
     job = _running_job
     if job is not None:
-        job.stop()
+        job.stop(_END_JOB_TERMINATE_GRACE_S)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             if stream is not None:

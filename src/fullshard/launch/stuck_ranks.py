@@ -16,16 +16,39 @@ which rank was stuck or where. So each process runs a watchdog thread:
   last one, seconds since) and where its main thread is (innermost frame, and whether that is
   inside torch, as a rank waiting in a collective is) to the process group's key-value store,
   from its own connection: a main thread blocked in a store call cannot block it.
-- When its own main thread has not kicked for ``timeout``, it reads every rank's heartbeat
-  twice, ``2 * heartbeat`` apart (a rank whose heartbeat did not move is *silent*: gone,
-  stopped, or holding the GIL in native code). The ranks *behind* are the silent ones, else
-  those that began the fewest batches; on a tie, those not waiting inside torch. A rank that
-  is behind writes its own stack (all its threads) to stderr under a header naming it, and
-  ends with exit code 1; the launcher then ends the job as on any failure ([Note: a failure
-  ends the job] in fullshard.launch.launchers; torchrun and ``srun --kill-on-bad-exit`` do
-  the same). A rank that is not behind says which rank it waits for and where that rank is,
-  then waits ``grace`` seconds for the job to end that way before ending itself, so that a
-  silent rank cannot keep the job alive either.
+- It reads every rank's heartbeat twice, at least ``2 * heartbeat`` apart (a rank whose
+  heartbeat did not move is *silent*: gone, stopped, or holding the GIL in native code): first
+  once its own main thread has gone ``first_reading`` (``timeout - 2 * heartbeat - 2 * tick``)
+  without a kick, then exactly when it has gone ``timeout``. So the verdict lands at the
+  timeout, not two heartbeats and a tick after it, and nothing is decided before it: a kick, a
+  pause or a rest in between cancels the check. The ranks *behind* are the silent ones, else
+  those that began the fewest batches; on a tie, those not waiting inside torch.
+- A rank that is behind writes its own stack (all its threads) to stderr under a header naming
+  it, publishes a last heartbeat in state ``stuck``, and ends with exit code 1; the launcher
+  then ends the job as on any failure ([Note: a failure ends the job] in
+  fullshard.launch.launchers; a stuck rank 0 SIGKILLs the processes it started half a second
+  after SIGTERM, see ``end_job``). A rank that is not behind says which rank it waits for and
+  where that rank is, and ends itself as soon as that rank's heartbeat says ``stuck`` (or the
+  store is gone: its host, rank 0, ended). Under torchrun and ``srun --kill-on-bad-exit`` that
+  is what ends it promptly: their SIGTERM does not, since inside ``fit`` it only asks for a
+  preemption checkpoint at the next step (fullshard.trainer.preemption), and a rank in a C++
+  collective runs no Python handler at all; they would SIGKILL it 30 s later. Failing that, it
+  ends itself ``grace`` (1 to 5 s) after the ranks behind were due to report themselves (their
+  own ``timeout`` after their last batch began, from their heartbeat's ``idle``; at once for a
+  silent rank, which cannot), so that a silent rank cannot keep the job alive either.
+
+Timing (:class:`Timing`; ``latest_verdict``): the thread looks every ``tick`` (``timeout / 20``,
+0.05 to 1 s) and publishes every ``heartbeat`` (``timeout / 10``, 0.2 to 10 s); its waits for the
+second reading end at their deadline, not at the next tick. The stuck rank reports ``timeout``
+after its last batch began, plus the store's and the scheduler's latency (milliseconds), unless
+the thread noticed ``first_reading`` so late (a slow store call) that the floor of ``2 *
+heartbeat`` between the readings pushes the second one later. With the default 5 minutes: the
+first reading at 278 s, the report at 300 s (it was 320 to 321 s). The job then ends as soon as
+the launcher sees the stuck rank exit (fullshard's looks every 0.2 s, and a stuck rank 0 ends its
+children within 0.5 s: it was 3 s), and a rank waiting for it ends itself at its own verdict at
+the latest (its own ``timeout`` after its last batch began, about a batch after the stuck rank's:
+under torchrun or srun it was 30 s). When the stuck rank is silent, its peers end the job by
+305 s (it was 381 s).
 
 Progress counts compare across ranks because every rank runs the same batches, and each
 ``fit`` / ``validate`` / ... starts a new watchdog on every rank (:func:`watch`, from the
@@ -47,7 +70,7 @@ import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -102,13 +125,13 @@ def check_stuck_rank_timeout(value: Any) -> timedelta | None:
 
 @dataclass(frozen=True)
 class Timing:
-    """The watchdog's intervals, all derived from ``timeout`` (seconds)."""
+    """The watchdog's intervals, all derived from ``timeout`` (seconds); see [Note: stuck ranks]."""
 
     timeout: float
 
     @property
     def tick(self) -> float:
-        """How often the thread looks at its own main thread."""
+        """How often the thread looks at its own main thread (and publishes when due)."""
         return min(max(self.timeout / 20, 0.05), 1.0)
 
     @property
@@ -117,9 +140,24 @@ class Timing:
         return min(max(self.timeout / 10, 0.2), 10.0)
 
     @property
+    def first_reading(self) -> float:
+        """How long the main thread goes without a kick before the first reading of the
+        heartbeats: early enough that the second one, at least ``2 * heartbeat`` later, still falls
+        on ``timeout`` when the thread notices up to a tick late (a margin of two ticks)."""
+        return max(self.timeout - 2 * self.heartbeat - 2 * self.tick, 0.0)
+
+    @property
+    def latest_verdict(self) -> float:
+        """The latest time after the last kick at which a rank decides who is stuck, and the stuck
+        one reports (plus the store's and the scheduler's latency): the second reading comes at
+        ``timeout``, or ``2 * heartbeat`` after a first reading made at most a tick late."""
+        return max(self.timeout, self.first_reading + self.tick + 2 * self.heartbeat)
+
+    @property
     def grace(self) -> float:
-        """How long a rank waiting for a stuck peer gives the job to end before ending itself."""
-        return min(max(self.timeout / 5, 3.0), 60.0)
+        """How long a rank waiting for stuck peers gives them, past the moment they are due to
+        report themselves, before it ends itself."""
+        return min(max(self.timeout / 50, 1.0), 5.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +256,7 @@ class Heartbeat:
     stage: str | None  # the stage of the last batch begun ('train', 'validate', ...), None before any
     batch: int  # its batch index
     idle: float  # seconds since that batch began, when published
-    state: str  # 'running', 'paused' (checkpoint I/O), 'resting' (outside fit/validate/...)
+    state: str  # 'running', 'paused' (checkpoint I/O), 'resting' (outside fit/validate/...), 'stuck' (reported, ending)
     where: str  # the main thread's innermost frame (see :func:`locate`)
     in_torch: bool  # that frame is inside torch: most likely waiting in a collective
 
@@ -241,6 +279,7 @@ class Heartbeat:
         state = {
             "paused": ", reading or writing a checkpoint",
             "resting": ", outside fit/validate/test/predict",
+            "stuck": ", reported itself stuck and is ending",
         }
         return (
             f"rank {self.rank} (pid {self.pid} on {self.host}): {self.progress()}{state.get(self.state, '')};"
@@ -281,6 +320,10 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
+def _reported_stuck(ranks: list[int]) -> str:
+    return f"{_ranks(ranks)} reported " + ("itself" if len(ranks) == 1 else "themselves") + " stuck and ended"
+
+
 def _seconds(value: float) -> str:
     return f"{value:g} s"
 
@@ -305,9 +348,10 @@ def stuck_report(own: Heartbeat, others: list[Heartbeat], timeout: float, stacks
 
 
 def waiting_report(
-    own: Heartbeat, verdict: Verdict, beats: Mapping[int, Heartbeat | None], grace: float
+    own: Heartbeat, verdict: Verdict, beats: Mapping[int, Heartbeat | None], wait: float
 ) -> str:
-    """What a rank that waits for a stuck peer writes (it ends ``grace`` seconds later)."""
+    """What a rank that waits for a stuck peer writes (it ends itself once that peer ended, or
+    ``wait`` seconds later)."""
     behind = verdict.behind
     lines = [
         f"fullshard: rank {own.rank} (pid {own.pid} on {own.host}) has made no progress: its {own.progress()},"
@@ -326,8 +370,8 @@ def waiting_report(
         elif beat is not None:
             lines.append(f"  {beat.describe()}")
     lines.append(
-        f"fullshard: rank {own.rank} ends in {_seconds(grace)} unless the job ends first (a stuck rank ends"
-        " itself, and the launcher then ends the others)."
+        f"fullshard: rank {own.rank} ends itself once {_ranks(behind)} ended, or in {_seconds(wait)} unless"
+        " the job ends first (a stuck rank reports itself and ends, and the launcher then ends the others)."
     )
     return "\n".join(lines) + "\n"
 
@@ -376,6 +420,7 @@ class StuckRankWatchdog:
         self._stages_seen: set[str] = set()
         self._main = threading.main_thread().ident
         # The watchdog thread's own.
+        self._stuck = False  # this rank reported itself stuck and is ending
         self._seq = 0
         self._next_beat = 0.0
         self._stop = threading.Event()
@@ -430,6 +475,8 @@ class StuckRankWatchdog:
         return f"{_KEY_PREFIX}/rank{self.rank}"
 
     def _state(self) -> str:
+        if self._stuck:
+            return "stuck"
         return "resting" if self._resting else "paused" if self._paused else "running"
 
     def _main_frame(self) -> FrameType | None:
@@ -458,19 +505,22 @@ class StuckRankWatchdog:
         self._store.set(self._key, beat.to_json())
         return beat
 
-    def read_all(self) -> dict[int, Heartbeat | None]:
-        """Every rank's last heartbeat (None where there is none); never waits for a missing key."""
+    def read_all(self, ranks: Iterable[int] | None = None) -> dict[int, Heartbeat | None]:
+        """The last heartbeat of every rank (of ``ranks``), None where there is none; never waits
+        for a missing key."""
         beats: dict[int, Heartbeat | None] = {}
-        for rank in range(self.world_size):
+        for rank in range(self.world_size) if ranks is None else ranks:
             key = f"{_KEY_PREFIX}/rank{rank}"
             beats[rank] = Heartbeat.from_json(self._store.get(key)) if self._store.check([key]) else None
         return beats
 
-    def overdue(self) -> bool:
-        """Whether the main thread has gone ``timeout`` without beginning a batch while timed."""
+    def overdue(self, after: float | None = None) -> bool:
+        """Whether the main thread has gone ``after`` seconds (``timeout`` by default) without
+        beginning a batch while timed."""
         if self._resting or self._paused or self._kicks == self._untimed_kick:
             return False
-        if time.monotonic() - self._last_kick < self.timing.timeout:
+        limit = self.timing.timeout if after is None else after
+        if time.monotonic() - self._last_kick < limit:
             return False
         return not in_debugger(self._main_frame())
 
@@ -478,7 +528,7 @@ class StuckRankWatchdog:
         while not self._stop.wait(self.timing.tick):
             try:
                 self._publish_when_due()
-                if self.overdue() and self.check_peers():
+                if self.overdue(self.timing.first_reading) and self.check_peers():
                     return
             except Exception as error:  # the store may be gone at the end of a job: never fail for it
                 log.debug("stuck-rank watchdog: %s", error)
@@ -488,30 +538,36 @@ class StuckRankWatchdog:
             self.publish()
             self._next_beat = time.monotonic() + self.timing.heartbeat
 
-    def _wait_unless_progress(self, seconds: float, kicks: int) -> bool:
-        """Wait ``seconds``, publishing heartbeats as usual; False as soon as the main thread made
-        progress, or the watchdog stops."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self._stop.wait(min(self.timing.tick, max(deadline - time.monotonic(), 0.0))):
+    def _wait_unless_progress(self, until: float, kicks: int) -> bool:
+        """Wait until ``time.monotonic()`` reaches ``until``, publishing heartbeats as usual; False
+        as soon as the main thread made progress (or went untimed), or the watchdog stops."""
+        while (left := until - time.monotonic()) > 0:
+            if self._stop.wait(min(self.timing.tick, left)):
                 return False
-            if self._kicks != kicks or not self.overdue():
+            if self._kicks != kicks or not self.overdue(self.timing.first_reading):
                 return False
             with contextlib.suppress(Exception):
                 self._publish_when_due()
         return True
 
     def check_peers(self) -> bool:
-        """This rank is overdue: find who is behind, report, and end this process. Returns True
-        when the process was asked to end, False when the main thread made progress meanwhile."""
-        kicks = self._kicks
+        """This rank's main thread has gone ``first_reading`` without a kick: read every rank's
+        heartbeat now and again when it has gone ``timeout``, find who is behind, report, and end
+        this process. Returns True when the process was asked to end, False when the main thread
+        made progress meanwhile (see [Note: stuck ranks])."""
+        kicks, last_kick = self._kicks, self._last_kick
         try:
             self.publish()
             first = self.read_all()
         except Exception as error:  # no store (its host is gone): this rank cannot tell, so it ends
+            if not self._wait_unless_progress(last_kick + self.timing.timeout, kicks):
+                return False
             self._report_alone(error)
             return True
-        if not self._wait_unless_progress(2 * self.timing.heartbeat, kicks):
+        # At ``timeout`` after the last kick, and never less than ``2 * heartbeat`` after the first
+        # reading (a rank that is alive publishes within that), so that silent ranks are told apart.
+        second_at = max(last_kick + self.timing.timeout, time.monotonic() + 2 * self.timing.heartbeat)
+        if not self._wait_unless_progress(second_at, kicks):
             return False
         try:
             own = self.publish()
@@ -519,20 +575,64 @@ class StuckRankWatchdog:
         except Exception as error:
             self._report_alone(error)
             return True
+        if self._kicks != kicks:  # a batch began while reading: nothing is stuck
+            return False
+        ended = [rank for rank, beat in second.items() if beat is not None and beat.state == "stuck"]
+        if ended:  # a peer found itself stuck and ended (or is ending): so does the job
+            self._end(_reported_stuck(ended))
+            return True
         verdict = find_behind(self.rank, first, second)
         if self.rank in verdict.behind:
             others = [beat for rank, beat in sorted(second.items()) if rank != self.rank and beat is not None]
             _write(stuck_report(own, others, self.timing.timeout, self._stacks()))
-        else:
-            _write(waiting_report(own, verdict, second, self.timing.grace))
-            if not self._wait_unless_progress(self.timing.grace, kicks):
-                return False
-            _write(
-                f"fullshard: ending rank {self.rank}: the job did not end within {_seconds(self.timing.grace)}"
-                f" of finding {_ranks(verdict.behind)} behind.\n"
-            )
-        self._end_process(STUCK_EXIT_CODE)
+            self._stuck = True
+            with contextlib.suppress(Exception):  # the peers waiting for this rank end at once
+                self.publish()
+            self._end_process(STUCK_EXIT_CODE)
+            return True
+        wait = round(self._wait_for_behind(verdict, second), 1)
+        _write(waiting_report(own, verdict, second, wait))
+        why = self._await_end_of_behind(verdict, wait, kicks)
+        if why is None:
+            return False
+        self._end(why)
         return True
+
+    def _wait_for_behind(self, verdict: Verdict, beats: Mapping[int, Heartbeat | None]) -> float:
+        """How long a rank that is not behind waits before ending itself: until the ranks behind
+        that still publish are due to report themselves (their own ``timeout`` after their last
+        batch began), then ``grace``. A silent rank reports nothing: only ``grace`` for it."""
+        due = [
+            self.timing.timeout - beat.idle
+            for rank in verdict.behind
+            if rank not in verdict.silent and (beat := beats.get(rank)) is not None
+        ]
+        return max([0.0, *due]) + self.timing.grace
+
+    def _await_end_of_behind(self, verdict: Verdict, wait: float, kicks: int) -> str | None:
+        """Wait, publishing as usual, until the ranks behind have ended (they publish a last
+        heartbeat in state 'stuck'), the store is gone (its host, rank 0, ended), or ``wait``
+        seconds have passed: why this rank ends now; None when the main thread made progress or
+        the watchdog stops."""
+        until = time.monotonic() + wait
+        while True:
+            try:
+                beats = self.read_all(verdict.behind)
+            except Exception as error:
+                return f"the store is gone ({type(error).__name__}: {error}): the job is ending"
+            ended = [rank for rank, beat in beats.items() if beat is not None and beat.state == "stuck"]
+            if ended:
+                return _reported_stuck(ended)
+            if time.monotonic() >= until:
+                return (
+                    f"the job did not end within {_seconds(wait)} of finding {_ranks(verdict.behind)} behind"
+                )
+            if not self._wait_unless_progress(min(time.monotonic() + self.timing.tick, until), kicks):
+                return None
+
+    def _end(self, why: str) -> None:
+        _write(f"fullshard: ending rank {self.rank}: {why}.\n")
+        self._end_process(STUCK_EXIT_CODE)
 
     def _stacks(self) -> str:
         names = {thread.ident: thread.name for thread in threading.enumerate() if thread.ident is not None}
