@@ -30,10 +30,12 @@ from fullshard.errors import MisconfigurationError
 from fullshard.launch import stuck_ranks
 from fullshard.launch.stuck_ranks import (
     DEFAULT_STUCK_RANK_TIMEOUT,
-    Heartbeat,
     StuckRankWatchdog,
     Timing,
     check_stuck_rank_timeout,
+)
+from fullshard.launch.stuck_reports import (
+    Heartbeat,
     find_behind,
     format_threads,
     in_debugger,
