@@ -676,8 +676,8 @@ What is compared:
   it on disk. fullshard fsyncs in a thread while `torch.save` is still writing ([Note: early
   writeback] in `checkpoint/io.py`), so the disk works during the writing and only the rest of
   the fsync is added: the longer `torch.save` takes, the more of the fsync it hides.
-- Full load. Plain: `torch.load` on rank 0 (`weights_only=True`, the default; fullshard needs
-  `False` for the rest of the training state), then `set_model_state_dict` /
+- Full load. Plain: `torch.load` on rank 0 (`weights_only=True`, the default, as fullshard's own
+  reads, with its allowlist: docs/checkpoints.md), then `set_model_state_dict` /
   `set_optimizer_state_dict` with `broadcast_from_rank0=True`. fullshard:
   `trainer.strategy.load_checkpoint(path, optimizers)`, what `fit(ckpt_path=...)` calls: the
   same, after checking the file's keys and shapes against the model, with the CRC-32 of every

@@ -1,8 +1,11 @@
 """The ``fullshard`` command line.
 
-fullshard checkpoint inspect PATH [--verify] [--all]
-fullshard checkpoint consolidate SHARDED_DIR OUT [--no-verify]
-fullshard checkpoint export PATH OUT[.safetensors] [--prefix model.] [--keep-tied] [--drop-other-keys] [--no-verify]
+fullshard checkpoint inspect PATH [--verify] [--all] [--trust]
+fullshard checkpoint consolidate SHARDED_DIR OUT [--no-verify] [--trust]
+fullshard checkpoint export PATH OUT[.safetensors] [--prefix model.] [--keep-tied] [--drop-other-keys] [--no-verify] [--trust]
+
+Every command reads a checkpoint without running code from it; ``--trust`` unpickles it
+unrestricted (see [Note: loading without running code] in checkpoint/trust.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def _size(n: int) -> str:
 def _inspect(args: argparse.Namespace) -> int:
     from fullshard.checkpoint.tools import inspect
 
-    result = inspect(args.path, verify_checksums=args.verify)
+    result = inspect(args.path, verify_checksums=args.verify, trust_checkpoint=args.trust)
     print(f"path:        {result.path}")
     print(f"format:      {result.format}")
     print(f"complete:    {'yes' if result.complete else 'no'}")
@@ -54,7 +57,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _consolidate(args: argparse.Namespace) -> int:
     from fullshard.checkpoint.tools import consolidate
 
-    out = consolidate(args.sharded_dir, args.out, verify=args.verify)
+    out = consolidate(args.sharded_dir, args.out, verify=args.verify, trust_checkpoint=args.trust)
     print(f"wrote {out} ({_size(out.stat().st_size)})")
     return 0
 
@@ -69,6 +72,7 @@ def _export(args: argparse.Namespace) -> int:
         keep_tied=args.keep_tied,
         drop_other_keys=args.drop_other_keys,
         verify=args.verify,
+        trust_checkpoint=args.trust,
     )
     print(f"wrote {out} ({_size(out.stat().st_size)})")
     for alias, canonical in exported_ties(out).items():
@@ -90,6 +94,15 @@ def _no_verify(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _trust(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trust",
+        action="store_true",
+        help="unpickle the checkpoint unrestricted, which runs any code it names: only for a checkpoint from "
+        "someone you trust (without it, anything but plain data is refused)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fullshard`` command."""
     parser = argparse.ArgumentParser(prog="fullshard", description="fullshard command line tools.")
@@ -100,11 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--verify", action="store_true", help="read every byte and check every checksum")
     p.add_argument("--all", action="store_true", help="list every tensor, not the first 40")
+    _trust(p)
     p.set_defaults(run=_inspect)
     p = commands.add_parser("consolidate", help="sharded checkpoint directory -> one full checkpoint file")
     p.add_argument("sharded_dir")
     p.add_argument("out")
     _no_verify(p)
+    _trust(p)
     p.set_defaults(run=_consolidate)
     p = commands.add_parser("export", help="model weights -> .safetensors (needs: pip install safetensors)")
     p.add_argument("path")
@@ -115,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-tied", action="store_true", help="write every name of a tied tensor, each a copy")
     p.add_argument("--drop-other-keys", action="store_true", help="leave out the keys without --prefix")
     _no_verify(p)
+    _trust(p)
     p.set_defaults(run=_export)
     return parser
 

@@ -43,6 +43,22 @@ class CorruptCheckpointError(CheckpointError):
     content fails to decode."""
 
 
+class UntrustedCheckpointError(CheckpointError):
+    """A checkpoint holds objects other than plain data (tensors, numbers, strings, lists,
+    dicts, ...): unpickling them could run code the file names, so it was not loaded. Load it
+    with ``trust_checkpoint=True`` (``--trust`` on the command line) only if you trust who wrote it.
+
+    :attr:`found` lists what the file names (``"posix.system"``), :attr:`path` the file."""
+
+    def __init__(self, message: str, path: str = "", found: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
+        self.found = tuple(found)
+
+    def __reduce__(self) -> tuple[object, ...]:  # rebuilt on other ranks after a broadcast
+        return (type(self), (str(self), self.path, self.found))
+
+
 class CheckpointSaveError(CheckpointError, OSError):
     """A checkpoint could not be written (disk full, no permission, ...). Nothing was committed:
     the checkpoint previously at the path, if any, is intact, and the partial files are removed.

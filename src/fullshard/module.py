@@ -439,6 +439,7 @@ class Module(nn.Module):
         checkpoint_path: str | Path,
         map_location: Any = None,
         strict: bool = True,
+        trust_checkpoint: bool = False,
         **kwargs: Any,
     ) -> Self:
         """Build the module from a checkpoint (full or sharded, fullshard's or Lightning's).
@@ -449,11 +450,21 @@ class Module(nn.Module):
         ``map_location`` (default: the device they were saved from, CPU when that one is
         missing). As in Lightning, the module is returned in training mode: call ``.eval()``
         for inference.
+
+        The checkpoint is read with ``weights_only=True``: one that holds more than plain data
+        (hyperparameters of other types, a file made to attack) raises ``UntrustedCheckpointError``
+        and runs nothing. ``trust_checkpoint=True`` unpickles it unrestricted, which runs any code
+        it names: only for a checkpoint from someone you trust.
         """
         from fullshard.checkpoint.module_loading import load_module_from_checkpoint
 
         return load_module_from_checkpoint(
-            cls, checkpoint_path, map_location=map_location, strict=strict, **kwargs
+            cls,
+            checkpoint_path,
+            map_location=map_location,
+            strict=strict,
+            trust_checkpoint=trust_checkpoint,
+            **kwargs,
         )
 
 

@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
 from fullshard.checkpoint import async_save
+from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, read_metadata, untrusted_raised
 from fullshard.checkpoint.events import checkpoint_event
 from fullshard.checkpoint.guards import (
     PARSED_BY_RANK0,
@@ -128,6 +129,22 @@ def _portable(err: Exception) -> Exception:
     except Exception:
         return CheckpointError(f"{type(err).__name__}: {err}")
     return err
+
+
+def _agreed(strategy: Strategy, make: Callable[[], T]) -> T:
+    """``make()`` on every rank; if it raises on any rank, that exception on every rank (the
+    first rank's), rather than some ranks going on into collectives alone. (Each rank reads the
+    file rank 0 checked before; this catches a file that changed since.)"""
+    made: Any = None
+    problem: Exception | None = None
+    try:
+        made = make()
+    except Exception as err:
+        problem = _portable(err) if strategy.is_distributed else err
+    problems = [p for p in strategy.all_gather_object(problem) if p is not None]
+    if problems:
+        raise problems[0]
+    return made  # type: ignore[no-any-return]
 
 
 def tied_parameters(module: nn.Module | None, state: Mapping[str, Any]) -> dict[str, str] | None:
@@ -437,12 +454,14 @@ def load(
     weights_only: bool = False,
     check: MetaCheck | None = None,
     verify: bool = True,
+    trust: bool = False,
 ) -> dict[str, Any]:
     """Load model (and unless ``weights_only``, optimizer) states into place; return the rest.
 
     Nothing is changed unless the checkpoint is complete, (``verify``) passes its CRC-32 checks
-    (see [Note: checksums checked on load] in layout.py), fits the model and the optimizers, and
-    ``check(meta)`` (the host's own checks, e.g. the number of schedulers) passes.
+    (see [Note: checksums checked on load] in layout.py), holds nothing but plain data (unless
+    ``trust``: see [Note: loading without running code] in trust.py), fits the model and the
+    optimizers, and ``check(meta)`` (the host's own checks, e.g. the number of schedulers) passes.
     """
     async_save.wait(strategy)  # the checkpoint to load may be the one being written
     path = Path(path)
@@ -450,12 +469,17 @@ def load(
     n_optimizers = 0 if weights_only else len(optimizers)
     with _quiet_torch():
         if fmt == "full":
-            return _load_full(strategy, path, optimizers[:n_optimizers], check, verify)
-        return _load_sharded(strategy, path, optimizers[:n_optimizers], check, verify)
+            return _load_full(strategy, path, optimizers[:n_optimizers], check, verify, trust)
+        return _load_sharded(strategy, path, optimizers[:n_optimizers], check, verify, trust)
 
 
 def _load_full(
-    strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None, verify: bool
+    strategy: Strategy,
+    path: Path,
+    optimizers: Sequence[Optimizer],
+    check: MetaCheck | None,
+    verify: bool,
+    trust: bool,
 ) -> dict[str, Any]:
     tensors: dict[str, Any] = {}
     # on every rank: under FSDP with manual wrap() learning the shapes is collective
@@ -464,7 +488,7 @@ def _load_full(
     def read() -> dict[str, Any]:
         archive = ArchiveCheck(path) if verify else None
         try:
-            checkpoint = load_checkpoint_file(path)
+            checkpoint = load_checkpoint_file(path, trust=trust)
         except BaseException:
             if archive is not None:
                 archive.finish()  # a damaged entry explains the failure best
@@ -496,8 +520,8 @@ def _load_full(
     return meta
 
 
-def _dcp_shapes(data: Path) -> dict[str, torch.Size]:
-    metadata = FileSystemReader(str(data)).read_metadata()
+def _dcp_shapes(data: Path, trust: bool) -> dict[str, torch.Size]:
+    metadata = read_metadata(data, trust)
     return {
         key: item.size
         for key, item in metadata.state_dict_metadata.items()
@@ -506,7 +530,12 @@ def _dcp_shapes(data: Path) -> dict[str, torch.Size]:
 
 
 def _load_sharded(
-    strategy: Strategy, path: Path, optimizers: Sequence[Optimizer], check: MetaCheck | None, verify: bool
+    strategy: Strategy,
+    path: Path,
+    optimizers: Sequence[Optimizer],
+    check: MetaCheck | None,
+    verify: bool,
+    trust: bool,
 ) -> dict[str, Any]:
     expected = strategy.full_shapes()  # on every rank, as in _load_full
 
@@ -519,9 +548,9 @@ def _load_sharded(
             problems = file_problems(data, parsed, verify=True)
             if problems:
                 raise damaged_sharded(path, problems, UNVERIFIED_HINT)
-        meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
+        meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
         check_meta(meta, path, optimizers, check, meta.get("optimizer_param_groups"))
-        saved = {k[len("model.") :]: v for k, v in _dcp_shapes(data).items() if k.startswith("model.")}
+        saved = {k[len("model.") :]: v for k, v in _dcp_shapes(data, trust).items() if k.startswith("model.")}
         restore_tied(saved, meta.get(TIED_KEY))
         # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
         missing = sorted(set(expected) - set(saved))
@@ -544,9 +573,12 @@ def _load_sharded(
     tied = {a: c for a, c in meta.get(TIED_KEY, {}).items() if a in model_state and c in model_state}
     model_state = {k: v for k, v in model_state.items() if k not in tied}
     state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
-    dcp_load(
-        state, storage_reader=FileSystemReader(str(path / record.data)), no_dist=not strategy.is_distributed
-    )
+    data = path / record.data
+    reader = _agreed(strategy, lambda: SafeReader(data, trust))
+    with untrusted_raised():
+        dcp_load(
+            state, storage_reader=reader, planner=load_planner(data, trust), no_dist=not strategy.is_distributed
+        )
     restore_tied(state["model"], tied)
     groups = meta.pop("optimizer_param_groups")
     optimizer_states = [

@@ -35,19 +35,27 @@ The tie itself lives in the model: loading copies both keys into the one shared 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import tempfile
 import threading
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from fullshard.checkpoint.events import checkpoint_event
-from fullshard.errors import CheckpointNotFoundError, CorruptCheckpointError
+from fullshard.checkpoint.trust import allowed_globals, refused_names, untrusted_error
+from fullshard.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    UntrustedCheckpointError,
+)
 
 _TMP_PREFIX = ".tmp-"
 _UMASK = os.umask(0)
@@ -212,14 +220,66 @@ class _Writeback:
             raise self._error
 
 
+def load_torch_file(
+    source: str | Path | IO[bytes],
+    path: str | Path,
+    *,
+    trust: bool = False,
+    map_location: Any = "cpu",
+    mmap: bool = False,
+) -> Any:
+    """Unpickle a ``torch.save`` file: the one place fullshard calls ``torch.load`` (see [Note:
+    loading without running code] in trust.py).
+
+    ``source``: the file, or its bytes; ``path``: the file named in errors. Unless ``trust``,
+    with ``weights_only=True`` and fullshard's allowlist (:func:`~fullshard.checkpoint.trust.torch_load_globals`):
+    nothing the file names is called unless it is plain data. ``trust``: unpickle it unrestricted,
+    which runs whatever code the file names: only for a file from someone you trust.
+
+    Raises:
+        UntrustedCheckpointError: (not ``trust``) the file names a function or class to call
+            that is not admitted.
+        CorruptCheckpointError: (not ``trust``) its pickle is refused for its structure alone
+            (a damaged file).
+    """
+    if trust:
+        return torch.load(source, map_location=map_location, mmap=mmap, weights_only=False)
+    with allowed_globals():
+        try:
+            return torch.load(source, map_location=map_location, mmap=mmap, weights_only=True)
+        except pickle.UnpicklingError as err:
+            if not str(err).startswith(_REFUSED):
+                raise
+            found = refused_names(source, err)
+            if found:
+                raise untrusted_error(path, found) from err
+            # refused for its structure, naming nothing to call: what a damaged pickle looks like
+            raise CorruptCheckpointError(
+                f"The checkpoint file {str(path)!r} is damaged or not a checkpoint (torch.load(weights_only=True) "
+                f"refused its pickle: {_reason(err)}). Resume from an earlier checkpoint instead."
+            ) from err
+
+
+_REFUSED = "Weights only load failed"  # how torch's message of a weights_only refusal starts
+
+
+def _reason(err: Exception) -> str:
+    """torch's own words for a refusal that names no global (its last paragraph but one)."""
+    paragraphs = [p.strip() for p in str(err).split("\n\n") if p.strip()]
+    return paragraphs[-2] if len(paragraphs) > 1 else str(err)
+
+
 def load_checkpoint_file(
-    path: str | Path, map_location: Any = "cpu", require_state_dict: bool = True
+    path: str | Path, map_location: Any = "cpu", require_state_dict: bool = True, trust: bool = False
 ) -> dict[str, Any]:
-    """Read a checkpoint file written by :func:`atomic_torch_save`.
+    """Read a checkpoint file written by :func:`atomic_torch_save` (or by Lightning).
+
+    ``trust``: unpickle it unrestricted (see :func:`load_torch_file`).
 
     Raises:
         CheckpointNotFoundError: nothing exists at ``path``.
         CorruptCheckpointError: the file is truncated, damaged or not a checkpoint.
+        UntrustedCheckpointError: (not ``trust``) it holds objects other than plain data.
     """
     path = Path(path)
     if not path.exists():
@@ -233,17 +293,94 @@ def load_checkpoint_file(
             "Pass the path of a '.ckpt' file."
         )
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
-    except PermissionError:
+        checkpoint = load_torch_file(path, path, trust=trust, map_location=map_location)
+    except (PermissionError, CheckpointError):  # untrusted, or damaged, said already
         raise
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
-        raise CorruptCheckpointError(
-            f"The checkpoint file {str(path)!r} is damaged or not a checkpoint ({type(err).__name__}: "
-            f"{err}). Resume from an earlier checkpoint instead."
-        ) from err
+        raise _not_a_checkpoint(path, err) from err
+    except (KeyError, IndexError) as err:  # what torch's weights_only unpickler raises on some garbage
+        raise _not_a_checkpoint(path, err) from err
     if not isinstance(checkpoint, dict) or (require_state_dict and "state_dict" not in checkpoint):
         raise CorruptCheckpointError(
             f"{str(path)!r} holds a {type(checkpoint).__name__}, not a fullshard checkpoint (a dict with "
             "'state_dict', 'optimizer_states', 'loops', ...). Save it with Trainer.save_checkpoint()."
         )
     return checkpoint
+
+
+def _not_a_checkpoint(path: Path, err: BaseException) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"The checkpoint file {str(path)!r} is damaged or not a checkpoint ({type(err).__name__}: "
+        f"{err}). Resume from an earlier checkpoint instead."
+    )
+
+
+# ------------------------------------------------------------------- will a save load untrusted
+def not_plain(checkpoint: Mapping[str, Any]) -> list[str]:
+    """The entries of ``checkpoint`` (the non-tensor part a save writes) that a load without
+    ``trust_checkpoint=True`` would refuse, each as ``"hyper_parameters['data_dir']
+    (pathlib.PosixPath)"``; ``hyper_parameters`` and ``callbacks`` are named one level down.
+
+    Exact, not a guess: the entries are pickled as ``torch.save`` does and read back through
+    :func:`load_torch_file` (tensors in them replaced by empty ones first, so that a callback
+    keeping a copy of the weights costs nothing here). Entries that do not pickle are left to the
+    save to report.
+    """
+    if not _refused(checkpoint):
+        return []  # the usual case: one small round trip
+    found = []
+    for key, value in checkpoint.items():
+        if key in ("hyper_parameters", "callbacks") and isinstance(value, Mapping):
+            found += [
+                f"{key}[{k!r}] ({', '.join(names)})" for k, v in value.items() if (names := _refused(v))
+            ]
+        elif names := _refused(value):
+            found.append(f"{key!r} ({', '.join(names)})")
+    return found
+
+
+def _refused(value: Any) -> list[str]:
+    buffer = io.BytesIO()
+    try:
+        torch.save(_without_tensor_data(value), buffer)
+    except Exception:
+        return []
+    buffer.seek(0)
+    try:
+        load_torch_file(buffer, "")
+    except UntrustedCheckpointError as err:
+        return list(err.found)
+    except CorruptCheckpointError:
+        return ["something torch.load(weights_only=True) cannot read"]
+    return []
+
+
+def _without_tensor_data(value: Any) -> Any:
+    if type(value) in (torch.Tensor, torch.nn.Parameter):
+        return torch.empty(0, dtype=value.dtype)
+    if type(value) in (dict, list, tuple):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        copied = {k: _without_tensor_data(v) for k, v in items}
+        return copied if isinstance(value, dict) else type(value)(copied.values())
+    return value
+
+
+_warned: set[str] = set()
+
+
+def warn_not_plain(checkpoint: Mapping[str, Any]) -> None:
+    """Warn, once per list of entries, when ``checkpoint`` will need ``trust_checkpoint=True``
+    to load (see :func:`not_plain`). Call it on one rank."""
+    found = not_plain(checkpoint)
+    listed = "; ".join(found)
+    if not found or listed in _warned:
+        return
+    _warned.add(listed)
+    warnings.warn(
+        f"The checkpoint being saved holds objects that are not plain data: {listed}. fullshard loads "
+        "checkpoints without running code from them, so loading this one will need trust_checkpoint=True "
+        "(docs/checkpoints.md, 'Loading checkpoints you did not write'). Keep hyperparameters and callback "
+        "states to plain data (numbers, strings, lists, dicts, tensors): e.g. str(path) for a path, a dict "
+        "for a config object.",
+        stacklevel=3,
+    )

@@ -44,12 +44,12 @@ _LOAD_ANYWAY = (
 )
 
 
-def _read_full(path: Path, map_location: Any) -> dict[str, Any]:
+def _read_full(path: Path, map_location: Any, trust: bool) -> dict[str, Any]:
     verify_full_file(path, _LOAD_ANYWAY)  # [Note: checksums checked on load] in layout.py
-    return load_checkpoint_file(path, map_location=map_location or _default_map_location)
+    return load_checkpoint_file(path, map_location=map_location or _default_map_location, trust=trust)
 
 
-def _read_sharded(path: Path, map_location: Any) -> dict[str, Any]:
+def _read_sharded(path: Path, map_location: Any, trust: bool) -> dict[str, Any]:
     """The non-tensor entries and the model weights of a sharded checkpoint, assembled whole
     (on CPU, then moved to ``map_location``); the optimizer states are not read."""
     if map_location is not None and not isinstance(map_location, str | torch.device):
@@ -59,8 +59,8 @@ def _read_sharded(path: Path, map_location: Any) -> dict[str, Any]:
             "with a dict or function, consolidate it first: fullshard checkpoint consolidate PATH OUT.ckpt."
         )
     _, data = _committed(path, verify=True, hint=_LOAD_ANYWAY)
-    checkpoint = load_checkpoint_file(data / META_NAME, require_state_dict=False)
-    weights = _read_dcp(data, prefix="model.").get("model", {})
+    checkpoint = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
+    weights = _read_dcp(data, prefix="model.", trust=trust).get("model", {})
     device = torch.device(map_location) if map_location is not None else None
     checkpoint["state_dict"] = {
         k: v.to(device) if device is not None and isinstance(v, torch.Tensor) else v
@@ -104,6 +104,7 @@ def load_module_from_checkpoint(
     checkpoint_path: str | Path,
     map_location: Any = None,
     strict: bool = True,
+    trust_checkpoint: bool = False,
     **kwargs: Any,
 ) -> M:
     """Create ``cls`` from the checkpoint at ``checkpoint_path`` (see the module docstring).
@@ -116,11 +117,15 @@ def load_module_from_checkpoint(
             the CPU when that device is not available. A sharded checkpoint takes a device only.
         strict: the checkpoint's weights and the module's must have exactly the same names (shapes
             must match either way).
+        trust_checkpoint: unpickle the checkpoint unrestricted, which runs any code its files name
+            (only for one from someone you trust). By default it is read with
+            ``weights_only=True``: anything but plain data is refused before the module is created.
         kwargs: arguments of ``cls.__init__`` that override the saved hyperparameters.
 
     Raises:
         CheckpointNotFoundError: nothing at the path, or a directory that holds no checkpoint.
         IncompleteCheckpointError, CorruptCheckpointError: a checkpoint that cannot be trusted.
+        UntrustedCheckpointError: (not ``trust_checkpoint``) it holds more than plain data (named).
         StateDictMismatchError: the weights are another model's (all differences listed).
         TypeError: ``kwargs`` that ``cls.__init__`` does not take.
     """
@@ -130,10 +135,12 @@ def load_module_from_checkpoint(
             f"{cls.__name__}.load_from_checkpoint(): nothing at {str(path)!r}. Pass the path of a checkpoint "
             "file or directory that Trainer.save_checkpoint() or ModelCheckpoint wrote (or a Lightning .ckpt)."
         )
+    if not isinstance(trust_checkpoint, bool):
+        raise TypeError(f"trust_checkpoint={trust_checkpoint!r} is invalid: pass True or False.")
     if detect_format(path) == "full":
-        checkpoint = _read_full(path, map_location)
+        checkpoint = _read_full(path, map_location, trust_checkpoint)
     else:
-        checkpoint = _read_sharded(path, map_location)
+        checkpoint = _read_sharded(path, map_location, trust_checkpoint)
     checkpoint["hyper_parameters"] = {**checkpoint.get("hyper_parameters", {}), **kwargs}
 
     model = cls(**_init_arguments(cls, checkpoint, kwargs))

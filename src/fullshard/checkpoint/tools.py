@@ -25,6 +25,7 @@ from fullshard.checkpoint.io import (
     TIED_KEY,
     atomic_torch_save,
     load_checkpoint_file,
+    load_torch_file,
     restore_tied,
 )
 from fullshard.checkpoint.layout import (
@@ -41,7 +42,7 @@ HF_WEIGHTS_NAME = "model.safetensors"  # the file Hugging Face's from_pretrained
 EXPORT_TIED_KEY = "fullshard.tied_parameters"  # safetensors metadata entry: JSON {alias: canonical}
 
 
-def _read_dcp(data: Path, prefix: str | None = None) -> dict[str, Any]:
+def _read_dcp(data: Path, prefix: str | None = None, trust: bool = False) -> dict[str, Any]:
     """Every tensor of a DCP directory, assembled whole, as a nested dict.
 
     torch offers no public call that loads a DCP checkpoint without a template state dict (its
@@ -49,25 +50,27 @@ def _read_dcp(data: Path, prefix: str | None = None) -> dict[str, Any]:
     planner it uses is called here, in this one place. Each tensor is read once: peak memory is
     the size of the model state, not times the number of ranks that wrote it. The tied aliases
     meta.pt records are put back into ``state["model"]`` ([Note: tied parameters stored once]
-    in io.py).
+    in io.py). ``trust``: unpickle the index and non-tensor values unrestricted (see
+    [Note: loading without running code] in trust.py).
     """
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, read_metadata, untrusted_raised
 
     keys = None
     if prefix is not None:
-        metadata = FileSystemReader(str(data)).read_metadata()
+        metadata = read_metadata(data, trust)
         keys = {k for k in metadata.state_dict_metadata if k.startswith(prefix)}
     state: dict[str, Any] = {}
-    _load_state_dict(
-        state,
-        storage_reader=FileSystemReader(str(data)),
-        planner=_EmptyStateDictLoadPlanner(keys=keys),
-        no_dist=True,
-    )
+    with untrusted_raised():
+        _load_state_dict(
+            state,
+            storage_reader=SafeReader(data, trust),
+            planner=load_planner(data, trust, empty=True, keys=keys),
+            no_dist=True,
+        )
     if isinstance(state.get("model"), dict) and (data / META_NAME).is_file():
-        meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
+        meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
         restore_tied(state["model"], meta.get(TIED_KEY))
     return state
 
@@ -84,12 +87,17 @@ def _committed(path: Path, verify: bool = False, hint: str = NO_VERIFY_HINT) -> 
     return record, path / record.data
 
 
-def consolidate(sharded: str | Path, out: str | Path, *, verify: bool = True) -> Path:
+def consolidate(
+    sharded: str | Path, out: str | Path, *, verify: bool = True, trust_checkpoint: bool = False
+) -> Path:
     """Turn a sharded checkpoint into one full checkpoint file, loadable by every strategy and by
     ``torch.load`` (its ``state_dict`` by the plain ``nn.Module``).
 
     ``verify``: check every file's CRC-32 against the commit record first, and refuse a damaged
     checkpoint (:class:`CorruptCheckpointError` naming the files) before writing anything.
+    ``trust_checkpoint``: unpickle its files unrestricted, which runs any code they name (only for
+    a checkpoint from someone you trust); by default anything but plain data raises
+    :class:`~fullshard.errors.UntrustedCheckpointError` before anything is written.
     """
     sharded, out = Path(sharded), Path(out)
     if detect_format(sharded) != "sharded":
@@ -97,8 +105,8 @@ def consolidate(sharded: str | Path, out: str | Path, *, verify: bool = True) ->
             f"{str(sharded)!r} is a full checkpoint file already; there is nothing to consolidate."
         )
     _, data = _committed(sharded, verify=verify)
-    meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
-    state = _read_dcp(data)
+    meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust_checkpoint)
+    state = _read_dcp(data, trust=trust_checkpoint)
     groups = meta.pop("optimizer_param_groups", [])
     optimizers = state.get("optimizers", {})
     checkpoint = {
@@ -151,11 +159,15 @@ def _tensor_infos(state: Any, prefix: str = "") -> list[TensorInfo]:
     return infos
 
 
-def inspect(path: str | Path, verify_checksums: bool = False) -> Inspection:
+def inspect(path: str | Path, verify_checksums: bool = False, trust_checkpoint: bool = False) -> Inspection:
     """Describe a checkpoint without a process group. Never raises for a damaged or incomplete
-    checkpoint: the problem is reported in :attr:`Inspection.problem`."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    checkpoint: the problem is reported in :attr:`Inspection.problem`, as it is for one that holds
+    more than plain data (:class:`~fullshard.errors.UntrustedCheckpointError`'s message), unless
+    ``trust_checkpoint``: unpickle it unrestricted, which runs any code its files name (only for
+    a checkpoint from someone you trust)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from fullshard.checkpoint.dcp_reading import read_metadata
 
     path = Path(path)
     try:
@@ -166,7 +178,7 @@ def inspect(path: str | Path, verify_checksums: bool = False) -> Inspection:
     try:
         if fmt == "full":
             result.total_bytes = path.stat().st_size
-            checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+            checkpoint = load_torch_file(path, path, trust=trust_checkpoint, mmap=True)
             meta = checkpoint
             result.tensors = _tensor_infos(
                 {
@@ -177,8 +189,8 @@ def inspect(path: str | Path, verify_checksums: bool = False) -> Inspection:
         else:
             record, data = _committed(path)
             result.total_bytes = sum(f["size"] for f in record.files.values())
-            meta = load_checkpoint_file(data / META_NAME, require_state_dict=False)
-            metadata = FileSystemReader(str(data)).read_metadata()
+            meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust_checkpoint)
+            metadata = read_metadata(data, trust_checkpoint)
             result.tensors = [
                 TensorInfo(k, tuple(v.size), str(v.properties.dtype).replace("torch.", ""))
                 for k, v in sorted(metadata.state_dict_metadata.items())
@@ -216,19 +228,21 @@ def _safetensors() -> Any:
     return safetensors.torch
 
 
-def _model_weights(path: Path, verify: bool) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+def _model_weights(
+    path: Path, verify: bool, trust: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
     """The model tensors of a checkpoint of either format (tied aliases included), and its record
     of ties: None for a checkpoint without one (written by Lightning, or by an older fullshard).
-    ``verify``: check the CRC-32s of what is read first."""
+    ``verify``: check the CRC-32s of what is read first; ``trust``: unpickle unrestricted."""
     if detect_format(path) == "full":
         if verify:
             verify_full_file(path, NO_VERIFY_HINT)
-        checkpoint = load_checkpoint_file(path)
+        checkpoint = load_checkpoint_file(path, trust=trust)
         weights, recorded = checkpoint["state_dict"], checkpoint.get(TIED_KEY)
     else:
         _, data = _committed(path, verify=verify)
-        recorded = load_checkpoint_file(data / META_NAME, require_state_dict=False).get(TIED_KEY)
-        weights = _read_dcp(data, prefix="model.").get("model", {})
+        recorded = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust).get(TIED_KEY)
+        weights = _read_dcp(data, prefix="model.", trust=trust).get("model", {})
     restore_tied(weights, recorded)
     return {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}, recorded
 
@@ -338,6 +352,7 @@ def export_safetensors(
     keep_tied: bool = False,
     drop_other_keys: bool = False,
     verify: bool = True,
+    trust_checkpoint: bool = False,
 ) -> Path:
     """Write the model weights of a checkpoint (either format) to a ``.safetensors`` file.
 
@@ -359,6 +374,10 @@ def export_safetensors(
         verify: check the checkpoint's CRC-32s first (a full file's archive entries; a sharded
             one's files against its commit record) and refuse a damaged one
             (:class:`CorruptCheckpointError` naming the files) before writing anything.
+        trust_checkpoint: unpickle the checkpoint unrestricted, which runs any code its files name
+            (only for one from someone you trust); by default anything but plain data raises
+            :class:`~fullshard.errors.UntrustedCheckpointError` before anything is written. The
+            export itself holds no code: safetensors is the way to hand weights to others.
 
     Returns:
         The file written (atomically: a failed export leaves no partial file).
@@ -366,7 +385,7 @@ def export_safetensors(
     st = _safetensors()
     path = Path(path)
     target = _export_target(Path(out))
-    weights, recorded = _model_weights(path, verify)
+    weights, recorded = _model_weights(path, verify, trust_checkpoint)
     ties = find_ties(weights, recorded)
     if prefix:
         prefix = prefix if prefix.endswith(".") else prefix + "."
@@ -422,6 +441,9 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> dict[
     or the directory it wrote ``model.safetensors`` into), every tied name included: each alias
     the export left out is its canonical tensor itself. So the model, ties and all, loads it with
     ``model.load_state_dict(load_exported(path), strict=True)``.
+
+    Nothing is unpickled: a safetensors file is raw tensor bytes behind a JSON header, so it
+    needs no ``trust_checkpoint``, whoever wrote it.
     """
     from safetensors import safe_open
 

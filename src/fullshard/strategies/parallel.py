@@ -329,10 +329,16 @@ class ParallelStrategy(Strategy):
         weights_only: bool = False,
         check: Callable[[dict[str, Any]], None] | None = None,
         verify: bool = True,
+        trust_checkpoint: bool = False,
     ) -> dict[str, Any]:
         with stuck_ranks.paused():
             return super().load_checkpoint(
-                path, optimizers, weights_only=weights_only, check=check, verify=verify
+                path,
+                optimizers,
+                weights_only=weights_only,
+                check=check,
+                verify=verify,
+                trust_checkpoint=trust_checkpoint,
             )
 
     @override

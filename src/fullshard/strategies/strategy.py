@@ -494,18 +494,30 @@ class Strategy:
         weights_only: bool = False,
         check: Callable[[dict[str, Any]], None] | None = None,
         verify: bool = True,
+        trust_checkpoint: bool = False,
     ) -> dict[str, Any]:
         """Load the model (and optimizer) states of a checkpoint of either format into place and
         return the rest of it (collective). Nothing changes when the checkpoint is incomplete, damaged,
-        of another model or optimizer, or fails ``check``.
+        of another model or optimizer, holds more than plain data, or fails ``check``.
 
         ``weights_only``: load the model state only (the optimizers keep theirs). ``verify``: check
         the CRC-32 of every file read first, spread over the ranks (docs/checkpoints.md); False
-        loads a damaged checkpoint's bytes as they are.
+        loads a damaged checkpoint's bytes as they are. ``trust_checkpoint``: unpickle it
+        unrestricted, which runs any code its files name; by default anything but plain data
+        raises ``UntrustedCheckpointError`` (docs/checkpoints.md, "Loading checkpoints you did not
+        write"). Only for a checkpoint from someone you trust.
         """
         from fullshard.checkpoint import engine
 
-        return engine.load(self, path, optimizers, weights_only=weights_only, check=check, verify=verify)
+        return engine.load(
+            self,
+            path,
+            optimizers,
+            weights_only=weights_only,
+            check=check,
+            verify=verify,
+            trust=trust_checkpoint,
+        )
 
     def wait_for_checkpoint(self) -> None:
         """Wait until the checkpoint being written in the background (``async_save``), if any, is

@@ -18,7 +18,9 @@ The layout (see DESIGN.md, checkpoint contract)::
 
 Everything in it loads with ``torch.load(weights_only=True)`` (which Lightning's
 ``load_from_checkpoint`` uses) as long as the hyperparameters and callback states are plain
-data: see [Note: portable RNG states].
+data: see [Note: portable RNG states]. fullshard loads it that way too, and a save warns when
+the checkpoint will need ``trust_checkpoint=True`` (see [Note: loading without running code] in
+checkpoint/trust.py).
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.seed import rng_states, set_rng_states
@@ -64,6 +68,8 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
     for callback in trainer.callbacks:  # Lightning's order: callbacks, then the module
         callback.on_save_checkpoint(trainer, module, checkpoint)
     module.on_save_checkpoint(checkpoint)
+    if trainer.is_global_zero:  # what every rank would say: once, before a load refuses it
+        warn_not_plain(checkpoint)
     return checkpoint
 
 
@@ -103,9 +109,23 @@ def newest_checkpoint(trainer: Trainer, stage: str) -> str | None:
     return newest
 
 
-def load_options(ckpt_path: str | Path | None, weights_only: object, verify: object) -> tuple[bool, bool]:
-    """The ``ckpt_weights_only`` and ``ckpt_verify`` arguments of fit/validate/test/predict, checked."""
-    for name, value in (("ckpt_weights_only", weights_only), ("ckpt_verify", verify)):
+@dataclass(frozen=True)
+class LoadOptions:
+    """How fit/validate/test/predict load their ``ckpt_path``: their ``ckpt_weights_only``,
+    ``ckpt_verify`` and ``trust_checkpoint`` arguments, checked."""
+
+    weights_only: bool = False
+    verify: bool = True
+    trust: bool = False
+
+
+def load_options(
+    ckpt_path: str | Path | None, weights_only: object, verify: object, trust: object = False
+) -> LoadOptions:
+    """The ``ckpt_weights_only``, ``ckpt_verify`` and ``trust_checkpoint`` arguments of
+    fit/validate/test/predict, checked."""
+    named = (("ckpt_weights_only", weights_only), ("ckpt_verify", verify), ("trust_checkpoint", trust))
+    for name, value in named:
         if not isinstance(value, bool):
             raise MisconfigurationError(f"{name}={value!r} is invalid: pass True or False.")
     if weights_only and ckpt_path is None:
@@ -113,7 +133,7 @@ def load_options(ckpt_path: str | Path | None, weights_only: object, verify: obj
             "fit(ckpt_weights_only=True) loads the weights of the checkpoint given as ckpt_path, and none was "
             "given. Pass ckpt_path=... too, or leave ckpt_weights_only out."
         )
-    return bool(weights_only), bool(verify)
+    return LoadOptions(bool(weights_only), bool(verify), bool(trust))
 
 
 def scheduler_check(trainer: Trainer, path: str | Path) -> Callable[[dict[str, Any]], None]:

@@ -540,6 +540,7 @@ class Trainer(DataSetup):
         *,
         ckpt_weights_only: bool = False,
         ckpt_verify: bool = True,
+        trust_checkpoint: bool = False,
     ) -> None:
         """Train ``model``; resume from ``ckpt_path`` (a path, ``"last"`` or ``"best"``) when given.
 
@@ -552,11 +553,17 @@ class Trainer(DataSetup):
         ``ckpt_weights_only``: load only the checkpoint's weights and train from there with fresh
         optimizers, schedulers and step counters (fine-tuning; a checkpoint saved with
         ``weights_only=True`` needs it). ``ckpt_verify``: check the checkpoint's CRC-32s first
-        (docs/checkpoints.md); False loads a damaged checkpoint as it is.
+        (docs/checkpoints.md); False loads a damaged checkpoint as it is. ``trust_checkpoint``:
+        unpickle the checkpoint unrestricted, which runs any code its files name: only for one from
+        someone you trust. By default anything but plain data (tensors, numbers, strings, lists,
+        dicts) is refused with ``UntrustedCheckpointError`` before anything loads
+        (docs/checkpoints.md, "Loading checkpoints you did not write").
         """
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
-        self._ckpt_options = checkpointing.load_options(ckpt_path, ckpt_weights_only, ckpt_verify)
+        self._ckpt_options = checkpointing.load_options(
+            ckpt_path, ckpt_weights_only, ckpt_verify, trust_checkpoint
+        )
         sources = self._sources(datamodule, train=train_dataloaders, val=val_dataloaders)
         self._preflight("fit", model, sources)
         self._launch(self._run, "fit", model, sources, ckpt_path)
@@ -570,10 +577,11 @@ class Trainer(DataSetup):
         datamodule: DataModule | None = None,
         *,
         ckpt_verify: bool = True,
+        trust_checkpoint: bool = False,
     ) -> list[dict[str, float]]:
         """Run one validation pass; returns ``[metrics]`` (the epoch values logged in it).
-        ``ckpt_verify``: as for :meth:`fit`."""
-        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify)
+        ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`."""
+        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
         return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
     def test(
@@ -585,10 +593,11 @@ class Trainer(DataSetup):
         datamodule: DataModule | None = None,
         *,
         ckpt_verify: bool = True,
+        trust_checkpoint: bool = False,
     ) -> list[dict[str, float]]:
         """Run one pass over the test data with ``test_step``; returns ``[metrics]``.
-        ``ckpt_verify``: as for :meth:`fit`."""
-        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify)
+        ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`."""
+        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
         return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
     def predict(
@@ -600,6 +609,7 @@ class Trainer(DataSetup):
         ckpt_path: str | Path | None = None,
         *,
         ckpt_verify: bool = True,
+        trust_checkpoint: bool = False,
     ) -> list[Any] | None:
         """Run ``predict_step`` over the prediction data; returns the list of per-batch predictions.
 
@@ -608,9 +618,9 @@ class Trainer(DataSetup):
         the processes in step), and the list returned is this process's. On global rank 0 with
         the default launcher that is the process that called ``predict``; gather across
         processes with ``self.all_gather`` in ``on_predict_epoch_end`` if you need all of them.
-        ``ckpt_verify``: as for :meth:`fit`.
+        ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`.
         """
-        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify)
+        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
         keep = True if return_predictions is None else return_predictions
         result = self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule, keep)
         return result if keep else None
@@ -843,7 +853,7 @@ class Trainer(DataSetup):
         return None
 
     _fitted = False
-    _ckpt_options = (False, True)  # (weights only, verify) of the current call's ckpt_path
+    _ckpt_options = checkpointing.LoadOptions()  # how the current call loads its ckpt_path
 
     def _configure_torch(self) -> None:
         if self.deterministic is not None:
@@ -912,16 +922,22 @@ class Trainer(DataSetup):
         path = self._resolved_ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
         if path is None:
             return None
-        weights_only, verify = self._ckpt_options
-        if stage != "fit" or weights_only:
-            checkpoint = self._strategy.load_checkpoint(path, weights_only=True, verify=verify)
+        options = self._ckpt_options
+        if stage != "fit" or options.weights_only:
+            checkpoint = self._strategy.load_checkpoint(
+                path, weights_only=True, verify=options.verify, trust_checkpoint=options.trust
+            )
             module = self.lightning_module
             module.on_load_checkpoint(checkpoint)
             for callback in self.callbacks:
                 callback.on_load_checkpoint(self, module, checkpoint)
             return checkpoint if stage != "fit" else None  # fine-tuning: fresh loops and RNG states
         checkpoint = self._strategy.load_checkpoint(
-            path, self.optimizers, check=checkpointing.scheduler_check(self, path), verify=verify
+            path,
+            self.optimizers,
+            check=checkpointing.scheduler_check(self, path),
+            verify=options.verify,
+            trust_checkpoint=options.trust,
         )
         checkpointing.restore_checkpoint(self, checkpoint)
         return checkpoint

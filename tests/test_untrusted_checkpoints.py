@@ -1,0 +1,389 @@
+"""A checkpoint from someone else runs no code: every load path unpickles with an allowlist.
+
+Each forged checkpoint holds an object whose unpickling runs ``touch MARKER`` (``os.system``), put
+where an attacker who can write the files would put it (see tests/scripts/untrusted_job.py): a
+full file's hyperparameters or callback states, a sharded checkpoint's ``meta.pt``, DCP's
+``.metadata`` index, or a non-tensor entry of DCP's data (the commit record's sizes and CRC-32s
+fixed up). Every load path must refuse it with nothing run, saying what it found, where, and how
+to opt in; with the opt-in it loads (and the marker appears: that is what trust means).
+
+One process (single device) unless marked ``multiprocess`` (FSDP on 2 CPU processes).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import fullshard
+from ckpt_helpers import Net, assert_same_state, full_state, make_data, run_single
+from conftest import SCRIPTS, check_ok, run_script
+from fullshard.checkpoint import io as checkpoint_io
+from fullshard.checkpoint import trust
+from fullshard.checkpoint.io import load_torch_file
+from fullshard.checkpoint.layout import META_NAME, CommitRecord
+from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect
+from fullshard.cli import main as cli
+from fullshard.errors import CorruptCheckpointError, MisconfigurationError, UntrustedCheckpointError
+
+sys.path.insert(0, str(SCRIPTS))
+from untrusted_job import SYSTEM, Payload, forge_bytes, forge_full, forge_index, forge_meta
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
+FORGED = ("full", "callback", "meta.pt", ".metadata", "bytes")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A full and a sharded checkpoint at step 4 (one device)."""
+    root = tmp_path_factory.mktemp("saved")
+    for fmt in ("full", "sharded"):
+        run_single(root, fmt=fmt, save=root / f"{fmt}.ckpt")
+    return {fmt: root / f"{fmt}.ckpt" for fmt in ("full", "sharded")}
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    """The file a forged checkpoint's code creates when it runs."""
+    return tmp_path / "MARKER"
+
+
+def _forge(saved: dict[str, Path], kind: str, tmp_path: Path, marker: Path) -> tuple[Path, str]:
+    """A forged copy of a saved checkpoint, and the file its error must name."""
+    if kind in ("full", "callback"):
+        ckpt = Path(shutil.copy(saved["full"], tmp_path / "evil.ckpt"))
+        forge_full(ckpt, marker, "callbacks" if kind == "callback" else "hyper_parameters")
+        return ckpt, str(ckpt)
+    ckpt = Path(shutil.copytree(saved["sharded"], tmp_path / "evil.ckpt"))
+    forge = {"meta.pt": forge_meta, ".metadata": forge_index, "bytes": forge_bytes}[kind]
+    named = forge(ckpt, marker)
+    return ckpt, f"{named} (entry 'model.evil')" if kind == "bytes" else str(named)
+
+
+def _refused(load: Callable[[], Any], named: str, marker: Path) -> UntrustedCheckpointError:
+    """``load()`` raises UntrustedCheckpointError naming what the file holds, the file and the
+    opt-in, and nothing ran."""
+    with pytest.raises(UntrustedCheckpointError) as caught:
+        load()
+    message = str(caught.value)
+    assert re.search(rf"holds {re.escape(SYSTEM)}, which is not plain data", message), message
+    assert named in message, message
+    assert "trust_checkpoint=True" in message and "--trust" in message, message
+    assert "fullshard checkpoint export" in message  # how to hand weights to others
+    assert caught.value.found == (SYSTEM,)
+    assert not marker.exists(), "the forged checkpoint ran its code"
+    return caught.value
+
+
+def _fit(root: Path, ckpt: Path | str, model: Net | None = None, **kwargs: Any) -> fullshard.Trainer:
+    trainer, _ = run_single(root, max_steps=4, resume=ckpt, model=model, **kwargs)
+    return trainer
+
+
+class ValNet(Net):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log(
+            "val_loss", torch.nn.functional.mse_loss(self.head(self.blocks(batch[0])).squeeze(-1), batch[1])
+        )
+
+
+# ---------------------------------------------------------------------------- every load path
+@pytest.mark.parametrize("kind", FORGED)
+def test_fit_refuses_forged_checkpoints(
+    saved: dict[str, Path], tmp_path: Path, marker: Path, kind: str
+) -> None:
+    ckpt, named = _forge(saved, kind, tmp_path, marker)
+    if kind == "bytes":  # fit reads only the tensors its model has: the extra entry is never unpickled
+        _fit(tmp_path, ckpt)
+        assert not marker.exists()
+        return
+    model = Net()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _refused(lambda: _fit(tmp_path, ckpt, model=model), named, marker)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", ["full", "meta.pt", ".metadata"])
+def test_validate_refuses_forged_checkpoints(
+    saved: dict[str, Path], tmp_path: Path, marker: Path, kind: str
+) -> None:
+    ckpt, named = _forge(saved, kind, tmp_path, marker)
+    trainer = fullshard.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    loader = DataLoader(make_data(), batch_size=8)
+    _refused(lambda: trainer.validate(ValNet(), loader, ckpt_path=ckpt), named, marker)
+    trainer.validate(ValNet(), loader, ckpt_path=ckpt, trust_checkpoint=True)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("kind", FORGED)
+def test_load_from_checkpoint_refuses_forged_checkpoints(
+    saved: dict[str, Path], tmp_path: Path, marker: Path, kind: str
+) -> None:
+    ckpt, named = _forge(saved, kind, tmp_path, marker)
+    _refused(lambda: Net.load_from_checkpoint(ckpt), named, marker)
+    # trusted: the payload runs (n_blocks becomes its return value, overridden here); the forged
+    # DCP entry is a key the module does not have
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Net.load_from_checkpoint(ckpt, trust_checkpoint=True, strict=kind != "bytes", n_blocks=3)
+    assert isinstance(model, Net) and marker.exists()
+
+
+@pytest.mark.parametrize("kind", FORGED)
+def test_tools_refuse_forged_checkpoints(
+    saved: dict[str, Path], tmp_path: Path, marker: Path, kind: str
+) -> None:
+    ckpt, named = _forge(saved, kind, tmp_path, marker)
+    out = tmp_path / "out"
+    _refused(lambda: export_safetensors(ckpt, out / "w.safetensors"), named, marker)
+    if kind != "bytes":  # inspect reads the index, never the values
+        result = inspect(ckpt)
+        assert result.problem is not None and SYSTEM in result.problem and "--trust" in result.problem
+        assert not marker.exists()
+    if ckpt.is_dir():
+        _refused(lambda: consolidate(ckpt, out / "c.ckpt"), named, marker)
+    assert not out.exists() or not any(out.iterdir())  # nothing written
+    if ckpt.is_dir():
+        consolidated = consolidate(ckpt, out / "c.ckpt", trust_checkpoint=True)
+        assert marker.exists() and consolidated.is_file()
+    else:
+        export_safetensors(ckpt, out / "w.safetensors", trust_checkpoint=True)
+        assert marker.exists()
+
+
+def test_command_line_refuses_and_trusts_on_request(
+    saved: dict[str, Path], tmp_path: Path, marker: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, named = _forge(saved, ".metadata", tmp_path, marker)
+    assert cli(["checkpoint", "inspect", str(ckpt)]) == 1
+    printed = capsys.readouterr().out
+    assert f"holds {SYSTEM}" in printed and "--trust" in printed and named in printed
+    for command in (
+        ["consolidate", str(ckpt), str(tmp_path / "c.ckpt")],
+        ["export", str(ckpt), str(tmp_path / "hf")],
+    ):
+        assert cli(["checkpoint", *command]) == 1
+        error = capsys.readouterr().err
+        assert error.startswith("fullshard: error: The checkpoint file") and "--trust" in error
+    assert not marker.exists() and not (tmp_path / "c.ckpt").exists() and not (tmp_path / "hf").exists()
+    assert cli(["checkpoint", "inspect", "--trust", str(ckpt)]) == 0
+    assert marker.exists() and "global step 4" in capsys.readouterr().out
+
+
+def test_last_resolves_to_a_forged_checkpoint_and_refuses_it(
+    saved: dict[str, Path], tmp_path: Path, marker: Path
+) -> None:
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    ckpt, _ = _forge(saved, "full", tmp_path, marker)
+    last = Path(shutil.move(ckpt, ckpts / "last.ckpt"))
+    callback = fullshard.ModelCheckpoint(dirpath=ckpts, save_top_k=0)
+    _refused(
+        lambda: _fit(tmp_path, "last", enable_checkpointing=True, callbacks=[callback]), str(last), marker
+    )
+
+
+def test_lightning_checkpoint_with_code_is_refused(tmp_path: Path, marker: Path) -> None:
+    from lckpt_models import LIGHTNING_FIXTURE, MLP
+
+    lightning = torch.load(LIGHTNING_FIXTURE, weights_only=True)
+    lightning["hyper_parameters"]["hidden"] = Payload(marker)
+    torch.save(lightning, tmp_path / "lightning.ckpt")
+    _refused(
+        lambda: MLP.load_from_checkpoint(tmp_path / "lightning.ckpt"),
+        str(tmp_path / "lightning.ckpt"),
+        marker,
+    )
+
+
+def test_trusted_resume_loads_the_checkpoint(saved: dict[str, Path], tmp_path: Path, marker: Path) -> None:
+    ckpt, _ = _forge(saved, "callback", tmp_path, marker)
+    trainer = fullshard.Trainer(
+        accelerator="cpu", devices=1, max_steps=6, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(Net(), DataLoader(make_data(), batch_size=8), ckpt_path=ckpt, trust_checkpoint=True)
+    assert marker.exists() and trainer.global_step == 6
+
+
+def test_the_error_survives_a_broadcast() -> None:
+    import pickle
+
+    error = trust.untrusted_error("/x/c.ckpt", [SYSTEM])
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), str(copy), copy.path, copy.found) == (type(error), str(error), "/x/c.ckpt", (SYSTEM,))
+
+
+def test_error_message(tmp_path: Path) -> None:
+    file = tmp_path / "c.ckpt"
+    torch.save({"hyper_parameters": {"a": Payload(tmp_path / "M")}}, file)
+    expected = (
+        f"The checkpoint file '{file}' holds {SYSTEM}, which is not plain data (tensors, numbers, strings, "
+        "lists, dicts); fullshard's own entries never need more, so it comes from hyperparameters, callback "
+        "states or on_save_checkpoint entries holding other objects, or from a file made to attack whoever "
+        "opens it. Unpickling it could run code the file chooses, so nothing was loaded. Load it only if you "
+        "trust who wrote it: pass trust_checkpoint=True to the call that loads it (fit/validate/test/predict, "
+        "Module.load_from_checkpoint, consolidate, inspect, export_safetensors), or --trust to `fullshard "
+        "checkpoint`. To hand weights to others, export them: `fullshard checkpoint export` writes "
+        "safetensors, which hold no code (docs/checkpoints.md, 'Loading checkpoints you did not write')."
+    )
+    with pytest.raises(UntrustedCheckpointError, match=f"^{re.escape(expected)}$"):
+        load_torch_file(file, file)
+    assert not (tmp_path / "M").exists()
+
+
+def test_trust_checkpoint_must_be_a_bool(tmp_path: Path) -> None:
+    with pytest.raises(
+        MisconfigurationError, match=r"trust_checkpoint='yes' is invalid: pass True or False\."
+    ):
+        fullshard.Trainer(accelerator="cpu", devices=1, logger=False).fit(Net(), trust_checkpoint="yes")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------- what still loads as before
+def test_older_fullshard_numpy_rng_state_loads(saved: dict[str, Path], tmp_path: Path) -> None:
+    """Checkpoints written before [Note: portable RNG states] hold NumPy's state as an ndarray."""
+    checkpoint = torch.load(saved["full"], weights_only=True)
+    for states in checkpoint["rng_states"]:
+        kind, keys, *rest = states["numpy"]
+        states["numpy"] = (kind, np.asarray(keys, dtype=np.uint32), *rest)
+    torch.save(checkpoint, tmp_path / "older.ckpt")
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(
+        tmp_path / "older.ckpt"
+    )  # not torch's default
+    trainer = _fit(tmp_path, tmp_path / "older.ckpt")
+    assert trainer.global_step == 4
+    Net.load_from_checkpoint(tmp_path / "older.ckpt")
+    assert inspect(tmp_path / "older.ckpt").problem is None
+
+
+def test_other_arrays_stay_refused(tmp_path: Path) -> None:
+    """Only the uint32 array of NumPy's RNG state is admitted, not an object array (whose items
+    would be further pickles) nor the other dtypes."""
+    for array, found in (
+        (np.array([Payload(tmp_path / "M")], dtype=object), SYSTEM),
+        (np.zeros(2), "numpy.dtypes.Float64DType"),
+    ):
+        buffer = io.BytesIO()
+        torch.save({"x": array}, buffer)
+        buffer.seek(0)
+        with pytest.raises(UntrustedCheckpointError, match=rf"'x\.ckpt' holds {re.escape(found)}, which"):
+            load_torch_file(buffer, "x.ckpt")
+    assert not (tmp_path / "M").exists()
+
+
+def test_types_the_user_allowlisted_load(tmp_path: Path) -> None:
+    before = set(torch.serialization.get_safe_globals())
+    torch.save({"hyper_parameters": {"where": Path("/data")}}, tmp_path / "c.ckpt")
+    with pytest.raises(UntrustedCheckpointError, match=r"holds pathlib\.PosixPath"):
+        load_torch_file(tmp_path / "c.ckpt", tmp_path / "c.ckpt")
+    with torch.serialization.safe_globals([type(Path("/data"))]):
+        assert load_torch_file(tmp_path / "c.ckpt", "c")["hyper_parameters"]["where"] == Path("/data")
+        with trust.allowed_globals():  # fullshard's own admission leaves the user's in place
+            pass
+        assert type(Path("/data")) in torch.serialization.get_safe_globals()
+    assert set(torch.serialization.get_safe_globals()) == before
+
+
+def test_damaged_pickle_is_corrupt_not_untrusted(saved: dict[str, Path]) -> None:
+    data = bytearray(saved["full"].read_bytes())
+    at = data.index(b"data.pkl") + len(b"data.pkl") + 40  # inside the pickle entry's bytes
+    for offset in range(at, at + 400):
+        damaged = bytearray(data)
+        damaged[offset] = 0xFE  # an opcode no pickle has
+        try:
+            load_torch_file(io.BytesIO(bytes(damaged)), "c.ckpt")
+        except CorruptCheckpointError as err:
+            assert re.search(
+                r"is damaged or not a checkpoint \(torch\.load\(weights_only=True\) refused its pickle", str(err)
+            )
+            return
+        except Exception:
+            continue
+    pytest.fail("no damaged byte gave a structural refusal")
+
+
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+def test_plain_checkpoints_load_unchanged(saved: dict[str, Path], tmp_path: Path, fmt: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "not plain data" warning on save either
+        trainer, _ = run_single(tmp_path, fmt=fmt, max_steps=4, save=tmp_path / "again.ckpt")
+    resumed = _fit(tmp_path, tmp_path / "again.ckpt")
+    assert_same_state(full_state(resumed), full_state(trainer))
+    assert inspect(saved[fmt]).problem is None
+    Net.load_from_checkpoint(saved[fmt])
+
+
+# ------------------------------------------------------------------------------------- saving
+class PathNet(Net):
+    def __init__(self, data_dir: Any = Path("/data"), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+
+
+class ObjectState(fullshard.Callback):
+    def state_dict(self) -> dict[str, Any]:
+        return {"thing": np.zeros(2)}
+
+
+def test_saving_warns_once_when_a_load_will_need_trust(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint_io, "_warned", set())
+    with pytest.warns(UserWarning) as caught:
+        trainer, _ = run_single(
+            tmp_path, model=PathNet(), callbacks=[ObjectState()], save=tmp_path / "a.ckpt"
+        )
+        trainer.save_checkpoint(tmp_path / "b.ckpt")
+    said = [str(w.message) for w in caught if "not plain data" in str(w.message)]
+    assert len(said) == 1, said
+    assert re.search(
+        r"not plain data: callbacks\['ObjectState'\] \(numpy\.dtypes\.Float64DType\); "
+        r"hyper_parameters\['data_dir'\] \(pathlib\.PosixPath\)\. "
+        r"fullshard loads checkpoints without running code from them, so loading this one will need "
+        r"trust_checkpoint=True",
+        said[0],
+    ), said[0]
+    with pytest.raises(UntrustedCheckpointError, match=r"holds .*pathlib\.PosixPath"):
+        PathNet.load_from_checkpoint(tmp_path / "a.ckpt")
+    assert PathNet.load_from_checkpoint(tmp_path / "a.ckpt", trust_checkpoint=True).hparams[
+        "data_dir"
+    ] == Path("/data")
+
+
+def test_not_plain_names_each_entry() -> None:
+    checkpoint = {"loops": {"epoch": 1}, "hyper_parameters": {"lr": 0.1, "where": Path("/x")}, "odd": {1, 2}}
+    assert checkpoint_io.not_plain(checkpoint) == ["hyper_parameters['where'] (pathlib.PosixPath)"]
+    plain = {"hyper_parameters": {"lr": 0.1}, "callbacks": {"x": {"t": torch.ones(2), "s": torch.Size([2])}}}
+    assert checkpoint_io.not_plain(plain) == []
+    # a numeric array other than the RNG state's: admitted globals, a dtype class that is not
+    assert checkpoint_io.not_plain({"odd": np.zeros(2)}) == ["'odd' (numpy.dtypes.Float64DType)"]
+
+
+# --------------------------------------------------------------------------- several processes
+@pytest.mark.multiprocess
+def test_every_rank_refuses_forged_checkpoints(tmp_path: Path) -> None:
+    check_ok(run_script("untrusted_job.py", "--out", str(tmp_path), timeout=180))
+    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, log in enumerate(logs):
+        for case, named in (("full", "evil-full.ckpt'"), ("meta", f"{META_NAME}'"), ("index", ".metadata'")):
+            assert log[case]["error"] == "UntrustedCheckpointError", (rank, log[case])
+            assert log[case]["message"] == logs[0][case]["message"]  # the same error on every rank
+            assert named in log[case]["message"] and f"holds {SYSTEM}" in log[case]["message"]
+        assert log["changed"] == [] and log["ran"] is False
+        assert log["trusted"]["error"] is None and log["ran_trusted"] is True
+    assert CommitRecord.read(tmp_path / "evil-index.ckpt").world_size == 2
