@@ -126,8 +126,10 @@ def test_elastic_job_goes_on_with_the_node_that_is_left(tmp_path: Path) -> None:
     port = free_port()
     agent = ["--nnodes=1:2", "--nproc-per-node=2", "--max-restarts=1", "--rdzv-backend=c10d"]
     # rdzv-conf: a rendezvous that has its minimum waits last_call_timeout s for more nodes (30 by default),
-    # and a node that sent no heartbeat for keep_alive_interval x keep_alive_max_attempt s (5 x 3) is dropped
-    conf = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2"
+    # and a node that sent no heartbeat for keep_alive_interval x keep_alive_max_attempt s (5 x 3) is dropped:
+    # 1 x 5 here, so that the killed node goes soon, while a live agent slowed by a loaded machine is kept
+    # (with 1 x 2 an agent was dropped once under load)
+    conf = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
     agent += [f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test", f"--rdzv-conf={conf}"]
     job = [JOB, "--out", str(tmp_path), "--stall-at", str(DIE_AT)]
     with Processes(tmp_path / "logs") as procs:

@@ -125,7 +125,7 @@ def test_tensorboard_logger_without_tensorboard_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(loggers, "_TENSORBOARD_AVAILABLE", False)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'fullshard\[tensorboard\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r"pip install tensorboard` \(in a fullshard clone: `pip install -e '\.\[tensorboard\]'`\)"):
         TensorBoardLogger(tmp_path)
 
 

@@ -220,6 +220,7 @@ def test_checkpoint_contents_and_plain_load(tmp_path: Path) -> None:
         "samples_in_epoch": 48,
         "epoch_finished": False,
         "total_batch_idx": 3,
+        "data_seed": fullshard.seed.current_seed(),  # the seed the epoch's order was drawn from
     }
     assert checkpoint["extra"] == 42 and checkpoint["world_size"] == 1
     assert len(checkpoint["rng_states"]) == 1 and checkpoint["strategy"] == "single_device"
