@@ -1,4 +1,4 @@
-"""Every ```python block in the documentation is a complete script; run each one.
+"""Every ```python block in the documentation (docs/ and the README) is a complete script; run each one.
 
 (Fragments that are not meant to run on their own are fenced as ```py.)"""
 
@@ -19,9 +19,9 @@ _BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 def _blocks() -> list[tuple[str, str]]:
     found = []
-    for page in sorted(DOCS.glob("**/*.md")):
+    for page in [DOCS.parent / "README.md", *sorted(DOCS.glob("**/*.md"))]:
         for i, code in enumerate(_BLOCK.findall(page.read_text())):
-            found.append((f"{page.relative_to(DOCS)}#{i}", code))
+            found.append((f"{page.relative_to(DOCS.parent)}#{i}", code))
     return found
 
 
@@ -30,7 +30,7 @@ BLOCKS = _blocks()
 
 def test_every_fsdp_page_has_a_tested_example() -> None:
     pages = {name.split("#")[0] for name, _ in BLOCKS}
-    expected = {f"fsdp/{p.name}" for p in FSDP_DOCS.glob("*.md")} - {"fsdp/README.md"}
+    expected = {f"docs/fsdp/{p.name}" for p in FSDP_DOCS.glob("*.md")} - {"docs/fsdp/README.md"}
     assert expected <= pages
 
 
