@@ -29,10 +29,11 @@ from fullshard.policies import (
     resolve_policy,
 )
 from fullshard.precision import FSDPPrecision, Precision
+from fullshard.strategies.flat_params import flat_parameter_sizes
 from fullshard.strategies.meta_init import MetaInit, user_init_of
 from fullshard.strategies.module_aliases import add_alias_keys, detached, drop_alias_keys, find_aliases
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
-from fullshard.strategies.strategy import ParameterSize, clean_parameter_name
+from fullshard.strategies.strategy import ParameterSize
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -594,52 +595,7 @@ class FSDPStrategy(ParallelStrategy):
     def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
         """Full sizes read from FSDP's flat-parameter metadata (see [Note: FSDP1 full sizes])."""
         root = self.model if module is self.module and self.model is not None else module
-        flats = {id(flat): flat for flat in _flat_parameters(root)}
-        full = {  # use_orig_params=True: each original parameter is a view into this rank's shard
-            id(p): n
-            for f in flats.values()
-            if f._params is not None
-            for p, n in zip(f._params, f._numels, strict=True)
-        }
-        sizes = []
-        for name, p in module.named_parameters():
-            flat = flats.get(id(p))
-            if flat is None:  # an original parameter (use_orig_params=True) or one FSDP does not manage
-                numel = full.get(id(p), p.numel())
-                sizes.append(
-                    ParameterSize(
-                        clean_parameter_name(name), numel, p.numel(), p.requires_grad, p.element_size()
-                    )
-                )
-                continue
-            # use_orig_params=False: the flat parameter stands for the unit's parameters; list them
-            prefix = clean_parameter_name(name).removesuffix("_flat_param")
-            for fqn, numel, shard in zip(flat._fqns, flat._numels, flat._shard_param_infos, strict=True):
-                sizes.append(
-                    ParameterSize(
-                        prefix + clean_parameter_name(fqn),
-                        numel,
-                        shard.numel_in_shard or 0,
-                        p.requires_grad,
-                        p.element_size(),
-                    )
-                )
-        return sizes
-
-
-def _flat_parameters(root: nn.Module) -> list[Any]:
-    """The FlatParameters of the FSDP units in ``root``.
-
-    [Note: FSDP1 full sizes]
-    FSDP1 replaces a unit's parameters by one flat, sharded tensor; with ``use_orig_params`` the
-    original parameters stay as views into this rank's shard (empty where the rank holds none of
-    one). Their full sizes exist only in the FlatParameter's private metadata (``_params``,
-    ``_numels``, ``_fqns``, ``_shard_param_infos``): the public way, ``summon_full_params``, is
-    collective and holds the whole model on every rank. This is the one place that reads it.
-    """
-    fsdp_class = _torch_fsdp().FullyShardedDataParallel
-    flats = (getattr(m, "_flat_param", None) for m in root.modules() if isinstance(m, fsdp_class))
-    return [flat for flat in flats if flat is not None]
+        return flat_parameter_sizes(root, module, _torch_fsdp().FullyShardedDataParallel)
 
 
 def _full_shapes(module: nn.Module) -> dict[str, torch.Size]:
