@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from fullshard.trainer import loggers
 from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -156,6 +157,8 @@ def test_tensorboard_logger_writes_an_event_file(tmp_path: Path) -> None:
         ({"max_steps": 3, "log_every_n_steps": 10}, r"This run has 3 optimizer step\(s\) left \(max_steps=3\), fewer than"),
         ({"max_steps": 3, "log_every_n_steps": 3}, None),
         ({"max_steps": 3, "logger": False}, None),
+        ({"max_steps": 3, "iterable": True}, r"This run has 3 optimizer step\(s\) left"),
+        ({"max_epochs": 1, "limit_train_batches": 0}, None),
     ],
 )
 def test_a_run_shorter_than_the_logging_interval_says_so(
@@ -166,12 +169,24 @@ def test_a_run_shorter_than_the_logging_interval_says_so(
     from ckpt_helpers import Net, make_data
     from conftest import quiet_trainer
 
+    iterable = kwargs.pop("iterable", False)
+    data: Any = make_data()
+    if iterable:  # no length: the epoch's steps are unknown
+        data = _Stream(data)
     trainer = quiet_trainer(tmp_path, **{"logger": CSVLogger(tmp_path), **kwargs})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.fit(Net(), DataLoader(make_data(), batch_size=8))
+        trainer.fit(Net(), DataLoader(data, batch_size=8))
     found = [str(w.message) for w in caught if "log_every_n_steps" in str(w.message)]
     if said is None:
         assert not found
     else:
         assert len(found) == 1 and re.search(said, found[0]), found
+
+
+class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __iter__(self) -> Any:
+        return iter(self.data)

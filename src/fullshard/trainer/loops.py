@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from fullshard.errors import MisconfigurationError
 from fullshard.launch import stuck_ranks
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer import checkpointing, evaluation
 
 if TYPE_CHECKING:
@@ -90,8 +90,8 @@ def _warn_if_nothing_logged(trainer: Trainer) -> None:
     ``log_every_n_steps``: their step metrics would never reach the loggers."""
     if not trainer.loggers or trainer.fast_dev_run:
         return
-    steps = trainer.num_training_batches / trainer.accumulate_grad_batches
-    what = f"The training epoch has {math.ceil(steps)} optimizer step(s)"
+    steps = trainer.num_training_batches / trainer.accumulate_grad_batches  # inf: an iterable dataset
+    what = f"The training epoch has {math.ceil(steps) if not math.isinf(steps) else steps} optimizer step(s)"
     if trainer.max_steps >= 0 and trainer.max_steps - trainer.global_step < steps:
         steps = trainer.max_steps - trainer.global_step
         what = f"This run has {steps} optimizer step(s) left (max_steps={trainer.max_steps})"
