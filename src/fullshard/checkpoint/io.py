@@ -42,6 +42,7 @@ import tempfile
 import threading
 import warnings
 import zipfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -358,10 +359,10 @@ def _refused(value: Any) -> list[str]:
 def _without_tensor_data(value: Any) -> Any:
     if type(value) in (torch.Tensor, torch.nn.Parameter):
         return torch.empty(0, dtype=value.dtype)
-    if type(value) in (dict, list, tuple):
+    if type(value) in (dict, OrderedDict, list, tuple):  # OrderedDict: what state_dict() returns
         items = value.items() if isinstance(value, dict) else enumerate(value)
         copied = {k: _without_tensor_data(v) for k, v in items}
-        return copied if isinstance(value, dict) else type(value)(copied.values())
+        return type(value)(copied) if isinstance(value, dict) else type(value)(copied.values())
     return value
 
 
