@@ -382,15 +382,12 @@ def _run_in_thread(target: Callable[[], None]) -> threading.Thread:
     return thread
 
 
-def test_a_stuck_rank_reports_itself_and_its_peer_names_it(
-    watchdogs: list[StuckRankWatchdog], capfd: pytest.CaptureFixture[str]
-) -> None:
-    store = dist.HashStore()
-    ranks = [_watchdog(store, rank, 2, timeout_s=0.5) for rank in (0, 1)]
-    watchdogs += [r.watchdog for r in ranks]
+def _rank1_stalls(ranks: list[Any], capfd: pytest.CaptureFixture[str]) -> str:
+    """Rank 0 begins 3 batches and waits (a collective, as seen from Python); rank 1 begins 2 and
+    naps in ``culprit_nap``. Returns stderr once both watchdogs ended their rank."""
     release = threading.Event()
 
-    def rank0_loop() -> None:  # goes one batch further, then waits (a collective, as seen from Python)
+    def rank0_loop() -> None:
         for batch in range(3):
             ranks[0].watchdog.kick("train", batch)
         release.wait(30)
@@ -408,7 +405,16 @@ def test_a_stuck_rank_reports_itself_and_its_peer_names_it(
         release.set()
         for thread in threads:
             thread.join()
-    err = capfd.readouterr().err
+    return capfd.readouterr().err
+
+
+def test_a_stuck_rank_reports_itself_and_its_peer_names_it(
+    watchdogs: list[StuckRankWatchdog], capfd: pytest.CaptureFixture[str]
+) -> None:
+    store = dist.HashStore()
+    ranks = [_watchdog(store, rank, 2, timeout_s=0.5) for rank in (0, 1)]
+    watchdogs += [r.watchdog for r in ranks]
+    err = _rank1_stalls(ranks, capfd)
     assert re.search(
         r"fullshard: rank 1 \(pid \d+ on [^)]*\) is stuck: its training batch_idx=1 began", err
     ), err
@@ -431,27 +437,7 @@ def test_the_report_comes_at_the_timeout_and_the_peer_ends_at_once(
     store = dist.HashStore()
     ranks = [_watchdog(store, rank, 2, timeout_s=timeout_s, timing=Timing) for rank in (0, 1)]
     watchdogs += [r.watchdog for r in ranks]
-    release = threading.Event()
-
-    def rank0_loop() -> None:
-        for batch in range(3):
-            ranks[0].watchdog.kick("train", batch)
-        release.wait(30)
-
-    def rank1_loop() -> None:
-        for batch in range(2):
-            ranks[1].watchdog.kick("train", batch)
-        culprit_nap(release)
-
-    threads = [_run_in_thread(rank0_loop), _run_in_thread(rank1_loop)]
-    try:
-        assert ranks[1].ended.wait(20), capfd.readouterr().err
-        assert ranks[0].ended.wait(20), capfd.readouterr().err
-    finally:
-        release.set()
-        for thread in threads:
-            thread.join()
-    err = capfd.readouterr().err
+    err = _rank1_stalls(ranks, capfd)
     reported_after = ranks[1].ended_at[0] - ranks[1].watchdog._last_kick
     # The slack: waking at the deadline, reading a HashStore and formatting the stacks, in a process
     # whose other threads compete for the GIL on a shared machine (measured: under 0.01 s).
