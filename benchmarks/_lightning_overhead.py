@@ -1,24 +1,30 @@
-"""The Lightning row of ``benchmarks/overhead.py``; that script runs this file, with the
-interpreter of ``benchmarks/.venv-lightning`` (see its docstring for how to create it)::
+"""benchmarks/.venv-lightning/bin/python benchmarks/_lightning_overhead.py --steps 300 --batch-size 64 --hidden 512 --out /tmp/result.json --root /tmp/run
 
-    benchmarks/.venv-lightning/bin/python benchmarks/_lightning_overhead.py \\
-        --steps 300 --batch-size 64 --hidden 512 --out /tmp/result.json --root /tmp/run
+The Lightning row of ``benchmarks/overhead.py``, which runs this file with the interpreter of
+``benchmarks/.venv-lightning`` (see its docstring for how to create it).
 
-It trains the same workload as the other rows (model, data and timing come from
-``overhead.py``) with ``lightning.pytorch.Trainer(strategy="ddp", devices=2)``, whose
-launcher runs this command again for rank 1.
+Not a benchmark of its own: no ``--write-docs``; its figures are a row of overhead.py's table in
+docs/benchmarks.md ("Trainer overhead"). The command above is one run by hand. It trains the
+same workload as the other rows (model, data and timing come from ``overhead.py``) with
+``lightning.pytorch.Trainer(strategy="ddp", devices=2)``, whose launcher runs this command
+again for rank 1.
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import overhead  # this directory is on sys.path; importing it loads only the standard library
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    return overhead.worker_parser("benchmarks/.venv-lightning/bin/python benchmarks/_lightning_overhead.py")
+
+
+def main(argv: list[str] | None = None) -> None:
     clock = overhead.StepClock()
-    args = overhead.worker_parser("_lightning_overhead.py").parse_args()
+    args = build_parser().parse_args(argv)
 
     import lightning
     import torch

@@ -1,11 +1,9 @@
-"""Checkpoint save and load: fullshard's full and sharded checkpoints against the plain torch calls.
+"""python benchmarks/checkpoint.py --write-docs
 
-Run from the repository root::
+Checkpoint save and load: fullshard's full and sharded checkpoints against the plain torch calls.
 
-    python benchmarks/checkpoint.py                  # measure, print the tables
-    python benchmarks/checkpoint.py --write-docs     # also rewrite its section of docs/benchmarks.md
-
-It takes about 4 minutes on 2 cores and needs about 4 GB of memory and 2 GB of disk. Run it
+Run it from the repository root; without ``--write-docs`` it prints the tables and leaves
+docs/benchmarks.md ("Checkpoint save and load") alone. It takes about 4 minutes on 2 cores and needs about 4 GB of memory and 2 GB of disk. Run it
 alone: other work on the machine, on its disk above all, moves the numbers a lot; when it sees
 other benchmarks or test runs meanwhile it says so, and does not write the docs.
 
@@ -57,10 +55,8 @@ and loads of both columns alike. So the job runs twice, with the strategy's defa
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -74,6 +70,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from _common import (
+    DOCS,
+    REPO,
+    cores,
+    heading_target,
+    load_average,
+    make_parser,
+    parse_args,
+    table,
+    today,
+    worker_env,
+    write_section,
+)
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -88,9 +97,6 @@ import fullshard
 from fullshard.checkpoint.layout import crc32_of
 from fullshard.strategies import FSDP2Strategy, FSDPStrategy
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## Checkpoint save and load"
 WORLD_SIZE = 2
 TARGET = 1.10  # fullshard's time at most this times the plain torch calls'
@@ -450,8 +456,8 @@ def run_job(args: argparse.Namespace, work: Path, threshold: str, strategy: str 
         command += [f"--{flag}", str(getattr(args, flag))]
     command += ["--cpu-mmap-threshold", threshold, "--strategy", strategy]
     # 2 processes on 2 cores: one intra-op thread each. Rank 1 inherits this environment.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    load = os.getloadavg()[0]
+    env = worker_env(threads=1)
+    load = load_average()
     started = time.perf_counter()
     others: set[str] = set()
     with open(work / "stdout", "w+") as stdout, open(work / "stderr", "w+") as stderr:
@@ -486,14 +492,12 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
 
 
 def render_table(result: dict[str, Any]) -> str:
-    lines = ["| Operation | plain torch (s) | fullshard (s) | ratio |", "| --- | ---: | ---: | ---: |"]
     ratio = ratios(result)
-    for key, label, plain, ours in ROWS:
-        lines.append(
-            f"| {label} | {_median(result, 'times', plain):.2f} | {_median(result, 'times', ours):.2f} "
-            f"| {ratio[key]:.2f}x |"
-        )
-    return "\n".join(lines)
+    rows = [
+        [label, f"{_median(result, 'times', plain):.2f}", f"{_median(result, 'times', ours):.2f}", f"{ratio[key]:.2f}x"]
+        for key, label, plain, ours in ROWS
+    ]
+    return table(["Operation", "plain torch (s)", "fullshard (s)", "ratio"], rows)
 
 
 def render_parts(result: dict[str, Any]) -> str:
@@ -519,26 +523,25 @@ def render_parts(result: dict[str, Any]) -> str:
             "fullshard sharded load",
         ),
     )
-    lines = ["| Step | time (s) | share |", "| --- | ---: | --- |"]
+    cells = []
     for step, part, base, base_label in rows:
         seconds = _median(result, "parts", part)
         share = seconds / _median(result, "times", base)
-        lines.append(f"| {step} | {seconds:.2f} | {share:.0%} of the {base_label} |")
-    return "\n".join(lines)
+        cells.append([step, f"{seconds:.2f}", f"{share:.0%} of the {base_label}"])
+    return table(["Step", "time (s)", "share"], cells, align="lrl")
 
 
 def render_verify(result: dict[str, Any]) -> str:
     """The CRC-32 checks of every load: verified against ``verify=False``."""
-    lines = ["| Operation | verify=False (s) | verified (s) | ratio |", "| --- | ---: | ---: | ---: |"]
-    missed = []
+    rows, missed = [], []
     for key, label, unverified, verified in VERIFY_ROWS:
         off, on = _median(result, "times", unverified), _median(result, "times", verified)
-        lines.append(f"| {label} | {off:.2f} | {on:.2f} | {on / off:.2f}x |")
+        rows.append([label, f"{off:.2f}", f"{on:.2f}", f"{on / off:.2f}x"])
         if on / off > VERIFY_TARGET:
             missed.append(f"{key} load {on / off:.2f}x")
     head = f"Target, a verified load at most {VERIFY_TARGET:.2f}x an unverified one:"
     verdict = f" missed for {', '.join(missed)}." if missed else " met for both formats."
-    return "\n".join(lines) + "\n\n" + head + verdict
+    return table(["Operation", "verify=False (s)", "verified (s)", "ratio"], rows) + "\n\n" + head + verdict
 
 
 def target_line(result: dict[str, Any]) -> str:
@@ -587,16 +590,12 @@ Where the time goes (steps timed inside the plain calls, and the checksums on th
 
 def render_fsdp2(fsdp1: dict[str, Any], fsdp2: dict[str, Any]) -> str:
     """FSDP2's sharded save and load against FSDP1's, same state, same allocator setting."""
-    lines = [
-        "| Operation | fsdp (s) | fsdp2 (s) | fsdp2 / fsdp | plain torch under FSDP2 (s) |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    ratio = {}
+    rows, ratio = [], {}
     for op, label in (("sharded_save", "Sharded save"), ("sharded_load", "Sharded load")):
         one, two = _median(fsdp1, "times", f"{op}/fullshard"), _median(fsdp2, "times", f"{op}/fullshard")
         ratio[op] = two / one
         plain = _median(fsdp2, "times", f"{op}/plain")
-        lines.append(f"| {label} | {one:.2f} | {two:.2f} | {ratio[op]:.2f}x | {plain:.2f} |")
+        rows.append([label, f"{one:.2f}", f"{two:.2f}", f"{ratio[op]:.2f}x", f"{plain:.2f}"])
     verdict = "met" if ratio["sharded_save"] <= FSDP2_SAVE_TARGET else "missed"
     sync = _median(fsdp2, "times", "sharded_save/fullshard")
     blocked = _median(fsdp2, "times", "async_save/blocked")
@@ -607,16 +606,24 @@ def render_fsdp2(fsdp1: dict[str, Any], fsdp2: dict[str, Any]) -> str:
     count = _median(fsdp2, "parts", "steps_overlapped")
     staged = _median(fsdp2, "parts", "staged_mb")
     async_verdict = "met" if blocked / sync <= ASYNC_BLOCKED_TARGET else "missed"
-    lines += [
+    async_rows = [
+        ["Sync sharded save (blocks training for all of it)", f"{sync:.3f} s"],
+        [
+            "Async: `save_checkpoint` returns after (training blocked)",
+            f"{blocked:.3f} s ({blocked / sync:.2f}x the sync save)",
+        ],
+        [f"Async: committed, waited for after the {ASYNC_STEPS} timed steps", f"{committed:.3f} s"],
+        ["Step time, no save in flight", f"{quiet * 1e3:.1f} ms"],
+        [
+            f"Step time while the files are written (median of {count:.0f} steps)",
+            f"{during * 1e3:.1f} ms ({during / quiet:.2f}x)",
+        ],
+        ["Host memory staged per rank (its shard of model + AdamW state)", f"{staged:.0f} MB"],
+    ]
+    lines = [
+        table(["Operation", "fsdp (s)", "fsdp2 (s)", "fsdp2 / fsdp", "plain torch under FSDP2 (s)"], rows),
         "",
-        "| Asynchronous save (fsdp2, `async_save=True`) | time |",
-        "| --- | ---: |",
-        f"| Sync sharded save (blocks training for all of it) | {sync:.3f} s |",
-        f"| Async: `save_checkpoint` returns after (training blocked) | {blocked:.3f} s ({blocked / sync:.2f}x the sync save) |",
-        f"| Async: committed, waited for after the {ASYNC_STEPS} timed steps | {committed:.3f} s |",
-        f"| Step time, no save in flight | {quiet * 1e3:.1f} ms |",
-        f"| Step time while the files are written (median of {count:.0f} steps) | {during * 1e3:.1f} ms ({during / quiet:.2f}x) |",
-        f"| Host memory staged per rank (its shard of model + AdamW state) | {staged:.0f} MB |",
+        table(["Asynchronous save (fsdp2, `async_save=True`)", "time"], async_rows),
         "",
         f"Target, an FSDP2 sharded save at most {FSDP2_SAVE_TARGET}x FSDP1's: "
         f"{ratio['sharded_save']:.2f}x, {verdict}. Target, training blocked by an async save at most "
@@ -648,14 +655,14 @@ Save and load times of fullshard's full and sharded checkpoints against the torc
 are built on, for the same state in the same 2 CPU processes (gloo, FSDP FULL_SHARD).
 
 ```bash
-python benchmarks/checkpoint.py --write-docs
+{args.command}
 ```
 
 - State: {args.depth} blocks of `Linear({args.width}, {args.width})`, {numel / 1e6:.1f}M parameters ({numel * 4 / MB:.0f} MB
   in float32) and AdamW's two moments ({numel * 8 / MB:.0f} MB), after one training step: a
   {full_mb:.0f} MB full checkpoint; each rank holds half of it.
-- Machine: {os.cpu_count()} cores ({platform.machine()}), torch {first["torch"]}, {WORLD_SIZE} processes with
-  {first["threads"]} intra-op thread each; checkpoints on the local disk; {datetime.date.today().isoformat()}.
+- Machine: {cores()}, torch {first["torch"]}, {WORLD_SIZE} processes with
+  {first["threads"]} intra-op thread each; checkpoints on the local disk; {today()}.
 - Memory allocator: on CPU, `FSDPStrategy` fixes glibc's mmap threshold by default
   (`cpu_mmap_threshold`, see [Note: CPU memory under FSDP]), so that every large tensor is
   mapped afresh and returned when freed. That slows the gathers, loads and reads of both
@@ -701,24 +708,8 @@ above read files the page cache holds; from a disk, the checks read each byte a 
 """
 
 
-def write_docs(section: str) -> None:
-    """Insert or replace this benchmark's section of docs/benchmarks.md; other sections stay."""
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"  # read just before writing
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        updated = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        rest = "".join(lines[end:])
-        updated = "".join(lines[:start]) + section + ("\n" + rest if rest else "")
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text(updated)
-    print(f"updated {DOCS.relative_to(REPO)}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
     parser.add_argument("--repeats", type=int, default=5, help="times every operation is timed")
     parser.add_argument("--depth", type=int, default=8, help="number of blocks")
     parser.add_argument("--width", type=int, default=2048, help="features of each Linear")
@@ -730,14 +721,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dir", type=Path, help="where to write the checkpoints (default: a temporary directory)"
     )
-    parser.add_argument(
-        "--write-docs", action="store_true", help=f"rewrite '{SECTION}' in docs/benchmarks.md"
-    )
     parser.add_argument("--no-fsdp2", action="store_true", help="skip the FSDP2 job")
     parser.add_argument("--strategy", default="fsdp", choices=("fsdp", "fsdp2"), help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse_args(parser, argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     thresholds = ["default", "none"] if args.cpu_mmap_threshold is None else [args.cpu_mmap_threshold]
@@ -765,7 +758,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.write_docs:
             sys.exit(f"Not writing {DOCS.relative_to(REPO)}: run again when the machine is idle.")
     if args.write_docs:
-        write_docs(render_section(args, results, fsdp2))
+        write_section(render_section(args, results, fsdp2))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
-"""How sharded checkpoints scale with the number of processes, at a fixed total state.
+"""python benchmarks/checkpoint_scale.py --repeats 2 --write-docs
 
-Run from the repository root::
+How sharded checkpoints scale with the number of processes, at a fixed total state.
 
-    python benchmarks/checkpoint_scale.py                      # 2, 4, 8, 16 processes, fsdp and fsdp2
+Run it from the repository root; without ``--write-docs`` it prints the section and leaves
+docs/benchmarks.md ("Checkpoint scale") alone. By default it runs 2, 4, 8 and 16 processes
+under fsdp and fsdp2, 3 repeats each (the figures in the docs: 2 repeats, as above); a smaller
+run::
+
     python benchmarks/checkpoint_scale.py --processes 2 4 --strategies fsdp2 --repeats 2
-    python benchmarks/checkpoint_scale.py --write-docs         # also rewrite its docs section
 
 Every job trains the same model (``--blocks`` blocks of ``Linear(--width, --width)``: by default
-96 blocks of 640 x 640, 39.4M parameters in 192 tensors, 158 MB, plus AdamW's two moments:
-473 MB of state in 576 tensors) for one step in N CPU processes (gloo, one thread each) under
+96 blocks of 640 x 640 without bias, 39.3M parameters in 96 tensors, 157 MB, plus AdamW's two
+moments: 472 MB of state in 288 tensors) for one step in N CPU processes (gloo, one thread each) under
 ``FSDPStrategy`` or ``FSDP2Strategy(auto_wrap_policy={Block}, empty_init=True)``, then saves
 and loads a sharded checkpoint ``--repeats`` times. On a 2-core machine N processes share two
 cores, so the absolute times at 8 and 16 processes include waiting for a core; what the table is
@@ -50,9 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-DOCS = REPO / "docs" / "benchmarks.md"
+from _common import REPO, heading_target, make_parser, parse_args, table, worker_env, write_section
+
 SECTION = "## Checkpoint scale"
 SAVE_PHASES = ("state", "plan", "write", "finish", "commit")
 
@@ -194,9 +196,7 @@ def run_job(args: argparse.Namespace, processes: int, strategy: str, work: Path)
         "--width", str(args.width), "--repeats", str(args.repeats),
     ]  # fmt: skip
     started = time.perf_counter()
-    done = subprocess.run(
-        command, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO, capture_output=True, text=True, timeout=1800
-    )
+    done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{strategy} at {processes} processes failed:\n{done.stdout}\n{done.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(out.read_text())
@@ -214,15 +214,16 @@ def phase(result: dict[str, Any], key: str, how: str = "rank0") -> float:
 
 
 def render(results: list[dict[str, Any]]) -> str:
-    head = "| strategy | processes | save (s) | " + " | ".join(SAVE_PHASES) + " | load (s) | load: checks | load: DCP + set | verify (s) | files |"
-    lines = [head, "|" + " --- |" * 2 + " ---: |" * (len(SAVE_PHASES) + 6)]
+    header = ["strategy", "processes", "save (s)", *SAVE_PHASES]
+    header += ["load (s)", "load: checks", "load: DCP + set", "verify (s)", "files"]
+    rows = []
     for r in results:
         cells = [f"{phase(r, 'save_all'):.2f}"]
         cells += [f"{phase(r, p):.2f} / {phase(r, p, 'max'):.2f}" for p in SAVE_PHASES]
         cells += [f"{phase(r, 'load', 'max'):.2f}", f"{phase(r, 'load_checks'):.2f}", f"{phase(r, 'load_dcp', 'max'):.2f}"]
         cells += [f"{r['verify']:.2f}", str(r["files"])]
-        lines.append(f"| {r['strategy']} | {r['processes']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([r["strategy"], str(r["processes"]), *cells])
+    return table(header, rows, align="ll" + "r" * (len(header) - 2))
 
 
 def growth(results: list[dict[str, Any]]) -> str:
@@ -245,32 +246,21 @@ def growth(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(section: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        updated = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        rest = "".join(lines[end:])
-        updated = "".join(lines[:start]) + section + ("\n" + rest if rest else "")
-    DOCS.write_text(updated)
-    print(f"updated {DOCS.relative_to(REPO)}")
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--processes", type=int, nargs="+", default=[2, 4, 8, 16])
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
+    p.add_argument("--processes", type=int, nargs="+", default=[2, 4, 8, 16], help="process counts, one job each")
     p.add_argument("--strategies", nargs="+", default=["fsdp", "fsdp2"], choices=["fsdp", "fsdp2"])
-    p.add_argument("--blocks", type=int, default=96)
-    p.add_argument("--width", type=int, default=640)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--write-docs", action="store_true")
+    p.add_argument("--blocks", type=int, default=96, help="number of blocks")
+    p.add_argument("--width", type=int, default=640, help="features of each Linear")
+    p.add_argument("--repeats", type=int, default=3, help="saves and loads per job")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--dir", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(build_parser(), argv)
     if args.worker:
         args.processes, args.strategy = args.processes[0], args.strategies[0]
         run_worker(args)
@@ -289,7 +279,7 @@ def main() -> None:
 
 Sharded save and load of one state ({first['params'] / 1e6:.1f}M parameters + AdamW: {first['tensors']} tensors,
 {first['bytes'] / 1e6:.0f} MB on disk) at several numbers of CPU processes on {os.cpu_count()} cores, medians of
-{args.repeats} repeats (`python benchmarks/checkpoint_scale.py --write-docs`; phases in its docstring).
+{args.repeats} repeats (`{args.command}`; phases in its docstring).
 Each phase shows rank 0 / the slowest rank, in seconds.
 
 {table}
@@ -300,7 +290,7 @@ Growth from the fewest to the most processes (slowest rank):
 """
     print("\n" + section)
     if args.write_docs:
-        write_docs(section)
+        write_section(section)
 
 
 if __name__ == "__main__":

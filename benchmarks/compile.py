@@ -1,11 +1,10 @@
-"""compile=: compile time and step time of the demo Transformer, eager against torch.compile.
+"""python benchmarks/compile.py --write-docs
 
-Run from the repository root::
+compile=: compile time and step time of the demo Transformer, eager against torch.compile.
 
-    python benchmarks/compile.py                 # prints a markdown table
-    python benchmarks/compile.py --write-docs    # and puts it into docs/compile.md
-
-It takes about 6 minutes on 2 cores (most of it inductor compiling on an empty cache).
+Run it from the repository root; it prints a markdown table, and with ``--write-docs`` puts it
+into docs/compile.md ("Cost on CPU", between the ``benchmarks/compile.py`` marker comments),
+not into docs/benchmarks.md. It takes about 6 minutes on 2 cores (most of it inductor compiling on an empty cache).
 
 The model is ``fullshard.demos.Transformer`` (2 encoder and 2 decoder layers, width 128, 4 heads,
 feed-forward 512, dropout 0.1) trained as a byte-level language model on random tokens (sequence
@@ -44,6 +43,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _common import (
+    REPO,
+    load_average,
+    make_parser,
+    markers,
+    parse_args,
+    table,
+    today,
+    worker_env,
+    write_marked,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -51,9 +61,8 @@ import fullshard
 from fullshard.demos import Transformer
 from fullshard.strategies import FSDPStrategy
 
-ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "compile.md"
-START, END = "<!-- benchmarks/compile.py: start -->", "<!-- benchmarks/compile.py: end -->"
+DOC = REPO / "docs" / "compile.md"
+START, END = markers("compile.py")
 SEQ, BATCH = 64, 16
 ROWS = [  # (strategy, compile setting, inductor cache)
     ("single", "eager", None),
@@ -124,9 +133,9 @@ def run_row(
     strategy: str, setting: str, cache: str | None, args: argparse.Namespace, tmp: Path
 ) -> dict[str, Any]:
     out = tmp / f"{strategy}-{setting}-{cache}.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / f"inductor-{strategy}")  # cold: first use of this folder
-    env["OMP_NUM_THREADS"] = "1"  # one intra-op thread per process (2 threads thrash a busy 2-core machine)
+    # one intra-op thread per process (2 threads thrash a busy 2-core machine); the inductor cache
+    # cold at the first use of this folder
+    env = worker_env(threads=1, TORCHINDUCTOR_CACHE_DIR=str(tmp / f"inductor-{strategy}"))
     command = [
         sys.executable,
         __file__,
@@ -149,38 +158,48 @@ def render(
     results: list[tuple[tuple[str, str, str | None], dict[str, Any]]], args: argparse.Namespace
 ) -> str:
     eager = {s: r["steady"] for (s, c, _), r in results if c == "eager"}
-    lines = [
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    line = (
         f"- {args.steps} steps, steady step = median after the first {args.warmup}; "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"torch {torch.__version__}; one intra-op thread per process; {time.strftime('%Y-%m-%d')}; "
-        f"load average during the runs {min(args.loads):.1f} to {max(args.loads):.1f} (2 cores).",
-        "",
-        "| processes | compile= | first step (s) | steady step (ms) | vs eager | compile overhead (s) | graphs |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
+        f"{machine}, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; one intra-op thread per process; {today()}; "
+        f"load average during the runs {min(args.loads):.1f} to {max(args.loads):.1f} ({os.cpu_count()} cores)."
+    )
+    header = ["processes", "compile=", "first step (s)", "steady step (ms)", "vs eager"]
+    header += ["compile overhead (s)", "graphs"]
+    rows = []
     for (strategy, setting, cache), r in results:
         name = {"eager": "off", "inductor": "True (inductor)", "aot_eager": '`{"backend": "aot_eager"}`'}[
             setting
         ]
         name += f", {cache} cache" if cache else ""
         where = "1 (single_device)" if strategy == "single" else "2 (fsdp, 4 units)"
-        lines.append(
-            f"| {where} | {name} | {r['first']:.2f} | {1000 * r['steady']:.1f} | "
-            f"{r['steady'] / eager[strategy]:.2f}x | {r['first'] - r['steady']:.2f} | {r['graphs']} |"
+        rows.append(
+            [
+                where,
+                name,
+                f"{r['first']:.2f}",
+                f"{1000 * r['steady']:.1f}",
+                f"{r['steady'] / eager[strategy]:.2f}x",
+                f"{r['first'] - r['steady']:.2f}",
+                str(r["graphs"]),
+            ]
         )
-    return "\n".join(lines) + "\n"
+    return f"{line}\n\n{table(header, rows, align='ll' + 'r' * 5)}\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument(
-        "--write-docs", action="store_true", help=f"put the table into {DOC.relative_to(ROOT)}"
-    )
+def build_parser() -> argparse.ArgumentParser:
+    where = f"the block between the benchmarks/compile.py markers of {DOC.relative_to(REPO)}"
+    parser = make_parser(__file__, __doc__, write_docs=where)
+    parser.add_argument("--steps", type=int, default=30, help="training steps of every row")
+    parser.add_argument("--warmup", type=int, default=10, help="steps before the steady step is timed")
     parser.add_argument("--worker", nargs=2, metavar=("STRATEGY", "COMPILE"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(build_parser(), argv)
     if args.worker:
         worker(*args.worker, args.steps, args.out)
         return
@@ -189,15 +208,12 @@ def main() -> None:
         results = []
         for row in ROWS:
             results.append((row, run_row(*row, args, Path(tmp))))
-            args.loads.append(os.getloadavg()[0])
+            args.loads.append(load_average())
             print(f"{row}: {results[-1][1]}", flush=True)
-    table = render(results, args)
-    print(table)
+    rendered = render(results, args)
+    print(rendered)
     if args.write_docs:
-        text = DOC.read_text()
-        head, _, rest = text.partition(START)
-        _, _, tail = rest.partition(END)
-        DOC.write_text(f"{head}{START}\n{table}{END}{tail}")
+        write_marked(rendered, DOC, START, END)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""FSDP memory and speed: per-rank peak memory and step time of DDP and the FSDP sharding strategies.
+"""python benchmarks/memory.py --write-docs
 
-Run from the repository root::
+FSDP memory and speed: per-rank peak memory and step time of DDP and the FSDP sharding strategies.
 
-    python benchmarks/memory.py                  # every run, then the tables
-    python benchmarks/memory.py --write-docs     # also rewrite its section of docs/benchmarks.md
+Run it from the repository root; without ``--write-docs`` it prints the tables and leaves
+docs/benchmarks.md ("FSDP memory and speed") alone. Other ways to run it::
+
     python benchmarks/memory.py --main-only      # only the main table (7 runs instead of 10)
     python benchmarks/memory.py --config full_shard --out /tmp/fsdp-mem   # one run, both ranks
 
@@ -48,11 +49,7 @@ iterations per second
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -63,15 +60,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import (
+    REPO,
+    cores,
+    heading_target,
+    load_average,
+    make_parser,
+    parse_args,
+    peak_rss_kib,
+    rss_kib,
+    table,
+    today,
+    worker_env,
+    write_section,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
 from fullshard.strategies import FSDP2Strategy, FSDPStrategy
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## FSDP memory and speed"
 WORLD_SIZE = 2
 TARGET = 0.55  # FULL_SHARD's per-rank peak at most this times DDP's
@@ -136,20 +144,6 @@ VARIANT_BY_NAME = {v.name: v for v in VARIANTS}
 
 # ---------------------------------------------------------------------------------------------
 # Measurements inside one process.
-
-
-def rss_kib() -> int:
-    """This process's resident set size now, in KiB."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("VmRSS missing from /proc/self/status (the benchmark needs Linux)")
-
-
-def peak_rss_kib() -> int:
-    """This process's peak resident set size so far, in KiB (``ru_maxrss`` is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,8 +329,8 @@ def run_one(config: Config, variant: Variant, args: argparse.Namespace, out_dir:
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     # 2 processes on 2 cores: one intra-op thread each, so the ranks do not compete for cores.
     # Rank 1 inherits this environment from rank 0.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **dict(variant.env)}
-    load = os.getloadavg()[0]
+    env = worker_env(threads=1, **dict(variant.env))
+    load = load_average()
     started = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if done.returncode != 0:
@@ -380,12 +374,7 @@ def render_table(results: list[Result]) -> str:
         "Iterations per second": [f"{1 / r.step_s:.2f}" for r in results],
         "CPU seconds per step, rank 0": [f"{r.cpu_s:.2f}" for r in results],
     }
-    lines = [
-        "| | " + " | ".join(r.config.label for r in results) + " |",
-        "| --- | " + " | ".join("---:" for _ in results) + " |",
-    ]
-    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows.items()]
-    return "\n".join(lines)
+    return table(["", *(r.config.label for r in results)], [[name, *cells] for name, cells in rows.items()])
 
 
 def target_line(results: list[Result]) -> str:
@@ -405,11 +394,17 @@ def target_line(results: list[Result]) -> str:
 
 def render_variants(results: Results) -> str:
     """DDP and FULL_SHARD under each memory setting (DDP's glibc run is the defaults' run)."""
-    header = (
-        "| | DDP memory (MB) | FULL_SHARD memory (MB) | FULL_SHARD vs DDP | DDP it/s | FULL_SHARD it/s "
-        "| DDP CPU s/step | FULL_SHARD CPU s/step |"
-    )
-    lines = [header, "| --- |" + " ---: |" * 7]
+    header = [
+        "",
+        "DDP memory (MB)",
+        "FULL_SHARD memory (MB)",
+        "FULL_SHARD vs DDP",
+        "DDP it/s",
+        "FULL_SHARD it/s",
+        "DDP CPU s/step",
+        "FULL_SHARD CPU s/step",
+    ]
+    rows = []
     for variant in VARIANTS:
         runs = results.get(variant.name, {})
         if "full_shard" not in runs:
@@ -424,8 +419,8 @@ def render_variants(results: Results) -> str:
             f"{ddp.cpu_s:.2f}",
             f"{fsdp.cpu_s:.2f}",
         ]
-        lines.append(f"| {variant.title} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([variant.title, *cells])
+    return table(header, rows)
 
 
 def render_section(args: argparse.Namespace, results: Results) -> str:
@@ -451,18 +446,18 @@ Per-rank peak memory and speed of DDP and FSDP's sharding strategies, in 2 CPU p
 (gloo), on a model whose memory is almost all parameters, gradients and AdamW state.
 
 ```bash
-python benchmarks/memory.py --write-docs
+{args.command}
 ```
 
 - Model: {args.depth} blocks of `Linear({args.width}, {args.width})` + ReLU, {numel / 1e6:.1f}M
   parameters ({numel * 4 / MIB:.0f} MB in float32); AdamW; batch {args.batch_size} per process, so
   activations are a few MB. FSDP makes every block a unit and builds the model with
   `empty_init=True`; DDP builds it in `configure_model` as well.
-- Machine: {os.cpu_count()} cores ({platform.machine()}), torch {first["torch"]}, {WORLD_SIZE} processes
+- Machine: {cores()}, torch {first["torch"]}, {WORLD_SIZE} processes
   with {first["threads"]} intra-op thread each; 1-minute load average at the starts of the runs
   {min(loads):.2f} to {max(loads):.2f} (the benchmark's own 2 processes make up to about 2 of it;
   more means other work competed for the cores and the wall times are noisy);
-  {datetime.date.today().isoformat()}.
+  {today()}.
 
 {render_table(main)}
 
@@ -501,24 +496,8 @@ python benchmarks/memory.py --write-docs
 """
 
 
-def write_docs(section: str) -> None:
-    """Insert or replace this benchmark's section of docs/benchmarks.md; other sections stay."""
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"  # read just before writing
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        updated = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        rest = "".join(lines[end:])
-        updated = "".join(lines[:start]) + section + ("\n" + rest if rest else "")
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text(updated)
-    print(f"updated {DOCS.relative_to(REPO)}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
     parser.add_argument("--config", choices=list(BY_NAME), help="run only this configuration (as a worker)")
     parser.add_argument(
         "--variant", choices=list(VARIANT_BY_NAME), default=DEFAULTS.name, help="with --config"
@@ -530,10 +509,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="rows per process and step")
     parser.add_argument("--depth", type=int, default=24, help="number of blocks")
     parser.add_argument("--width", type=int, default=2048, help="features of each Linear")
-    parser.add_argument(
-        "--write-docs", action="store_true", help=f"rewrite '{SECTION}' in docs/benchmarks.md"
-    )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse_args(parser, argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be at least 1 and --warmup at least 0")
     if args.config is not None:  # rank 0 here; its Trainer runs the same command for rank 1
@@ -548,7 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(results) > 1:
         print(f"\n{render_variants(results)}")
     if args.write_docs:
-        write_docs(render_section(args, results))
+        write_section(render_section(args, results))
 
 
 if __name__ == "__main__":

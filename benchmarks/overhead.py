@@ -1,11 +1,13 @@
-"""Trainer overhead: ``fullshard.Trainer.fit`` against a hand-written DDP loop, and Lightning.
+"""python benchmarks/overhead.py --steps 300 --repeats 5 --pairs 12 --pair-steps 150 --write-docs
 
-Run from the repository root::
+Trainer overhead: ``fullshard.Trainer.fit`` against a hand-written DDP loop, and Lightning.
 
-    python benchmarks/overhead.py --steps 300 --repeats 5 --pairs 12
-    python benchmarks/overhead.py --steps 300 --repeats 5 --pairs 12 --write-docs  # and the docs
+Run it from the repository root; without ``--write-docs`` it prints the tables and leaves
+docs/benchmarks.md ("Trainer overhead") alone. It takes about 4 minutes on 2 cores. The figures
+of "FSDP start-up" in docs/benchmarks.md come from a run of only the FSDP configurations, copied
+by hand (``--write-docs`` rewrites the whole comparison, so it does not go with ``--only``)::
 
-It takes about 4 minutes on 2 cores.
+    python benchmarks/overhead.py --steps 200 --repeats 3 --pairs 0 --only fullshard-fsdp loop-fsdp
 
 Every configuration trains the same MLP (512 -> 512 -> 512 -> 10, ReLU, SGD, cross entropy)
 on the same in-memory random data (batch 64 per process) for the same number of steps, in 2
@@ -67,7 +69,6 @@ does show as a wide spread of the paired ratios and of the CPU times across repe
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import os
@@ -77,11 +78,28 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from _common import (
+    HERE,
+    REPO,
+    abba,
+    cpu_model,
+    heading_target,
+    make_parser,
+    parse_args,
+    ratio_summary,
+    rotations,
+    table,
+    today,
+    worker_env,
+    wrap,
+    write_section,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -90,9 +108,6 @@ if TYPE_CHECKING:
 # Nothing heavy is imported at module level: the workers (and _lightning_overhead.py, which
 # imports this file) measure their start-up from before `import torch`.
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-DOCS = REPO / "docs" / "benchmarks.md"
 LIGHTNING_PYTHON = HERE / ".venv-lightning" / "bin" / "python"
 LIGHTNING_WORKER = HERE / "_lightning_overhead.py"
 SECTION = "## Trainer overhead"
@@ -380,19 +395,20 @@ def run_paired_worker(args: argparse.Namespace, warmup: int) -> None:
             optimizer.step()
             optimizer.zero_grad()
 
+    def timed(segment: Callable[[], object]) -> Callable[[], float]:
+        """The median time per step of one segment."""
+
+        def run() -> float:
+            marks.clear()
+            segment()
+            return statistics.median(b - a for a, b in itertools.pairwise(marks[warmup:]))
+
+        return run
+
     rank = fullshard_segment()  # the first segment starts rank 1 and the process group; not counted
-    order = ("fullshard", "loop", "loop", "fullshard")  # each kind first in half of the pairs
-    segments: list[tuple[str, float]] = []
-    for index in range(2 * args.segments):
-        name = order[index % 4]
-        marks.clear()
-        if name == "fullshard":
-            fullshard_segment()
-        else:
-            loop_segment()
-        segments.append((name, statistics.median(b - a for a, b in itertools.pairwise(marks[warmup:]))))
+    pairs = abba(args.segments, timed(fullshard_segment), timed(loop_segment))  # (fullshard, loop)
     if rank == 0:
-        Path(args.out).write_text(json.dumps({"segments": segments}))
+        Path(args.out).write_text(json.dumps({"pairs": pairs}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,22 +464,6 @@ def _configs() -> list[Config]:
     ]
 
 
-_JOB_VARIABLES = {"LOCAL_RANK", "RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-
-
-def _clean_environ(threads: int) -> dict[str, str]:
-    """This environment without job variables (the runs must not think they are rank 1)."""
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _JOB_VARIABLES and not k.startswith(("TORCHELASTIC_", "SLURM_", "FULLSHARD_"))
-    }
-    environ.update(
-        {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    )
-    return environ
-
-
 @dataclass(frozen=True)
 class _Finished:
     result: dict[str, Any]  # what rank 0 wrote
@@ -481,7 +481,7 @@ def _start_and_wait(name: str, command: list[str], threads: int, workdir: Path) 
         launched = time.time()
         process = subprocess.run(
             [*command, "--out", str(out), "--root", str(root)],
-            env=_clean_environ(threads),
+            env=worker_env(threads),
             cwd=root,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -530,10 +530,7 @@ def run_paired(args: argparse.Namespace, workdir: Path) -> list[float]:
     command = [*here, *_workload_args(work), "--segments", str(args.pairs)]
     print(f"paired: {args.pairs} pairs of {args.pair_steps}-step segments in one job", flush=True)
     finished = _start_and_wait("paired", command, args.threads, workdir)
-    segments = finished.result["segments"]
-    ratios = []
-    for (name_a, step_a), (_, step_b) in zip(segments[::2], segments[1::2], strict=True):
-        ratios.append(step_a / step_b if name_a == "fullshard" else step_b / step_a)
+    ratios = [ours / loop for ours, loop in finished.result["pairs"]]
     print(
         "paired fullshard/loop ratios: "
         + " ".join(f"{r:.3f}" for r in ratios)
@@ -596,9 +593,8 @@ def run_benchmark(args: argparse.Namespace, configs: list[Config]) -> tuple[Resu
             for config in runnable:
                 print(f"warm-up round (not counted): {config.name}", flush=True)
                 _run_once(config, short, args.warmup, args.threads, workdir)
-        for repeat in range(args.repeats):
-            shift = repeat % len(runnable)
-            for config in runnable[shift:] + runnable[:shift]:
+        for repeat, order in enumerate(rotations(runnable, args.repeats)):
+            for config in order:
                 run = _run_once(config, work, args.warmup, args.threads, workdir)
                 results[config.name].append(run)
                 phases = " ".join(f"{k} {v:.2f}" for k, v in run.phases.items())
@@ -620,28 +616,16 @@ def _median(runs: list[Run], attribute: str) -> float:
     return statistics.median(getattr(run, attribute) for run in runs)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def render_table(configs: list[Config], results: Results) -> str:
     """The markdown table: medians over the repeats, and each against the loop's."""
     reference = results["loop"]
-    lines = [
-        "| configuration | per step (ms) | vs loop | mean per step (ms) | vs loop | CPU per step (ms) | vs loop"
-        " | start-up (s) | vs loop |",
-        "| --- |" + " ---: |" * 8,
-    ]
+    header = ["configuration", "per step (ms)", "vs loop", "mean per step (ms)", "vs loop"]
+    header += ["CPU per step (ms)", "vs loop", "start-up (s)", "vs loop"]
+    rows = []
     for config in configs:
         runs = results.get(config.name)
         if not runs:
-            lines.append(f"| {config.label} | skipped |" + " |" * 7)
+            rows.append([config.label, "skipped", *[""] * 7])
             continue
         cells = []
         for attribute in ("step", "step_mean", "cpu"):
@@ -649,13 +633,13 @@ def render_table(configs: list[Config], results: Results) -> str:
             cells += [f"{value * 1e3:.3f}", f"{value / base:.3f}x"]
         start, base = _median(runs, "start_up"), _median(reference, "start_up")
         cells += [f"{start:.2f}", f"{start - base:+.2f} s"]
-        lines.append(f"| {config.label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([config.label, *cells])
+    return table(header, rows)
 
 
 def render_phases(configs: list[Config], results: Results) -> str:
     """Start-up split into consecutive phases (medians over the repeats)."""
-    lines = ["| configuration | " + " | ".join(PHASES) + " |", "| --- |" + " ---: |" * len(PHASES)]
+    rows = []
     for config in configs:
         runs = results.get(config.name)
         if not runs:
@@ -664,26 +648,12 @@ def render_phases(configs: list[Config], results: Results) -> str:
         for name in PHASES:
             values = [run.phases[name] for run in runs if name in run.phases]
             cells.append(f"{statistics.median(values):.2f}" if values else "n/a")
-        lines.append(f"| {config.label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([config.label, *cells])
+    return table(["configuration", *PHASES], rows)
 
 
 def render_paired(ratios: list[float], steps: int) -> str:
-    if not ratios:
-        return "not measured"
-    return (
-        f"{statistics.median(ratios):.3f}x (median of {len(ratios)} pairs of {steps}-step segments;"
-        f" {min(ratios):.3f}x to {max(ratios):.3f}x)"
-    )
-
-
-def _paragraph(text: str, bullet: bool = False) -> str:
-    """``text`` wrapped for markdown, as a list item when ``bullet``."""
-    if bullet:
-        return textwrap.fill(
-            text, width=100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False
-        )
-    return textwrap.fill(text, width=100, break_on_hyphens=False)
+    return ratio_summary(ratios, f"pairs of {steps}-step segments")
 
 
 def render_section(
@@ -697,16 +667,12 @@ def render_section(
         for run in runs:
             versions.update(run.versions)
             others.append(run.other_load)
-    command = f"python benchmarks/overhead.py --steps {args.steps} --repeats {args.repeats}"
-    command += f" --pairs {args.pairs} --pair-steps {args.pair_steps}"
-    if (args.batch_size, args.hidden) != (64, 512):
-        command += f" --batch-size {args.batch_size} --hidden {args.hidden}"
     bullets = [
         f"Workload: {work.describe()}; random data in memory, one epoch.",
-        f"Machine: {os.cpu_count()} CPU cores ({_cpu_model()}); 2 processes with one intra-op thread each"
+        f"Machine: {os.cpu_count()} CPU cores ({cpu_model()}); 2 processes with one intra-op thread each"
         f" (`OMP_NUM_THREADS=1`); Python {platform.python_version()}, torch {versions.get('torch', '?')},"
         f" fullshard {versions.get('fullshard', '?')}, Lightning {versions.get('lightning', 'not measured')}.",
-        f"{datetime.date.today().isoformat()}: {args.repeats} interleaved repeats, medians shown; the first"
+        f"{today()}: {args.repeats} interleaved repeats, medians shown; the first"
         f" {args.warmup} steps of each run are not timed. Other processes on the machine kept"
         f" {statistics.median(others):.2f} cores busy during a run (median; {min(others):.2f} to"
         f" {max(others):.2f}); contention from a shared host does not show in that number but in the spread"
@@ -722,22 +688,22 @@ def render_section(
     ]
     parts = [
         SECTION,
-        _paragraph(
+        wrap(
             "How much time `Trainer.fit` adds to a hand-written DDP loop over the same model, data and ranks"
             f" (2 processes, CPU, gloo). Targets: at most {PER_STEP_TARGET:.2f}x the loop's time per step and"
             f" at most {START_UP_TARGET_S:.0f} s more start-up. Reproduce (rewrites this section):"
         ),
-        f"```\n{command} --write-docs\n```",
-        "\n".join(_paragraph(b, bullet=True) for b in bullets),
+        f"```\n{args.command}\n```",
+        "\n".join(wrap(b, bullet=True) for b in bullets),
         render_table(configs, results),
-        _paragraph(
+        wrap(
             "Per step, paired: fullshard's time per step over the loop's when both run by turns in the same"
             " 2 processes (one job, alternating segments with fresh models, so neighbouring segments see"
             f" about the same load): {render_paired(ratios, args.pair_steps)}. On a shared 2-core machine the"
             " ratios of separate runs move by 10% and more from one invocation to the next; the paired ratio"
             " is the per-step figure to compare with the target."
         ),
-        _paragraph(
+        wrap(
             "Start-up by phase (s; consecutive, they add up to the start-up): rank 0 runs the script up to"
             " `fit` (interpreter, imports, model, data, Trainer) and starts rank 1 there; rank 1 does the"
             " same; rank 1 then sets up the process group, the wrapped model and the loader; rank 0's first"
@@ -746,22 +712,6 @@ def render_section(
         render_phases(configs, results),
     ]
     return "\n\n".join(parts) + "\n"
-
-
-def write_docs(section: str) -> None:
-    """Replace the ``## Trainer overhead`` section of docs/benchmarks.md (other sections stay)."""
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        updated = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        rest = "".join(lines[end:])
-        updated = "".join(lines[:start]) + section + ("\n" + rest if rest else "")
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text(updated)
-    print(f"updated {DOCS.relative_to(REPO)}")
 
 
 def _verdict(results: Results, ratios: list[float]) -> str:
@@ -789,8 +739,8 @@ def _verdict(results: Results, ratios: list[float]) -> str:
     return verdict
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Trainer overhead against a hand-written DDP loop.")
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
     parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved runs of every configuration")
     parser.add_argument("--warmup", type=int, default=20, help="steps at the start of a run not timed")
@@ -805,8 +755,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--pair-steps", type=int, default=150, help="training steps per paired segment")
     parser.add_argument("--no-warmup-round", dest="warmup_round", action="store_false")
-    parser.add_argument("--write-docs", action="store_true", help="rewrite the section in docs/benchmarks.md")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse_args(parser, argv)
+    if args.write_docs and args.only:
+        parser.error("--write-docs rewrites the whole comparison: run it without --only")
     if args.steps <= args.warmup + 1:
         parser.error(f"--steps must exceed --warmup + 1 ({args.warmup + 1})")
     if args.pairs and args.pair_steps <= PAIRED_WARMUP + 1:
@@ -822,7 +778,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(_verdict(results, ratios))
     if args.write_docs:
-        write_docs(render_section(args, configs, results, ratios))
+        write_section(render_section(args, configs, results, ratios))
 
 
 def _worker_main(name: str, argv: list[str]) -> None:

@@ -28,11 +28,11 @@ from torch.utils.data import DataLoader, TensorDataset
 import fullshard
 from conftest import quiet_trainer
 from fullshard.errors import MisconfigurationError
-from fullshard.trainer import model_checkpoint as mc_module
-from fullshard.trainer.early_stopping import EarlyStopping, EarlyStoppingReason
+from fullshard.trainer.callbacks import model_checkpoint as mc_module
+from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from fullshard.trainer.loggers import CSVLogger, Logger
-from fullshard.trainer.lr_monitor import LearningRateMonitor
-from fullshard.trainer.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
+from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.optimizers import LRSchedulerConfig
 
 
@@ -84,7 +84,7 @@ def _fake(tmp_path: Path, **attributes: Any) -> Any:
         val_check_interval=1.0,
         check_val_every_n_epoch=1,
         is_last_batch=False,
-        _logger_step=0,
+        logger_step=0,
         log_every_n_steps=1,
         saved=saved,
     )
@@ -852,7 +852,7 @@ def test_learning_rate_intervals_rank_zero_and_callback_metrics(tmp_path: Path) 
     monitor.on_train_start(trainer, None)
     monitor.on_train_epoch_start(trainer, None)
     for step in range(4):
-        trainer._logger_step = step
+        trainer.logger_step = step
         monitor.on_train_batch_start(trainer, None, None, step)
     assert [(step, sorted(values)) for step, values in recorder.rows] == [
         (0, sorted(["my_lr", "my_lr-momentum", "my_lr-weight_decay", "lr-SGD-1", "lr-SGD-1-momentum", "lr-SGD-1-weight_decay"])),

@@ -603,17 +603,10 @@ def _spawned_failure() -> None:
     dist.all_reduce(total)  # rank 0 waits here for rank 1, which never comes
 
 
-class _RecordingTrainer:
-    """Stands in for the Trainer's side of the spawn contract."""
-
-    def __init__(self) -> None:
-        self.applied: dict[str, Any] | None = None
-
-    def _get_spawn_result(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "local_rank": int(os.environ["LOCAL_RANK"]), "weights": torch.arange(3.0)}
-
-    def _apply_spawn_result(self, state: dict[str, Any]) -> None:
-        self.applied = state
+def _spawned_sum_and_state(scale: float, weights: torch.Tensor) -> tuple[tuple[float, torch.Tensor, bool], dict[str, Any]]:
+    """What the Trainer's function returns under spawn: its value, and the state rank 0 sends back."""
+    value = _spawned_sum(scale, weights)
+    return value, {"pid": os.getpid(), "local_rank": int(os.environ["LOCAL_RANK"]), "weights": torch.arange(3.0)}
 
 
 @pytest.mark.multiprocess
@@ -621,17 +614,15 @@ class _RecordingTrainer:
 def test_spawn_launcher_returns_rank_0_result(clean_env: pytest.MonkeyPatch, start_method: str) -> None:
     # This process runs a multi-threaded op first: forked children must still not hang in theirs.
     assert torch.ones(_BIG).sum().item() == _BIG
-    trainer = _RecordingTrainer()
     launcher = SpawnLauncher(LocalEnvironment(), num_processes=2, num_nodes=1, start_method=start_method)
     weights = torch.arange(4.0)
-    total, big, shared = launcher.launch(_spawned_sum, 2.0, trainer=trainer, weights=weights)
+    (total, big, shared), applied = launcher.launch(_spawned_sum_and_state, 2.0, weights=weights)
     assert total == 6.0
     assert not shared and not weights.is_shared()
     assert big.shape == (_BIG,) and big.sum().item() == _BIG  # rank 0's tensor, readable after it exited
-    assert trainer.applied is not None
-    assert trainer.applied["local_rank"] == 0
-    assert trainer.applied["pid"] != os.getpid()
-    assert torch.equal(trainer.applied["weights"], torch.arange(3.0))
+    assert applied["local_rank"] == 0
+    assert applied["pid"] != os.getpid()
+    assert torch.equal(applied["weights"], torch.arange(3.0))
     assert "MASTER_PORT" not in os.environ  # chosen for the job, then removed again
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fullshard.trainer.progress import ProgressBar
+from fullshard.trainer.callbacks.progress_bar import ProgressBar
 
 MODULE: Any = None  # the bar never looks at the module
 

@@ -10,10 +10,10 @@ import logging as _logging
 from fullshard.datamodule import DataModule, LightningDataModule
 from fullshard.module import LightningModule, Module
 from fullshard.seed import seed_everything
-from fullshard.trainer.callbacks import Callback
-from fullshard.trainer.early_stopping import EarlyStopping
-from fullshard.trainer.lr_monitor import LearningRateMonitor
-from fullshard.trainer.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.early_stopping import EarlyStopping
+from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
+from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.trainer import Trainer
 
 __version__ = "0.1.0"

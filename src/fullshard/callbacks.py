@@ -1,10 +1,10 @@
 """Callbacks under the names a Lightning script imports them by (``lightning.pytorch.callbacks``)."""
 
-from fullshard.trainer.callbacks import Callback
-from fullshard.trainer.early_stopping import EarlyStopping, EarlyStoppingReason
-from fullshard.trainer.lr_monitor import LearningRateMonitor
-from fullshard.trainer.model_checkpoint import ModelCheckpoint
-from fullshard.trainer.progress import ProgressBar
+from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
+from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
+from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.callbacks.progress_bar import ProgressBar
 
 TQDMProgressBar = ProgressBar
 """Lightning's name for the progress bar."""

@@ -383,7 +383,7 @@ class Module(nn.Module):
                 accepted for Lightning compatibility; values are always detached, reduced over
                 the whole job, and taken from the one dataloader per stage.
         """
-        self.trainer._metrics.log(
+        self.trainer.metrics_collector.log(
             name,
             value,
             prog_bar=prog_bar,

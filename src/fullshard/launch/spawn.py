@@ -102,10 +102,9 @@ def check_fork_is_safe() -> None:
 
 @dataclass(frozen=True)
 class _SpawnOutcome:
-    """What local rank 0 sends back to the parent: the return value and the trainer's state."""
+    """What local rank 0 sends back to the parent: the function's return value."""
 
     value: Any
-    trainer_state: Any
 
 
 @dataclass(frozen=True)
@@ -187,13 +186,11 @@ def _spawned_main(
         with stuck_ranks.launched():
             value = payload.function(*payload.args, **payload.kwargs)
         if local_rank == 0:
-            trainer = payload.trainer
-            trainer_state = trainer._get_spawn_result() if trainer is not None else None
             # [Note: spawn results travel as bytes]
             # torch.multiprocessing's queues send a tensor as a handle to shared memory that the
             # receiver can open only while the sender is alive, and this process exits right
             # after sending. Plain pickle copies the tensors' data into the bytes instead.
-            channels.results.put(pickle.dumps(_SpawnOutcome(value=value, trainer_state=trainer_state)))
+            channels.results.put(pickle.dumps(_SpawnOutcome(value=value)))
     except Exception:
         _report_failure(channels, local_rank, traceback.format_exc())
         raise
@@ -220,9 +217,9 @@ class SpawnLauncher(Launcher):
     """Starts ``num_processes`` fresh processes with ``torch.multiprocessing`` and runs the
     function in each; for notebooks and other sessions without a script to re-run.
 
-    Local rank 0 of every node sends its return value (and, when a ``trainer`` is given,
-    ``trainer._get_spawn_result()``) back to the calling process, which applies the latter
-    with ``trainer._apply_spawn_result(...)`` and returns the former.
+    Local rank 0 of every node sends its return value back to the calling process, where
+    ``launch`` returns it (the Trainer's function returns its state with it, see
+    ``Trainer._launch``).
 
     ``start_method="fork"`` (what ``strategy="ddp_notebook"`` uses) starts the processes as
     copies of this one: nothing is pickled, so classes defined in a notebook work; on CPU each
@@ -279,8 +276,6 @@ class SpawnLauncher(Launcher):
                     sender.join(timeout=_TERMINATE_GRACE_S)
         finally:
             _restore_environ(saved_environ)
-        if trainer is not None:
-            trainer._apply_spawn_result(outcome.trainer_state)
         return cast(T, outcome.value)
 
     def _start(

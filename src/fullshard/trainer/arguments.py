@@ -1,13 +1,18 @@
-"""Checking the Trainer's arguments once, before any process starts."""
+"""Checking the Trainer's arguments once, before any process starts, and building the strategy,
+callbacks and loggers they name."""
 
 from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from fullshard.errors import MisconfigurationError
+from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
+from fullshard.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar
 from fullshard.trainer.data import limit_batches
+from fullshard.trainer.loggers import CSVLogger, Logger
 
 # Lightning Trainer options fullshard does not implement, with the value that means "off" in
 # Lightning: passing that value is accepted (a ported script often spells defaults out).
@@ -115,3 +120,100 @@ def check_deterministic(value: Any) -> None:
             f"deterministic={value!r} is invalid: use True, False, 'warn' (warn instead of raising on "
             "non-deterministic operations) or None."
         )
+
+
+def check_loop_arguments(
+    *,
+    max_steps: Any,
+    max_epochs: Any,
+    min_epochs: Any,
+    min_steps: Any,
+    check_val_every_n_epoch: Any,
+    num_sanity_val_steps: Any,
+    val_check_interval: int | float,
+    gradient_clip_val: Any,
+    gradient_clip_algorithm: str,
+    requeue_on_preemption: Any,
+) -> None:
+    """The Trainer's loop settings (``val_check_interval``, ``gradient_clip_algorithm``: with
+    their defaults filled in)."""
+    if max_steps != -1 and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
+        raise MisconfigurationError(f"max_steps={max_steps!r} is invalid: use -1 (no limit) or an int >= 0.")
+    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
+        raise MisconfigurationError(f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0.")
+    check_optional_count("min_epochs", min_epochs, 0)
+    check_optional_count("min_steps", min_steps, 0)
+    check_optional_count("check_val_every_n_epoch", check_val_every_n_epoch, 1)
+    if num_sanity_val_steps is not None and (
+        isinstance(num_sanity_val_steps, bool) or not isinstance(num_sanity_val_steps, int) or num_sanity_val_steps < -1
+    ):
+        raise MisconfigurationError(
+            f"num_sanity_val_steps={num_sanity_val_steps!r} is invalid: use an int >= 0, or -1 for the "
+            "whole validation set."
+        )
+    check_clipping(gradient_clip_val, gradient_clip_algorithm)
+    check_val_check_interval(val_check_interval)
+    if isinstance(val_check_interval, float) and check_val_every_n_epoch is None:
+        raise MisconfigurationError(
+            f"val_check_interval={val_check_interval} (a fraction of an epoch) needs "
+            "check_val_every_n_epoch to be set; with check_val_every_n_epoch=None pass a number of "
+            "batches (int)."
+        )
+    if not isinstance(requeue_on_preemption, bool):
+        raise MisconfigurationError(f"requeue_on_preemption={requeue_on_preemption!r} must be True or False.")
+
+
+def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
+    """The Strategy for ``Trainer(strategy=...)`` running ``world_size`` processes."""
+    if isinstance(strategy, Strategy):
+        resolved = strategy
+    elif isinstance(strategy, str):
+        if strategy == "auto":
+            return SingleDeviceStrategy() if world_size == 1 else DDPStrategy()
+        resolved = STRATEGY_REGISTRY.get(strategy)
+    else:
+        raise MisconfigurationError(
+            f"strategy must be a name or a fullshard.strategies.Strategy instance, got {type(strategy).__name__}. "
+            f"Registered names: {', '.join(STRATEGY_REGISTRY.available())}."
+        )
+    if isinstance(resolved, SingleDeviceStrategy) and world_size > 1:
+        raise MisconfigurationError(
+            f"strategy='single_device' runs one process, but {world_size} devices were requested. Use "
+            "devices=1, or a multi-process strategy such as strategy='ddp'."
+        )
+    return resolved
+
+
+def build_callbacks(callbacks: Callback | Iterable[Callback] | None, checkpointing: bool, progress_bar: bool) -> list[Callback]:
+    """``Trainer(callbacks=...)`` checked, with the default ModelCheckpoint and progress bar added."""
+    given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
+    for cb in given:
+        if not isinstance(cb, Callback):
+            raise MisconfigurationError(
+                f"callbacks must be fullshard Callback instances, got {type(cb).__name__}. Subclass "
+                "fullshard.Callback (a Lightning callback ports by changing its import)."
+            )
+    if checkpointing and not any(isinstance(cb, ModelCheckpoint) for cb in given):
+        given.append(ModelCheckpoint())
+    if progress_bar and not any(isinstance(cb, ProgressBar) for cb in given):
+        given.insert(0, ProgressBar())
+    # As in Lightning, checkpointing callbacks act last, after every other callback.
+    return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
+        cb for cb in given if isinstance(cb, ModelCheckpoint)
+    ]
+
+
+def build_loggers(logger: Logger | Iterable[Logger] | bool | None, default_root_dir: str) -> list[Logger]:
+    """``Trainer(logger=...)`` as a list: a CSVLogger in ``default_root_dir`` for True/None."""
+    if logger is None or logger is True:
+        return [CSVLogger(default_root_dir)]
+    if logger is False:
+        return []
+    loggers = [logger] if isinstance(logger, Logger) else list(logger)  # type: ignore[arg-type]
+    for lg in loggers:
+        if not isinstance(lg, Logger):
+            raise MisconfigurationError(
+                f"logger must be a fullshard Logger (CSVLogger, TensorBoardLogger), a list of them, or a "
+                f"bool; got {type(lg).__name__}."
+            )
+    return loggers

@@ -36,7 +36,7 @@ from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.seed import rng_states, set_rng_states
-from fullshard.trainer.model_checkpoint import commit_time
+from fullshard.trainer.callbacks.checkpoint_files import commit_time
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
@@ -49,7 +49,7 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
 
     strategy = trainer.strategy
     module = trainer.lightning_module
-    loops = trainer._loop_state()
+    loops = trainer.fit_loop.state_dict()
     checkpoint: dict[str, Any] = {
         **lightning_entries(loops),
         "fullshard_version": fullshard.__version__,
@@ -136,6 +136,61 @@ def load_options(
     return LoadOptions(bool(weights_only), bool(verify), bool(trust))
 
 
+def load_for_stage(trainer: Trainer, ckpt_path: str | Path, stage: str, options: LoadOptions) -> tuple[dict[str, Any] | None, str | None]:
+    """Load ``ckpt_path`` (a path, ``"last"`` or ``"best"``) for ``stage``: the whole training
+    state for ``fit``, the weights otherwise (and for ``fit(ckpt_weights_only=True)``). Returns
+    the checkpoint's other contents (None where nothing more is restored, or no checkpoint was
+    found) and the path it resolved to. Collective."""
+    path = resolve_ckpt_path(trainer, ckpt_path, stage)
+    if path is None:
+        return None, None
+    strategy = trainer.strategy
+    if stage != "fit" or options.weights_only:
+        checkpoint = strategy.load_checkpoint(
+            path, weights_only=True, verify=options.verify, trust_checkpoint=options.trust
+        )
+        module = trainer.lightning_module
+        module.on_load_checkpoint(checkpoint)
+        for callback in trainer.callbacks:
+            callback.on_load_checkpoint(trainer, module, checkpoint)
+        return (checkpoint if stage != "fit" else None), path  # fine-tuning: fresh loops and RNG states
+    checkpoint = strategy.load_checkpoint(
+        path,
+        trainer.optimizers,
+        check=scheduler_check(trainer, path),
+        verify=options.verify,
+        trust_checkpoint=options.trust,
+    )
+    restore_checkpoint(trainer, checkpoint)
+    return checkpoint, path
+
+
+def best_checkpoint_path(trainer: Trainer) -> str | None:
+    """The best checkpoint of the first ModelCheckpoint, if it saved one."""
+    callback = trainer.checkpoint_callback
+    return callback.best_model_path or None if callback is not None else None
+
+
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path, stage: str) -> str | None:
+    """``ckpt_path`` as a path: ``"best"`` and ``"last"`` resolved (``"last"`` may find none)."""
+    if str(ckpt_path) == "best":
+        best = best_checkpoint_path(trainer)
+        if best is None:
+            raise MisconfigurationError(
+                f"{stage}(ckpt_path='best') needs a best checkpoint, but "
+                + (
+                    "the Trainer has no ModelCheckpoint callback."
+                    if trainer.checkpoint_callback is None
+                    else "its ModelCheckpoint has saved none yet (fit first)."
+                )
+                + " Pass ckpt_path='last' or a path instead."
+            )
+        return best
+    if str(ckpt_path) != "last":
+        return str(ckpt_path)
+    return newest_checkpoint(trainer, stage)
+
+
 def scheduler_check(trainer: Trainer, path: str | Path) -> Callable[[dict[str, Any]], None]:
     """A check run before anything is loaded: the checkpoint has as many schedulers as the run."""
 
@@ -176,7 +231,7 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
         _warn_unused_callback_states(trainer, checkpoint)
     # loop progress is put back when the fit loop starts, after on_fit_start (as in Lightning),
     # with the number of processes that wrote it (see [Note: resuming at another world size])
-    trainer._pending_loop_state = {"world_size": checkpoint.get("world_size"), **checkpoint["loops"]}
+    trainer.fit_loop.load_state_dict({"world_size": checkpoint.get("world_size"), **checkpoint["loops"]})
 
 
 def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:

@@ -17,10 +17,13 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import override
+
+if TYPE_CHECKING:
+    from fullshard.trainer.trainer import Trainer
 
 __all__ = ["CSVLogger", "Logger", "TensorBoardLogger"]
 
@@ -295,3 +298,11 @@ class TensorBoardLogger(_VersionedLogger):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def send_to_loggers(trainer: Trainer, values: dict[str, float], step: int) -> None:
+    """Send ``values`` (with the current ``epoch``) to the Trainer's loggers, from global rank 0."""
+    if trainer.is_global_zero and trainer.loggers:
+        values = {**values, "epoch": float(trainer.current_epoch)}
+        for logger in trainer.loggers:
+            logger.log_metrics(values, step=step)

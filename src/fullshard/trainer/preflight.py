@@ -98,3 +98,52 @@ def single_loader(loader: Any, kind: str) -> Any:
             "Wrap your dataset: DataLoader(dataset, batch_size=...)."
         )
     return loader
+
+
+def make_sources(datamodule: Any, **loaders: Any) -> DataSources:
+    """The data of a call, checked: a DataModule or dataloaders (one per stage), not both."""
+    if datamodule is not None and not isinstance(datamodule, DataModule):
+        raise MisconfigurationError(
+            f"datamodule must be a fullshard.DataModule, got {type(datamodule).__name__}. Subclass "
+            "fullshard.DataModule (a LightningDataModule ports by changing its import)."
+        )
+    if datamodule is not None and any(v is not None for v in loaders.values()):
+        raise MisconfigurationError(
+            "Both dataloaders and a datamodule were given; pass one of them (the DataModule's "
+            "*_dataloader() methods provide the loaders)."
+        )
+    for kind, loader in loaders.items():
+        if loader is not None:
+            single_loader(loader, kind)
+    return DataSources(datamodule, **loaders)
+
+
+def check_call(stage: str, model: Any, sources: DataSources) -> None:
+    """Find what needs no process before starting any (see docs/lightning.md, errors)."""
+    if not isinstance(model, Module):
+        raise MisconfigurationError(
+            f"Trainer expects a fullshard.Module, got {type(model).__name__}. Subclass fullshard.Module "
+            "(fullshard.LightningModule is the same class) and define training_step and "
+            "configure_optimizers."
+        )
+    check_lightning_only_hooks(model)
+    step = {"fit": "training_step", "validate": "validation_step", "test": "test_step"}.get(stage)
+    if step is not None and not overrides(model, Module, step):
+        raise MisconfigurationError(
+            f"Trainer.{stage}() needs {type(model).__name__}.{step}(batch, batch_idx), which is not "
+            f"defined. Define it in {type(model).__name__}."
+        )
+    kind = {"fit": "train", "validate": "val"}.get(stage, stage)
+    if not sources.has(kind, model):
+        raise MisconfigurationError(
+            f"Trainer.{stage}() got no {kind} data: pass dataloaders, a datamodule= with "
+            f"{kind}_dataloader(), or define {kind}_dataloader() in {type(model).__name__}."
+        )
+    if stage == "fit":
+        if not overrides(model, Module, "configure_optimizers"):
+            raise MisconfigurationError(
+                f"{type(model).__name__} does not define configure_optimizers(); the Trainer needs an "
+                "optimizer. Define it, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
+            )
+        if sources.has("val", model) and not overrides(model, Module, "validation_step"):
+            rank_zero_warn("Validation data was given but the module has no validation_step; validation is skipped.")

@@ -1,13 +1,18 @@
-"""The Trainer: the host that drives a Strategy through fit, validate, test and predict."""
+"""The Trainer: the user-facing facade. It checks its arguments, builds the strategy, callbacks,
+loggers and loops, and runs ``fit``/``validate``/``test``/``predict`` by launching the processes,
+setting the model up and handing over to a loop (``trainer/loops/``), which owns the progress.
+
+Data flows one way: Trainer -> loops -> Strategy -> (precision, policies, checkpoint) -> torch.
+Modules outside this file use the Trainer's public surface only (``src/fullshard/README.md``).
+"""
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,41 +27,27 @@ from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.precision import alias_warning
-from fullshard.seed import current_seed
-from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
+from fullshard.strategies import Strategy
 from fullshard.strategies.meta_init import init_new_modules, user_init_of
-from fullshard.trainer import arguments, checkpointing, evaluation, loops, nonfinite, preemption
-from fullshard.trainer.callbacks import Callback
-from fullshard.trainer.data import PreparedLoader, SavedPosition
-from fullshard.trainer.data_setup import DataSetup
+from fullshard.trainer import arguments, checkpointing, nonfinite, preemption
+from fullshard.trainer.callbacks import Callback, ModelCheckpoint
 from fullshard.trainer.devices import (
     more_processes_than_cores,
     resolve_accelerator,
     resolve_devices,
     resolve_num_nodes,
 )
-from fullshard.trainer.loggers import CSVLogger, Logger
+from fullshard.trainer.hooks import Hooks
+from fullshard.trainer.loggers import Logger
+from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
-from fullshard.trainer.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
-from fullshard.trainer.preflight import DataSources, check_lightning_only_hooks, overrides, single_loader
-from fullshard.trainer.progress import ProgressBar
+from fullshard.trainer.preflight import DataSources, check_call, make_sources, overrides
 from fullshard.trainer.summary import format_results, model_summary
 
 log = logging.getLogger("fullshard")
 
-_HOOKS = [name for name in vars(Callback) if name.startswith("on_") or name in ("setup", "teardown")]
-_CALLBACK_ONLY = frozenset({"on_sanity_check_start", "on_sanity_check_end", "on_exception"})
-
-
-def _monitoring_types() -> tuple[type, ...]:
-    """Callbacks that act on metrics an epoch-end hook of the module may log."""
-    from fullshard.trainer.early_stopping import EarlyStopping
-
-    return (ModelCheckpoint, EarlyStopping)
-
-
-class Trainer(DataSetup):
+class Trainer:
     """Runs training, validation, test and prediction of a :class:`fullshard.Module` with a strategy.
 
     The arguments are Lightning 2.x's, with its defaults (docs/lightning.md lists what differs).
@@ -169,36 +160,20 @@ class Trainer(DataSetup):
             accumulate_grad_batches=accumulate_grad_batches,
             log_every_n_steps=log_every_n_steps,
         )
-        if max_steps != -1 and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
-            raise MisconfigurationError(
-                f"max_steps={max_steps!r} is invalid: use -1 (no limit) or an int >= 0."
-            )
-        if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
-            raise MisconfigurationError(
-                f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0."
-            )
-        arguments.check_optional_count("min_epochs", min_epochs, 0)
-        arguments.check_optional_count("min_steps", min_steps, 0)
-        arguments.check_optional_count("check_val_every_n_epoch", check_val_every_n_epoch, 1)
-        if num_sanity_val_steps is not None and (
-            isinstance(num_sanity_val_steps, bool)
-            or not isinstance(num_sanity_val_steps, int)
-            or num_sanity_val_steps < -1
-        ):
-            raise MisconfigurationError(
-                f"num_sanity_val_steps={num_sanity_val_steps!r} is invalid: use an int >= 0, or -1 for the "
-                "whole validation set."
-            )
         gradient_clip_algorithm = gradient_clip_algorithm or "norm"
-        arguments.check_clipping(gradient_clip_val, gradient_clip_algorithm)
         val_check_interval = 1.0 if val_check_interval is None else val_check_interval
-        arguments.check_val_check_interval(val_check_interval)
-        if isinstance(val_check_interval, float) and check_val_every_n_epoch is None:
-            raise MisconfigurationError(
-                f"val_check_interval={val_check_interval} (a fraction of an epoch) needs "
-                "check_val_every_n_epoch to be set; with check_val_every_n_epoch=None pass a number of "
-                "batches (int)."
-            )
+        arguments.check_loop_arguments(
+            max_steps=max_steps,
+            max_epochs=max_epochs,
+            min_epochs=min_epochs,
+            min_steps=min_steps,
+            check_val_every_n_epoch=check_val_every_n_epoch,
+            num_sanity_val_steps=num_sanity_val_steps,
+            val_check_interval=val_check_interval,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            requeue_on_preemption=requeue_on_preemption,
+        )
         given_limits = {
             "limit_train_batches": limit_train_batches,
             "limit_val_batches": limit_val_batches,
@@ -210,12 +185,7 @@ class Trainer(DataSetup):
         arguments.check_deterministic(deterministic)
         compile_config = parse_compile(compile, "Trainer")
         self._preemption_signals = preemption.parse_signals(preemption_signals)
-        if not isinstance(requeue_on_preemption, bool):
-            raise MisconfigurationError(f"requeue_on_preemption={requeue_on_preemption!r} must be True or False.")
-        self._requeue_on_preemption = requeue_on_preemption
-        self._nonfinite = nonfinite.parse(on_nonfinite_loss)  # [Note: agreeing on a non-finite loss]
-        # what the loop reads at each optimizer step; a live one is set for each fit
-        self._preemption = preemption.Preemption((), requeue=False)
+        on_nonfinite = nonfinite.parse(on_nonfinite_loss)  # [Note: agreeing on a non-finite loss]
 
         if self.fast_dev_run:
             limits = dict.fromkeys(limits, self.fast_dev_run)
@@ -249,7 +219,7 @@ class Trainer(DataSetup):
         environment = select_cluster_environment()
         num_nodes = resolve_num_nodes(num_nodes, environment)
         device_list = resolve_devices(devices, self._accelerator, environment, num_nodes)
-        self._strategy = self._resolve_strategy(strategy, len(device_list) * num_nodes)
+        self._strategy = arguments.resolve_strategy(strategy, len(device_list) * num_nodes)
         self._strategy.configure(
             devices=device_list,
             num_nodes=num_nodes,
@@ -268,102 +238,36 @@ class Trainer(DataSetup):
         ):
             rank_zero_warn(note, stacklevel=5)
 
-        self.callbacks = self._build_callbacks(
+        self.callbacks = arguments.build_callbacks(
             callbacks, enable_checkpointing is not False, enable_progress_bar is not False
         )
-        self.loggers = self._build_loggers(logger)
+        self.loggers = arguments.build_loggers(logger, self.default_root_dir)
 
-        self.current_epoch = 0
-        self.global_step = 0
         self.should_stop = False
         self.sanity_checking = False
         self.is_last_batch = False
         self.batch_idx_start = 0
-        self.num_training_batches: int | float = 0
-        self._val_batches: int | float = 0  # per epoch of each stage; Lightning's lists are properties
-        self._test_batches: int | float = 0
-        self._predict_batches: int | float = 0
         self.optimizers: list[Optimizer] = []
         self.lr_scheduler_configs: list[LRSchedulerConfig] = []
-        self._batches_in_epoch = 0
-        self._batches_that_stepped = 0  # Lightning's step for loggers, see [Note: logger steps]
-        self._total_batch_idx = 0
-        self._epoch_finished = False
-        self._resume_point: tuple[int, int, int | None] | None = None  # see [Note: epochs cut short]
-        self._epoch_start = (0, 0)  # (batch index, samples consumed) where this run of the epoch began
-        self._saved_position: SavedPosition | None = None  # from a checkpoint, until the loader exists
-        self._pending_loop_state: dict[str, Any] | None = None  # from a checkpoint, until the loop starts
-        self._data_seed: int | None = None  # from a checkpoint, until the training loader exists
-        self._epoch_end_pending = False
         self.ckpt_path: str | None = None  # the checkpoint the current call loaded, if any
-        self._resolved_ckpt_path: str | None = None
         self._stage: str | None = None
         self._module: Module | None = None
         self._datamodule: DataModule | None = None
-        self._train_loader: PreparedLoader | None = None
-        self._val_loader: PreparedLoader | None = None
-        self._test_loader: PreparedLoader | None = None
-        self._predict_loader: PreparedLoader | None = None
         self._raw_train_loader: Any = None  # only while checking configure_optimizers before launch
         self._data: DataSources | None = None  # where the current call's loaders come from
-        self._val_check_batch: int | float = 0
         self._metrics = MetricsCollector(self._strategy.all_reduce)
-        self._hooks: dict[str, list[Callable[..., Any]]] = {}
         self._spawn_state: dict[str, torch.Tensor] = {}
-
-    # ------------------------------------------------------------------------ construction
-    @staticmethod
-    def _resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
-        if isinstance(strategy, Strategy):
-            resolved = strategy
-        elif isinstance(strategy, str):
-            if strategy == "auto":
-                return SingleDeviceStrategy() if world_size == 1 else DDPStrategy()
-            resolved = STRATEGY_REGISTRY.get(strategy)
-        else:
-            raise MisconfigurationError(
-                f"strategy must be a name or a fullshard.strategies.Strategy instance, got {type(strategy).__name__}. "
-                f"Registered names: {', '.join(STRATEGY_REGISTRY.available())}."
-            )
-        if isinstance(resolved, SingleDeviceStrategy) and world_size > 1:
-            raise MisconfigurationError(
-                f"strategy='single_device' runs one process, but {world_size} devices were requested. Use "
-                "devices=1, or a multi-process strategy such as strategy='ddp'."
-            )
-        return resolved
-
-    def _build_callbacks(
-        self, callbacks: Callback | Iterable[Callback] | None, checkpointing: bool, progress_bar: bool
-    ) -> list[Callback]:
-        given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
-        for cb in given:
-            if not isinstance(cb, Callback):
-                raise MisconfigurationError(
-                    f"callbacks must be fullshard Callback instances, got {type(cb).__name__}. Subclass "
-                    "fullshard.Callback (a Lightning callback ports by changing its import)."
-                )
-        if checkpointing and not any(isinstance(cb, ModelCheckpoint) for cb in given):
-            given.append(ModelCheckpoint())
-        if progress_bar and not any(isinstance(cb, ProgressBar) for cb in given):
-            given.insert(0, ProgressBar())
-        # As in Lightning, checkpointing callbacks act last, after every other callback.
-        return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
-            cb for cb in given if isinstance(cb, ModelCheckpoint)
-        ]
-
-    def _build_loggers(self, logger: Logger | Iterable[Logger] | bool | None) -> list[Logger]:
-        if logger is None or logger is True:
-            return [CSVLogger(self.default_root_dir)]
-        if logger is False:
-            return []
-        loggers = [logger] if isinstance(logger, Logger) else list(logger)  # type: ignore[arg-type]
-        for lg in loggers:
-            if not isinstance(lg, Logger):
-                raise MisconfigurationError(
-                    f"logger must be a fullshard Logger (CSVLogger, TensorBoardLogger), a list of them, or a "
-                    f"bool; got {type(lg).__name__}."
-                )
-        return loggers
+        self.validate_loop = EvaluationLoop(self, self._metrics, "validate")
+        self.test_loop = EvaluationLoop(self, self._metrics, "test")
+        self.predict_loop = EvaluationLoop(self, self._metrics, "predict")
+        self.fit_loop = FitLoop(
+            self,
+            self._metrics,
+            self.validate_loop,
+            on_nonfinite_loss=on_nonfinite,
+            preemption_signals=self._preemption_signals,
+            requeue_on_preemption=requeue_on_preemption,
+        )
 
     # -------------------------------------------------------------------------- properties
     @property
@@ -495,12 +399,12 @@ class Trainer(DataSetup):
         ``configure_optimizers``, e.g. for ``OneCycleLR(total_steps=...)``."""
         if self.max_epochs == -1:
             return math.inf if self.max_steps == -1 else self.max_steps
-        if self._train_loader is None:
+        if self.fit_loop.train_loader is None:
             if self._raw_train_loader is not None:  # before any process starts (preflight)
-                self._setup_train_loader(self._raw_train_loader)
+                self.fit_loop.setup_train_loader(self._raw_train_loader)
             elif self._data is not None and self._module is not None and self._stage == "fit":
                 rank_zero_info("Building the training dataloader to estimate the number of stepping batches.")
-                self._setup_train_loader(self._data.get("train", self._module))
+                self.fit_loop.setup_train_loader(self._data.get("train", self._module))
             else:
                 raise RuntimeError(
                     "estimated_stepping_batches needs the training dataloader: read it inside fit() "
@@ -513,7 +417,7 @@ class Trainer(DataSetup):
         return min(steps, self.max_steps) if self.max_steps != -1 else steps
 
     @property
-    def _logger_step(self) -> int:
+    def logger_step(self) -> int:
         """The step number loggers get now.
 
         [Note: logger steps]
@@ -522,7 +426,51 @@ class Trainer(DataSetup):
         last step; validation in the middle of training logs at the count so far. fullshard uses
         the same numbers, so curves of a ported script line up with its Lightning ones.
         """
-        return self._batches_that_stepped
+        return self.fit_loop.progress.batches_that_stepped
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch training is in (epochs finished so far)."""
+        return self.fit_loop.progress.epoch
+
+    @current_epoch.setter
+    def current_epoch(self, epoch: int) -> None:
+        self.fit_loop.progress.epoch = epoch
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.fit_loop.progress.global_step
+
+    @global_step.setter
+    def global_step(self, step: int) -> None:
+        self.fit_loop.progress.global_step = step
+
+    @property
+    def num_training_batches(self) -> int | float:
+        """Training batches per epoch (inf for a loader without a length)."""
+        return self.fit_loop.num_training_batches
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        """Validation batches per run, one entry per dataloader (Lightning's form); kept after the call."""
+        return self.validate_loop.batches_per_loader
+
+    @property
+    def num_test_batches(self) -> list[int | float]:
+        """Test batches per run, one entry per dataloader; kept after the call."""
+        return self.test_loop.batches_per_loader
+
+    @property
+    def num_predict_batches(self) -> list[int | float]:
+        """Prediction batches per run, one entry per dataloader; kept after the call."""
+        return self.predict_loop.batches_per_loader
+
+    @property
+    def metrics_collector(self) -> MetricsCollector:
+        """What ``Module.log`` records into and the loops reduce; users read
+        :attr:`callback_metrics`, :attr:`logged_metrics` and :attr:`progress_bar_metrics`."""
+        return self._metrics
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
@@ -564,9 +512,9 @@ class Trainer(DataSetup):
         self._ckpt_options = checkpointing.load_options(
             ckpt_path, ckpt_weights_only, ckpt_verify, trust_checkpoint
         )
-        sources = self._sources(datamodule, train=train_dataloaders, val=val_dataloaders)
+        sources = make_sources(datamodule, train=train_dataloaders, val=val_dataloaders)
         self._preflight("fit", model, sources)
-        self._launch(self._run, "fit", model, sources, ckpt_path)
+        self._launch("fit", model, sources, ckpt_path)
 
     def validate(
         self,
@@ -644,16 +592,16 @@ class Trainer(DataSetup):
                     f"model: trainer.{stage}(model, dataloaders)."
                 )
             model = self._module
-            if ckpt_path is None and self._fitted and self._best_checkpoint() is not None:
+            if ckpt_path is None and self._fitted and checkpointing.best_checkpoint_path(self) is not None:
                 ckpt_path = "best"
                 rank_zero_info(
                     f"Trainer.{stage}() without a model uses the best checkpoint of the previous fit; pass "
                     f"ckpt_path='last' or a path to choose another."
                 )
         kind = "val" if stage == "validate" else stage
-        sources = self._sources(datamodule, **{kind: dataloaders})
+        sources = make_sources(datamodule, **{kind: dataloaders})
         self._preflight(stage, model, sources)
-        return self._launch(self._run, stage, model, sources, ckpt_path, verbose, keep_predictions)
+        return self._launch(stage, model, sources, ckpt_path, verbose, keep_predictions)
 
     def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
         """Write a checkpoint of the whole training state to ``filepath``.
@@ -674,55 +622,10 @@ class Trainer(DataSetup):
             checkpoint["lr_schedulers"] = []
         self._strategy.save_checkpoint(checkpoint, filepath, optimizers)
 
-    def _sources(self, datamodule: Any, **loaders: Any) -> DataSources:
-        if datamodule is not None and not isinstance(datamodule, DataModule):
-            raise MisconfigurationError(
-                f"datamodule must be a fullshard.DataModule, got {type(datamodule).__name__}. Subclass "
-                "fullshard.DataModule (a LightningDataModule ports by changing its import)."
-            )
-        if datamodule is not None and any(v is not None for v in loaders.values()):
-            raise MisconfigurationError(
-                "Both dataloaders and a datamodule were given; pass one of them (the DataModule's "
-                "*_dataloader() methods provide the loaders)."
-            )
-        for kind, loader in loaders.items():
-            if loader is not None:
-                single_loader(loader, kind)
-        return DataSources(datamodule, **loaders)
-
     def _preflight(self, stage: str, model: Any, sources: DataSources) -> None:
-        """Find what needs no process before starting any (see docs/lightning.md, errors)."""
-        if not isinstance(model, Module):
-            raise MisconfigurationError(
-                f"Trainer expects a fullshard.Module, got {type(model).__name__}. Subclass fullshard.Module "
-                "(fullshard.LightningModule is the same class) and define training_step and "
-                "configure_optimizers."
-            )
+        check_call(stage, model, sources)
         self._module = model
         self._datamodule = sources.datamodule
-        check_lightning_only_hooks(model)
-        step = {"fit": "training_step", "validate": "validation_step", "test": "test_step"}.get(stage)
-        if step is not None and not overrides(model, Module, step):
-            raise MisconfigurationError(
-                f"Trainer.{stage}() needs {type(model).__name__}.{step}(batch, batch_idx), which is not "
-                f"defined. Define it in {type(model).__name__}."
-            )
-        kind = {"fit": "train", "validate": "val"}.get(stage, stage)
-        if not sources.has(kind, model):
-            raise MisconfigurationError(
-                f"Trainer.{stage}() got no {kind} data: pass dataloaders, a datamodule= with "
-                f"{kind}_dataloader(), or define {kind}_dataloader() in {type(model).__name__}."
-            )
-        if stage == "fit":
-            if not overrides(model, Module, "configure_optimizers"):
-                raise MisconfigurationError(
-                    f"{type(model).__name__} does not define configure_optimizers(); the Trainer needs an "
-                    "optimizer. Define it, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
-                )
-            if sources.has("val", model) and not overrides(model, Module, "validation_step"):
-                rank_zero_warn(
-                    "Validation data was given but the module has no validation_step; validation is skipped."
-                )
 
     def _preflight_optimizers(self, model: Module, sources: DataSources) -> None:
         """Check what configure_optimizers returns, when the model has its parameters already.
@@ -745,14 +648,19 @@ class Trainer(DataSetup):
             return
         finally:
             model.trainer = None
-            self._train_loader = self._raw_train_loader = None
+            self._raw_train_loader = self.fit_loop.train_loader = None
         parse_optimizers(config)
 
-    def _launch(self, function: Any, *args: Any) -> Any:
+    def _launch(self, *args: Any) -> Any:
+        """Run :meth:`_run` with ``args`` in every process of the job."""
         launcher = self._strategy.launcher
         if launcher is None:
-            return function(*args)
-        return launcher.launch(function, *args, trainer=self)
+            return self._run(*args)
+        if isinstance(launcher, SpawnLauncher):  # rank 0's results come back to this process
+            value, state = launcher.launch(self._run_and_report, *args, trainer=self)
+            self._apply_spawn_result(state)
+            return value
+        return launcher.launch(self._run, *args, trainer=self)
 
     # ------------------------------------------------------------------------------- running
     def _run(
@@ -771,12 +679,11 @@ class Trainer(DataSetup):
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         self._stage = stage
         self._module = model
-        self._datamodule = sources.datamodule
+        self._datamodule = datamodule = sources.datamodule
         self._metrics.reset()  # as in Lightning, each call starts with no metrics
         model.trainer = self
-        self._hooks = self._build_hooks(model)
+        hooks = Hooks(self, self.callbacks, model)
         self._configure_torch()
-        datamodule = sources.datamodule
         if datamodule is not None:
             datamodule.trainer = self
         try:
@@ -787,9 +694,9 @@ class Trainer(DataSetup):
             strategy.barrier("prepare_data")
             if datamodule is not None:
                 datamodule.setup(stage)
-            self._call("setup", stage)
+            hooks.call("setup", stage)
             with torch.autograd.set_detect_anomaly(self.detect_anomaly):
-                return self._run_stage(stage, model, sources, ckpt_path, verbose, keep_predictions)
+                return self._run_stage(stage, model, sources, ckpt_path, hooks, verbose, keep_predictions)
         except BaseException as exception:
             strategy.on_exception(exception)
             for cb in self.callbacks:
@@ -800,7 +707,7 @@ class Trainer(DataSetup):
         finally:
             if datamodule is not None:
                 datamodule.teardown(stage)
-            self._call("teardown", stage)
+            hooks.call("teardown", stage)
             self._stage = None
 
     def _run_stage(
@@ -809,40 +716,37 @@ class Trainer(DataSetup):
         model: Module,
         sources: DataSources,
         ckpt_path: str | Path | None,
+        hooks: Hooks,
         verbose: bool,
         keep_predictions: bool,
     ) -> Any:
-        self._resolved_ckpt_path = None
-        self._pending_loop_state = None
+        self.fit_loop.progress.pending = None
         self._data = sources
-        self._setup_model(model, stage, sources)
-        if stage != "fit":
-            self._setup_data(stage, model, sources)
-        checkpoint = self._load_checkpoint(ckpt_path, stage) if ckpt_path is not None else None
-        self.ckpt_path = self._resolved_ckpt_path
-        if stage != "fit":
-            if stage == "predict":
-                result: Any = evaluation.run_predict(self, keep_predictions)
-            else:
-                metrics = evaluation.run_validation(self) if stage == "validate" else evaluation.run_test(self)
-                if verbose and self.is_global_zero and metrics:
-                    self.print(format_results(stage, metrics))
-                result = [metrics]
+        self._setup_model(model, stage)
+        loop = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}.get(stage)
+        if loop is not None:
+            loop.setup_data(model, sources)
+        checkpoint, self.ckpt_path = (
+            checkpointing.load_for_stage(self, ckpt_path, stage, self._ckpt_options)
+            if ckpt_path is not None
+            else (None, None)
+        )
+        if loop is not None:
+            predictions: list[Any] | None = [] if stage == "predict" and keep_predictions else None
+            metrics = loop.run(hooks, predictions=predictions)
+            if verbose and self.is_global_zero and metrics and stage != "predict":
+                self.print(format_results(stage, metrics))
             self._finalize_loggers("success")
-            return result
-        self._log_hyperparams(model)
+            return predictions if stage == "predict" else [metrics]
+        if self.is_global_zero and model.hparams:
+            for logger in self.loggers:
+                logger.log_hyperparams(dict(model.hparams))
         if self.enable_model_summary and self.is_global_zero:
             log.info(model_summary(model, self._strategy.parameter_sizes(model)))
         self.should_stop = False
-        self._call("on_fit_start")
-        self._preemption = preemption.Preemption(self._preemption_signals, self._requeue_on_preemption)
-        if self._preemption_signals:
-            self._preemption.start(self)
-        try:
-            loops.run_fit(self, model, sources, checkpoint)
-        finally:
-            self._preemption.stop()
-        self._call("on_fit_end")
+        hooks.call("on_fit_start")
+        self.fit_loop.run(model, sources, checkpoint, hooks)
+        hooks.call("on_fit_end")
         # fit returns once every checkpoint it started is committed; a failed one raises here
         self._strategy.wait_for_checkpoint()
         self._fitted = True
@@ -863,35 +767,7 @@ class Trainer(DataSetup):
         if self.benchmark is not None:
             torch.backends.cudnn.benchmark = self.benchmark
 
-    def _build_hooks(self, module: Module) -> dict[str, list[Callable[..., Any]]]:
-        """For every hook, the callables to call in order: the callbacks that override it, then the
-        module if it does; checkpointing and early stopping come after the module in
-        ``on_train_epoch_end`` so they see what it logged (Lightning's order)."""
-        monitors = _monitoring_types()
-        hooks: dict[str, list[Callable[..., Any]]] = {}
-        for name in _HOOKS:
-            callbacks = [cb for cb in self.callbacks if overrides(cb, Callback, name)]
-            monitoring = [
-                cb for cb in callbacks if name == "on_train_epoch_end" and isinstance(cb, monitors)
-            ]
-            calls: list[Callable[..., Any]] = [
-                functools.partial(getattr(cb, name), self, module) for cb in callbacks if cb not in monitoring
-            ]
-            module_hook = self._module_hook(name, module)
-            if module_hook is not None:
-                calls.append(module_hook)
-            calls += [functools.partial(getattr(cb, name), self, module) for cb in monitoring]
-            hooks[name] = calls
-        return hooks
-
-    def _module_hook(self, name: str, module: Module | None = None) -> Callable[..., Any] | None:
-        """The module's ``name`` hook when it overrides it, else None."""
-        module = module if module is not None else self.lightning_module
-        if name in _CALLBACK_ONLY or not overrides(module, Module, name):
-            return None
-        return getattr(module, name)  # type: ignore[no-any-return]
-
-    def _setup_model(self, model: Module, stage: str, sources: DataSources) -> None:
+    def _setup_model(self, model: Module, stage: str) -> None:
         strategy = self._strategy
         existing = {id(p) for p in model.parameters()}
         with strategy.tensor_init_context(), strategy.model_sharded_context():
@@ -899,179 +775,9 @@ class Trainer(DataSetup):
         _init_new_layers(model, existing)
         strategy.setup_module(model)
         if stage == "fit":
-            self._train_loader = None
+            self.fit_loop.train_loader = None
             optimizers, self.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
             self.optimizers = [strategy.setup_optimizer(o) for o in optimizers]
-
-    def _should_validate(self, batches_done: int) -> bool:
-        """Whether validation runs after the ``batches_done``-th batch of this epoch (Lightning's rule)."""
-        every = self._val_check_batch
-        if not every:
-            return False
-        n_epoch = self.check_val_every_n_epoch
-        if n_epoch is not None and (self.current_epoch + 1) % n_epoch != 0:
-            return False
-        if self._stop_requested():
-            return True
-        if math.isinf(every):
-            return self.is_last_batch
-        count = self._total_batch_idx if n_epoch is None else batches_done
-        return count % every == 0  # type: ignore[operator]
-
-    def _load_checkpoint(self, ckpt_path: str | Path, stage: str) -> dict[str, Any] | None:
-        path = self._resolved_ckpt_path = self._resolve_ckpt_path(ckpt_path, stage)
-        if path is None:
-            return None
-        options = self._ckpt_options
-        if stage != "fit" or options.weights_only:
-            checkpoint = self._strategy.load_checkpoint(
-                path, weights_only=True, verify=options.verify, trust_checkpoint=options.trust
-            )
-            module = self.lightning_module
-            module.on_load_checkpoint(checkpoint)
-            for callback in self.callbacks:
-                callback.on_load_checkpoint(self, module, checkpoint)
-            return checkpoint if stage != "fit" else None  # fine-tuning: fresh loops and RNG states
-        checkpoint = self._strategy.load_checkpoint(
-            path,
-            self.optimizers,
-            check=checkpointing.scheduler_check(self, path),
-            verify=options.verify,
-            trust_checkpoint=options.trust,
-        )
-        checkpointing.restore_checkpoint(self, checkpoint)
-        return checkpoint
-
-    def _best_checkpoint(self) -> str | None:
-        callback = self.checkpoint_callback
-        return callback.best_model_path or None if callback is not None else None
-
-    def _resolve_ckpt_path(self, ckpt_path: str | Path, stage: str) -> str | None:
-        if str(ckpt_path) == "best":
-            best = self._best_checkpoint()
-            if best is None:
-                raise MisconfigurationError(
-                    f"{stage}(ckpt_path='best') needs a best checkpoint, but "
-                    + (
-                        "the Trainer has no ModelCheckpoint callback."
-                        if self.checkpoint_callback is None
-                        else "its ModelCheckpoint has saved none yet (fit first)."
-                    )
-                    + " Pass ckpt_path='last' or a path instead."
-                )
-            return best
-        if str(ckpt_path) != "last":
-            return str(ckpt_path)
-        return checkpointing.newest_checkpoint(self, stage)
-
-    # ----------------------------------------------------------------- helpers for the loops
-    def _call(self, hook: str, *args: Any) -> None:
-        for function in self._hooks.get(hook, ()):
-            function(*args)
-
-    def _can_stop_early(self) -> bool:
-        epochs_ok = self.min_epochs is None or self.current_epoch >= self.min_epochs  # finished epochs
-        steps_ok = self.min_steps is None or self.global_step >= self.min_steps
-        return epochs_ok and steps_ok
-
-    def _stop_requested(self) -> bool:
-        return self.should_stop and self._can_stop_early()
-
-    def _done(self) -> bool:
-        if self.num_training_batches == 0:
-            return True
-        if self.max_steps >= 0 and self.global_step >= self.max_steps:
-            return True
-        if self.max_epochs >= 0 and self.current_epoch >= self.max_epochs:
-            return True
-        if self.should_stop:
-            if self._can_stop_early():
-                return True
-            self.should_stop = False  # Lightning's rule: min_epochs/min_steps win over a stop request
-        return False
-
-    def _loop_state(self) -> dict[str, Any]:
-        epoch, batches, samples = self._resume_point or (
-            self.current_epoch,
-            self._batches_in_epoch,
-            self._samples_in_epoch(),
-        )
-        return {
-            "epoch": epoch,
-            "global_step": self.global_step,
-            "batches_in_epoch": batches,
-            "samples_in_epoch": samples,
-            "epoch_finished": self._epoch_finished,
-            "total_batch_idx": self._total_batch_idx,
-            "data_seed": self._train_loader.seed if self._train_loader is not None else current_seed(),
-        }
-
-    def _samples_in_epoch(self) -> int | None:
-        """How many positions of this epoch's order the processes together have consumed (see
-        [Note: resuming at another world size]); None where the training loader has no such order."""
-        if self._saved_position is not None:  # restored, not yet placed in this run's loader
-            return self._saved_position.samples
-        loader = self._train_loader
-        return None if loader is None else loader.samples_consumed(self._epoch_start, self._batches_in_epoch)
-
-    def _restore_loop_state(self, state: dict[str, Any], *, epoch_end_pending: bool = False) -> None:
-        """Put loop progress back. ``epoch_end_pending``: a checkpoint written at the end of an
-        epoch keeps that epoch's number until training starts (Lightning shows it during the
-        sanity run); :meth:`_finish_epoch_restore` moves on to the next epoch."""
-        self.global_step = int(state["global_step"])
-        self._batches_that_stepped = self.global_step
-        self.current_epoch = int(state["epoch"])
-        self._batches_in_epoch = int(state["batches_in_epoch"])
-        samples, world_size = state.get("samples_in_epoch"), state.get("world_size")
-        self._saved_position = SavedPosition(
-            batches=self._batches_in_epoch,
-            samples=None if samples is None else int(samples),
-            world_size=None if world_size is None else int(world_size),
-        )
-        self._epoch_start = (self._batches_in_epoch, 0)  # placed by _finish_epoch_restore
-        self._total_batch_idx = int(state.get("total_batch_idx", 0))
-        seed = state.get("data_seed")  # None in checkpoints written before it was recorded
-        self._data_seed = None if seed is None else int(seed)
-        self._epoch_finished = False
-        self._epoch_end_pending = bool(state.get("epoch_finished"))
-        if not epoch_end_pending:
-            self._finish_epoch_restore()
-
-    def _finish_epoch_restore(self) -> None:
-        """Move on past an epoch that ended at the checkpoint, or place the restored position in
-        the training loader of this run (which may run on another number of processes)."""
-        if self._epoch_end_pending:
-            self.current_epoch += 1
-            self._batches_in_epoch = 0
-            self._epoch_start = (0, 0)
-            self._epoch_end_pending = False
-            self._saved_position = None
-        position, loader = self._saved_position, self._train_loader
-        if self._data_seed is not None and loader is not None:
-            if self._data_seed != loader.seed:
-                rank_zero_warn(
-                    f"Resuming with the data order of the checkpoint (seed {self._data_seed}), not of this run's "
-                    f"seed ({loader.seed}), so that training goes on with the samples it would have seen. To "
-                    "train on another order, start from the checkpoint's weights (ckpt_weights_only=True).",
-                    stacklevel=2,
-                )
-            loader.reseed(self._data_seed)
-            self._data_seed = None
-        if position is not None and loader is not None:
-            self._saved_position = None
-            self._epoch_start = loader.resume_start(position, self.current_epoch)
-            self._batches_in_epoch = self._epoch_start[0]
-
-    def _log_metrics(self, values: dict[str, float], step: int) -> None:
-        if self.is_global_zero and self.loggers:
-            values = {**values, "epoch": float(self.current_epoch)}
-            for logger in self.loggers:
-                logger.log_metrics(values, step=step)
-
-    def _log_hyperparams(self, model: Module) -> None:
-        if self.is_global_zero and model.hparams:
-            for logger in self.loggers:
-                logger.log_hyperparams(dict(model.hparams))
 
     def _finalize_loggers(self, status: str) -> None:
         if self.is_global_zero:
@@ -1079,15 +785,16 @@ class Trainer(DataSetup):
                 logger.finalize(status)
 
     # -------------------------------------------------------------- spawn launcher protocol
-    def _get_spawn_result(self) -> dict[str, Any]:
-        """What a spawned rank 0 sends back to the parent process (see SpawnLauncher)."""
-        return {
+    def _run_and_report(self, *args: Any) -> tuple[Any, dict[str, Any]]:
+        """:meth:`_run` in a spawned process; with its value, what rank 0 sends back."""
+        value = self._run(*args)
+        return value, {
             "state_dict": self._spawn_state,
             "callback_metrics": {k: v.cpu() for k, v in self.callback_metrics.items()},
             "logged_metrics": {k: v.cpu() for k, v in self.logged_metrics.items()},
             "global_step": self.global_step,
             "current_epoch": self.current_epoch,
-            "best_model_path": self._best_checkpoint(),
+            "best_model_path": checkpointing.best_checkpoint_path(self),
         }
 
     def _apply_spawn_result(self, result: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
 from fullshard.rank_zero import rank_zero_warn
-from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.callbacks.base import Callback
 
 if TYPE_CHECKING:
     from fullshard.module import Module

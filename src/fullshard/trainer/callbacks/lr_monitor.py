@@ -28,7 +28,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
-from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.callbacks.base import Callback
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -116,7 +116,7 @@ class LearningRateMonitor(Callback):
         # fast_dev_run: Lightning swaps the loggers for a dummy one, so nothing is written.
         if stats and trainer.is_global_zero and not trainer.fast_dev_run:
             for logger in trainer.loggers:
-                logger.log_metrics(stats, step=trainer._logger_step)
+                logger.log_metrics(stats, step=trainer.logger_step)
 
     def _extract_stats(self, trainer: Trainer, interval: str) -> dict[str, float]:
         """The values due at ``interval`` (``"step"``, ``"epoch"`` or ``"any"``), by metric name."""
@@ -206,8 +206,8 @@ def _group_names(
 
 def _logs_this_step(trainer: Trainer) -> bool:
     """Whether step values are sent to the loggers at this batch (Lightning's rule, checked
-    before the step runs: the step about to happen is ``_logger_step + 1``)."""
+    before the step runs: the step about to happen is ``logger_step + 1``)."""
     every = trainer.log_every_n_steps
     if every == 0:
         return False
-    return (trainer._logger_step + 1) % every == 0 or trainer.should_stop
+    return (trainer.logger_step + 1) % every == 0 or trainer.should_stop

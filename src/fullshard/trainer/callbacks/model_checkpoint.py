@@ -28,10 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import os
-import re
-import shutil
 import time
 import warnings
 from datetime import timedelta
@@ -41,10 +38,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from fullshard.checkpoint.layout import RECORD_NAME
 from fullshard.errors import MisconfigurationError
 from fullshard.rank_zero import rank_zero_warn
-from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.checkpoint_files import (
+    check_arguments,
+    fill_template,
+    link_or_copy,
+    newest_complete,
+    remove_path,
+    write_scores_yaml,
+)
 from fullshard.trainer.preemption import TrainingPreempted
 
 if TYPE_CHECKING:
@@ -54,11 +58,6 @@ if TYPE_CHECKING:
 __all__ = ["ModelCheckpoint"]
 
 log = logging.getLogger(__name__)
-
-# A field of a filename template: "{name}" or "{name:format_spec}". The name runs up to the
-# first ":" or "}", so it may hold "/" or "." (logged names such as "val/loss").
-_FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
-
 
 class ModelCheckpoint(Callback):
     """Save checkpoints during training (see [Note: when ModelCheckpoint saves]).
@@ -118,7 +117,7 @@ class ModelCheckpoint(Callback):
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
     ) -> None:
-        _check_arguments(
+        check_arguments(
             dirpath=dirpath,
             filename=filename,
             monitor=monitor,
@@ -499,19 +498,7 @@ class ModelCheckpoint(Callback):
     def _link_checkpoint(trainer: Trainer, filepath: str, linkpath: str) -> None:
         """Make ``linkpath`` a relative symbolic link to ``filepath`` (a copy where links fail)."""
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            _remove_path(linkpath)
-            try:
-                os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), linkpath)
-            except OSError:
-                warnings.warn(
-                    f"ModelCheckpoint(save_last='link'): cannot create a symbolic link at {linkpath!r}; "
-                    "copying the checkpoint instead.",
-                    stacklevel=2,
-                )
-                if os.path.isdir(filepath):
-                    shutil.copytree(filepath, linkpath)
-                else:
-                    shutil.copy2(filepath, linkpath)
+            link_or_copy(filepath, linkpath)
         trainer.strategy.barrier("model_checkpoint_link")
 
     def _should_remove_checkpoint(self, trainer: Trainer, previous: str, current: str) -> bool:
@@ -543,7 +530,7 @@ class ModelCheckpoint(Callback):
         def remove() -> None:
             if trainer.is_global_zero:
                 for path in doomed:
-                    _remove_path(path)
+                    remove_path(path)
 
         # a save written in the background (async_save) is committed later: delete then, not now
         if trainer.strategy.after_checkpoint_commit(remove):
@@ -560,22 +547,8 @@ class ModelCheckpoint(Callback):
         auto_insert_metric_name: bool = True,
     ) -> str:
         template = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
-
-        def fill(match: re.Match[str]) -> str:
-            name, spec = match.group(1), (match.group(2) or ":")[1:]
-            value = metrics.get(name, 0)  # Lightning writes 0 for a metric not logged (yet)
-            if isinstance(value, torch.Tensor) and value.dim() == 0:
-                value = value.item()
-            try:
-                text = format(value, spec)
-            except ValueError as err:
-                raise MisconfigurationError(
-                    f"ModelCheckpoint(filename={template!r}): cannot format {name!r} = {value!r} with "
-                    f"{{{name}:{spec}}} ({err}). Change the format spec, e.g. {{{name}:.4f}} for a float."
-                ) from None
-            return name + self.CHECKPOINT_EQUALS_CHAR + text if auto_insert_metric_name else text
-
-        name = _FIELD.sub(fill, template)
+        equals = self.CHECKPOINT_EQUALS_CHAR if auto_insert_metric_name else None
+        name = fill_template(template, metrics, equals)
         return self.CHECKPOINT_JOIN_CHAR.join([prefix, name]) if prefix is not None else name
 
     def format_checkpoint_name(
@@ -634,25 +607,14 @@ class ModelCheckpoint(Callback):
                     "Pass a path: to_yaml('best_k_models.yaml')."
                 )
             filepath = os.path.join(self.dirpath, "best_k_models.yaml")
-        lines = [
-            f"{_yaml_string(path)}: {_yaml_float(score.item())}\n"
-            for path, score in self.best_k_models.items()
-        ]
-        Path(filepath).write_text("".join(lines) or "{}\n", encoding="utf-8")
+        write_scores_yaml(filepath, {path: score.item() for path, score in self.best_k_models.items()})
 
     def newest_checkpoint(self) -> str | None:
         """The newest complete checkpoint in :attr:`dirpath` (for ``fit(ckpt_path="last")``); a
         sharded directory whose save was interrupted is skipped."""
-        if self.dirpath is None or not os.path.isdir(self.dirpath):
+        if self.dirpath is None:
             return None
-        found = [p for p in Path(self.dirpath).rglob("*" + self.FILE_EXTENSION) if _is_complete(p)]
-        if not found:
-            return None
-        newest = max(commit_time(p) for p in found)
-        # a "last" written at the same moment as the checkpoint it copies or links is preferred
-        at_newest = [p for p in found if commit_time(p) == newest]
-        lasts = [p for p in at_newest if p.name.startswith(self.CHECKPOINT_NAME_LAST)]
-        return str((lasts or at_newest)[0])
+        return newest_complete(self.dirpath, self.FILE_EXTENSION, self.CHECKPOINT_NAME_LAST)
 
     def _info(self, trainer: Trainer, message: str) -> None:
         if trainer.is_global_zero:
@@ -665,95 +627,3 @@ def _validates_now(trainer: Trainer) -> bool:
         return False
     every = trainer.check_val_every_n_epoch
     return every is None or (trainer.current_epoch + 1) % every == 0
-
-
-def _is_complete(path: Path) -> bool:
-    """A checkpoint file (written atomically) or a committed sharded checkpoint directory."""
-    return path.is_file() or (path / RECORD_NAME).is_file()
-
-
-def commit_time(path: Path) -> int:
-    """When the checkpoint at ``path`` (a file, a sharded directory, or a link to one) was committed."""
-    return (path if path.is_file() else path / RECORD_NAME).stat().st_mtime_ns
-
-
-def _remove_path(path: str) -> None:
-    """Delete a checkpoint: a link (never its target), a file, or a sharded directory."""
-    if os.path.islink(path) or os.path.isfile(path):
-        os.remove(path)
-    elif os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _yaml_string(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
-
-
-def _yaml_float(value: float) -> str:
-    if math.isnan(value):
-        return ".nan"
-    if math.isinf(value):
-        return ".inf" if value > 0 else "-.inf"
-    return repr(value)
-
-
-def _check_arguments(
-    *,
-    dirpath: Any,
-    filename: Any,
-    monitor: Any,
-    save_last: Any,
-    save_top_k: Any,
-    mode: Any,
-    every_n_train_steps: Any,
-    train_time_interval: Any,
-    every_n_epochs: Any,
-    save_on_train_epoch_end: Any,
-    flags: dict[str, Any],
-) -> None:
-    def bad(name: str, value: Any, accepted: str) -> MisconfigurationError:
-        return MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is invalid: {accepted}.")
-
-    def is_int(value: Any) -> bool:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-    if dirpath is not None:
-        if not isinstance(dirpath, str | os.PathLike):
-            raise bad("dirpath", dirpath, "use a local directory path (str or pathlib.Path), or None")
-        if "://" in os.fspath(dirpath):
-            raise bad("dirpath", dirpath, "only local directories are supported; pass a local path")
-    if filename is not None and (not isinstance(filename, str) or not filename):
-        raise bad("filename", filename, "use a name template such as '{epoch}-{val_loss:.2f}', or None")
-    if monitor is not None and (not isinstance(monitor, str) or not monitor):
-        raise bad("monitor", monitor, "use the name of a logged metric, or None")
-    if not (save_last is None or isinstance(save_last, bool) or save_last == "link"):
-        raise bad("save_last", save_last, "use True, False, None or 'link'")
-    if not is_int(save_top_k) or save_top_k < -1:
-        raise bad("save_top_k", save_top_k, "use -1 (keep all), 0 (none besides last) or k >= 1")
-    if mode not in ("min", "max"):
-        raise bad("mode", mode, "use 'min' or 'max'")
-    for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
-        if value is not None and (not is_int(value) or value < 0):
-            raise bad(name, value, "use a positive int, or 0/None to disable it")
-    if train_time_interval is not None and (
-        not isinstance(train_time_interval, timedelta) or train_time_interval < timedelta(0)
-    ):
-        raise bad("train_time_interval", train_time_interval, "use a datetime.timedelta >= 0, or None")
-    if save_on_train_epoch_end is not None and not isinstance(save_on_train_epoch_end, bool):
-        raise bad("save_on_train_epoch_end", save_on_train_epoch_end, "use True, False or None")
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise bad(name, value, "use True or False")
-    triggers = {
-        "every_n_train_steps": every_n_train_steps if every_n_train_steps else None,
-        "every_n_epochs": every_n_epochs if every_n_epochs else None,
-        "train_time_interval": train_time_interval,
-    }
-    given = {k: v for k, v in triggers.items() if v is not None}
-    if len(given) > 1:
-        listed = ", ".join(f"{k}={v!r}" for k, v in given.items())
-        raise MisconfigurationError(
-            f"ModelCheckpoint({listed}): pass only one of every_n_train_steps, every_n_epochs and "
-            "train_time_interval. To save on several schedules, use one ModelCheckpoint for each."
-        )

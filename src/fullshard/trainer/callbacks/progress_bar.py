@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tqdm import tqdm
 from typing_extensions import override
 
-from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.callbacks.base import Callback
 
 if TYPE_CHECKING:
     from fullshard.module import Module

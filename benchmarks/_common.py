@@ -1,0 +1,325 @@
+"""What the scripts in benchmarks/ share: their command line, their section of the docs, tables,
+the description of the machine, worker processes and paired timings. Not a benchmark itself.
+
+One way to write a benchmark (``benchmarks/NAME.py``):
+
+- The module docstring starts with the exact command that produces the figures in the docs,
+  ``python benchmarks/NAME.py ... --write-docs``, alone on the first line; then a blank line
+  and a one-line summary (``--help`` shows it); then what is measured and how.
+- ``parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))`` (or
+  ``write_docs=None``, with the docstring saying where the figures go instead), then
+  ``args = parse_args(parser, argv)``: ``args.command`` is the command as run, for the docs.
+- The section is rendered as one string that starts with its heading line
+  (``SECTION = "## Title"``) and written with ``write_section(section)``: the lines from that
+  heading to the next ``#``/``##`` heading of docs/benchmarks.md are replaced, every other byte
+  of the file stays. The heading must be in the file already (add it by hand, in its place,
+  the first time). Notes on the figures written by hand go at the end of the section, after a
+  line ``HAND_WRITTEN``: a rewrite keeps them (they may then speak of older figures: date
+  them). A page where the figures sit between two marker comments instead (see
+  docs/compile.md) takes ``write_marked``.
+- Workers run in ``subprocess.run(..., env=worker_env(), cwd=REPO)``; tables are built with
+  ``table``; ``cores()``, ``cpu_model()``, ``today()`` and ``load_average()`` describe the run;
+  ``abba`` and ``rotations`` order paired timings and ``ratio_summary`` reports them.
+
+Only the standard library is imported here: overhead.py's workers measure their start-up from
+before ``import torch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import resource
+import shlex
+import statistics
+import sys
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DOCS = REPO / "docs" / "benchmarks.md"
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line.
+
+
+def command_of(doc: str | None) -> str:
+    """The command a script's docstring starts with (its first line)."""
+    first = (doc or "").lstrip("\n").split("\n", 1)[0].strip()
+    if not first.startswith(("python benchmarks/", "benchmarks/.venv-lightning/bin/python benchmarks/")):
+        raise ValueError(f"the docstring must start with the command that runs the script, not {first!r}")
+    return first
+
+
+def summary(doc: str | None) -> str:
+    """The paragraph after the command: what the script measures, in a sentence or two (without
+    the docstring's double backquotes)."""
+    paragraphs = [p for p in (doc or "").strip().split("\n\n") if p.strip()]
+    return " ".join(paragraphs[1].replace("``", "").split()) if len(paragraphs) > 1 else ""
+
+
+def heading_target(heading: str, path: Path = DOCS) -> str:
+    """Where ``--write-docs`` writes, for its help: the section ``heading`` of ``path``."""
+    return f"the section '{heading}' of {_shown(path)}"
+
+
+def make_parser(file: str, doc: str | None, *, write_docs: str | None) -> argparse.ArgumentParser:
+    """The argument parser of ``benchmarks/<file>``: the usage line shows the command that runs it,
+    the description is the docstring's summary. ``write_docs`` says what ``--write-docs``
+    rewrites (see ``heading_target``); None for a script that has no section in the docs."""
+    parser = argparse.ArgumentParser(
+        prog=f"python benchmarks/{Path(file).name}", description=summary(doc) or None
+    )
+    if write_docs is not None:
+        parser.add_argument(
+            "--write-docs",
+            action="store_true",
+            help=f"after the run, rewrite {write_docs} (other sections stay as they are)",
+        )
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, with ``command``: the command as run (for the docs)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.command = " ".join([parser.prog, *(shlex.quote(a) for a in argv)])
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# The docs: a script's section of docs/benchmarks.md, or a marked block of another page.
+
+
+HAND_WRITTEN = "<!-- written by hand: --write-docs keeps what follows, to the next section -->"
+
+
+class SectionError(ValueError):
+    """The docs do not have the place a benchmark writes to (exactly once)."""
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def _heading_lines(lines: list[str]) -> Iterator[tuple[int, str]]:
+    """``(index, line)`` of every line outside fenced code blocks."""
+    fence = ""
+    for index, line in enumerate(lines):
+        stripped = line.lstrip()
+        marker = stripped[:3]
+        if marker in ("```", "~~~"):
+            if not fence:
+                fence = marker
+            elif marker == fence:
+                fence = ""
+            continue
+        if not fence:
+            yield index, line
+
+
+def replace_section(text: str, section: str, name: str = "the docs") -> str:
+    """``text`` with the section that starts with ``section``'s heading line replaced by ``section``.
+
+    A section runs from its heading line (``## Title``) to the line before the next ``#`` or
+    ``##`` heading outside code blocks, or to the end; ``###`` subsections belong to it. One
+    blank line separates the new section from the next heading; every byte before the heading
+    and from the next heading on stays. Where the old section has a line ``HAND_WRITTEN``, that
+    line and what follows it in the section (notes on the figures, written by hand) stay too,
+    after the new section. ``name`` names ``text`` in errors."""
+    heading = section.split("\n", 1)[0].rstrip()
+    if not heading.startswith("## "):
+        raise SectionError(f"a section starts with its '## ' heading line, not {heading!r}")
+    lines = text.splitlines(keepends=True)
+    visible = list(_heading_lines(lines))
+    starts = [i for i, line in visible if line.rstrip() == heading]
+    if len(starts) != 1:
+        found = [line.rstrip() for _, line in visible if line.startswith("## ")]
+        if not starts:
+            raise SectionError(
+                f"{name} has no line {heading!r} to replace (its sections: {', '.join(found) or 'none'}); "
+                f"add that heading where the section belongs, then run again"
+            )
+        raise SectionError(f"{name} has {len(starts)} lines {heading!r}; keep one")
+    if HAND_WRITTEN in section:
+        raise SectionError(f"the new section {heading!r} has the line {HAND_WRITTEN!r}; only the docs do")
+    start = starts[0]
+    end = next((i for i, line in visible if i > start and line.startswith(("# ", "## "))), len(lines))
+    kept = next((i for i, line in visible if start < i < end and line.strip() == HAND_WRITTEN), end)
+    new = section.rstrip("\n") + "\n"
+    if kept < end:
+        new += "\n" + "".join(lines[kept:end]).rstrip("\n") + "\n"
+    rest = "".join(lines[end:])
+    return "".join(lines[:start]) + new + ("\n" + rest if rest else "")
+
+
+def replace_marked(text: str, start: str, end: str, body: str, name: str = "the docs") -> str:
+    """``text`` with what lies between the ``start`` and ``end`` markers replaced by ``body``
+    (on lines of its own: a line break after ``start``, ``body`` ends with one)."""
+    for marker in (start, end):
+        if text.count(marker) != 1:
+            raise SectionError(
+                f"{name} has the marker {marker!r} {text.count(marker)} times; it needs it once, "
+                f"with {start!r} before {end!r}"
+            )
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    if end in head:
+        raise SectionError(f"{name} has {end!r} before {start!r}")
+    body = body.rstrip("\n")
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def write_section(section: str, path: Path = DOCS) -> None:
+    """Replace ``section``'s own section of ``path`` (docs/benchmarks.md), read just before."""
+    _write(path, replace_section(path.read_text(), section, _shown(path)))
+
+
+def write_marked(body: str, path: Path, start: str, end: str) -> None:
+    """Replace what lies between the markers ``start`` and ``end`` of ``path``."""
+    _write(path, replace_marked(path.read_text(), start, end, body, _shown(path)))
+
+
+def markers(script: str) -> tuple[str, str]:
+    """The comments around a script's block on a page other than docs/benchmarks.md."""
+    return f"<!-- benchmarks/{script}: start -->", f"<!-- benchmarks/{script}: end -->"
+
+
+def _write(path: Path, text: str) -> None:
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(text)
+    scratch.replace(path)  # whole or not at all
+    print(f"updated {_shown(path)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables and the description of the run.
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str | None = None) -> str:
+    """A markdown table; ``align`` has one letter a column, ``l`` or ``r`` (default: the first
+    column left, the others right). An empty cell is written ``| |``."""
+    align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header):
+        raise ValueError(f"{len(header)} columns, {len(align)} alignments")
+
+    def line(cells: Sequence[str]) -> str:
+        return "|" + "".join(f" {cell} |" if cell else " |" for cell in cells)
+
+    rule = line(["---:" if a == "r" else "---" for a in align])
+    return "\n".join([line(header), rule, *(line(row) for row in rows)])
+
+
+def wrap(text: str, bullet: bool = False) -> str:
+    """``text`` as a markdown paragraph of lines of at most 100 characters; a list item when
+    ``bullet``."""
+    if bullet:
+        return textwrap.fill(text, width=100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+    return textwrap.fill(text, width=100, break_on_hyphens=False)
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def cores() -> str:
+    """``2 cores (x86_64)``."""
+    return f"{os.cpu_count()} cores ({platform.machine()})"
+
+
+def cpu_model() -> str:
+    """The processor's name, from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def load_average() -> float:
+    """The 1-minute load average: above the benchmark's own processes, other work competed."""
+    return os.getloadavg()[0]
+
+
+def rss_kib() -> int:
+    """This process's resident set size now, in KiB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("VmRSS missing from /proc/self/status (the benchmark needs Linux)")
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set size so far, in KiB (``ru_maxrss`` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes and paired timings.
+
+JOB_VARIABLES = frozenset(
+    {"LOCAL_RANK", "RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+)
+
+
+def worker_env(threads: int = 1, **extra: str) -> dict[str, str]:
+    """The environment of a worker command: this one without a job's variables (a worker must
+    not think it is rank 1 of the job the benchmark was started from), ``threads`` intra-op
+    threads a process (2 processes on 2 cores: 1 each), unbuffered output, and ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in JOB_VARIABLES and not k.startswith(("TORCHELASTIC_", "SLURM_", "FULLSHARD_"))
+    }
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def rotations(items: Sequence[T], rounds: int) -> Iterator[list[T]]:
+    """``items`` in a new order each round, rotated by one, so that each comes first as often
+    as the others (a machine that drifts favours no one)."""
+    for index in range(rounds):
+        shift = index % len(items)
+        yield [*items[shift:], *items[:shift]]
+
+
+def abba(pairs: int, first: Callable[[], float], second: Callable[[], float]) -> list[tuple[float, float]]:
+    """``pairs`` pairs of (``first()``, ``second()``), run by turns, ``first`` first in even
+    pairs and ``second`` first in odd ones: neighbours see about the same load, so the ratio
+    within a pair is less noisy than the ratio of separate runs."""
+    results = []
+    for index in range(pairs):
+        if index % 2 == 0:
+            a = first()
+            b = second()
+        else:
+            b = second()
+            a = first()
+        results.append((a, b))
+    return results
+
+
+def ratio_summary(ratios: Sequence[float], what: str = "pairs", digits: int = 3) -> str:
+    """``1.045x (median of 12 pairs; 0.835x to 1.136x)``; ``not measured`` without ratios."""
+    if not ratios:
+        return "not measured"
+    median = statistics.median(ratios)
+    return (
+        f"{median:.{digits}f}x (median of {len(ratios)} {what}; "
+        f"{min(ratios):.{digits}f}x to {max(ratios):.{digits}f}x)"
+    )

@@ -1,0 +1,10 @@
+"""The Trainer's callbacks: the :class:`Callback` base class and the built-in ones (each in its
+own module). Users import them from :mod:`fullshard.callbacks`."""
+
+from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
+from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
+from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.callbacks.progress_bar import ProgressBar
+
+__all__ = ["Callback", "EarlyStopping", "EarlyStoppingReason", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar"]

@@ -1,0 +1,173 @@
+"""The files of ``ModelCheckpoint``: filling a name template, telling complete checkpoints from
+interrupted ones, removing them, writing the best-k list, and checking the callback's arguments."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import re
+import shutil
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullshard.checkpoint.layout import RECORD_NAME
+from fullshard.errors import MisconfigurationError
+
+# A field of a filename template: "{name}" or "{name:format_spec}". The name runs up to the
+# first ":" or "}", so it may hold "/" or "." (logged names such as "val/loss").
+_FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
+
+
+def fill_template(template: str, metrics: dict[str, Any], equals: str | None) -> str:
+    """``template`` with each ``{name[:spec]}`` field filled from ``metrics`` (0 for a metric not
+    logged yet, as in Lightning), written ``name<equals>value`` unless ``equals`` is None."""
+
+    def fill(match: re.Match[str]) -> str:
+        name, spec = match.group(1), (match.group(2) or ":")[1:]
+        value = metrics.get(name, 0)
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            value = value.item()
+        try:
+            text = format(value, spec)
+        except ValueError as err:
+            raise MisconfigurationError(
+                f"ModelCheckpoint(filename={template!r}): cannot format {name!r} = {value!r} with "
+                f"{{{name}:{spec}}} ({err}). Change the format spec, e.g. {{{name}:.4f}} for a float."
+            ) from None
+        return text if equals is None else name + equals + text
+
+    return _FIELD.sub(fill, template)
+
+
+def write_scores_yaml(filepath: str | os.PathLike[str], scores: dict[str, float]) -> None:
+    """Write ``path: score`` lines as YAML (``{}`` when there are none)."""
+    lines = [f"{_yaml_string(path)}: {_yaml_float(score)}\n" for path, score in scores.items()]
+    Path(filepath).write_text("".join(lines) or "{}\n", encoding="utf-8")
+
+
+def is_complete(path: Path) -> bool:
+    """A checkpoint file (written atomically) or a committed sharded checkpoint directory."""
+    return path.is_file() or (path / RECORD_NAME).is_file()
+
+
+def newest_complete(dirpath: str, extension: str, last_prefix: str) -> str | None:
+    """The newest complete checkpoint under ``dirpath``; a "last" one (name starting with
+    ``last_prefix``) committed at the same moment as the checkpoint it copies or links wins."""
+    if not os.path.isdir(dirpath):
+        return None
+    found = [p for p in Path(dirpath).rglob("*" + extension) if is_complete(p)]
+    if not found:
+        return None
+    newest = max(commit_time(p) for p in found)
+    at_newest = [p for p in found if commit_time(p) == newest]
+    lasts = [p for p in at_newest if p.name.startswith(last_prefix)]
+    return str((lasts or at_newest)[0])
+
+
+def link_or_copy(filepath: str, linkpath: str) -> None:
+    """Make ``linkpath`` a relative symbolic link to ``filepath``, or a copy where links fail."""
+    remove_path(linkpath)
+    try:
+        os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), linkpath)
+    except OSError:
+        warnings.warn(
+            f"ModelCheckpoint(save_last='link'): cannot create a symbolic link at {linkpath!r}; "
+            "copying the checkpoint instead.",
+            stacklevel=3,
+        )
+        if os.path.isdir(filepath):
+            shutil.copytree(filepath, linkpath)
+        else:
+            shutil.copy2(filepath, linkpath)
+
+
+def commit_time(path: Path) -> int:
+    """When the checkpoint at ``path`` (a file, a sharded directory, or a link to one) was committed."""
+    return (path if path.is_file() else path / RECORD_NAME).stat().st_mtime_ns
+
+
+def remove_path(path: str) -> None:
+    """Delete a checkpoint: a link (never its target), a file, or a sharded directory."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.remove(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _yaml_string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def _yaml_float(value: float) -> str:
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    return repr(value)
+
+
+def check_arguments(
+    *,
+    dirpath: Any,
+    filename: Any,
+    monitor: Any,
+    save_last: Any,
+    save_top_k: Any,
+    mode: Any,
+    every_n_train_steps: Any,
+    train_time_interval: Any,
+    every_n_epochs: Any,
+    save_on_train_epoch_end: Any,
+    flags: dict[str, Any],
+) -> None:
+    def bad(name: str, value: Any, accepted: str) -> MisconfigurationError:
+        return MisconfigurationError(f"ModelCheckpoint({name}={value!r}) is invalid: {accepted}.")
+
+    def is_int(value: Any) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    if dirpath is not None:
+        if not isinstance(dirpath, str | os.PathLike):
+            raise bad("dirpath", dirpath, "use a local directory path (str or pathlib.Path), or None")
+        if "://" in os.fspath(dirpath):
+            raise bad("dirpath", dirpath, "only local directories are supported; pass a local path")
+    if filename is not None and (not isinstance(filename, str) or not filename):
+        raise bad("filename", filename, "use a name template such as '{epoch}-{val_loss:.2f}', or None")
+    if monitor is not None and (not isinstance(monitor, str) or not monitor):
+        raise bad("monitor", monitor, "use the name of a logged metric, or None")
+    if not (save_last is None or isinstance(save_last, bool) or save_last == "link"):
+        raise bad("save_last", save_last, "use True, False, None or 'link'")
+    if not is_int(save_top_k) or save_top_k < -1:
+        raise bad("save_top_k", save_top_k, "use -1 (keep all), 0 (none besides last) or k >= 1")
+    if mode not in ("min", "max"):
+        raise bad("mode", mode, "use 'min' or 'max'")
+    for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+        if value is not None and (not is_int(value) or value < 0):
+            raise bad(name, value, "use a positive int, or 0/None to disable it")
+    if train_time_interval is not None and (
+        not isinstance(train_time_interval, timedelta) or train_time_interval < timedelta(0)
+    ):
+        raise bad("train_time_interval", train_time_interval, "use a datetime.timedelta >= 0, or None")
+    if save_on_train_epoch_end is not None and not isinstance(save_on_train_epoch_end, bool):
+        raise bad("save_on_train_epoch_end", save_on_train_epoch_end, "use True, False or None")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise bad(name, value, "use True or False")
+    triggers = {
+        "every_n_train_steps": every_n_train_steps if every_n_train_steps else None,
+        "every_n_epochs": every_n_epochs if every_n_epochs else None,
+        "train_time_interval": train_time_interval,
+    }
+    given = {k: v for k, v in triggers.items() if v is not None}
+    if len(given) > 1:
+        listed = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise MisconfigurationError(
+            f"ModelCheckpoint({listed}): pass only one of every_n_train_steps, every_n_epochs and "
+            "train_time_interval. To save on several schedules, use one ModelCheckpoint for each."
+        )

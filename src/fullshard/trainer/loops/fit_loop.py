@@ -1,0 +1,446 @@
+"""The training loop of ``fit``: sanity validation, epochs of training steps, validation when due.
+
+Hooks are called in Lightning 2.x's order (recorded from Lightning in tests/porting/expected/;
+docs/lightning.md lists it): for each batch ``on_train_batch_start``, ``training_step``, on the
+first micro-batch of an accumulation window ``on_before_zero_grad`` and ``zero_grad``, then
+``on_before_backward``, ``backward``, ``on_after_backward``, on the last micro-batch
+``on_before_optimizer_step``, clipping and ``optimizer.step()``, then ``on_train_batch_end``,
+step metrics to the loggers, and validation when due.
+
+The hot path (one micro-batch) stays lean: hook dispatch goes only to callbacks and module
+methods that override a hook (see :class:`~fullshard.trainer.hooks.Hooks`), so idle hooks cost
+nothing per step. A checkpoint written in the background (``async_save``) costs an attribute read
+per optimizer step; its failure is raised there, at a step every rank agrees on ([Note: failures
+surface at the same step on every rank] in fullshard.checkpoint.async_save).
+
+The loop owns its state: the :class:`Progress` record, the training loader and its batch count,
+the preemption and non-finite-loss handling. It reads the Trainer's public settings only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fullshard.errors import MisconfigurationError
+from fullshard.launch import stuck_ranks
+from fullshard.module import Module
+from fullshard.rank_zero import rank_zero_warn
+from fullshard.seed import current_seed
+from fullshard.trainer import checkpointing, data_setup, nonfinite, preemption
+from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loops.progress import Progress
+from fullshard.trainer.preflight import overrides
+
+if TYPE_CHECKING:
+    import signal
+
+    from fullshard.trainer.data import PreparedLoader
+    from fullshard.trainer.hooks import Hooks
+    from fullshard.trainer.loops.evaluation_loop import EvaluationLoop
+    from fullshard.trainer.metrics import MetricsCollector
+    from fullshard.trainer.preflight import DataSources
+    from fullshard.trainer.trainer import Trainer
+
+
+def extract_loss(output: Any) -> torch.Tensor | None:
+    """The loss of a ``training_step`` result: a tensor, ``{"loss": tensor}``, or None (skip)."""
+    if output is None or isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping) and "loss" in output:
+        loss = output["loss"]
+        if isinstance(loss, torch.Tensor):
+            return loss
+    raise MisconfigurationError(
+        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' "
+        "tensor, or None to skip the batch."
+    )
+
+
+def _batch_outputs(output: Any, loss: torch.Tensor | None) -> Any:
+    """What ``on_train_batch_end`` receives, as in Lightning: a dict with the (normalised,
+    detached) ``"loss"`` and the other entries of a dict result; None for a skipped step."""
+    if loss is None:
+        return None
+    outputs = {k: v for k, v in output.items() if k != "loss"} if isinstance(output, Mapping) else {}
+    outputs["loss"] = loss.detach()
+    return outputs
+
+
+class FitLoop:
+    """Runs ``fit``'s training, and owns where it is (:attr:`progress`)."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        metrics: MetricsCollector,
+        validate_loop: EvaluationLoop,
+        *,
+        on_nonfinite_loss: nonfinite.NonFiniteLoss,
+        preemption_signals: tuple[signal.Signals, ...],
+        requeue_on_preemption: bool,
+    ) -> None:
+        self.trainer = trainer
+        self.metrics = metrics
+        self.validate_loop = validate_loop
+        self.progress = Progress()
+        self.train_loader: PreparedLoader | None = None
+        self.num_training_batches: int | float = 0
+        self.val_check_batch: int | float = 0
+        self.nonfinite = on_nonfinite_loss  # [Note: agreeing on a non-finite loss]
+        self.preemption_signals = preemption_signals
+        self.requeue_on_preemption = requeue_on_preemption
+        # what the loop reads at each boundary; a live one is made for each fit
+        self.preemption = preemption.Preemption((), requeue=False)
+        self._hooks: Hooks | None = None
+
+    # --------------------------------------------------------------------------- data
+    def setup_train_loader(self, loader: Any) -> None:
+        """Prepare the training loader (``estimated_stepping_batches`` may ask for it early)."""
+        self.train_loader, self.num_training_batches = data_setup.prepare(self.trainer, loader, "train")
+
+    def _setup_train_data(self, module: Module, sources: DataSources) -> None:
+        """The training loader of ``fit`` (asked for after the sanity validation, as in Lightning)."""
+        if self.train_loader is None:
+            self.setup_train_loader(sources.get("train", module))
+        if self.num_training_batches == 0:
+            rank_zero_warn("The training dataloader yields no batches (or limit_train_batches=0): nothing to train.")
+        data_setup.check_same_batch_count(self.trainer.strategy, self.num_training_batches, "training")
+
+    # ------------------------------------------------------------------ checkpointed state
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's ``"loops"`` entry."""
+        loader = self.train_loader
+        return self.progress.state_dict(self.samples_in_epoch(), loader.seed if loader is not None else current_seed())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Keep a checkpoint's loop state (with its ``world_size``) until the loop starts: it is
+        put back after ``on_fit_start``, as in Lightning."""
+        self.progress.pending = state
+
+    def samples_in_epoch(self) -> int | None:
+        """How many positions of this epoch's order the processes together have consumed (see
+        [Note: resuming at another world size]); None where the training loader has no such order."""
+        progress = self.progress
+        if progress.saved_position is not None:  # restored, not yet placed in this run's loader
+            return progress.saved_position.samples
+        loader = self.train_loader
+        return None if loader is None else loader.samples_consumed(progress.epoch_start, progress.batches_in_epoch)
+
+    def place_restored_position(self) -> None:
+        """Move on past an epoch that ended at the checkpoint, or place the restored position in
+        the training loader of this run (which may run on another number of processes)."""
+        progress, loader = self.progress, self.train_loader
+        if progress.epoch_end_pending:
+            progress.start_next_epoch()
+            progress.epoch_end_pending = False
+            progress.saved_position = None
+        if progress.data_seed is not None and loader is not None:
+            if progress.data_seed != loader.seed:
+                rank_zero_warn(
+                    f"Resuming with the data order of the checkpoint (seed {progress.data_seed}), not of this run's "
+                    f"seed ({loader.seed}), so that training goes on with the samples it would have seen. To "
+                    "train on another order, start from the checkpoint's weights (ckpt_weights_only=True).",
+                    stacklevel=2,
+                )
+            loader.reseed(progress.data_seed)
+            progress.data_seed = None
+        position = progress.saved_position
+        if position is not None and loader is not None:
+            progress.saved_position = None
+            progress.epoch_start = loader.resume_start(position, progress.epoch)
+            progress.batches_in_epoch = progress.epoch_start[0]
+
+    # ------------------------------------------------------------------------- stopping
+    def can_stop_early(self) -> bool:
+        """Whether ``min_epochs`` and ``min_steps`` are reached."""
+        trainer, progress = self.trainer, self.progress
+        epochs_ok = trainer.min_epochs is None or progress.epoch >= trainer.min_epochs  # finished epochs
+        steps_ok = trainer.min_steps is None or progress.global_step >= trainer.min_steps
+        return epochs_ok and steps_ok
+
+    def stop_requested(self) -> bool:
+        return self.trainer.should_stop and self.can_stop_early()
+
+    def done(self) -> bool:
+        trainer, progress = self.trainer, self.progress
+        if self.num_training_batches == 0:
+            return True
+        if trainer.max_steps >= 0 and progress.global_step >= trainer.max_steps:
+            return True
+        if trainer.max_epochs >= 0 and progress.epoch >= trainer.max_epochs:
+            return True
+        if trainer.should_stop:
+            if self.can_stop_early():
+                return True
+            trainer.should_stop = False  # Lightning's rule: min_epochs/min_steps win over a stop request
+        return False
+
+    def should_validate(self, batches_done: int) -> bool:
+        """Whether validation runs after the ``batches_done``-th batch of this epoch (Lightning's rule)."""
+        every = self.val_check_batch
+        if not every:
+            return False
+        n_epoch = self.trainer.check_val_every_n_epoch
+        if n_epoch is not None and (self.progress.epoch + 1) % n_epoch != 0:
+            return False
+        if self.stop_requested():
+            return True
+        if math.isinf(every):
+            return self.trainer.is_last_batch
+        count = self.progress.total_batch_idx if n_epoch is None else batches_done
+        return count % every == 0  # type: ignore[operator]
+
+    # --------------------------------------------------------------------------- running
+    def run(self, module: Module, sources: DataSources, checkpoint: dict[str, Any] | None, hooks: Hooks) -> None:
+        """Sanity validation, then training until ``max_steps``/``max_epochs`` or a stop request,
+        with the preemption signals handled meanwhile.
+
+        Loaders are asked for in Lightning's order: the validation loader when the sanity run
+        starts, the training loader after it (without a sanity run: training, then validation).
+        A resumed run gets its random-number states back only then, so building the loaders
+        (a ``random_split`` in ``train_dataloader()``, say) cannot shift them.
+        """
+        trainer, progress = self.trainer, self.progress
+        self._hooks = hooks
+        self.preemption = preemption.Preemption(self.preemption_signals, self.requeue_on_preemption)
+        if self.preemption_signals:
+            self.preemption.start(trainer)
+        try:
+            if progress.pending is not None:
+                progress.load_state_dict(progress.pending)
+                progress.pending = None
+            sanity_ran = self._run_sanity_check(module, sources, hooks)
+            self._setup_train_data(module, sources)
+            if not sanity_ran:
+                self.validate_loop.setup_data(module, sources)
+            self.place_restored_position()
+            validate = self.validate_loop
+            self.val_check_batch = data_setup.val_check_batch(
+                trainer, validate.num_batches if validate.loader is not None else 0, self.num_training_batches
+            )
+            self._warn_if_nothing_logged()
+            if checkpoint is not None:
+                checkpointing.restore_rng_states(trainer, checkpoint)
+            hooks.call("on_train_start")
+            while not self.done():
+                self.run_epoch()
+            hooks.call("on_train_end")
+        finally:
+            self.preemption.stop()
+
+    def _run_sanity_check(self, module: Module, sources: DataSources, hooks: Hooks) -> bool:
+        """Run ``num_sanity_val_steps`` validation batches before training and forget their
+        metrics. The validation loader is asked for here, after ``on_sanity_check_start``, as in
+        Lightning. Returns whether the sanity run took place."""
+        trainer = self.trainer
+        wanted = (
+            trainer.num_sanity_val_steps != 0
+            and overrides(module, Module, "validation_step")
+            and sources.has("val", module)
+        )
+        if not wanted:
+            return False
+        snapshot = self.metrics.snapshot()
+        trainer.sanity_checking = True
+        try:
+            hooks.call("on_sanity_check_start")
+            self.validate_loop.setup_data(module, sources)
+            batches = self.validate_loop.sanity_batches()
+            if batches:
+                self.validate_loop.run(hooks, batches)
+            hooks.call("on_sanity_check_end")
+        finally:
+            trainer.sanity_checking = False
+            self.metrics.restore(snapshot)
+        return True
+
+    def _warn_if_nothing_logged(self) -> None:
+        """Say, as Lightning does, when the steps of the run (or of an epoch) are fewer than
+        ``log_every_n_steps``: their step metrics would never reach the loggers."""
+        trainer = self.trainer
+        if not trainer.loggers or trainer.fast_dev_run:
+            return
+        steps = self.num_training_batches / trainer.accumulate_grad_batches  # inf: an iterable dataset
+        what = f"The training epoch has {math.ceil(steps) if not math.isinf(steps) else steps} optimizer step(s)"
+        if trainer.max_steps >= 0 and trainer.max_steps - self.progress.global_step < steps:
+            steps = trainer.max_steps - self.progress.global_step
+            what = f"This run has {steps} optimizer step(s) left (max_steps={trainer.max_steps})"
+        if 0 < steps < trainer.log_every_n_steps:
+            rank_zero_warn(
+                f"{what}, fewer than Trainer(log_every_n_steps={trainer.log_every_n_steps}): step metrics are "
+                "logged every log_every_n_steps steps, so they will not reach the loggers (epoch metrics still "
+                "do). Pass a lower log_every_n_steps to see them.",
+                stacklevel=3,
+            )
+
+    def run_epoch(self) -> None:
+        """One epoch (or its remainder, when resuming mid-epoch)."""
+        trainer, progress, metrics = self.trainer, self.progress, self.metrics
+        hooks = self._hooks
+        assert hooks is not None and self.train_loader is not None
+        strategy = trainer.strategy
+        module = trainer.lightning_module
+        num_batches = self.num_training_batches
+        start = progress.batches_in_epoch
+        trainer.batch_idx_start = start
+        accumulate = trainer.accumulate_grad_batches
+        module_batch_start = hooks.module_hook("on_train_batch_start")  # its result counts: called apart
+        batch_start_callbacks = [h for h in hooks["on_train_batch_start"] if h != module_batch_start]
+        batch_end = hooks["on_train_batch_end"]
+        zero_grad_hooks = hooks["on_before_zero_grad"]
+        before_backward = hooks["on_before_backward"]
+        after_backward = hooks["on_after_backward"]
+        nonfinite_check = self.nonfinite
+        nonfinite_check.reset()
+        preempt = self.preemption
+
+        metrics.stage = "train"
+        metrics.in_step = False
+        progress.resume_point = None
+        module.train()
+        hooks.call("on_train_epoch_start")
+        metrics.in_step = True
+        iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start)
+        batch_idx = start
+        while batch_idx < num_batches:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                strategy.check_rank_agreement(
+                    "end_of_data", str(batch_idx), f"the training data ended after {batch_idx} batches"
+                )
+                break
+            stuck_ranks.kick("train", batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
+            batch = strategy.batch_to_device(batch)
+            metrics.set_batch(batch)
+            trainer.is_last_batch = batch_idx + 1 == num_batches
+            for hook in batch_start_callbacks:
+                hook(batch, batch_idx)
+            if module_batch_start is not None and module_batch_start(batch, batch_idx) == -1:
+                break  # Lightning's contract: -1 skips the rest of the epoch
+            boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
+            with strategy.no_backward_sync(enabled=not boundary):
+                output = strategy.training_step(batch, batch_idx)
+                loss = extract_loss(output)
+                if loss is None:
+                    strategy.check_rank_agreement(
+                        "skip",
+                        f"{progress.epoch}:{batch_idx}",
+                        f"training_step returned None at epoch {progress.epoch}, batch {batch_idx}",
+                    )
+                else:
+                    nonfinite_check.observe(loss, batch_idx)
+                    if batch_idx % accumulate == 0:
+                        for optimizer in trainer.optimizers:
+                            for hook in zero_grad_hooks:
+                                hook(optimizer)
+                            optimizer.zero_grad(set_to_none=True)
+                    if accumulate > 1:
+                        loss = loss / accumulate
+                    for hook in before_backward:
+                        hook(loss)
+                    strategy.backward(loss)
+                    for hook in after_backward:
+                        hook()
+            progress.batches_in_epoch = batch_idx = batch_idx + 1
+            progress.total_batch_idx += 1
+            stepped = boundary and loss is not None and nonfinite_check.step_allowed(trainer)
+            if stepped:
+                self._optimizer_step(hooks)
+            # at every boundary, stepped or skipped: see [Note: preemption, agreed without a per-step ...]
+            if boundary and preempt.requested and preempt.should_stop(progress.total_batch_idx):
+                preempt.save_and_exit(trainer)
+            if stepped and strategy.pending_checkpoint is not None:  # a checkpoint written in the background
+                strategy.pending_checkpoint.step_boundary(progress.global_step)  # raises if it failed
+            if batch_end:
+                outputs = _batch_outputs(output, loss)
+                for hook in batch_end:
+                    hook(outputs, batch, batch_idx - 1)
+            if boundary:
+                self._log_step_metrics()
+            if self.should_validate(batch_idx):
+                if boundary:
+                    module.zero_grad(set_to_none=True)  # free gradient memory for the evaluation
+                self.validate_loop.run(hooks)
+                metrics.stage = "train"
+                metrics.set_batch(batch)
+            if boundary:
+                self._step_schedulers("step", plateau=True)
+                progress.batches_that_stepped += 1
+            if trainer.max_steps >= 0 and progress.global_step >= trainer.max_steps:
+                break
+            if self.stop_requested():
+                break
+        self._end_epoch(hooks)
+
+    def _optimizer_step(self, hooks: Hooks) -> None:
+        trainer = self.trainer
+        strategy = trainer.strategy
+        before_step = hooks["on_before_optimizer_step"]
+        for optimizer in trainer.optimizers:
+            for hook in before_step:
+                hook(optimizer)
+            if trainer.gradient_clip_val is not None:
+                if trainer.gradient_clip_algorithm == "norm":
+                    strategy.clip_gradients_norm(optimizer, trainer.gradient_clip_val)
+                else:
+                    strategy.unscale_gradients(optimizer)
+                    params = [p for group in optimizer.param_groups for p in group["params"]]
+                    torch.nn.utils.clip_grad_value_(params, trainer.gradient_clip_val)
+            strategy.optimizer_step(optimizer)
+        self.progress.global_step += 1
+        self._step_schedulers("step", plateau=False)
+        if trainer.is_last_batch:
+            self._step_schedulers("epoch", plateau=False)
+
+    def _step_schedulers(self, interval: str, *, plateau: bool) -> None:
+        """Step the schedulers of ``interval`` that are (or are not) ``ReduceLROnPlateau``, as
+        Lightning orders them: plateau ones after the validation that produces their metric."""
+        trainer, progress = self.trainer, self.progress
+        for config in trainer.lr_scheduler_configs:
+            if config.interval != interval or config.is_plateau != plateau:
+                continue
+            count = progress.global_step if interval == "step" else progress.epoch + 1
+            if count % config.frequency == 0:
+                config.step(trainer.callback_metrics)
+
+    def _log_step_metrics(self) -> None:
+        trainer = self.trainer
+        step = self.progress.batches_that_stepped
+        if (step + 1) % trainer.log_every_n_steps == 0 or trainer.should_stop or trainer.fast_dev_run:
+            values = self.metrics.pop_step_log()
+            if values:
+                send_to_loggers(trainer, values, step)
+
+    def _end_epoch(self, hooks: Hooks) -> None:
+        """Epoch-level metrics, the epoch-end hooks (checkpoints save here), then epoch schedulers.
+
+        [Note: epochs cut short]
+        An epoch that ends early (``max_steps``, a stop request, ``on_train_batch_start`` returning
+        -1) still ends as in Lightning: its epoch-end hooks run and ``current_epoch`` moves on. A
+        checkpoint written then or afterwards still records the position inside the cut epoch (the
+        batches and the samples consumed), so ``fit(ckpt_path=...)`` with a larger ``max_steps``
+        continues exactly where training stopped, on any number of processes.
+        """
+        trainer, progress, metrics = self.trainer, self.progress, self.metrics
+        cut_short = not math.isinf(self.num_training_batches) and progress.batches_in_epoch < self.num_training_batches
+        progress.resume_point = (
+            (progress.epoch, progress.batches_in_epoch, self.samples_in_epoch()) if cut_short else None
+        )
+        progress.epoch_finished = not cut_short
+        metrics.stage = "train"
+        metrics.in_step = False
+        metrics.reduce_epoch("train")
+        hooks.call("on_train_epoch_end")
+        values = metrics.pop_epoch_log()
+        if values:
+            send_to_loggers(trainer, values, max(progress.batches_that_stepped - 1, 0))
+        self._step_schedulers("epoch", plateau=True)
+        metrics.in_step = True
+        progress.start_next_epoch()
+        if math.isinf(self.num_training_batches):
+            trainer.is_last_batch = False

@@ -1,0 +1,80 @@
+"""``Progress``: where training is, the one record of it. The fit loop owns it and is the only
+writer; the Trainer's ``current_epoch`` and ``global_step`` read it, and a checkpoint's
+``"loops"`` entry is its :meth:`Progress.state_dict`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fullshard.trainer.data import SavedPosition
+
+
+@dataclass
+class Progress:
+    """Loop progress of ``fit``.
+
+    ``batches_in_epoch`` is the batch position in the current epoch, ``batches_that_stepped``
+    the count of accumulation boundaries passed (the step number loggers get, see [Note: logger
+    steps] in fullshard.trainer.trainer), ``total_batch_idx`` the batches run in all epochs (the
+    position the ranks agree on at a preemption). ``epoch_start`` is the (batch index, samples
+    consumed) where this run of the epoch began; ``resume_point`` the (epoch, batches, samples)
+    of an epoch cut short (see [Note: epochs cut short] in fit_loop.py).
+    """
+
+    epoch: int = 0
+    global_step: int = 0
+    batches_in_epoch: int = 0
+    batches_that_stepped: int = 0
+    total_batch_idx: int = 0
+    epoch_finished: bool = False
+    epoch_start: tuple[int, int] = (0, 0)
+    resume_point: tuple[int, int, int | None] | None = None
+    # from a checkpoint: the whole state until the fit loop starts, then the position and the
+    # data order until the training loader exists
+    pending: dict[str, Any] | None = None
+    saved_position: SavedPosition | None = None
+    data_seed: int | None = None
+    epoch_end_pending: bool = False
+
+    def state_dict(self, samples_in_epoch: int | None, data_seed: int) -> dict[str, Any]:
+        """The checkpoint's ``"loops"`` entry; an epoch cut short is saved at its cut."""
+        epoch, batches, samples = self.resume_point or (self.epoch, self.batches_in_epoch, samples_in_epoch)
+        return {
+            "epoch": epoch,
+            "global_step": self.global_step,
+            "batches_in_epoch": batches,
+            "samples_in_epoch": samples,
+            "epoch_finished": self.epoch_finished,
+            "total_batch_idx": self.total_batch_idx,
+            "data_seed": data_seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a checkpoint's ``"loops"`` entry (with the ``world_size`` that wrote it). The
+        position in the epoch is placed in the training loader later (see
+        ``FitLoop.place_restored_position``); a checkpoint written at the end of an epoch keeps
+        that epoch's number until then (Lightning shows it during the sanity run)."""
+        self.global_step = int(state["global_step"])
+        self.batches_that_stepped = self.global_step
+        self.epoch = int(state["epoch"])
+        self.batches_in_epoch = int(state["batches_in_epoch"])
+        samples, world_size = state.get("samples_in_epoch"), state.get("world_size")
+        self.saved_position = SavedPosition(
+            batches=self.batches_in_epoch,
+            samples=None if samples is None else int(samples),
+            world_size=None if world_size is None else int(world_size),
+        )
+        self.epoch_start = (self.batches_in_epoch, 0)
+        self.total_batch_idx = int(state.get("total_batch_idx", 0))
+        seed = state.get("data_seed")  # None in checkpoints written before it was recorded
+        self.data_seed = None if seed is None else int(seed)
+        self.epoch_finished = False
+        self.epoch_end_pending = bool(state.get("epoch_finished"))
+
+    def start_next_epoch(self) -> None:
+        """Move on to the next epoch, at its first batch."""
+        self.epoch += 1
+        self.batches_in_epoch = 0
+        self.epoch_start = (0, 0)
+        self.epoch_finished = False
