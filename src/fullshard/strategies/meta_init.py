@@ -283,3 +283,18 @@ def init_new_modules(root: nn.Module, hook: InitHook, existing: set[int]) -> Non
         for m in children_first([root, *root.modules()]):
             if m in fresh:
                 hook(m)
+
+
+def init_user_layers(model: nn.Module, existing: set[int]) -> None:
+    """Run the module's ``init_weights`` override on the layers ``configure_model`` built for real
+    (``existing``: ids of the parameters there before; meta-device layers get it as FSDP
+    materialises them, see [Note: exact meta-device initialisation]); layers sharded by hand
+    inside ``configure_model`` are left alone."""
+    hook = user_init_of(model)
+    if hook is None or any(p.is_meta for p in model.parameters()):
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        return
+    init_new_modules(model, hook, existing)

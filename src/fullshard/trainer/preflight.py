@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
@@ -10,6 +10,10 @@ from torch.utils.data import DataLoader
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
 from fullshard.module import Module
+from fullshard.trainer.optimizers import parse_optimizers
+
+if TYPE_CHECKING:
+    from fullshard.trainer.trainer import Trainer
 
 
 class DataSources:
@@ -147,3 +151,29 @@ def check_call(stage: str, model: Any, sources: DataSources) -> None:
             )
         if sources.has("val", model) and not overrides(model, Module, "validation_step"):
             rank_zero_warn("Validation data was given but the module has no validation_step; validation is skipped.")
+
+
+def check_optimizers_early(trainer: Trainer, model: Module, sources: DataSources) -> None:
+    """Check what configure_optimizers returns, when the model has its parameters already.
+
+    Global rank 0 does it as the first thing in its run, before joining the process group: the
+    other processes are only starting then (importing torch), so a bad result ends the job at
+    once with one message, and the check costs no start-up time (building a first optimizer
+    imports ``torch._dynamo``, about a second, which would delay starting the others if done
+    before launching them). A model whose layers are built in configure_model() (or that
+    configure_optimizers cannot serve yet) is checked after setup instead. The optimizers built
+    here are discarded.
+    """
+    if overrides(model, Module, "configure_model") or next(model.parameters(), None) is None:
+        return
+    loop = trainer.fit_loop
+    loop.early_loader = sources.loaders.get("train")  # for estimated_stepping_batches
+    model.trainer = trainer
+    try:
+        config = model.configure_optimizers()
+    except Exception:  # needs something only a running fit has: checked after setup instead
+        return
+    finally:
+        model.trainer = None
+        loop.early_loader = loop.train_loader = None
+    parse_optimizers(config)

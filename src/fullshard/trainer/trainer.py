@@ -9,7 +9,6 @@ Modules outside this file use the Trainer's public surface only (``src/fullshard
 from __future__ import annotations
 
 import logging
-import math
 import os
 import warnings
 from collections.abc import Iterable
@@ -28,9 +27,9 @@ from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.precision import alias_warning
 from fullshard.strategies import Strategy
-from fullshard.strategies.meta_init import init_new_modules, user_init_of
+from fullshard.strategies.meta_init import init_user_layers
 from fullshard.trainer import arguments, checkpointing, nonfinite, preemption
-from fullshard.trainer.callbacks import Callback, ModelCheckpoint
+from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import (
     more_processes_than_cores,
     resolve_accelerator,
@@ -42,12 +41,13 @@ from fullshard.trainer.loggers import Logger
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
-from fullshard.trainer.preflight import DataSources, check_call, make_sources, overrides
+from fullshard.trainer.preflight import DataSources, check_call, check_optimizers_early, make_sources
+from fullshard.trainer.properties import TrainerProperties
 from fullshard.trainer.summary import format_results, model_summary
 
 log = logging.getLogger("fullshard")
 
-class Trainer:
+class Trainer(TrainerProperties):
     """Runs training, validation, test and prediction of a :class:`fullshard.Module` with a strategy.
 
     The arguments are Lightning 2.x's, with its defaults (docs/lightning.md lists what differs).
@@ -253,7 +253,6 @@ class Trainer:
         self._stage: str | None = None
         self._module: Module | None = None
         self._datamodule: DataModule | None = None
-        self._raw_train_loader: Any = None  # only while checking configure_optimizers before launch
         self._data: DataSources | None = None  # where the current call's loaders come from
         self._metrics = MetricsCollector(self._strategy.all_reduce)
         self._spawn_state: dict[str, torch.Tensor] = {}
@@ -274,12 +273,6 @@ class Trainer:
     def strategy(self) -> Strategy:
         """The strategy running this Trainer's processes."""
         return self._strategy
-
-    @property
-    def precision(self) -> str:
-        """The precision setting, spelled as in :data:`fullshard.precision.PRECISIONS`
-        (``"bf16-mixed"`` for ``precision="bf16"``), as in Lightning."""
-        return self._strategy.precision.precision
 
     @property
     def model(self) -> nn.Module | None:
@@ -304,36 +297,6 @@ class Trainer:
         return self._datamodule
 
     @property
-    def global_rank(self) -> int:
-        """Rank of this process among all processes of the job."""
-        return self._strategy.global_rank
-
-    @property
-    def local_rank(self) -> int:
-        """Rank of this process on its node."""
-        return self._strategy.local_rank
-
-    @property
-    def node_rank(self) -> int:
-        """Rank of this process's node."""
-        return self._strategy.node_rank
-
-    @property
-    def world_size(self) -> int:
-        """Number of processes in the job."""
-        return self._strategy.world_size
-
-    @property
-    def num_devices(self) -> int:
-        """Devices (processes) per node."""
-        return len(self._strategy.devices)
-
-    @property
-    def is_global_zero(self) -> bool:
-        """True in the process with global rank 0."""
-        return self._strategy.is_global_zero
-
-    @property
     def training(self) -> bool:
         """True while the training loop runs (not during its validation)."""
         return self._stage == "fit" and self._metrics.stage == "train"
@@ -354,117 +317,13 @@ class Trainer:
         return self._stage == "predict"
 
     @property
-    def callback_metrics(self) -> dict[str, torch.Tensor]:
-        """The latest value of every logged metric."""
-        return self._metrics.callback_metrics
-
-    @property
-    def logged_metrics(self) -> dict[str, torch.Tensor]:
-        """The latest value of every metric sent to the loggers."""
-        return self._metrics.logged_metrics
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, float]:
-        """The latest values of the metrics logged with ``prog_bar=True``."""
-        return self._metrics.progress_bar_metrics()
-
-    @property
-    def logger(self) -> Logger | None:
-        """The first logger, if any."""
-        return self.loggers[0] if self.loggers else None
-
-    @property
-    def log_dir(self) -> str:
-        """The first logger's directory, else ``default_root_dir``."""
-        return self.loggers[0].log_dir if self.loggers else self.default_root_dir
-
-    @property
-    def checkpoint_callback(self) -> ModelCheckpoint | None:
-        """The first :class:`ModelCheckpoint` among the callbacks."""
-        return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
-
-    @property
-    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
-        """Every :class:`ModelCheckpoint` among the callbacks."""
-        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
-
-    @property
-    def max_epochs_reached(self) -> bool:
-        """Whether training stopped because ``max_epochs`` was reached."""
-        return self.max_epochs >= 0 and self.current_epoch >= self.max_epochs
-
-    @property
     def estimated_stepping_batches(self) -> int | float:
         """The number of optimizer steps ``fit`` will take (as Lightning estimates it): usable in
         ``configure_optimizers``, e.g. for ``OneCycleLR(total_steps=...)``."""
-        if self.max_epochs == -1:
-            return math.inf if self.max_steps == -1 else self.max_steps
-        if self.fit_loop.train_loader is None:
-            if self._raw_train_loader is not None:  # before any process starts (preflight)
-                self.fit_loop.setup_train_loader(self._raw_train_loader)
-            elif self._data is not None and self._module is not None and self._stage == "fit":
-                rank_zero_info("Building the training dataloader to estimate the number of stepping batches.")
-                self.fit_loop.setup_train_loader(self._data.get("train", self._module))
-            else:
-                raise RuntimeError(
-                    "estimated_stepping_batches needs the training dataloader: read it inside fit() "
-                    "(e.g. in configure_optimizers)."
-                )
-        total = self.num_training_batches
-        if math.isinf(total):
-            return self.max_steps if self.max_steps != -1 else math.inf
-        steps = math.ceil(total / self.accumulate_grad_batches) * max(self.max_epochs, 1)
-        return min(steps, self.max_steps) if self.max_steps != -1 else steps
-
-    @property
-    def logger_step(self) -> int:
-        """The step number loggers get now.
-
-        [Note: logger steps]
-        Lightning logs step metrics at the number of optimizer steps taken *before* the current
-        one (the first step logs at 0), and epoch-end training metrics at that of the epoch's
-        last step; validation in the middle of training logs at the count so far. fullshard uses
-        the same numbers, so curves of a ported script line up with its Lightning ones.
-        """
-        return self.fit_loop.progress.batches_that_stepped
-
-    @property
-    def current_epoch(self) -> int:
-        """The epoch training is in (epochs finished so far)."""
-        return self.fit_loop.progress.epoch
-
-    @current_epoch.setter
-    def current_epoch(self, epoch: int) -> None:
-        self.fit_loop.progress.epoch = epoch
-
-    @property
-    def global_step(self) -> int:
-        """Optimizer steps taken so far."""
-        return self.fit_loop.progress.global_step
-
-    @global_step.setter
-    def global_step(self, step: int) -> None:
-        self.fit_loop.progress.global_step = step
-
-    @property
-    def num_training_batches(self) -> int | float:
-        """Training batches per epoch (inf for a loader without a length)."""
-        return self.fit_loop.num_training_batches
-
-    @property
-    def num_val_batches(self) -> list[int | float]:
-        """Validation batches per run, one entry per dataloader (Lightning's form); kept after the call."""
-        return self.validate_loop.batches_per_loader
-
-    @property
-    def num_test_batches(self) -> list[int | float]:
-        """Test batches per run, one entry per dataloader; kept after the call."""
-        return self.test_loop.batches_per_loader
-
-    @property
-    def num_predict_batches(self) -> list[int | float]:
-        """Prediction batches per run, one entry per dataloader; kept after the call."""
-        return self.predict_loop.batches_per_loader
+        module, data = self._module, self._data
+        if data is None or module is None or self._stage != "fit":
+            return self.fit_loop.estimated_stepping_batches(None)
+        return self.fit_loop.estimated_stepping_batches(lambda: data.get("train", module))
 
     @property
     def metrics_collector(self) -> MetricsCollector:
@@ -627,30 +486,6 @@ class Trainer:
         self._module = model
         self._datamodule = sources.datamodule
 
-    def _preflight_optimizers(self, model: Module, sources: DataSources) -> None:
-        """Check what configure_optimizers returns, when the model has its parameters already.
-
-        Global rank 0 does it as the first thing in ``_run``, before joining the process group:
-        the other processes are only starting then (importing torch), so a bad result ends the
-        job at once with one message, and the check costs no start-up time (building a first
-        optimizer imports ``torch._dynamo``, about a second, which would delay starting the
-        others if done before launching them). A model whose layers are built in
-        configure_model() (or that configure_optimizers cannot serve yet) is checked after setup
-        instead. The optimizers built here are discarded.
-        """
-        if overrides(model, Module, "configure_model") or next(model.parameters(), None) is None:
-            return
-        self._raw_train_loader = sources.loaders.get("train")
-        model.trainer = self
-        try:
-            config = model.configure_optimizers()
-        except Exception:  # needs something only a running fit has: checked after setup instead
-            return
-        finally:
-            model.trainer = None
-            self._raw_train_loader = self.fit_loop.train_loader = None
-        parse_optimizers(config)
-
     def _launch(self, *args: Any) -> Any:
         """Run :meth:`_run` with ``args`` in every process of the job."""
         launcher = self._strategy.launcher
@@ -674,7 +509,7 @@ class Trainer:
     ) -> Any:
         strategy = self._strategy
         if stage == "fit" and self.world_size > 1 and self.is_global_zero:
-            self._preflight_optimizers(model, sources)
+            check_optimizers_early(self, model, sources)
         strategy.setup_environment()
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         self._stage = stage
@@ -772,7 +607,7 @@ class Trainer:
         existing = {id(p) for p in model.parameters()}
         with strategy.tensor_init_context(), strategy.model_sharded_context():
             model.configure_model()
-        _init_new_layers(model, existing)
+        init_user_layers(model, existing)
         strategy.setup_module(model)
         if stage == "fit":
             self.fit_loop.train_loader = None
@@ -821,17 +656,3 @@ def _finish_background_save(strategy: Strategy, exception: BaseException) -> Non
         strategy.wait_for_checkpoint()
     except CheckpointError as err:
         warnings.warn(f"{err} (The run itself failed with {type(exception).__name__}.)", stacklevel=3)
-
-
-def _init_new_layers(model: Module, existing: set[int]) -> None:
-    """Run the module's ``init_weights`` override on the layers ``configure_model`` built for real
-    (meta-device layers get it as FSDP materialises them, see [Note: exact meta-device
-    initialisation]); layers sharded by hand inside ``configure_model`` are left alone."""
-    hook = user_init_of(model)
-    if hook is None or any(p.is_meta for p in model.parameters()):
-        return
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
-        return
-    init_new_modules(model, hook, existing)

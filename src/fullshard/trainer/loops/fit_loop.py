@@ -20,10 +20,11 @@ the preemption and non-finite-loss handling. It reads the Trainer's public setti
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_info
 
 from fullshard.errors import MisconfigurationError
 from fullshard.launch import stuck_ranks
@@ -95,12 +96,36 @@ class FitLoop:
         self.requeue_on_preemption = requeue_on_preemption
         # what the loop reads at each boundary; a live one is made for each fit
         self.preemption = preemption.Preemption((), requeue=False)
+        self.early_loader: Any = None  # the given training loader, while rank 0 checks optimizers early
         self._hooks: Hooks | None = None
 
     # --------------------------------------------------------------------------- data
     def setup_train_loader(self, loader: Any) -> None:
         """Prepare the training loader (``estimated_stepping_batches`` may ask for it early)."""
         self.train_loader, self.num_training_batches = data_setup.prepare(self.trainer, loader, "train")
+
+    def estimated_stepping_batches(self, train_loader: Callable[[], Any] | None) -> int | float:
+        """The number of optimizer steps ``fit`` will take, as Lightning estimates it.
+        ``train_loader`` builds the running fit's training loader when needed (None outside fit)."""
+        trainer = self.trainer
+        if trainer.max_epochs == -1:
+            return math.inf if trainer.max_steps == -1 else trainer.max_steps
+        if self.train_loader is None:
+            if self.early_loader is not None:  # before any process starts (preflight)
+                self.setup_train_loader(self.early_loader)
+            elif train_loader is not None:
+                rank_zero_info("Building the training dataloader to estimate the number of stepping batches.")
+                self.setup_train_loader(train_loader())
+            else:
+                raise RuntimeError(
+                    "estimated_stepping_batches needs the training dataloader: read it inside fit() "
+                    "(e.g. in configure_optimizers)."
+                )
+        total = self.num_training_batches
+        if math.isinf(total):
+            return trainer.max_steps if trainer.max_steps != -1 else math.inf
+        steps = math.ceil(total / trainer.accumulate_grad_batches) * max(trainer.max_epochs, 1)
+        return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
 
     def _setup_train_data(self, module: Module, sources: DataSources) -> None:
         """The training loader of ``fit`` (asked for after the sanity validation, as in Lightning)."""

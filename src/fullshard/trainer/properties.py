@@ -1,0 +1,186 @@
+"""The Trainer's read-only views (ranks, metrics, loggers, checkpoint callbacks, loop progress),
+computed from its public attributes; :class:`~fullshard.Trainer` inherits them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from fullshard.strategies import Strategy
+    from fullshard.trainer.callbacks import Callback, ModelCheckpoint
+    from fullshard.trainer.loggers import Logger
+    from fullshard.trainer.loops import EvaluationLoop, FitLoop
+    from fullshard.trainer.metrics import MetricsCollector
+
+
+class TrainerProperties:
+    """Views shared by every Trainer; the attributes below are the Trainer's own."""
+
+    callbacks: list[Callback]
+    loggers: list[Logger]
+    default_root_dir: str
+    max_epochs: int
+    fit_loop: FitLoop
+    validate_loop: EvaluationLoop
+    test_loop: EvaluationLoop
+    predict_loop: EvaluationLoop
+
+    @property
+    def strategy(self) -> Strategy:
+        raise NotImplementedError
+
+    @property
+    def metrics_collector(self) -> MetricsCollector:
+        raise NotImplementedError
+
+    @property
+    def precision(self) -> str:
+        """The precision setting, spelled as in :data:`fullshard.precision.PRECISIONS`
+        (``"bf16-mixed"`` for ``precision="bf16"``), as in Lightning."""
+        return self.strategy.precision.precision
+
+
+    @property
+    def global_rank(self) -> int:
+        """Rank of this process among all processes of the job."""
+        return self.strategy.global_rank
+
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node."""
+        return self.strategy.local_rank
+
+
+    @property
+    def node_rank(self) -> int:
+        """Rank of this process's node."""
+        return self.strategy.node_rank
+
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job."""
+        return self.strategy.world_size
+
+
+    @property
+    def num_devices(self) -> int:
+        """Devices (processes) per node."""
+        return len(self.strategy.devices)
+
+
+    @property
+    def is_global_zero(self) -> bool:
+        """True in the process with global rank 0."""
+        return self.strategy.is_global_zero
+
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """The latest value of every logged metric."""
+        return self.metrics_collector.callback_metrics
+
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """The latest value of every metric sent to the loggers."""
+        return self.metrics_collector.logged_metrics
+
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """The latest values of the metrics logged with ``prog_bar=True``."""
+        return self.metrics_collector.progress_bar_metrics()
+
+
+    @property
+    def logger(self) -> Logger | None:
+        """The first logger, if any."""
+        return self.loggers[0] if self.loggers else None
+
+
+    @property
+    def log_dir(self) -> str:
+        """The first logger's directory, else ``default_root_dir``."""
+        return self.loggers[0].log_dir if self.loggers else self.default_root_dir
+
+
+    @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first :class:`ModelCheckpoint` among the callbacks."""
+        return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+
+    @property
+    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
+        """Every :class:`ModelCheckpoint` among the callbacks."""
+        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+
+
+    @property
+    def max_epochs_reached(self) -> bool:
+        """Whether training stopped because ``max_epochs`` was reached."""
+        return self.max_epochs >= 0 and self.current_epoch >= self.max_epochs
+
+
+    @property
+    def logger_step(self) -> int:
+        """The step number loggers get now.
+
+        [Note: logger steps]
+        Lightning logs step metrics at the number of optimizer steps taken *before* the current
+        one (the first step logs at 0), and epoch-end training metrics at that of the epoch's
+        last step; validation in the middle of training logs at the count so far. fullshard uses
+        the same numbers, so curves of a ported script line up with its Lightning ones.
+        """
+        return self.fit_loop.progress.batches_that_stepped
+
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch training is in (epochs finished so far)."""
+        return self.fit_loop.progress.epoch
+
+
+    @current_epoch.setter
+    def current_epoch(self, epoch: int) -> None:
+        self.fit_loop.progress.epoch = epoch
+
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.fit_loop.progress.global_step
+
+
+    @global_step.setter
+    def global_step(self, step: int) -> None:
+        self.fit_loop.progress.global_step = step
+
+
+    @property
+    def num_training_batches(self) -> int | float:
+        """Training batches per epoch (inf for a loader without a length)."""
+        return self.fit_loop.num_training_batches
+
+
+    @property
+    def num_val_batches(self) -> list[int | float]:
+        """Validation batches per run, one entry per dataloader (Lightning's form); kept after the call."""
+        return self.validate_loop.batches_per_loader
+
+
+    @property
+    def num_test_batches(self) -> list[int | float]:
+        """Test batches per run, one entry per dataloader; kept after the call."""
+        return self.test_loop.batches_per_loader
+
+
+    @property
+    def num_predict_batches(self) -> list[int | float]:
+        """Prediction batches per run, one entry per dataloader; kept after the call."""
+        return self.predict_loop.batches_per_loader
+
