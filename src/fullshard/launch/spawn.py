@@ -219,7 +219,7 @@ class SpawnLauncher(Launcher):
 
     Local rank 0 of every node sends its return value back to the calling process, where
     ``launch`` returns it (the Trainer's function returns its state with it, see
-    ``Trainer._launch``).
+    fullshard.trainer.trainer).
 
     ``start_method="fork"`` (what ``strategy="ddp_notebook"`` uses) starts the processes as
     copies of this one: nothing is pickled, so classes defined in a notebook work; on CPU each
