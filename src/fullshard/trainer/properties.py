@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fullshard.trainer.callbacks import Callback, ModelCheckpoint
+
 if TYPE_CHECKING:
     import torch
 
     from fullshard.strategies import Strategy
-    from fullshard.trainer.callbacks import Callback, ModelCheckpoint
     from fullshard.trainer.loggers import Logger
     from fullshard.trainer.loops import EvaluationLoop, FitLoop
     from fullshard.trainer.metrics import MetricsCollector
