@@ -28,7 +28,7 @@ class Hooks:
     module if it does; checkpointing and early stopping come after the module in
     ``on_train_epoch_end`` so that they see what it logged (Lightning's order)."""
 
-    def __init__(self, trainer: Trainer | None = None, callbacks: Iterable[Callback] = (), module: Module | None = None) -> None:
+    def __init__(self, trainer: Trainer, callbacks: Iterable[Callback], module: Module) -> None:
         self.module = module
         self._calls: dict[str, list[Callable[..., Any]]] = {}
         callbacks = list(callbacks)
@@ -54,7 +54,6 @@ class Hooks:
 
     def module_hook(self, name: str) -> Callable[..., Any] | None:
         """The module's ``name`` hook when it overrides it, else None."""
-        module = self.module
-        if module is None or name in _CALLBACK_ONLY or not overrides(module, Module, name):
+        if name in _CALLBACK_ONLY or not overrides(self.module, Module, name):
             return None
-        return getattr(module, name)  # type: ignore[no-any-return]
+        return getattr(self.module, name)  # type: ignore[no-any-return]

@@ -47,6 +47,7 @@ from fullshard.trainer.summary import format_results, model_summary
 
 log = logging.getLogger("fullshard")
 
+
 class Trainer(TrainerProperties):
     """Runs training, validation, test and prediction of a :class:`fullshard.Module` with a strategy.
 
