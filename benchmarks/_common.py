@@ -129,6 +129,33 @@ def _heading_lines(lines: list[str]) -> Iterator[tuple[int, str]]:
             yield index, line
 
 
+def _locate(text: str, heading: str, name: str) -> tuple[list[str], int, int, int]:
+    """(lines, start, kept, end): the section ``heading`` is ``lines[start:end]``, its
+    hand-written notes ``lines[kept:end]`` (``kept == end``: none)."""
+    lines = text.splitlines(keepends=True)
+    visible = list(_heading_lines(lines))
+    starts = [i for i, line in visible if line.rstrip() == heading]
+    if len(starts) != 1:
+        found = [line.rstrip() for _, line in visible if line.startswith("## ")]
+        if not starts:
+            raise SectionError(
+                f"{name} has no line {heading!r} to replace (its sections: {', '.join(found) or 'none'}); "
+                f"add that heading where the section belongs, then run again"
+            )
+        raise SectionError(f"{name} has {len(starts)} lines {heading!r}; keep one")
+    start = starts[0]
+    end = next((i for i, line in visible if i > start and line.startswith(("# ", "## "))), len(lines))
+    kept = next((i for i, line in visible if start < i < end and line.strip() == HAND_WRITTEN), end)
+    return lines, start, kept, end
+
+
+def section_of(text: str, heading: str, name: str = "the docs") -> str:
+    """The section ``heading`` of ``text`` as a script writes it: from the heading line to its
+    hand-written notes or the next section, without the blank lines at its end."""
+    lines, start, kept, _ = _locate(text, heading, name)
+    return "".join(lines[start:kept]).rstrip("\n") + "\n"
+
+
 def replace_section(text: str, section: str, name: str = "the docs") -> str:
     """``text`` with the section that starts with ``section``'s heading line replaced by ``section``.
 
@@ -141,32 +168,20 @@ def replace_section(text: str, section: str, name: str = "the docs") -> str:
     heading = section.split("\n", 1)[0].rstrip()
     if not heading.startswith("## "):
         raise SectionError(f"a section starts with its '## ' heading line, not {heading!r}")
-    lines = text.splitlines(keepends=True)
-    visible = list(_heading_lines(lines))
-    starts = [i for i, line in visible if line.rstrip() == heading]
-    if len(starts) != 1:
-        found = [line.rstrip() for _, line in visible if line.startswith("## ")]
-        if not starts:
-            raise SectionError(
-                f"{name} has no line {heading!r} to replace (its sections: {', '.join(found) or 'none'}); "
-                f"add that heading where the section belongs, then run again"
-            )
-        raise SectionError(f"{name} has {len(starts)} lines {heading!r}; keep one")
     if HAND_WRITTEN in section:
         raise SectionError(f"the new section {heading!r} has the line {HAND_WRITTEN!r}; only the docs do")
-    start = starts[0]
-    end = next((i for i, line in visible if i > start and line.startswith(("# ", "## "))), len(lines))
-    kept = next((i for i, line in visible if start < i < end and line.strip() == HAND_WRITTEN), end)
+    lines, start, kept, end = _locate(text, heading, name)
     new = section.rstrip("\n") + "\n"
-    if kept < end:
-        new += "\n" + "".join(lines[kept:end]).rstrip("\n") + "\n"
     rest = "".join(lines[end:])
+    if kept < end:  # the notes as they are, with the blank lines that end them
+        return "".join(lines[:start]) + new + "\n" + "".join(lines[kept:])
     return "".join(lines[:start]) + new + ("\n" + rest if rest else "")
 
 
 def replace_marked(text: str, start: str, end: str, body: str, name: str = "the docs") -> str:
     """``text`` with what lies between the ``start`` and ``end`` markers replaced by ``body``
-    (on lines of its own: a line break after ``start``, ``body`` ends with one)."""
+    on lines of its own: ``start``, a line break, ``body`` without the line breaks it starts or
+    ends with, a line break, ``end``."""
     for marker in (start, end):
         if text.count(marker) != 1:
             raise SectionError(
@@ -177,18 +192,18 @@ def replace_marked(text: str, start: str, end: str, body: str, name: str = "the 
     _, _, tail = rest.partition(end)
     if end in head:
         raise SectionError(f"{name} has {end!r} before {start!r}")
-    body = body.rstrip("\n")
+    body = body.strip("\n")
     return f"{head}{start}\n{body}\n{end}{tail}"
 
 
 def write_section(section: str, path: Path = DOCS) -> None:
     """Replace ``section``'s own section of ``path`` (docs/benchmarks.md), read just before."""
-    _write(path, replace_section(path.read_text(), section, _shown(path)))
+    _write(path, replace_section(_read(path), section, _shown(path)))
 
 
 def write_marked(body: str, path: Path, start: str, end: str) -> None:
     """Replace what lies between the markers ``start`` and ``end`` of ``path``."""
-    _write(path, replace_marked(path.read_text(), start, end, body, _shown(path)))
+    _write(path, replace_marked(_read(path), start, end, body, _shown(path)))
 
 
 def markers(script: str) -> tuple[str, str]:
@@ -196,9 +211,13 @@ def markers(script: str) -> tuple[str, str]:
     return f"<!-- benchmarks/{script}: start -->", f"<!-- benchmarks/{script}: end -->"
 
 
+def _read(path: Path) -> str:
+    return path.read_bytes().decode("utf-8")  # no newline translation: the rest stays byte for byte
+
+
 def _write(path: Path, text: str) -> None:
     scratch = path.with_name(f".{path.name}.tmp")
-    scratch.write_text(text)
+    scratch.write_bytes(text.encode("utf-8"))
     scratch.replace(path)  # whole or not at all
     print(f"updated {_shown(path)}")
 
@@ -225,7 +244,9 @@ def wrap(text: str, bullet: bool = False) -> str:
     """``text`` as a markdown paragraph of lines of at most 100 characters; a list item when
     ``bullet``."""
     if bullet:
-        return textwrap.fill(text, width=100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+        return textwrap.fill(
+            text, width=100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False
+        )
     return textwrap.fill(text, width=100, break_on_hyphens=False)
 
 

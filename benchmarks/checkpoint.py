@@ -294,7 +294,11 @@ class Job:
             "sharded_load/unverified": lambda: self.fullshard_load("sharded", verify=False),
         }
         # FSDP2's job: the sharded format only, against FSDP1's job (see render_fsdp2)
-        operations = ("sharded_save", "sharded_load") if self.fsdp2 else ("full_save", "full_load", "sharded_save", "sharded_load")
+        operations = (
+            ("sharded_save", "sharded_load")
+            if self.fsdp2
+            else ("full_save", "full_load", "sharded_save", "sharded_load")
+        )
         for operation in operations:
             keys = [key for key in calls if key.startswith(f"{operation}/")]
             for key in keys if index % 2 == 0 else keys[::-1]:
@@ -494,7 +498,12 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
 def render_table(result: dict[str, Any]) -> str:
     ratio = ratios(result)
     rows = [
-        [label, f"{_median(result, 'times', plain):.2f}", f"{_median(result, 'times', ours):.2f}", f"{ratio[key]:.2f}x"]
+        [
+            label,
+            f"{_median(result, 'times', plain):.2f}",
+            f"{_median(result, 'times', ours):.2f}",
+            f"{ratio[key]:.2f}x",
+        ]
         for key, label, plain, ours in ROWS
     ]
     return table(["Operation", "plain torch (s)", "fullshard (s)", "ratio"], rows)

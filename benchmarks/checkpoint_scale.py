@@ -198,7 +198,9 @@ def run_job(args: argparse.Namespace, processes: int, strategy: str, work: Path)
     started = time.perf_counter()
     done = subprocess.run(command, env=worker_env(), cwd=REPO, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
-        raise RuntimeError(f"{strategy} at {processes} processes failed:\n{done.stdout}\n{done.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{strategy} at {processes} processes failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+        )
     result: dict[str, Any] = json.loads(out.read_text())
     result["wall_s"] = time.perf_counter() - started
     return result
@@ -220,7 +222,11 @@ def render(results: list[dict[str, Any]]) -> str:
     for r in results:
         cells = [f"{phase(r, 'save_all'):.2f}"]
         cells += [f"{phase(r, p):.2f} / {phase(r, p, 'max'):.2f}" for p in SAVE_PHASES]
-        cells += [f"{phase(r, 'load', 'max'):.2f}", f"{phase(r, 'load_checks'):.2f}", f"{phase(r, 'load_dcp', 'max'):.2f}"]
+        cells += [
+            f"{phase(r, 'load', 'max'):.2f}",
+            f"{phase(r, 'load_checks'):.2f}",
+            f"{phase(r, 'load_dcp', 'max'):.2f}",
+        ]
         cells += [f"{r['verify']:.2f}", str(r["files"])]
         rows.append([r["strategy"], str(r["processes"]), *cells])
     return table(header, rows, align="ll" + "r" * (len(header) - 2))
@@ -241,14 +247,17 @@ def growth(results: list[dict[str, Any]]) -> str:
             a, b = phase(low, key, "max"), phase(high, key, "max")
             parts.append(f"{key} {b / a:.1f}x" if a > 0 else f"{key} -")
         lines.append(
-            f"- {strategy}, {low['processes']} -> {high['processes']} processes ({factor:.0f}x): " + ", ".join(parts)
+            f"- {strategy}, {low['processes']} -> {high['processes']} processes ({factor:.0f}x): "
+            + ", ".join(parts)
         )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
-    p.add_argument("--processes", type=int, nargs="+", default=[2, 4, 8, 16], help="process counts, one job each")
+    p.add_argument(
+        "--processes", type=int, nargs="+", default=[2, 4, 8, 16], help="process counts, one job each"
+    )
     p.add_argument("--strategies", nargs="+", default=["fsdp", "fsdp2"], choices=["fsdp", "fsdp2"])
     p.add_argument("--blocks", type=int, default=96, help="number of blocks")
     p.add_argument("--width", type=int, default=640, help="features of each Linear")
@@ -270,15 +279,18 @@ def main(argv: list[str] | None = None) -> None:
         for strategy in args.strategies:
             for processes in args.processes:
                 result = run_job(args, processes, strategy, Path(work))
-                print(f"{strategy} x{processes}: save {phase(result, 'save_all'):.2f} s, load "
-                      f"{phase(result, 'load', 'max'):.2f} s ({result['wall_s']:.0f} s job)", flush=True)
+                print(
+                    f"{strategy} x{processes}: save {phase(result, 'save_all'):.2f} s, load "
+                    f"{phase(result, 'load', 'max'):.2f} s ({result['wall_s']:.0f} s job)",
+                    flush=True,
+                )
                 results.append(result)
     table, grown = render(results), growth(results)
     first = results[0]
     section = f"""{SECTION}
 
-Sharded save and load of one state ({first['params'] / 1e6:.1f}M parameters + AdamW: {first['tensors']} tensors,
-{first['bytes'] / 1e6:.0f} MB on disk) at several numbers of CPU processes on {os.cpu_count()} cores, medians of
+Sharded save and load of one state ({first["params"] / 1e6:.1f}M parameters + AdamW: {first["tensors"]} tensors,
+{first["bytes"] / 1e6:.0f} MB on disk) at several numbers of CPU processes on {os.cpu_count()} cores, medians of
 {args.repeats} repeats (`{args.command}`; phases in its docstring).
 Each phase shows rank 0 / the slowest rank, in seconds.
 

@@ -105,7 +105,12 @@ def worker(mode: str, out: Path) -> None:
 def render_table(rows: list[tuple[str, float, dict[str, Any]]]) -> str:
     info = rows[0][2]
     bound = info["share_mib"] + info["unit_mib"]
-    header = ["build", "peak added per process (MiB, larger rank)", "vs. whole model", "vs. share + largest unit"]
+    header = [
+        "build",
+        "peak added per process (MiB, larger rank)",
+        "vs. whole model",
+        "vs. share + largest unit",
+    ]
     cells = [
         [LABELS[mode], f"{added:.0f}", f"{added / info['total_mib']:.2f}x", f"{added / bound:.2f}x"]
         for mode, added, _ in rows
@@ -167,9 +172,11 @@ def main(argv: list[str] | None = None) -> None:
         ranks = [json.loads((out / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
         rows.append((mode, max(r["added_mib"] for r in ranks), ranks[0]))
     info = rows[0][2]
-    print(f"\nmodel: {info['params'] / 1e6:.1f}M parameters, {info['total_mib']:.0f} MiB; per-process share "
-          f"{info['share_mib']:.0f} MiB; largest unit {info['unit_mib']:.0f} MiB; bound share + unit = "
-          f"{info['share_mib'] + info['unit_mib']:.0f} MiB\n")
+    print(
+        f"\nmodel: {info['params'] / 1e6:.1f}M parameters, {info['total_mib']:.0f} MiB; per-process share "
+        f"{info['share_mib']:.0f} MiB; largest unit {info['unit_mib']:.0f} MiB; bound share + unit = "
+        f"{info['share_mib'] + info['unit_mib']:.0f} MiB\n"
+    )
     print(render_table(rows))
     if args.write_docs:
         write_section(render_section(args, rows))

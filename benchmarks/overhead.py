@@ -5,7 +5,7 @@ Trainer overhead: ``fullshard.Trainer.fit`` against a hand-written DDP loop, and
 Run it from the repository root; without ``--write-docs`` it prints the tables and leaves
 docs/benchmarks.md ("Trainer overhead") alone. It takes about 4 minutes on 2 cores. The figures
 of "FSDP start-up" in docs/benchmarks.md come from a run of only the FSDP configurations, copied
-by hand (``--write-docs`` rewrites the whole comparison, so it does not go with ``--only``)::
+by hand (with ``--write-docs`` such a run would replace the "Trainer overhead" table)::
 
     python benchmarks/overhead.py --steps 200 --repeats 3 --pairs 0 --only fullshard-fsdp loop-fsdp
 
@@ -459,8 +459,14 @@ def _configs() -> list[Config]:
         ),
         Config("lightning", "Lightning 2.6.6 Trainer, logger/ckpt/bar off", lightning_command, missing),
         # start-up of the FSDP path: torch's FSDP imported after the launch, not before
-        Config("loop-fsdp", "hand-written loop under FullyShardedDataParallel", [*here, "--worker", "loop-fsdp"]),
-        Config("fullshard-fsdp", "fullshard Trainer, strategy='fsdp', logger/ckpt/bar off", [*here, "--worker", "fullshard-fsdp"]),
+        Config(
+            "loop-fsdp", "hand-written loop under FullyShardedDataParallel", [*here, "--worker", "loop-fsdp"]
+        ),
+        Config(
+            "fullshard-fsdp",
+            "fullshard Trainer, strategy='fsdp', logger/ckpt/bar off",
+            [*here, "--worker", "fullshard-fsdp"],
+        ),
     ]
 
 
@@ -730,7 +736,9 @@ def _verdict(results: Results, ratios: list[float]) -> str:
         f"start-up {extra:+.2f} s (target <= +{START_UP_TARGET_S:.0f} s): {start_ok}"
     )
     if "fullshard-fsdp" in results and "loop-fsdp" in results:
-        fsdp_extra = _median(results["fullshard-fsdp"], "start_up") - _median(results["loop-fsdp"], "start_up")
+        fsdp_extra = _median(results["fullshard-fsdp"], "start_up") - _median(
+            results["loop-fsdp"], "start_up"
+        )
         fsdp_ok = "ok" if fsdp_extra <= FSDP_START_UP_TARGET_S else "MISSED"
         verdict += (
             f"; FSDP start-up {fsdp_extra:+.2f} s against the FSDP loop (target <= +{FSDP_START_UP_TARGET_S} s): "
@@ -761,8 +769,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parse_args(parser, argv)
-    if args.write_docs and args.only:
-        parser.error("--write-docs rewrites the whole comparison: run it without --only")
     if args.steps <= args.warmup + 1:
         parser.error(f"--steps must exceed --warmup + 1 ({args.warmup + 1})")
     if args.pairs and args.pair_steps <= PAIRED_WARMUP + 1:
@@ -793,7 +799,9 @@ def _worker_main(name: str, argv: list[str]) -> None:
     elif name == "paired":
         run_paired_worker(args, warmup=PAIRED_WARMUP)
     else:
-        raise SystemExit(f"unknown worker {name!r}; use loop, loop-fsdp, fullshard, fullshard-defaults or fullshard-fsdp")
+        raise SystemExit(
+            f"unknown worker {name!r}; use loop, loop-fsdp, fullshard, fullshard-defaults or fullshard-fsdp"
+        )
 
 
 if __name__ == "__main__":
