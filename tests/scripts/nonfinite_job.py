@@ -56,7 +56,7 @@ def main() -> None:
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     log = {
         "global_step": trainer.global_step,
-        "batches": trainer._total_batch_idx,
+        "batches": trainer.fit_loop.progress.total_batch_idx,
         "finite": bool(torch.isfinite(params).all()),
         "replicas_equal": all(
             torch.equal(params, other) for other in trainer.strategy.all_gather_object(params)
