@@ -23,7 +23,10 @@ MAX_STEPS = 20
 
 
 def _job(out: Path, *args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
-    return run_script("preempt_job.py", "--out", str(out), "--max-steps", str(MAX_STEPS), *args, timeout=120, env=env)
+    # a real python: what happens on a signal is the subject
+    return run_script(
+        "preempt_job.py", "--out", str(out), "--max-steps", str(MAX_STEPS), *args, timeout=120, env=env, fresh_python=True
+    )
 
 
 def _losses(out: Path, tag: str, rank: int) -> list[float]:
