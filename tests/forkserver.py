@@ -92,6 +92,8 @@ _READ_AT_LOAD = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL_", 
 
 _server: subprocess.Popen[bytes] | None = None
 _directory = ""
+# The server gets the environment pytest started with, not one a test changed before it asked.
+_SESSION_ENV = dict(os.environ)
 
 
 def python() -> str:
@@ -107,7 +109,7 @@ def python() -> str:
         source = Path(__file__).with_name("fastpython.py").read_text()
         client.write_text(f"#!{sys.executable} -IS\n{source}")
         client.chmod(0o755)
-        env = {k: v for k, v in os.environ.items() if k not in _REDONE}
+        env = {k: v for k, v in _SESSION_ENV.items() if k not in _REDONE}
         with open(Path(_directory, "server.log"), "wb") as log:
             # A session of its own: a Ctrl-C in the terminal reaches the clients, which forward it.
             _server = subprocess.Popen(
@@ -300,9 +302,10 @@ def _serve(listener: socket.socket, done: _Preloaded) -> tuple[dict[str, Any], l
                     job.conn = None
 
 
-def _quiesce() -> None:
+def _check_forkable() -> None:
     """Fork once and wait: numpy's OpenBLAS stops its thread pool before a fork (pthread_atfork)
-    and starts it again only when used, so the server is single-threaded from then on."""
+    and starts it again only when used, so the server is single-threaded from then on. A CUDA
+    driver initialized by the imports would fail in every child: refuse both (clients fall back)."""
     pid = os.fork()
     if pid == 0:
         os._exit(0)
@@ -310,6 +313,8 @@ def _quiesce() -> None:
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:
         sys.exit(f"fork server: {len(threads)} threads after the imports; not forking from that")
+    if "libcuda.so" in Path("/proc/self/maps").read_text():
+        sys.exit("fork server: the imports initialized the CUDA driver, which a forked child cannot use")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,7 +449,7 @@ def main(directory: str) -> NoReturn:
     # Disabled here so the imports leave no holes in the pages; frozen before each fork.
     gc.disable()
     done = _preload()
-    _quiesce()
+    _check_forkable()
     request, fds = _serve(listener, done)
     _become(request, fds, done, os.path.join(directory, CLIENT_NAME))
     _run(request["argv"])
