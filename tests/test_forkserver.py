@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -139,3 +140,64 @@ def test_a_killed_client_leaves_no_job_behind(tmp_path: Path) -> None:
     while Path(f"/proc/{job}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{job}").exists()
+
+
+_TWO_RANKS = """
+import os, time, torch, fullshard
+from torch.utils.data import DataLoader, TensorDataset
+
+class Slow(fullshard.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        print(self.trainer.global_rank, os.getpid(), flush=True)
+        time.sleep(60)  # out of any collective: only the watch on its launcher can end rank 1
+        return self.net(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=1000, logger=False,
+    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Slow(), DataLoader(TensorDataset(torch.ones(2000, 2)), batch_size=1))
+"""
+
+
+def test_a_killed_client_of_a_launched_job_leaves_no_rank_behind(tmp_path: Path) -> None:
+    """Rank 1 is a client too, started by rank 0's job: when rank 0's client is SIGKILLed, the
+    server ends rank 0's job, and rank 1's job (asleep, in no collective) ends as a real python
+    does: the launcher's watchdog compares os.getppid(), which a job reports as its client's."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(_TWO_RANKS)
+    client = subprocess.Popen([forkserver.python(), str(script)], stdout=subprocess.PIPE, text=True)
+    assert client.stdout is not None
+    jobs: dict[str, str] = {}  # rank -> pid
+    while len(jobs) < 2:
+        line = client.stdout.readline()
+        if re.fullmatch(r"[01] \d+\n", line):
+            jobs.setdefault(*line.split())
+    client.kill()
+    client.wait()
+
+    def left() -> list[str]:
+        alive = [pid for pid in jobs.values() if Path(f"/proc/{pid}").exists()]
+        clients = [
+            p.name
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and str(script).encode() in _cmdline(p)
+        ]
+        return alive + clients
+
+    deadline = time.monotonic() + 15
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left()
+
+
+def _cmdline(process: Path) -> bytes:
+    try:
+        return (process / "cmdline").read_bytes()
+    except OSError:
+        return b""
