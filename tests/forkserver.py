@@ -100,7 +100,7 @@ def python() -> str:
     """The ``python`` to run a test script with: the fork server's client (the server starts
     now if it runs not yet), or ``sys.executable`` with FULLSHARD_TEST_FORKSERVER=0."""
     global _server, _directory
-    if os.environ.get(DISABLE_VAR) == "0":
+    if os.environ.get(DISABLE_VAR) == "0" or not _usable():
         return sys.executable
     if _server is None:
         _directory = tempfile.mkdtemp(prefix="fullshard-forkserver-")
@@ -128,6 +128,12 @@ def python() -> str:
         ):
             time.sleep(0.01)  # bound at once, before the imports: a client cannot come too early
     return str(Path(_directory, CLIENT_NAME))
+
+
+def _usable() -> bool:
+    """Linux (/proc, pidfds), an interpreter path a ``#!`` line can hold, an executable /tmp."""
+    noexec = os.statvfs(tempfile.gettempdir()).f_flag & os.ST_NOEXEC
+    return sys.platform == "linux" and " " not in sys.executable and not noexec
 
 
 def stop() -> None:
@@ -234,6 +240,7 @@ def _serve(listener: socket.socket, done: _Preloaded) -> tuple[dict[str, Any], l
     killed) SIGKILLs the job, so that no job outlives its client.
     """
     jobs: dict[int, _Job] = {}  # by pidfd
+    server = os.getpid()
     while True:
         conns = {job.conn: job for job in jobs.values() if job.conn is not None}
         ready, _, _ = select.select([0, listener, *conns, *jobs], [], [])
@@ -261,6 +268,7 @@ def _serve(listener: socket.socket, done: _Preloaded) -> tuple[dict[str, Any], l
                 pid = os.fork()
                 if pid == 0:
                     gc.enable()
+                    _die_with(server)
                     for other in [listener, conn, *conns]:
                         other.close()
                     for pidfd in jobs:
@@ -309,12 +317,23 @@ def _check_forkable() -> None:
     pid = os.fork()
     if pid == 0:
         os._exit(0)
+    os.close(os.pidfd_open(pid))  # Linux 5.3: checked before a job depends on it
     os.waitpid(pid, 0)
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:
         sys.exit(f"fork server: {len(threads)} threads after the imports; not forking from that")
     if "libcuda.so" in Path("/proc/self/maps").read_text():
         sys.exit("fork server: the imports initialized the CUDA driver, which a forked child cannot use")
+
+
+def _die_with(server: int) -> None:
+    """SIGKILL this job if the server ends (it kills its jobs itself, unless it crashed): no job
+    outlives both its client and the server. Not inherited by the job's own children."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != server:  # it ended before that
+        os._exit(1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -133,13 +133,13 @@ def test_a_killed_client_leaves_no_job_behind(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
     client, job = _start(script)
-    assert job != client.pid and Path(f"/proc/{job}").exists()
+    assert job != client.pid and _running(job)
     client.kill()
     client.wait()
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{job}").exists() and time.monotonic() < deadline:
+    while _running(job) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not Path(f"/proc/{job}").exists()
+    assert not _running(job)
 
 
 _TWO_RANKS = """
@@ -182,13 +182,12 @@ def test_a_killed_client_of_a_launched_job_leaves_no_rank_behind(tmp_path: Path)
     client.wait()
 
     def left() -> list[str]:
-        alive = [pid for pid in jobs.values() if Path(f"/proc/{pid}").exists()]
         clients = [
             p.name
             for p in Path("/proc").iterdir()
             if p.name.isdigit() and str(script).encode() in _cmdline(p)
         ]
-        return alive + clients
+        return [pid for pid in [*jobs.values(), *clients] if _running(int(pid))]
 
     deadline = time.monotonic() + 15
     while left() and time.monotonic() < deadline:
@@ -201,3 +200,11 @@ def _cmdline(process: Path) -> bytes:
         return (process / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may wait for an init that reaps late)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
