@@ -52,9 +52,11 @@ def _forward(signum: int, frame: object) -> None:
 
 
 def _read(conn: socket.socket, size: int) -> bytes:
+    """``size`` bytes, or fewer if the server went away."""
     data = b""
-    while len(data) < size and (chunk := conn.recv(size - len(data))):
-        data += chunk
+    with contextlib.suppress(OSError):
+        while len(data) < size and (chunk := conn.recv(size - len(data))):
+            data += chunk
     return data
 
 

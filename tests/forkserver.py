@@ -18,9 +18,14 @@ writing, OMP_NUM_THREADS), gets fresh warning registries, new random seeds and a
 functions; ``rerun_main.py ...`` itself runs as a script, so its os._exit ending is kept). What
 the imports read from the environment is recorded, and a request whose environment differs there
 (or in variables C libraries read at load) is answered "run it yourself": the client then execs
-the real python, as it does for any other argv (``-m``, ``-c``, options) or when the server
-cannot be reached. What cannot be redone: the str hash seed (shared by all jobs) and values an
-import derives from ``sys.argv``.
+the real python, as it does for any other argv (``-m``, ``-c``, options), with descriptors open
+besides 0-2, or when the server cannot be reached. A job's ``os.getppid()`` is its client's
+parent's (the launcher's watchdog in a rank compares it), and no job outlives its client.
+
+What a job still shows: the str hash seed is the server's (the same in every job); values an
+import derived from ``sys.argv``; ``sys.flags`` (``sys.dont_write_bytecode`` is redone);
+``gc.get_objects()`` leaves out the preloaded objects (frozen, see main()); its pid is not the
+client's (Popen.pid), and /proc shows the server's command line. DIR/server.log: a line per job.
 
 FULLSHARD_TEST_FORKSERVER=0 turns it off (every process is a real ``python``).
 """
