@@ -67,6 +67,9 @@ def test_sys_executable_is_the_client_and_torch_is_already_imported(tmp_path: Pa
     script = tmp_path / "job.py"
     script.write_text("import sys\nprint(sys.executable, 'torch' in sys.modules)\n")
     assert _run(forkserver.python(), script).stdout.split() == [forkserver.python(), "True"]
+    spawn = tmp_path / "spawn.py"  # multiprocessing's spawned processes: a real python
+    spawn.write_text("import os, multiprocessing.spawn as s\nprint(os.fsdecode(s.get_executable()))\n")
+    assert _run(forkserver.python(), spawn).stdout.strip() == sys.executable
     # any other command line, or an environment the imports would have read otherwise: real python
     other = subprocess.run(
         [forkserver.python(), "-c", "import sys; print(sys.executable)"], capture_output=True, text=True
@@ -74,6 +77,13 @@ def test_sys_executable_is_the_client_and_torch_is_already_imported(tmp_path: Pa
     assert other.stdout.strip() == sys.executable
     declined = _run(forkserver.python(), script, env={**os.environ, "TORCH_FORKSERVER_TEST": "1"})
     assert declined.stdout.split() == [sys.executable, "False"]
+    read, write = os.pipe()  # a descriptor passed on, as to inductor's compile workers
+    passed = subprocess.run(
+        [forkserver.python(), str(script)], pass_fds=[write], capture_output=True, text=True
+    )
+    os.close(read)
+    os.close(write)
+    assert passed.stdout.split() == [sys.executable, "False"]
 
 
 @pytest.mark.parametrize(
