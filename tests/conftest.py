@@ -12,8 +12,17 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+import forkserver
+
 SCRIPTS = Path(__file__).parent / "scripts"
 _WATCHED_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forkserver() -> Iterator[None]:
+    """Stop the fork server at the end of the session (it starts on first use)."""
+    yield
+    forkserver.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -50,16 +59,22 @@ def quiet_trainer(root: Path, **kwargs: Any) -> Any:
 
 
 def run_script(
-    name: str, *args: str, timeout: float = 120, cwd: Path | None = None, env: dict[str, str] | None = None
+    name: str,
+    *args: str,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    fresh_python: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/scripts/<name>`` in a fresh Python process (which may launch more);
-    ``env``: extra environment variables."""
+    """Run ``tests/scripts/<name>`` in a new Python process (which may launch more), forked by
+    the fork server ([Note: the fork server] in forkserver.py); ``fresh_python``: in a real
+    ``python`` (tests of start-up, exit, signals); ``env``: extra environment variables."""
     extra = env or {}
     env = {k: v for k, v in os.environ.items() if k not in _WATCHED_ENV}
     env.update(extra)
     env["PYTHONUNBUFFERED"] = "1"
     return subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args],
+        [sys.executable if fresh_python else forkserver.python(), str(SCRIPTS / name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

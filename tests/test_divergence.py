@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+import forkserver
 import fullshard.strategies.parallel as parallel
 from conftest import SCRIPTS
 from fullshard.errors import MisconfigurationError, RankDivergenceError
@@ -163,7 +163,7 @@ class _JobRun:
 
 def _run_job(strategy: str, scenario: str, agreement_s: float = AGREEMENT_S) -> _JobRun:
     command = [
-        sys.executable,
+        forkserver.python(),
         str(SCRIPTS / "diverge_job.py"),
         "--strategy",
         strategy,

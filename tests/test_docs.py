@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import forkserver
 
 DOCS = Path(__file__).parents[1] / "docs"
 FSDP_DOCS = DOCS / "fsdp"
@@ -43,6 +44,6 @@ def test_doc_block_runs(tmp_path: Path, name: str, code: str) -> None:
         k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "RANK")
     }
     result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env
+        [forkserver.python(), str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env
     )
     assert result.returncode == 0, f"{name} failed:\n{result.stdout}\n{result.stderr}"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import forkserver
 from conftest import check_ok
 
 ROOT = Path(__file__).parents[1]
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.multiprocess
 def _run(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+        [forkserver.python(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
     )
 
 

@@ -801,7 +801,7 @@ def test_fork_trains_a_class_defined_in_python_c(tmp_path: Path, strategy: str) 
 def test_start_up_warnings_print_once_and_rank_warnings_still_show() -> None:
     from conftest import check_ok, run_script
 
-    result = run_script("launch_warnings.py")
+    result = run_script("launch_warnings.py", fresh_python=True)
     check_ok(result)
     assert result.stderr.count("UserWarning: warned while the script starts") == 1, result.stderr
     assert "rank 0 warns in training_step" in result.stderr

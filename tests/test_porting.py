@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).parent / "porting"))
 from hooks import NOT_CALLED_BY_FULLSHARD
 from runner import SCRIPTS, load_expected, run_port
 
+import forkserver
+
 pytestmark = pytest.mark.multiprocess
 
 STRATEGIES = ("ddp", "fsdp")
@@ -58,7 +60,7 @@ def run_case(tmp_path_factory: pytest.TempPathFactory) -> Any:
         key = (script, strategy)
         if key not in _RUNS:
             out = tmp_path_factory.mktemp(f"{script}-{strategy}")
-            _RUNS[key] = run_port(script, "fullshard", strategy, out, timeout=240)
+            _RUNS[key] = run_port(script, "fullshard", strategy, out, python=forkserver.python(), timeout=240)
         return _RUNS[key]
 
     return get

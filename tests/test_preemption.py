@@ -22,8 +22,10 @@ from fullshard.trainer.preemption import Preemption, TrainingPreempted, parse_si
 MAX_STEPS = 20
 
 
-def _job(out: Path, *args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
-    return run_script("preempt_job.py", "--out", str(out), "--max-steps", str(MAX_STEPS), *args, timeout=120, env=env)
+def _job(out: Path, *args: str, env: dict[str, str] | None = None, signalled: bool = False):  # type: ignore[no-untyped-def]
+    """``signalled``: a run that gets the preemption signal (the subject here) runs in a real python."""
+    args = ("--out", str(out), "--max-steps", str(MAX_STEPS), *args)
+    return run_script("preempt_job.py", *args, timeout=120, env=env, fresh_python=signalled)
 
 
 def _losses(out: Path, tag: str, rank: int) -> list[float]:
@@ -61,7 +63,7 @@ def test_preempted_run_resumes_exactly(
     reference = straight[(strategy, "full")]  # the format changes nothing in training
     args = ["--strategy", strategy, "--format", fmt]
     signal_args = ["--signal-rank", str(rank), "--signal-step", "4", *(["--twice"] if twice else [])]
-    preempted = _job(tmp_path, *args, *signal_args, env={"SLURM_JOB_ID": "4242"})
+    preempted = _job(tmp_path, *args, *signal_args, env={"SLURM_JOB_ID": "4242"}, signalled=True)
     assert preempted.returncode == 128 + signal.SIGTERM, preempted.stderr
     assert "saved" in preempted.stdout and "requeued SLURM job 4242" in preempted.stdout, preempted.stdout
     assert "stopping the other processes" not in preempted.stderr  # not treated as a failure
@@ -84,7 +86,7 @@ def test_preemption_while_every_step_is_skipped(tmp_path: Path, skip: str) -> No
     on_nonfinite_loss="skip"): the signal still saves at a boundary the ranks agree on and ends
     the job, instead of being noted and ignored until SIGKILL."""
     out = tmp_path / "run"
-    job = _job(out, "--strategy", "fsdp", "--skip", skip, "--signal-rank", "1", "--signal-step", "3")
+    job = _job(out, "--strategy", "fsdp", "--skip", skip, "--signal-rank", "1", "--signal-step", "3", signalled=True)
     assert job.returncode == 128 + signal.SIGTERM, job.stdout + job.stderr
     assert "SIGTERM received; saved" in job.stdout
     batches = len(_losses(out, "", 0))

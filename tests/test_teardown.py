@@ -132,7 +132,7 @@ def test_a_late_gloo_release_does_not_abort_a_launched_copy() -> None:
     from conftest import run_script
 
     for _ in range(2):
-        result = run_script("teardown_job.py", timeout=120)
+        result = run_script("teardown_job.py", timeout=120, fresh_python=True)
         _check_exit_0(result)
         assert "teardown-job rank=1 ends" in result.stdout
 
@@ -143,6 +143,6 @@ def test_a_finished_ddp_fit_exits_0_every_time() -> None:
     from conftest import run_script
 
     for _ in range(3):
-        result = run_script("launch_warnings.py", timeout=120)
+        result = run_script("launch_warnings.py", timeout=120, fresh_python=True)
         _check_exit_0(result)
         assert "rank 0 done" in result.stdout and "rank 1 done" in result.stdout
