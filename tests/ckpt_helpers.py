@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -15,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fullshard
-from conftest import SCRIPTS
+from conftest import SCRIPTS, check_ok, run_script
 from fullshard.checkpoint.events import set_event_hook
 from fullshard.strategies import SingleDeviceStrategy
 
@@ -50,6 +51,15 @@ def run_single(
     if save is not None:
         trainer.save_checkpoint(save)
     return trainer, model
+
+
+def run_scenarios(root: Path, runs: list[list[str]], devices: int = 2, timeout: float = 300) -> None:
+    """Several tests/scripts/ckpt_job.py runs (argument lists) in turn, in one job of ``devices``
+    processes: one start-up and process group for all (each run has its own --out)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "runs.json").write_text(json.dumps(runs))
+    args = ["--scenarios", str(root / "runs.json"), "--devices", str(devices)]
+    check_ok(run_script("ckpt_job.py", *args, timeout=timeout))
 
 
 def full_state(trainer: fullshard.Trainer) -> dict[str, Any]:

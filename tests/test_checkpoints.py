@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from ckpt_helpers import assert_same_state, full_state, killed_at, run_single
+from ckpt_helpers import assert_same_state, full_state, killed_at, run_scenarios, run_single
 from conftest import check_ok, run_script
 from fullshard.checkpoint.tools import inspect
 
@@ -23,12 +23,6 @@ STEPS_PER_EPOCH = 6  # 96 samples / (2 ranks x batch 8)
 
 def _job(out: Path, *args: str, timeout: float = 120) -> None:
     check_ok(run_script("ckpt_job.py", "--out", str(out), *args, timeout=timeout))
-
-
-def _scenarios(root: Path, runs: list[list[str]], timeout: float = 240) -> None:
-    """Several ckpt_job runs on 2 ranks in one job: each pays no start-up of its own."""
-    (root / "runs.json").write_text(json.dumps(runs))
-    check_ok(run_script("ckpt_job.py", "--scenarios", str(root / "runs.json"), timeout=timeout))
 
 
 def _final(out: Path) -> dict:
@@ -90,7 +84,7 @@ def resumed(straight: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
         trainer, _ = run_single(root, fmt="sharded", max_steps=5, save=single)
         found["single"] = full_state(trainer)
         runs.append(["--out", str(root / "two"), "--resume", str(single), "--max-steps", "5"])
-    _scenarios(root, runs)
+    run_scenarios(root, runs)
     return found
 
 
