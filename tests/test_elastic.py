@@ -72,6 +72,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # torchrun jobs that restart: -m "not slow" skips them locally
 @pytest.mark.timeout(600)  # the reference run and this one, each with a generous bound
 @pytest.mark.parametrize(
     ("crash", "failure", "resumed_at"),
@@ -112,6 +113,7 @@ def test_restart_resumes_bitwise_from_newest_complete_checkpoint(
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # torchrun jobs that restart: -m "not slow" skips them locally
 @pytest.mark.timeout(600)  # its waits below are generous, for a loaded machine
 def test_elastic_job_goes_on_with_the_node_that_is_left(tmp_path: Path) -> None:
     """``--nnodes=1:2``: two agents (2 processes each) train until the last rank stalls at step 7;
