@@ -17,6 +17,7 @@ from ckpt_helpers import Net, assert_same_state, full_state, run_single
 from fullshard.checkpoint.layout import RECORD_NAME, CommitRecord, verify
 from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect
 from fullshard.checkpoint.validate import StateDictMismatchError
+from fullshard.cli import main as cli_main
 from fullshard.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -95,7 +96,9 @@ def test_consolidate_and_export(saved: dict[str, Path], tmp_path: Path) -> None:
             assert torch.equal(weights[key], value), key
 
 
-def test_inspect_reports_and_verifies(saved: dict[str, Path], tmp_path: Path) -> None:
+def test_inspect_reports_and_verifies(
+    saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for fmt in ("full", "sharded"):
         result = inspect(saved[fmt], verify_checksums=True)
         assert (result.format, result.complete, result.verified, result.problem) == (fmt, True, True, None)
@@ -109,9 +112,12 @@ def test_inspect_reports_and_verifies(saved: dict[str, Path], tmp_path: Path) ->
         assert any("fc.weight" in n for n in names) and result.total_bytes > 0
         weight = next(t for t in result.tensors if t.name.endswith("blocks.0.fc.weight"))
         assert weight.shape == (16, 16) and weight.dtype == "float32"
+    # the command line: in this process where it succeeds (no interpreter start-up), as a process
+    # of its own where it fails (`python -m fullshard.cli` and its exit status)
+    assert cli_main(["checkpoint", "inspect", "--verify", str(saved["sharded"])]) == 0
+    stdout = capsys.readouterr().out
+    assert "checksums:   all match" in stdout and "global step 4" in stdout
     cli = [sys.executable, "-m", "fullshard.cli", "checkpoint", "inspect", "--verify"]
-    out = subprocess.run([*cli, str(saved["sharded"])], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "checksums:   all match" in out.stdout and "global step 4" in out.stdout
     broken = _copy(saved["sharded"], tmp_path / "broken")
     shard = _data_dir(broken) / "__0_0.distcp"
     data = bytearray(shard.read_bytes())

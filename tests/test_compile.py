@@ -1,7 +1,8 @@
 """The compile= option: checking it, where it compiles, parity with eager, recompiles, checkpoints.
 
 The training runs happen in two jobs (tests/scripts/compile_job.py): one process with the default
-inductor backend, and two processes (FSDP with a unit per block, and DDP) with ``aot_eager``, which
+inductor backend (the suite's one real inductor build: a one-Block model, so few kernels to
+build), and two processes (FSDP with a unit per block, and DDP) with ``aot_eager``, which
 traces the same graphs without building C++ kernels.
 """
 
@@ -228,9 +229,9 @@ def test_mismatched_flat_parameter_gradient_is_held_aside_and_put_back() -> None
 
 
 # --------------------------------------------------------------------------------- training jobs
-def _job(out: Path, suite: str, devices: int) -> Path:
+def _job(out: Path, suite: str, devices: int, env: dict[str, str] | None = None) -> Path:
     result = run_script(
-        "compile_job.py", "--out", str(out), "--suite", suite, "--devices", str(devices), timeout=240
+        "compile_job.py", "--out", str(out), "--suite", suite, "--devices", str(devices), timeout=240, env=env
     )
     check_ok(result)
     return out
@@ -238,7 +239,11 @@ def _job(out: Path, suite: str, devices: int) -> Path:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _job(tmp_path_factory.mktemp("compile_single"), "single", 1)
+    # inductor's C++ builds in this process rather than a pool of worker processes that each
+    # import torch first: the one inductor job builds a handful of kernels, and the pool costs
+    # more than it saves on a small machine (what is compiled is the same)
+    threads = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    return _job(tmp_path_factory.mktemp("compile_single"), "single", 1, threads)
 
 
 @pytest.fixture(scope="module")

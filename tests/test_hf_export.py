@@ -165,13 +165,19 @@ def _job(out: Path, strategy: str) -> None:
         (out / "result.json").write_text(json.dumps(results))
 
 
-@pytest.fixture(scope="module", params=["fsdp", "ddp"])
-def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 2-process job for both strategies, in turn in one launch (one start-up): ``<strategy>/``."""
     from conftest import check_ok, run_script
 
-    out = tmp_path_factory.mktemp(f"hf_{request.param}")
-    check_ok(run_script("../test_hf_export.py", "--job", str(out), "--strategy", request.param))
+    out = tmp_path_factory.mktemp("hf")
+    check_ok(run_script("../test_hf_export.py", "--job", str(out), "--strategy", "fsdp,ddp", timeout=240))
     return out
+
+
+@pytest.fixture(scope="module", params=["fsdp", "ddp"])
+def job(request: pytest.FixtureRequest, jobs: Path) -> Path:
+    return jobs / request.param
 
 
 def _reference_model(job: Path) -> TinyCausalLM:
@@ -367,9 +373,13 @@ def test_gpt2_from_pretrained_after_export(tmp_path: Path) -> None:
 def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job", required=True, type=Path)
-    parser.add_argument("--strategy", choices=["fsdp", "ddp"], required=True)
+    parser.add_argument("--strategy", required=True, help="fsdp, ddp, or both in turn: fsdp,ddp")
     args = parser.parse_args()
-    _job(args.job, args.strategy)
+    strategies = args.strategy.split(",")
+    for strategy in strategies:
+        if strategy not in ("fsdp", "ddp"):
+            parser.error(f"--strategy: {strategy!r} is not fsdp or ddp")
+        _job(args.job / strategy if len(strategies) > 1 else args.job, strategy)
 
 
 if __name__ == "__main__":

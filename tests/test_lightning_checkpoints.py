@@ -430,24 +430,22 @@ def test_lightning_final_checkpoint_has_nothing_left_to_do(made: Path, tmp_path:
     _assert_matches(trainer, model, torch.load(made / "straight.pt", weights_only=True))
 
 
+@pytest.fixture(scope="module")
+def resumed_on_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Lightning fixture resumed on 2 processes by DDP, then FSDP, in one job (in turn):
+    ``<strategy>/final.pt``."""
+    out = tmp_path_factory.mktemp("resumed_on_two")
+    args = ("--ckpt", str(LIGHTNING_FIXTURE), "--strategy", "ddp,fsdp", "--out", str(out))
+    check_ok(run_script("lckpt_resume.py", *args, timeout=240))
+    return out
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_fixture_resumes_on_two_processes(tmp_path: Path, strategy: str) -> None:
+def test_fixture_resumes_on_two_processes(resumed_on_two: Path, strategy: str) -> None:
     """DDP and FSDP (each Linear its own unit: wrapped parameter names) load the Lightning
     checkpoint through the full-state path and continue as a plain loop over the global batches."""
-    check_ok(
-        run_script(
-            "lckpt_resume.py",
-            "--ckpt",
-            str(LIGHTNING_FIXTURE),
-            "--strategy",
-            strategy,
-            "--out",
-            str(tmp_path),
-            timeout=180,
-        )
-    )
-    result = torch.load(tmp_path / "final.pt", weights_only=True)
+    result = torch.load(resumed_on_two / strategy / "final.pt", weights_only=True)
     # 2 processes: 4 steps per epoch of 8-sample global batches; the checkpoint is 1 batch into epoch 1
     assert (result["global_step"], result["epoch"]) == (12, 2)
     expected = plain_continuation(_lightning_fixture(), batches(world_size=2)[1:])

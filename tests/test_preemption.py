@@ -56,6 +56,7 @@ CASES = [
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # a preempted job and its requeued run: -m "not slow" skips them locally
 @pytest.mark.parametrize(("strategy", "fmt", "rank", "twice"), CASES, ids=[f"{s}-{f}-rank{r}{'-twice' if t else ''}" for s, f, r, t in CASES])
 def test_preempted_run_resumes_exactly(
     straight: dict[tuple[str, str], Path], tmp_path: Path, strategy: str, fmt: str, rank: int, twice: bool

@@ -84,10 +84,34 @@ def loops_of(ckpt: Path) -> dict[str, Any]:
     return dict(torch.load(ckpt, weights_only=True)["loops"])
 
 
-def _job(out: Path, *args: str) -> list[Seen]:
-    check_ok(run_script("resume_order_job.py", "--out", str(out), *args, timeout=120))
-    devices = int(args[args.index("--devices") + 1])
-    return seen(out, devices)
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The multi-process runs of the tests below, in three jobs rather than one each: the runs of
+    one world size share a job (resume_order_job.py --scenarios), and a run that resumes another's
+    checkpoint comes in a later job. Each run's --out is ``ROOT/<test>/<run>``."""
+    root = tmp_path_factory.mktemp("resume_order")
+    shuffled = root / "shuffled"  # test_two_to_three_to_one_processes_shuffled
+    fsdp = root / "fsdp"  # test_three_to_two_processes_fsdp_drop_last
+    plain = root / "plain"  # test_a_stateless_optimizer_resumes_from_a_full_checkpoint_on_several_processes
+    common = ("--strategy", "fsdp", "--drop-last")
+    sgd = ("--momentum", "0")
+    at2 = [
+        ["--out", f"{shuffled}/two", "--max-steps", "3", "--shuffle", "--save", f"{shuffled}/two.ckpt"],
+        ["--out", f"{plain}/a", "--max-steps", "3", *sgd, "--save", f"{plain}/plain.ckpt"],
+    ]
+    at3 = [
+        ["--out", f"{shuffled}/three", "--max-steps", "9", "--shuffle", "--resume", f"{shuffled}/two.ckpt", "--save-every", "4"],
+        ["--out", f"{fsdp}/three", "--max-steps", "2", "--save", f"{fsdp}/three.ckpt", *common],
+    ]  # fmt: skip
+    then_at2 = [
+        ["--out", f"{fsdp}/two", "--max-steps", "7", "--resume", f"{fsdp}/three.ckpt", *common],
+        ["--out", f"{plain}/b", "--max-steps", "5", *sgd, "--resume", f"{plain}/plain.ckpt"],
+    ]
+    for name, runs, devices in (("at2", at2, 2), ("at3", at3, 3), ("then_at2", then_at2, 2)):
+        (root / f"{name}.json").write_text(json.dumps([[*run, "--devices", str(devices)] for run in runs]))
+        args = ("--scenarios", str(root / f"{name}.json"), "--devices", str(devices))
+        check_ok(run_script("resume_order_job.py", *args, timeout=240))
+    return root
 
 
 def _check_resumed_epoch(
@@ -172,21 +196,21 @@ def test_resume_point_at_any_world_size(shuffle: bool, drop_last: bool) -> None:
 
 # ------------------------------------------------------------------- real multi-process runs
 @pytest.mark.multiprocess
-def test_two_to_three_to_one_processes_shuffled(tmp_path: Path) -> None:
+def test_two_to_three_to_one_processes_shuffled(jobs: Path, tmp_path: Path) -> None:
     """Saved on 2 processes after 3 steps (24 samples), resumed on 3, and both that and a run of
     the 3-process job saved one step later resumed on 1 process: every sample of the epoch is
     trained on, once, but for the padding of the last batch; the next epoch is the 3-process
     (1-process) run's own."""
     order, next_order = epoch_order(0, True), epoch_order(1, True)
-    ckpt = tmp_path / "two.ckpt"
-    two = _job(tmp_path / "two", "--devices", "2", "--max-steps", "3", "--shuffle", "--save", str(ckpt))
+    runs = jobs / "shuffled"
+    ckpt = runs / "two.ckpt"
+    two = seen(runs / "two", 2)  # --devices 2 --max-steps 3 --shuffle --save two.ckpt
     assert [[r[3] for r in records] for records in two] == [
         uninterrupted(0, True, rank, 2, False)[:3] for rank in range(2)
     ]
     assert loops_of(ckpt)["samples_in_epoch"] == 24 and loops_of(ckpt)["batches_in_epoch"] == 3
 
-    resume = ("--resume", str(ckpt), "--save-every", "4")
-    three = _job(tmp_path / "three", "--devices", "3", "--max-steps", "9", "--shuffle", *resume)
+    three = seen(runs / "three", 3)  # --devices 3 --max-steps 9 --shuffle --resume two.ckpt --save-every 4
     for rank, records in enumerate(three):
         _check_resumed_epoch(in_epoch(records, 0), order, 24, rank, 3, drop_last=False)
         assert [r[3] for r in in_epoch(records, 1)] == uninterrupted(1, True, rank, 3, False)[:3]
@@ -204,7 +228,7 @@ def test_two_to_three_to_one_processes_shuffled(tmp_path: Path) -> None:
     assert next_epoch == uninterrupted(1, True, 0, 1, False)[:2] == [next_order[:4], next_order[4:8]]
 
     # 2 -> 3 -> 1: the 3-process run's checkpoint one step after its resume
-    step4 = tmp_path / "three" / "ckpts" / "epoch=0-step=4.ckpt"
+    step4 = runs / "three" / "ckpts" / "epoch=0-step=4.ckpt"
     assert loops_of(step4)["samples_in_epoch"] == 24 + BATCH * 3
     _, last = train(tmp_path / "one_c", max_steps=8, shuffle=True, resume=str(step4))
     _check_resumed_epoch(in_epoch(last.seen, 0), order, 36, 0, 1, drop_last=False)
@@ -213,15 +237,15 @@ def test_two_to_three_to_one_processes_shuffled(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
-def test_three_to_two_processes_fsdp_drop_last(tmp_path: Path) -> None:
+def test_three_to_two_processes_fsdp_drop_last(jobs: Path) -> None:
     """Saved under FSDP on 3 processes after 2 steps, resumed on 2, in order and with
     ``drop_last=True``: the epoch trains on what an uninterrupted 2-process epoch would."""
     order = epoch_order(0, False)
-    ckpt = tmp_path / "three.ckpt"
-    common = ("--strategy", "fsdp", "--drop-last")
-    three = _job(tmp_path / "three", "--devices", "3", "--max-steps", "2", "--save", str(ckpt), *common)
+    runs = jobs / "fsdp"  # both with --strategy fsdp --drop-last
+    ckpt = runs / "three.ckpt"
+    three = seen(runs / "three", 3)  # --devices 3 --max-steps 2 --save three.ckpt
     assert loops_of(ckpt)["samples_in_epoch"] == 24
-    two = _job(tmp_path / "two", "--devices", "2", "--max-steps", "7", "--resume", str(ckpt), *common)
+    two = seen(runs / "two", 2)  # --devices 2 --max-steps 7 --resume three.ckpt
     for rank, records in enumerate(two):
         _check_resumed_epoch(in_epoch(records, 0), order, 24, rank, 2, drop_last=True)
         assert [r[3] for r in in_epoch(records, 1)] == uninterrupted(1, False, rank, 2, True)[:2]
@@ -279,11 +303,10 @@ def test_resume_under_another_seed_keeps_the_checkpoints_order(tmp_path: Path) -
 
 
 @pytest.mark.multiprocess
-def test_a_stateless_optimizer_resumes_from_a_full_checkpoint_on_several_processes(tmp_path: Path) -> None:
+def test_a_stateless_optimizer_resumes_from_a_full_checkpoint_on_several_processes(jobs: Path) -> None:
     """Plain SGD has no per-parameter state; torch's loader, broadcasting from rank 0, failed on it
     ("Expected device to be set"): only its groups' settings are restored, on every rank."""
-    ckpt = tmp_path / "plain.ckpt"
-    _job(tmp_path / "a", "--devices", "2", "--max-steps", "3", "--momentum", "0", "--save", str(ckpt))
+    ckpt = jobs / "plain" / "plain.ckpt"  # a: --devices 2 --max-steps 3 --momentum 0 --save plain.ckpt
     assert not torch.load(ckpt, weights_only=True)["optimizer_states"][0]["state"]
-    resumed = _job(tmp_path / "b", "--devices", "2", "--max-steps", "5", "--momentum", "0", "--resume", str(ckpt))
+    resumed = seen(jobs / "plain" / "b", 2)  # --devices 2 --max-steps 5 --momentum 0 --resume plain.ckpt
     assert [len(records) for records in resumed] == [2, 2]

@@ -2,6 +2,11 @@
 
 python tests/scripts/ckpt_job.py --out DIR --strategy fsdp --devices 2 --format sharded --save CKPT
 python tests/scripts/ckpt_job.py --out DIR --strategy fsdp --devices 3 --resume CKPT --max-steps 0
+python tests/scripts/ckpt_job.py --devices 2 --scenarios RUNS.json
+
+``--scenarios``: a JSON list of argument lists, each run as above one after the other in the
+same processes (one launch and process group for several runs; every run's --devices must be the
+job's), so that a test needing several runs of one world size pays the start-up once.
 """
 
 from __future__ import annotations
@@ -87,9 +92,10 @@ def install_fault(spec: str) -> None:
     set_event_hook(hook)
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
+    p.add_argument("--scenarios", default=None, help="a JSON file: a list of argument lists, run in turn")
+    p.add_argument("--out", required=False)
     p.add_argument("--strategy", default="fsdp")
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--format", default="full")
@@ -102,8 +108,24 @@ def main() -> None:
     p.add_argument("--optimizers", type=int, default=1)
     p.add_argument("--width", type=int, default=DIM)
     p.add_argument("--validate", action="store_true", help="validate(ckpt_path=--resume) instead of fit")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.scenarios is None and args.out is None:
+        p.error("--out is required")
+    return args
 
+
+def main() -> None:
+    args = parse()
+    if args.scenarios is None:
+        run(args)
+        return
+    for argv in json.loads(Path(args.scenarios).read_text()):
+        scenario = parse(argv)
+        assert scenario.devices == args.devices, "every scenario of a job runs on the job's processes"
+        run(scenario)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.fault:
         install_fault(args.fault)
     fullshard.seed_everything(11)

@@ -13,12 +13,15 @@ SCENARIO picks the paths:
 - ``skip_all``: every rank returns None at batch 1 of each epoch, and the IterableDataset yields
   4 batches on every rank; the job must train on and exit 0.
 
-Every rank prints ``diverge-test rank=R global_step=S batches=B`` when fit returns.
+Every rank prints ``diverge-test rank=R global_step=S batches=B`` when fit returns, and rank 0
+``training starts at T`` (``time.time()``) as training starts, for the test to time the job's
+end from there rather than from its start-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -50,6 +53,10 @@ class Net(fullshard.Module):
         self.layer = torch.nn.Linear(8, 1)
         self.skip_batch, self.skip_ranks = skip_batch, skip_ranks
         self.batches_seen = 0
+
+    def on_train_start(self) -> None:
+        if self.trainer.global_rank == 0:
+            print(f"training starts at {time.time()!r}", flush=True)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> Any:
         self.batches_seen += 1

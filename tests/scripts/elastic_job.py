@@ -10,7 +10,9 @@ torchrun --standalone --nproc-per-node=3 tests/scripts/elastic_job.py --out DIR 
 With ``--die-in-save K``, global rank 0 of the first attempt is killed (SIGKILL) in the middle of
 step K's checkpoint save, after its files are written and before its commit.
 With ``--stall-at K`` instead, the last rank of a first attempt that spans several nodes stalls
-at step K and writes its pid to ``stalled``, for the test to remove its node.
+at step K and writes its pid to ``stalled``, for the test to remove its node; a first attempt of
+one node (the first agent's rendezvous completed before the second agent joined) waits, without
+training, for torchrun to restart it with both nodes, so that no head start decides the test.
 
 Each attempt writes ``<tag>-attempt<R>-rank<r>.json`` (the checkpoint it resumed from, the step
 it started at, and ``[step, loss]`` per step), and rank 0 writes ``<tag>-start<R>.pt`` (the full
@@ -123,6 +125,9 @@ def main() -> None:
     )
     args = p.parse_args()
     out = Path(args.out)
+    first_attempt = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+    if args.stall_at is not None and first_attempt and os.environ["GROUP_WORLD_SIZE"] == "1":
+        time.sleep(600)  # torchrun restarts these workers once the second node joins
     fullshard.seed_everything(11)
     checkpoint = fullshard.ModelCheckpoint(
         dirpath=out / "ckpts", every_n_train_steps=args.save_every, save_top_k=-1, save_last=True

@@ -2,9 +2,11 @@
 tests/test_lightning_checkpoints.py.
 
 python tests/scripts/lckpt_resume.py --ckpt lightning.ckpt --strategy fsdp --devices 2 --out DIR
+python tests/scripts/lckpt_resume.py --ckpt lightning.ckpt --strategy ddp,fsdp --devices 2 --out DIR
 
 Trains to the end of epoch 2 (or ``--max-steps``) and writes ``DIR/final.pt`` (the full weights, optimizer and
-scheduler states, counters and the warnings rank 0 saw while resuming).
+scheduler states, counters and the warnings rank 0 saw while resuming). Several strategies: each
+in turn in the same processes (one start-up for all), writing ``DIR/<strategy>/final.pt``.
 """
 
 from __future__ import annotations
@@ -42,27 +44,32 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--max-steps", type=int, default=-1, help="stop here (the checkpoint's step: load only)")
     args = p.parse_args()
+    strategies = args.strategy.split(",")
+    for strategy in strategies:
+        resume(args, strategy, Path(args.out) / strategy if len(strategies) > 1 else Path(args.out))
 
+
+def resume(args: argparse.Namespace, strategy: str, out: Path) -> None:
     fullshard.seed_everything(7)
     model = MLP()
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=args.devices,
-        strategy=make_strategy(args.strategy),
+        strategy=make_strategy(strategy),
         max_epochs=2,
         max_steps=args.max_steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        default_root_dir=args.out,
+        default_root_dir=out,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(model, loader(), ckpt_path=args.ckpt)
     model_state, optimizer_states = trainer.strategy.get_state(trainer.optimizers, full=True)
     if trainer.is_global_zero:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         torch.save(
             {
                 "state_dict": model_state,
@@ -72,7 +79,7 @@ def main() -> None:
                 "epoch": trainer.current_epoch,
                 "warnings": [str(w.message) for w in caught],
             },
-            Path(args.out) / "final.pt",
+            out / "final.pt",
         )
 
 

@@ -2,6 +2,7 @@
 
 python tests/scripts/nonfinite_job.py --out DIR --mode skip
 python tests/scripts/nonfinite_job.py --out DIR --mode raise
+python tests/scripts/nonfinite_job.py --out DIR --mode skip,raise  # both in turn, in one job
 
 skip: both ranks must skip the same optimizer step and stay replicas; each rank writes what it
 saw to ``OUT/rank<r>.json``. raise: rank 1 raises NonFiniteLossError and the job ends with it.
@@ -36,8 +37,15 @@ class NaNOnRank1(Net):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--mode", required=True, choices=("skip", "raise"))
+    p.add_argument("--mode", required=True, help="skip, raise, or several in turn: skip,raise")
     args = p.parse_args()
+    for mode in args.mode.split(","):
+        if mode not in ("skip", "raise"):
+            p.error(f"--mode: {mode!r} is not skip or raise")
+        run(args.out, mode)
+
+
+def run(out: Path, mode: str) -> None:
     fullshard.seed_everything(11)
     trainer = fullshard.Trainer(
         accelerator="cpu",
@@ -48,8 +56,8 @@ def main() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        on_nonfinite_loss=args.mode,
-        default_root_dir=args.out,
+        on_nonfinite_loss=mode,
+        default_root_dir=out,
     )
     model = NaNOnRank1()
     trainer.fit(model, DataLoader(make_data(), batch_size=8))
@@ -62,7 +70,7 @@ def main() -> None:
             torch.equal(params, other) for other in trainer.strategy.all_gather_object(params)
         ),
     }
-    (args.out / f"rank{RANK}.json").write_text(json.dumps(log))
+    (out / f"rank{RANK}.json").write_text(json.dumps(log))
 
 
 if __name__ == "__main__":

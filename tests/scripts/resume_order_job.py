@@ -3,6 +3,7 @@ used by tests/test_resume_world_size.py to check resuming at another number of p
 
 python tests/scripts/resume_order_job.py --out DIR --devices 2 --max-steps 3 --save CKPT --shuffle
 python tests/scripts/resume_order_job.py --out DIR --devices 3 --max-steps 9 --resume CKPT --shuffle
+python tests/scripts/resume_order_job.py --devices 2 --scenarios RUNS.json  # argument lists, in turn
 """
 
 from __future__ import annotations
@@ -94,31 +95,46 @@ def train(
     return trainer, model
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
+    p.add_argument("--scenarios", default=None, help="a JSON file: a list of argument lists, run in turn")
+    p.add_argument("--out")
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--strategy", default="ddp")
-    p.add_argument("--max-steps", type=int, required=True)
+    p.add_argument("--max-steps", type=int)
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--drop-last", action="store_true")
     p.add_argument("--resume", default=None)
     p.add_argument("--save", default=None)
     p.add_argument("--save-every", type=int, default=0, help="ModelCheckpoint every N steps into --out/ckpts")
     p.add_argument("--momentum", type=float, default=0.9, help="0: plain SGD, an optimizer without state")
-    args = p.parse_args()
-    train(
-        Path(args.out),
-        devices=args.devices,
-        strategy=args.strategy,
-        max_steps=args.max_steps,
-        shuffle=args.shuffle,
-        drop_last=args.drop_last,
-        resume=args.resume,
-        save=args.save,
-        save_every=args.save_every,
-        momentum=args.momentum,
-    )
+    args = p.parse_args(argv)
+    if args.scenarios is None and (args.out is None or args.max_steps is None):
+        p.error("--out and --max-steps are required")
+    return args
+
+
+def main() -> None:
+    """One run, or with ``--scenarios`` several in turn in this job's processes (one start-up for
+    all; each scenario's --devices must be the job's)."""
+    args = parse()
+    scenarios = [args]
+    if args.scenarios is not None:
+        scenarios = [parse(argv) for argv in json.loads(Path(args.scenarios).read_text())]
+    for run in scenarios:
+        assert run.devices == args.devices, "every scenario of a job runs on the job's processes"
+        train(
+            Path(run.out),
+            devices=run.devices,
+            strategy=run.strategy,
+            max_steps=run.max_steps,
+            shuffle=run.shuffle,
+            drop_last=run.drop_last,
+            resume=run.resume,
+            save=run.save,
+            save_every=run.save_every,
+            momentum=run.momentum,
+        )
 
 
 if __name__ == "__main__":

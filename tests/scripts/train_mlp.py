@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,13 @@ class MLP(fullshard.Module):
             torch.nn.Linear(hidden, 1),
         )
         self.fail_at, self.fail_rank, self.lr, self.scheduler = fail_at, fail_rank, lr, scheduler
+        self.fail_marker: str | None = None
         self.losses: list[float] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.trainer.global_step == self.fail_at and self.trainer.global_rank == self.fail_rank:
+            if self.fail_marker is not None:  # when it failed, for the test to time the job's end from
+                Path(self.fail_marker, f"failed_rank{self.fail_rank}").write_text(repr(time.time()))
             raise ValueError(f"boom on rank {self.fail_rank}")
         x, y = batch
         loss = F.mse_loss(self.net(x).squeeze(-1), y)
@@ -91,6 +95,7 @@ def main() -> None:
     model = MLP(
         dropout=args.dropout, fail_at=args.fail_at, fail_rank=args.fail_rank, scheduler=args.scheduler
     )
+    model.fail_marker = args.out
     trainer = fullshard.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
