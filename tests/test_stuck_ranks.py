@@ -382,9 +382,10 @@ def _run_in_thread(target: Callable[[], None]) -> threading.Thread:
     return thread
 
 
-def _rank1_stalls(ranks: list[Any], capfd: pytest.CaptureFixture[str]) -> str:
+def _rank1_stalls(ranks: list[Any], capfd: pytest.CaptureFixture[str], rank1_late: float = 0.0) -> str:
     """Rank 0 begins 3 batches and waits (a collective, as seen from Python); rank 1 begins 2 and
-    naps in ``culprit_nap``. Returns stderr once both watchdogs ended their rank."""
+    naps in ``culprit_nap``, its second batch ``rank1_late`` seconds after rank 0's last. Returns
+    stderr once both watchdogs ended their rank."""
     release = threading.Event()
 
     def rank0_loop() -> None:
@@ -393,8 +394,9 @@ def _rank1_stalls(ranks: list[Any], capfd: pytest.CaptureFixture[str]) -> str:
         release.wait(30)
 
     def rank1_loop() -> None:
-        for batch in range(2):
-            ranks[1].watchdog.kick("train", batch)
+        ranks[1].watchdog.kick("train", 0)
+        time.sleep(rank1_late)
+        ranks[1].watchdog.kick("train", 1)
         culprit_nap(release)
 
     threads = [_run_in_thread(rank0_loop), _run_in_thread(rank1_loop)]
@@ -414,7 +416,10 @@ def test_a_stuck_rank_reports_itself_and_its_peer_names_it(
     store = dist.HashStore()
     ranks = [_watchdog(store, rank, 2, timeout_s=0.5) for rank in (0, 1)]
     watchdogs += [r.watchdog for r in ranks]
-    err = _rank1_stalls(ranks, capfd)
+    # Rank 1's last batch begins 0.25 s after rank 0's, so rank 0 reaches its timeout (and names
+    # rank 1) well before rank 1 reports itself and ends the job: with both at once, rank 0 may
+    # see rank 1's report first and end without naming it, which is right but not what this checks.
+    err = _rank1_stalls(ranks, capfd, rank1_late=0.25)
     assert re.search(
         r"fullshard: rank 1 \(pid \d+ on [^)]*\) is stuck: its training batch_idx=1 began", err
     ), err
