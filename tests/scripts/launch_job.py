@@ -14,6 +14,7 @@ SIGINT; rank 1 waits in an all_reduce).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -56,8 +57,15 @@ def work(scenario: str, env: LocalEnvironment, ready_dir: str | None) -> float:
         os.kill(os.getpid(), signal.SIGKILL)
     if rank == 0 and scenario == "sigint_rank0":
         assert ready_dir is not None
+        # Short sleeps, as a training loop runs bytecode all along: a SIGINT that the kernel hands
+        # to another thread (gloo's, the watchdog's) interrupts no sleep of the main thread, whose
+        # handler runs at its next bytecode. One 60 s sleep then outlived the test in whole-suite
+        # runs. Should the job still hang, every thread's stack goes to stderr (the test shows it).
+        faulthandler.dump_traceback_later(30, exit=False)
         (Path(ready_dir) / "rank0_waiting").touch()
-        time.sleep(60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
     dist.all_reduce(total)
     return total.item()
 
