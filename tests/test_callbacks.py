@@ -30,9 +30,9 @@ from conftest import quiet_trainer
 from fullshard.errors import MisconfigurationError
 from fullshard.trainer.callbacks import model_checkpoint as mc_module
 from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
-from fullshard.trainer.loggers import CSVLogger, Logger
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.loggers import CSVLogger, Logger
 from fullshard.trainer.optimizers import LRSchedulerConfig
 
 
