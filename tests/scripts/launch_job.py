@@ -59,8 +59,8 @@ def work(scenario: str, env: LocalEnvironment, ready_dir: str | None) -> float:
         assert ready_dir is not None
         # Short sleeps, as a training loop runs bytecode all along: a SIGINT that the kernel hands
         # to another thread (gloo's, the watchdog's) interrupts no sleep of the main thread, whose
-        # handler runs at its next bytecode. One 60 s sleep then outlived the test in whole-suite
-        # runs. Should the job still hang, every thread's stack goes to stderr (the test shows it).
+        # handler runs at its next bytecode. Should the job still hang, every thread's stack goes
+        # to stderr (the test shows it).
         faulthandler.dump_traceback_later(30, exit=False)
         (Path(ready_dir) / "rank0_waiting").touch()
         deadline = time.monotonic() + 60
@@ -72,6 +72,11 @@ def work(scenario: str, env: LocalEnvironment, ready_dir: str | None) -> float:
 
 def main() -> None:
     scenario = sys.argv[1]
+    if scenario == "sigint_rank0":
+        # Ctrl-C as in a terminal. A shell without job control starts a background command (`bash
+        # .ci/run &`, a CI runner's step) with SIGINT ignored; every process below inherits that,
+        # and python then installs no KeyboardInterrupt handler, so the test's SIGINT did nothing.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     ready_dir = sys.argv[2] if len(sys.argv) > 2 else None
     env = LocalEnvironment()
     launcher = SubprocessScriptLauncher(env, num_processes=2, num_nodes=1)
