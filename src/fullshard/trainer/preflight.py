@@ -84,7 +84,9 @@ def check_lightning_only_hooks(model: Module) -> None:
 
 
 def overrides(obj: Any, base: type, name: str) -> bool:
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
+    """Whether ``obj`` defines ``name`` itself: in its class, or on the instance (LightningCLI's
+    ``--optimizer`` sets ``configure_optimizers`` so)."""
+    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
 def single_loader(loader: Any, kind: str) -> Any:
