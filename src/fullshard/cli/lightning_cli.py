@@ -26,8 +26,12 @@ from typing_extensions import override
 
 try:
     import yaml
-    from jsonargparse import ActionConfigFile  # type: ignore[attr-defined]  # public, not in its __all__
-    from jsonargparse import ArgumentParser, Namespace, get_loader
+    from jsonargparse import (  # type: ignore[attr-defined]  # ActionConfigFile: public, not in its __all__
+        ActionConfigFile,
+        ArgumentParser,
+        Namespace,
+        get_loader,
+    )
 except ImportError as _err:  # pragma: no cover - the test extra installs it
     raise ImportError(
         "fullshard.cli.LightningCLI needs jsonargparse, which is not installed: "
