@@ -99,7 +99,8 @@ class LightningArgumentParser(ArgumentParser):
             if issubclass(lightning_class, Callback):
                 self.callback_keys.append(nested_key)
             if subclass_mode:
-                return list(self.add_subclass_arguments(lightning_class, nested_key, fail_untyped=False, required=required))
+                self.add_subclass_arguments(lightning_class, nested_key, fail_untyped=False, required=required)
+                return [nested_key]
             return list(
                 self.add_class_arguments(
                     lightning_class,
@@ -220,7 +221,7 @@ class SaveConfigCallback(Callback):
                     )
             if trainer.is_global_zero:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+                self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile)
         if trainer.is_global_zero:
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
@@ -440,8 +441,7 @@ class LightningCLI:
     def instantiate_classes(self) -> None:
         """Build the datamodule, the module and the Trainer (``self.datamodule``, ``self.model``,
         ``self.trainer``); ``self.config_init`` holds every built object."""
-        build = getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes  # `instantiate`: 4.49+
-        self.config_init = build(self.config)
+        self.config_init = self.parser.instantiate(self.config)
         self.datamodule = self._get(self.config_init, "data")
         self.model: Module = self._get(self.config_init, "model")
         self._add_configure_optimizers_method_to_model(self.subcommand)
