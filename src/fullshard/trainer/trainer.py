@@ -560,14 +560,13 @@ class Trainer(TrainerProperties):
         self._data = sources
         self._setup_model(model, stage)
         loop = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}.get(stage)
-        if loop is not None:
-            loop.setup_data(model, sources)
-        checkpoint, self.ckpt_path = (
+        checkpoint, self.ckpt_path = (  # before the loaders are built, as Lightning (on_load_checkpoint first)
             checkpointing.load_for_stage(self, ckpt_path, stage, self._ckpt_options)
             if ckpt_path is not None
             else (None, None)
         )
         if loop is not None:
+            loop.setup_data(model, sources)
             predictions: list[Any] | None = [] if stage == "predict" and keep_predictions else None
             metrics = loop.run(hooks, predictions=predictions)
             if verbose and self.is_global_zero and metrics and stage != "predict":
