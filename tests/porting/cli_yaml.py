@@ -19,7 +19,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
-from recording import RecordCallbackHooks, RecordDataModuleHooks, RecordModuleHooks, check, close, mark, run, snapshot, value
+from recording import (
+    RecordCallbackHooks,
+    RecordDataModuleHooks,
+    RecordModuleHooks,
+    check,
+    close,
+    mark,
+    run,
+    snapshot,
+    value,
+)
 from reference import global_batches, rank_indices, state_close
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
