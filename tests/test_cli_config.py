@@ -25,7 +25,7 @@ from fullshard.cli import (
     strategy_from_config,
 )
 from fullshard.cli.config import from_lightning
-from fullshard.errors import StrategyRegistryError
+from fullshard.errors import MisconfigurationError, StrategyRegistryError
 from fullshard.loggers import CSVLogger
 from fullshard.strategies import DDPStrategy, FSDP2Strategy, FSDPStrategy, SingleDeviceStrategy
 
@@ -193,6 +193,10 @@ def test_instantiate_class_matches_lightnings_signature() -> None:
     assert isinstance(checkpoint, ModelCheckpoint) and checkpoint.monitor == "x"
     with pytest.raises(ValueError, match=r"class_path='torch.optim.Adamm': module 'torch.optim' has no 'Adamm'. Did you mean 'Adam'"):
         instantiate_class(params, {"class_path": "torch.optim.Adamm"})
+    with pytest.raises(ValueError, match=r"class_path='AdamW' is not a dotted path: give the module and the name"):
+        instantiate_class(params, {"class_path": "AdamW"})
+    with pytest.raises(ValueError, match=r"class_path='no_such_pkg.Thing': cannot import module 'no_such_pkg'"):
+        instantiate_class(params, {"class_path": "no_such_pkg.Thing"})
     with pytest.raises(ValueError, match=r"expects a mapping \{'class_path'"):
         instantiate_class(params, {"init_args": {}})
     with pytest.raises(ValueError, match=r"got keys \['lr'\] beside class_path"):
@@ -414,11 +418,57 @@ def test_parser_hooks_before_and_after_fit(tmp_path: Path) -> None:
     assert cli.model.hparams["hidden"] == 16
 
 
+def test_default_config_files_written_by_lightning_are_translated_too(tmp_path: Path) -> None:
+    """Default config files reach jsonargparse by another path than --config ([Note: where configs
+    are translated] in fullshard/cli/lightning_cli.py)."""
+    defaults = _write(tmp_path / "defaults.yaml", {"trainer": {"profiler": None, "max_epochs": 3, "callbacks": [
+        {"class_path": "lightning.pytorch.callbacks.EarlyStopping", "init_args": {"monitor": "val_loss"}}]}})
+    cli = _cli(*_quiet(tmp_path), run=False, parser_kwargs={"default_config_files": [str(defaults)]})
+    assert cli.trainer.max_epochs == 3
+    assert any(isinstance(c, fullshard.EarlyStopping) and c.monitor == "val_loss" for c in cli.trainer.callbacks)
+
+
 def test_parser_kwargs_per_subcommand(tmp_path: Path) -> None:
     defaults = _write(tmp_path / "defaults.yaml", {"trainer": {"max_epochs": 2}, "model": {"hidden": 9}})
     cli = _cli("fit", "--trainer.logger=false", *_quiet(tmp_path),
                parser_kwargs={"fit": {"default_config_files": [str(defaults)]}})  # fmt: skip
     assert cli.model.hparams["hidden"] == 9 and cli.trainer.current_epoch == 2
+
+
+def test_only_fullshard_classes_get_class_argument_groups(tmp_path: Path) -> None:
+    class MyCLI(LightningCLI):
+        def add_arguments_to_parser(self, parser: Any) -> None:
+            parser.add_lightning_class_args(torch.nn.Linear, "layer")
+
+    with pytest.raises(MisconfigurationError, match=r"Cannot add arguments from <class 'torch.nn.modules.linear.Linear'>: give a subclass of fullshard's Trainer, Module"):
+        MyCLI(Model, Data, args=_quiet(tmp_path), run=False)
+
+
+def test_one_automatic_optimizer_at_most(tmp_path: Path) -> None:
+    class TwoOptimizers(LightningCLI):
+        def add_arguments_to_parser(self, parser: Any) -> None:
+            parser.add_optimizer_args(torch.optim.SGD, nested_key="opt_a")
+            parser.add_optimizer_args(torch.optim.Adam, nested_key="opt_b")
+
+    with pytest.raises(MisconfigurationError, match=r"at most one optimizer and one LR scheduler itself, but the groups \['opt_a', 'opt_b'\]"):
+        TwoOptimizers(Model, Data, args=["--opt_a.lr=0.1", *_quiet(tmp_path)], run=False)
+
+
+def test_a_callback_group_is_always_added(tmp_path: Path) -> None:
+    class WithStopper(LightningCLI):
+        def add_arguments_to_parser(self, parser: Any) -> None:
+            parser.add_lightning_class_args(fullshard.EarlyStopping, "early_stopping")
+
+    cli = WithStopper(Model, Data, args=["--early_stopping.monitor=val_loss", "--early_stopping.patience=4", *_quiet(tmp_path)], run=False)
+    stopper = next(c for c in cli.trainer.callbacks if isinstance(c, fullshard.EarlyStopping))
+    assert stopper.patience == 4
+
+
+def test_args_and_a_command_line_together_warn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["train.py", "fit", "--trainer.max_epochs=9"])
+    with pytest.warns(UserWarning, match=r"LightningCLI got args=.* and reads those, not the command line's \['fit', '--trainer.max_epochs=9'\]"):
+        cli = _cli(*_quiet(tmp_path), run=False)
+    assert cli.trainer.max_epochs != 9
 
 
 # ----------------------------------------------------------------------------- saving configs

@@ -147,30 +147,37 @@ class LightningArgumentParser(ArgumentParser):
         self.lr_scheduler_groups[nested_key] = (lr_scheduler_class, link_to)
 
     # ----------------------------------------------------- Lightning-written configuration files
+    # [Note: where configs are translated]
+    # Every configuration document jsonargparse reads from text (--config files, strings,
+    # default_config_files, a FULLSHARD_CONFIG variable) goes through its private
+    # `_load_config_parser_mode`; no public method sees the default config files, so the
+    # translation of [Note: Lightning configs] (cli/config.py) hooks in there. Mappings given as
+    # objects (`args={...}`) come through the public `parse_object`. tests/test_cli_config.py
+    # pins both paths, so a jsonargparse that renames the private method fails there.
     @override
-    def parse_string(self, content: str, path: str | os.PathLike[str] = "", *args: Any, **kwargs: Any) -> Namespace:
+    def _load_config_parser_mode(self, content: str, path: Any = "", *args: Any, **kwargs: Any) -> Namespace:
         document = get_loader(self.parser_mode)(content)
         if isinstance(document, Mapping):
-            translated = self._from_lightning(document, f" in {os.fspath(path)}" if path else "")
+            try:
+                translated = from_lightning(document, trainer_class=self.trainer_class, subcommand=self.subcommand)
+            except ValueError as err:
+                raise TypeError(f"{err}{f' (in {os.fspath(path)})' if path else ''}") from None
             if translated != document:
                 content = yaml.safe_dump(translated, sort_keys=False)
-        parsed: Namespace = super().parse_string(content, path, *args, **kwargs)
-        return parsed
+        loaded: Namespace = super()._load_config_parser_mode(content, path, *args, **kwargs)
+        return loaded
 
     @override
     def parse_object(self, obj: Any, *args: Any, **kwargs: Any) -> Namespace:
         if isinstance(obj, Namespace):
             obj = obj.as_dict()
         if isinstance(obj, Mapping):
-            obj = self._from_lightning(obj, "")
+            try:
+                obj = from_lightning(obj, trainer_class=self.trainer_class, subcommand=self.subcommand)
+            except ValueError as err:
+                self.error(str(err))
         parsed: Namespace = super().parse_object(obj, *args, **kwargs)
         return parsed
-
-    def _from_lightning(self, document: Mapping[str, Any], where: str) -> dict[str, Any]:
-        try:
-            return from_lightning(document, trainer_class=self.trainer_class, subcommand=self.subcommand)
-        except ValueError as err:
-            self.error(f"{err}{where}")
 
 
 class SaveConfigCallback(Callback):
@@ -496,10 +503,11 @@ class LightningCLI:
         parser = self._parser(subcommand)
         optimizers = self._automatic(parser.optimizer_groups, torch.optim.Optimizer)
         schedulers = self._automatic(parser.lr_scheduler_groups, _LR_SCHEDULERS)
-        if len(optimizers) > 1 or len(schedulers) > 1:
+        clash = [group for group in (optimizers, schedulers) if len(group) > 1]
+        if clash:
             raise MisconfigurationError(
                 f"LightningCLI builds at most one optimizer and one LR scheduler itself, but the groups "
-                f"{optimizers + schedulers} are all link_to='AUTOMATIC'. Link them to the module's arguments "
+                f"{clash[0]} are all link_to='AUTOMATIC'. Link them to the module's arguments "
                 "(link_to='model.optimizer') and build them in its configure_optimizers (docs/cli.md)."
             )
         if not optimizers:
