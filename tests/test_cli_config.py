@@ -380,6 +380,13 @@ def test_subclass_mode_model_and_data(tmp_path: Path) -> None:
     assert cli.datamodule.n == 8
 
 
+def test_no_classes_given_means_any_chosen_by_class_path(tmp_path: Path) -> None:
+    cli = LightningCLI(args=["--model=cli_train.WideModel", "--model.hidden=5", *_quiet(tmp_path)], run=False)
+    assert type(cli.model) is WideModel and cli.model.hparams["hidden"] == 5 and cli.datamodule is None
+    cli = LightningCLI(args=["--model=cli_train.Model", "--data=cli_train.Data", "--data.n=4", *_quiet(tmp_path)], run=False)
+    assert type(cli.model) is Model and isinstance(cli.datamodule, Data) and cli.datamodule.n == 4
+
+
 def test_automatic_optimizer_and_lr_scheduler(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match=r"Model.configure_optimizers is replaced by the optimizer given with --optimizer"):
         cli = _cli("fit", "--optimizer=torch.optim.AdamW", "--optimizer.lr=0.01", "--optimizer.weight_decay=0.5",
