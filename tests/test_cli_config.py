@@ -397,6 +397,27 @@ def test_automatic_optimizer_and_lr_scheduler(tmp_path: Path) -> None:
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**2)  # stepped once per epoch
 
 
+class LinkedOptimizerModel(Model):
+    def __init__(self, hidden: int = 4, optimizer_init: dict | None = None) -> None:
+        super().__init__(hidden=hidden)
+        self.optimizer_init = optimizer_init
+
+    def configure_optimizers(self):
+        return instantiate_class(self.parameters(), self.optimizer_init)
+
+
+def test_an_optimizer_group_linked_to_the_module(tmp_path: Path) -> None:
+    class LinkedCLI(LightningCLI):
+        def add_arguments_to_parser(self, parser: Any) -> None:
+            parser.add_optimizer_args(torch.optim.Adam, link_to="model.optimizer_init")
+
+    cli = LinkedCLI(LinkedOptimizerModel, Data, args=["fit", "--optimizer.lr=0.01", "--trainer.max_epochs=1",
+                                                      "--trainer.logger=false", *_quiet(tmp_path)])  # fmt: skip
+    assert cli.model.optimizer_init["class_path"] == "torch.optim.adam.Adam"
+    optimizer = cli.trainer.optimizers[0]
+    assert type(optimizer) is torch.optim.Adam and optimizer.defaults["lr"] == 0.01
+
+
 def test_reduce_lr_on_plateau_with_monitor(tmp_path: Path) -> None:
     cli = _cli("fit", "--optimizer=SGD", "--optimizer.lr=0.1", "--lr_scheduler=fullshard.cli.ReduceLROnPlateau",
                "--lr_scheduler.monitor=val_loss", "--lr_scheduler.patience=0", "--trainer.max_epochs=1",

@@ -15,6 +15,7 @@ load unchanged where fullshard has the names: see [Note: Lightning configs] in
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -239,6 +240,12 @@ class SaveConfigCallback(Callback):
         (no collectives here)."""
 
 
+def _with_class_path(cls: type, init_args: Any) -> dict[str, Any]:
+    if isinstance(init_args, Namespace):
+        init_args = init_args.as_dict()
+    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": dict(init_args or {})}
+
+
 class _AutomaticOptimizers:
     """The ``configure_optimizers`` LightningCLI gives a module from ``--optimizer`` /
     ``--lr_scheduler``. It builds them when the Trainer asks, from the parameters the module has
@@ -402,9 +409,13 @@ class LightningCLI:
                 parser.add_optimizer_args((torch.optim.Optimizer,))
             if not parser.lr_scheduler_groups:
                 parser.add_lr_scheduler_args(_LR_SCHEDULERS)
-        for key, (_, link_to) in {**parser.optimizer_groups, **parser.lr_scheduler_groups}.items():
-            if link_to != "AUTOMATIC":
+        for key, (declared, link_to) in {**parser.optimizer_groups, **parser.lr_scheduler_groups}.items():
+            if link_to == "AUTOMATIC":
+                continue
+            if isinstance(declared, tuple):  # a subclass group: its value has a class_path already
                 parser.link_arguments(key, link_to)
+            else:  # the target gets {"class_path", "init_args"}, for instantiate_class
+                parser.link_arguments(key, link_to, compute_fn=functools.partial(_with_class_path, declared))
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -534,7 +545,7 @@ class LightningCLI:
             return None
         if isinstance(declared, tuple):
             return dict(init)  # already {"class_path": ..., "init_args": ...}
-        return {"class_path": f"{declared.__module__}.{declared.__qualname__}", "init_args": dict(init)}
+        return _with_class_path(declared, init)
 
     # ------------------------------------------------------------------------------------ run
     def _run_subcommand(self, subcommand: str) -> None:
