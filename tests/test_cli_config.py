@@ -227,7 +227,9 @@ def test_from_lightning_drops_only_what_means_the_default() -> None:
     assert from_lightning(document, subcommand="fit") == {"trainer": {"max_epochs": None, "logger": None}}
     with pytest.raises(ValueError, match=r"trainer.profiler: Trainer\(profiler='simple'\) is a Lightning option that fullshard does not support"):
         from_lightning({"trainer": {"profiler": "simple"}})
-    with pytest.raises(ValueError, match=r"Trainer got enable_autolog_hparams=False, a Lightning argument .* Remove it"):
+    with pytest.raises(ValueError, match=r"fit got weights_only=False, a Lightning argument that fullshard's fit does not take: .*pass trust_checkpoint: true"):
+        from_lightning({"fit": {"weights_only": False}})
+    with pytest.raises(ValueError, match=r"Trainer got enable_autolog_hparams=False, a Lightning argument .*: remove it"):
         from_lightning({"trainer": {"enable_autolog_hparams": False}})
     with pytest.raises(ValueError, match=r"CSVLogger got prefix='run', a Lightning argument"):
         from_lightning({"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"prefix": "run"}}})

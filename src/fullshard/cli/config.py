@@ -57,6 +57,11 @@ _LIGHTNING_DEFAULTS: dict[tuple[str, str], Any] = {
     ("test", "weights_only"): True,
     ("predict", "weights_only"): True,
 }
+# What to do instead of a Lightning-only argument set to something else than its default.
+_INSTEAD = {
+    "weights_only": "fullshard reads checkpoints as plain data always; to unpickle one you trust, "
+    "pass trust_checkpoint: true (--trust_checkpoint true) instead",
+}
 # (class name, Lightning's argument) -> fullshard's name for it.
 _RENAMED: dict[tuple[str, str], str] = {
     ("CSVLogger", "flush_logs_every_n_steps"): "flush_every_n_steps",
@@ -128,10 +133,10 @@ def _fit_arguments(owner: str, known: Mapping[str, inspect.Parameter], values: M
             continue
         elif (owner, key) in _LIGHTNING_DEFAULTS:
             if value != _LIGHTNING_DEFAULTS[owner, key]:
+                instead = _INSTEAD.get(key, f"remove it (its Lightning default, {_LIGHTNING_DEFAULTS[owner, key]!r}, is what fullshard does)")
                 raise ValueError(
                     f"{owner} got {key}={value!r}, a Lightning argument that fullshard's {owner} does not "
-                    f"take. Remove it (its Lightning default, {_LIGHTNING_DEFAULTS[owner, key]!r}, is what "
-                    "fullshard does); see docs/cli.md, 'Differences from Lightning'."
+                    f"take: {instead}. See docs/cli.md, 'Configs written by Lightning'."
                 )
         elif open_ended:
             out[key] = value
