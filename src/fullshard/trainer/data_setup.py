@@ -8,12 +8,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from torch.utils.data import RandomSampler
+
 from fullshard.errors import MisconfigurationError, RankDivergenceError
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import current_seed
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
 
 if TYPE_CHECKING:
+    from fullshard.module import Module
     from fullshard.strategies import Strategy
+    from fullshard.trainer.loops.fit_loop import FitLoop
+    from fullshard.trainer.preflight import DataSources
     from fullshard.trainer.trainer import Trainer
 
 _LIMIT = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "limit_test_batches",
@@ -23,16 +29,38 @@ _LIMIT = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "l
 def prepare(trainer: Trainer, loader: Any, kind: str) -> tuple[PreparedLoader, int | float]:
     """``loader`` as the loops use it (``kind``: train, val, test or predict), and its batches per
     run after the Trainer's ``limit_<kind>_batches``."""
+    shuffle = None
+    if trainer.overfit_batches and kind in ("train", "val"):
+        shuffle = _overfit_shuffle(loader, kind, trainer.use_distributed_sampler)
     prepared = prepare_dataloader(
         loader,
         shuffle_default=kind == "train",
         seed=current_seed(),
         name=f"The {kind} dataloader",
         distributed=trainer.use_distributed_sampler,
+        shuffle=shuffle,
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
     return prepared, limit_batches(getattr(trainer, _LIMIT[kind]), available, _LIMIT[kind])
+
+
+def _overfit_shuffle(loader: Any, kind: str, distributed: bool) -> bool | None:
+    """Under ``overfit_batches`` the same batches come every epoch, as in Lightning: a shuffling
+    loader is made sequential, with Lightning's warning (False), else left as it is (None)."""
+    if not isinstance(getattr(loader, "sampler", None), RandomSampler):
+        return None
+    if not distributed:
+        rank_zero_warn(
+            f"You requested to overfit but the {kind} dataloader shuffles, and with use_distributed_sampler=False "
+            "the Trainer uses it as given: pass shuffle=False to it to see the same batches every epoch."
+        )
+        return None
+    rank_zero_warn(
+        f"You requested to overfit but enabled {kind} dataloader shuffling. We are turning off the {kind} "
+        "dataloader shuffling for you."
+    )
+    return False
 
 
 def check_same_batch_count(strategy: Strategy, count: int | float, what: str) -> None:
@@ -72,3 +100,43 @@ def val_check_batch(trainer: Trainer, val_batches: int | float, train_batches: i
             "of batches instead, e.g. val_check_interval=1000."
         )
     return max(1, int(train_batches * interval))
+
+
+class ReloadSchedule:
+    """``reload_dataloaders_every_n_epochs``: which epochs of a fit rebuild the loaders, by
+    Lightning's rule (``epoch - epoch of the last build >= n``), counted from the epoch the fit
+    starts at (a resumed fit builds its loaders when it starts, as Lightning's does). The
+    validation loader is rebuilt only in epochs that validate."""
+
+    def __init__(self, every: int, epoch: int) -> None:
+        self.every = every
+        self.train_epoch = epoch  # the epoch of the last build
+        self.val_epoch = epoch
+
+    def apply(self, loop: FitLoop, module: Module, sources: DataSources) -> None:
+        """At the start of an epoch: rebuild what is due from its source (``train_dataloader()``,
+        the DataModule's, or the loader given to ``fit``), keeping the run's data seed."""
+        every, epoch = self.every, loop.progress.epoch
+        if not every:
+            return
+        trainer = loop.trainer
+        rebuilt = False
+        if epoch - self.train_epoch >= every and loop.train_loader is not None:
+            seed = loop.train_loader.seed
+            loop.train_loader = None
+            loop.setup_train_loader(sources.get("train", module))
+            rebuilt_loader = loop.train_loader
+            assert rebuilt_loader is not None  # set by setup_train_loader
+            rebuilt_loader.reseed(seed)
+            check_same_batch_count(trainer.strategy, loop.num_training_batches, "training")
+            self.train_epoch, rebuilt = epoch, True
+        n = trainer.check_val_every_n_epoch
+        validates = n is None or (epoch + 1) % n == 0
+        validate = loop.validate_loop
+        if validates and epoch - self.val_epoch >= every and validate.loader is not None:
+            validate.setup_data(module, sources)
+            self.val_epoch, rebuilt = epoch, True
+        if rebuilt:
+            loop.val_check_batch = val_check_batch(
+                trainer, validate.num_batches if validate.loader is not None else 0, loop.num_training_batches
+            )

@@ -250,8 +250,10 @@ class FitLoop:
             self._warn_if_nothing_logged()
             if checkpoint is not None:
                 checkpointing.restore_rng_states(trainer, checkpoint)
+            reload = data_setup.ReloadSchedule(trainer.reload_dataloaders_every_n_epochs, progress.epoch)
             hooks.call("on_train_start")
             while not self.done():
+                reload.apply(self, module, sources)  # reload_dataloaders_every_n_epochs
                 self.run_epoch()
             hooks.call("on_train_end")
         finally:
