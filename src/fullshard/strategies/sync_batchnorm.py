@@ -2,10 +2,12 @@
 
 On CUDA the layers become ``torch.nn.SyncBatchNorm`` (``convert_sync_batchnorm``), as in
 Lightning. torch's ``SyncBatchNorm`` refuses CPU tensors in training ("SyncBatchNorm expected
-input tensor to be on GPU"), so on CPU (gloo) they become :class:`CPUSyncBatchNorm`, a
-``SyncBatchNorm`` whose training forward all-reduces the per-channel sums and sums of squares
-with an autograd-aware all-reduce: its output and gradients are those of one BatchNorm over the
-batches of all processes together, and its running statistics are updated likewise.
+input tensor to be on GPU"), and DDP refuses it in a CPU module ("SyncBatchNorm layers only work
+with GPU modules"), so on CPU (gloo) a ``BatchNorm1d/2d/3d`` becomes the same class with
+:class:`CPUSyncBatchNorm` mixed in: its training forward all-reduces the per-channel sums and
+sums of squares with an autograd-aware all-reduce, so its output and gradients are those of one
+BatchNorm over the batches of all processes together, and its running statistics are updated
+likewise (with the unbiased variance of the global batch, as torch's).
 """
 
 from __future__ import annotations
@@ -15,25 +17,45 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.nn.functional import all_reduce
-
-_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-class CPUSyncBatchNorm(nn.SyncBatchNorm):
-    """``SyncBatchNorm`` that also synchronises CPU tensors (gloo); CUDA inputs go to torch's."""
+class _SumOverProcesses(torch.autograd.Function):
+    """``all_reduce(SUM)`` with its gradient (the sum of every process's gradient): written here
+    because ``torch.distributed.nn.functional.all_reduce`` is deprecated and its replacement is
+    private."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        summed = tensor.clone()
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
+        return summed
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        summed = grad.contiguous().clone()
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=ctx.group)
+        return summed, None
+
+
+# _NormBase (torch-private) is the common base of the BatchNorm classes; the mixin derives from it
+# only so that its attributes (eps, momentum, running_mean, ...) are typed
+class CPUSyncBatchNorm(nn.modules.batchnorm._NormBase):
+    """Mixed into ``BatchNorm1d/2d/3d``: training statistics over every process (gloo, CPU)."""
+
+    process_group: Any = None  # None: all processes
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        sync = self.training and input.device.type != "cuda" and dist.is_available() and dist.is_initialized()
+        sync = self.training and dist.is_available() and dist.is_initialized()
         group = (self.process_group or dist.group.WORLD) if sync else None
-        if not sync or dist.get_world_size(group) == 1:  # CUDA, evaluation or one process: torch's
-            return super().forward(input)
+        if not sync or dist.get_world_size(group) == 1:  # evaluation or one process: a BatchNorm
+            return super().forward(input)  # type: ignore[no-any-return]
         self._check_input_dim(input)
         channels = input.shape[1]
         dims = [0, *range(2, input.dim())]
         count = torch.tensor([input.numel() / channels], dtype=input.dtype, device=input.device)
         stats = torch.cat([input.sum(dims), (input * input).sum(dims), count])
-        stats = all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+        stats = _SumOverProcesses.apply(stats, group)
         total = stats[-1]
         mean = stats[:channels] / total
         var = (stats[channels : 2 * channels] / total - mean * mean).clamp_min(0)
@@ -72,8 +94,10 @@ def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module
 
 
 def _convert(module: nn.Module) -> nn.Module:
-    if isinstance(module, _BATCHNORMS):
-        converted: Any = CPUSyncBatchNorm(
+    target = _CONVERSIONS.get(type(module))
+    if target is not None:
+        assert isinstance(module, nn.modules.batchnorm._NormBase)
+        converted: Any = target(
             module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats
         )
         if module.affine:
@@ -90,3 +114,22 @@ def _convert(module: nn.Module) -> nn.Module:
         if new is not child:
             module.add_module(name, new)
     return module
+
+
+class CPUSyncBatchNorm1d(CPUSyncBatchNorm, nn.BatchNorm1d):
+    """``BatchNorm1d`` synchronised across CPU processes."""
+
+
+class CPUSyncBatchNorm2d(CPUSyncBatchNorm, nn.BatchNorm2d):
+    """``BatchNorm2d`` synchronised across CPU processes."""
+
+
+class CPUSyncBatchNorm3d(CPUSyncBatchNorm, nn.BatchNorm3d):
+    """``BatchNorm3d`` synchronised across CPU processes."""
+
+
+_CONVERSIONS: dict[type[nn.Module], type[nn.Module]] = {
+    nn.BatchNorm1d: CPUSyncBatchNorm1d,
+    nn.BatchNorm2d: CPUSyncBatchNorm2d,
+    nn.BatchNorm3d: CPUSyncBatchNorm3d,
+}
