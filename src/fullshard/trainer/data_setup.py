@@ -103,40 +103,49 @@ def val_check_batch(trainer: Trainer, val_batches: int | float, train_batches: i
 
 
 class ReloadSchedule:
-    """``reload_dataloaders_every_n_epochs``: which epochs of a fit rebuild the loaders, by
-    Lightning's rule (``epoch - epoch of the last build >= n``), counted from the epoch the fit
-    starts at (a resumed fit builds its loaders when it starts, as Lightning's does). The
-    validation loader is rebuilt only in epochs that validate."""
+    """``reload_dataloaders_every_n_epochs``: when a fit rebuilds its loaders, by Lightning's rule
+    (``epoch - epoch of the last build >= n``): the training loader at the start of an epoch, the
+    validation loader when a validation run starts. Counted from the epoch the fit starts at (a
+    resumed fit builds its loaders when it starts, as Lightning's does)."""
 
-    def __init__(self, every: int, epoch: int) -> None:
+    def __init__(
+        self, every: int = 0, epoch: int = 0, module: Module | None = None, sources: DataSources | None = None
+    ) -> None:
         self.every = every
         self.train_epoch = epoch  # the epoch of the last build
         self.val_epoch = epoch
+        self.module, self.sources = module, sources
 
-    def apply(self, loop: FitLoop, module: Module, sources: DataSources) -> None:
-        """At the start of an epoch: rebuild what is due from its source (``train_dataloader()``,
-        the DataModule's, or the loader given to ``fit``), keeping the run's data seed."""
-        every, epoch = self.every, loop.progress.epoch
-        if not every:
+    def before_epoch(self, loop: FitLoop) -> None:
+        """Rebuild the training loader from its source (``train_dataloader()``, the DataModule's,
+        or the loader given to ``fit``) when due, keeping the run's data seed."""
+        epoch = loop.progress.epoch
+        if not self.every or epoch - self.train_epoch < self.every or loop.train_loader is None:
             return
-        trainer = loop.trainer
-        rebuilt = False
-        if epoch - self.train_epoch >= every and loop.train_loader is not None:
-            seed = loop.train_loader.seed
-            loop.train_loader = None
-            loop.setup_train_loader(sources.get("train", module))
-            rebuilt_loader = loop.train_loader
-            assert rebuilt_loader is not None  # set by setup_train_loader
-            rebuilt_loader.reseed(seed)
-            check_same_batch_count(trainer.strategy, loop.num_training_batches, "training")
-            self.train_epoch, rebuilt = epoch, True
-        n = trainer.check_val_every_n_epoch
-        validates = n is None or (epoch + 1) % n == 0
+        assert self.module is not None and self.sources is not None  # given with every > 0
+        seed = loop.train_loader.seed
+        loop.train_loader = None
+        loop.setup_train_loader(self.sources.get("train", self.module))
+        rebuilt = loop.train_loader
+        assert rebuilt is not None  # set by setup_train_loader
+        rebuilt.reseed(seed)
+        check_same_batch_count(loop.trainer.strategy, loop.num_training_batches, "training")
+        self.train_epoch = epoch
+        self._update_val_check(loop)
+
+    def before_validation(self, loop: FitLoop) -> None:
+        """Rebuild the validation loader when due."""
+        epoch, validate = loop.progress.epoch, loop.validate_loop
+        if not self.every or epoch - self.val_epoch < self.every or validate.loader is None:
+            return
+        assert self.module is not None and self.sources is not None  # given with every > 0
+        validate.setup_data(self.module, self.sources)
+        self.val_epoch = epoch
+        self._update_val_check(loop)
+
+    @staticmethod
+    def _update_val_check(loop: FitLoop) -> None:
         validate = loop.validate_loop
-        if validates and epoch - self.val_epoch >= every and validate.loader is not None:
-            validate.setup_data(module, sources)
-            self.val_epoch, rebuilt = epoch, True
-        if rebuilt:
-            loop.val_check_batch = val_check_batch(
-                trainer, validate.num_batches if validate.loader is not None else 0, loop.num_training_batches
-            )
+        loop.val_check_batch = val_check_batch(
+            loop.trainer, validate.num_batches if validate.loader is not None else 0, loop.num_training_batches
+        )

@@ -98,6 +98,7 @@ class FitLoop:
         self.preemption = preemption.Preemption((), requeue=False)
         self.early_loader: Any = None  # the given training loader, while rank 0 checks optimizers early
         self._hooks: Hooks | None = None
+        self.reload = data_setup.ReloadSchedule()  # reload_dataloaders_every_n_epochs; made for each fit
 
     # --------------------------------------------------------------------------- data
     def setup_train_loader(self, loader: Any) -> None:
@@ -250,10 +251,12 @@ class FitLoop:
             self._warn_if_nothing_logged()
             if checkpoint is not None:
                 checkpointing.restore_rng_states(trainer, checkpoint)
-            reload = data_setup.ReloadSchedule(trainer.reload_dataloaders_every_n_epochs, progress.epoch)
+            self.reload = data_setup.ReloadSchedule(
+                trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
+            )
             hooks.call("on_train_start")
             while not self.done():
-                reload.apply(self, module, sources)  # reload_dataloaders_every_n_epochs
+                self.reload.before_epoch(self)  # reload_dataloaders_every_n_epochs
                 self.run_epoch()
             hooks.call("on_train_end")
         finally:
@@ -392,6 +395,7 @@ class FitLoop:
             if self.should_validate(batch_idx):
                 if boundary:
                     module.zero_grad(set_to_none=True)  # free gradient memory for the evaluation
+                self.reload.before_validation(self)  # reload_dataloaders_every_n_epochs
                 self.validate_loop.run(hooks)
                 metrics.stage = "train"
                 metrics.set_batch(batch)
