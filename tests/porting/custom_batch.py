@@ -26,10 +26,10 @@ from torch.utils.data import DataLoader, Dataset
 FRAMEWORK = os.environ.get("PORT_FRAMEWORK", "fullshard")
 if FRAMEWORK == "lightning":
     import lightning.pytorch as L
-    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 else:
     import fullshard as L
-    from fullshard.callbacks import Callback, ModelCheckpoint
+    from fullshard.callbacks import Callback, ModelCheckpoint, Timer
 
 SEED, EPOCHS, BATCH, LR, N = 13, 3, 4, 0.05, 32
 MOVES = []  # one entry per Batch.to() call: the hooks moved this batch
@@ -148,7 +148,8 @@ def main(args):
     value("batches_moved", len(MOVES))
     ours = [cb for cb in trainer.callbacks if isinstance(cb, Recorder | Counter | ModelCheckpoint)]
     value("callbacks", [getattr(cb, "owner", type(cb).__name__) for cb in ours])
-    check("a Timer came with max_time", any(type(cb).__name__ == "Timer" for cb in trainer.callbacks))
+    timers = [cb for cb in trainer.callbacks if isinstance(cb, Timer)]
+    check("a Timer came with max_time, and measured the training", len(timers) == 1 and 0 < timers[0].time_elapsed("train") < 3600)
     check("every batch moved to cpu through Batch.to", set(MOVES) == {"cpu"}, sorted(set(MOVES)))
 
     # the same training in one process, with the hooks' transforms

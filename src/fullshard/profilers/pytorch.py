@@ -11,6 +11,8 @@ from torch.autograd.profiler import record_function
 
 from fullshard.profilers.base import Profiler
 
+_STEPS = ("training_step", "validation_step", "test_step", "predict_step")
+
 
 class PyTorchProfiler(Profiler):
     """Profiles ``fit``/``validate``/``test``/``predict`` with ``torch.profiler.profile``.
@@ -27,7 +29,8 @@ class PyTorchProfiler(Profiler):
         sort_by_key: the table's sort column (default ``"cuda_time_total"`` with CUDA, else
             ``"cpu_time_total"``).
         **profiler_kwargs: passed to ``torch.profiler.profile`` (``record_shapes``,
-            ``profile_memory``, ``with_stack``, ``activities``, ...).
+            ``profile_memory``, ``with_stack``, ``activities``, ``schedule``: its steps are the
+            ``*_step`` actions, ...).
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class PyTorchProfiler(Profiler):
         if not scopes:
             raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
         scopes.pop().__exit__(None, None, None)
+        if self.profiler is not None and "schedule" in self.profiler_kwargs and action_name.endswith(_STEPS):
+            self.profiler.step()  # a schedule (wait/warmup/active) counts steps
 
     def summary(self) -> str:
         profiler = self.profiler
