@@ -105,8 +105,9 @@ def val_check_batch(trainer: Trainer, val_batches: int | float, train_batches: i
 class ReloadSchedule:
     """``reload_dataloaders_every_n_epochs``: when a fit rebuilds its loaders, by Lightning's rule
     (``epoch - epoch of the last build >= n``): the training loader at the start of an epoch, the
-    validation loader when a validation run starts. Counted from the epoch the fit starts at (a
-    resumed fit builds its loaders when it starts, as Lightning's does)."""
+    validation loader when a validation run starts. Counted from ``current_epoch`` when the fit
+    built its loaders (a resumed fit builds them when it starts, before it moves past an epoch
+    its checkpoint ended), as Lightning counts."""
 
     def __init__(
         self, every: int = 0, epoch: int = 0, module: Module | None = None, sources: DataSources | None = None

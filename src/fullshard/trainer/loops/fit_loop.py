@@ -243,6 +243,11 @@ class FitLoop:
             self._setup_train_data(module, sources)
             if not sanity_ran:
                 self.validate_loop.setup_data(module, sources)
+            # counted from current_epoch as the loaders were built (before an epoch the checkpoint
+            # ended is moved past), as Lightning counts
+            self.reload = data_setup.ReloadSchedule(
+                trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
+            )
             self.place_restored_position()
             validate = self.validate_loop
             self.val_check_batch = data_setup.val_check_batch(
@@ -251,9 +256,6 @@ class FitLoop:
             self._warn_if_nothing_logged()
             if checkpoint is not None:
                 checkpointing.restore_rng_states(trainer, checkpoint)
-            self.reload = data_setup.ReloadSchedule(
-                trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
-            )
             hooks.call("on_train_start")
             while not self.done():
                 self.reload.before_epoch(self)  # reload_dataloaders_every_n_epochs
