@@ -3,7 +3,7 @@
 python tests/scripts/options_job.py --out DIR --mode syncbn --strategy ddp
 python tests/scripts/options_job.py --out DIR --mode timer --strategy ddp
 
-syncbn: a model with BatchNorm trained with sync_batchnorm=True; rank 0 writes its weights and
+syncbn: a model with BatchNorm trained with sync_batchnorm=True (and profiler="simple"); rank 0 writes its weights and
 running statistics to ``OUT/syncbn.pt`` (the test compares them with one BatchNorm over the
 global batches in one process). timer: max_time stops both ranks at the same step and saves
 ``last.ckpt``; a second fit resumes from it with the elapsed time carried over; each rank writes
@@ -78,7 +78,7 @@ def trainer(out: Path, strategy: str, **kwargs: Any) -> fullshard.Trainer:
 
 def run_syncbn(out: Path, strategy: str) -> None:
     model = BNNet()
-    t = trainer(out, strategy, max_steps=STEPS, enable_checkpointing=False, sync_batchnorm=True)
+    t = trainer(out, strategy, max_steps=STEPS, enable_checkpointing=False, sync_batchnorm=True, profiler="simple")
     t.fit(model, DataLoader(syncbn_data(), batch_size=BATCH))
     state = {k: v.detach().clone() for k, v in t.strategy.module_state_dict().items()}
     kinds = sorted({type(m).__name__ for m in model.modules() if "BatchNorm" in type(m).__name__})
