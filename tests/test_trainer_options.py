@@ -89,7 +89,7 @@ def test_max_time_adds_a_timer_and_lifts_the_epoch_limit(tmp_path: Path) -> None
     own = Timer(duration={"seconds": 5})
     given = quiet_trainer(tmp_path, max_time="00:00:01:00", callbacks=[own])
     assert [cb for cb in given.callbacks if isinstance(cb, Timer)] == [own]  # max_time ignored, as Lightning
-    with pytest.raises(MisconfigurationError, match="interval='minute'.* use 'step'"):
+    with pytest.raises(MisconfigurationError, match=r"interval='minute'.* use 'step'"):
         Timer(duration="00:00:01:00", interval="minute")
 
 
