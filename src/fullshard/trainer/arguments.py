@@ -13,6 +13,7 @@ from lightning_utilities.core.rank_zero import rank_zero_info
 from fullshard.errors import MisconfigurationError
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar, Timer
+from fullshard.trainer.callbacks.timer import parse_duration
 from fullshard.trainer.data import limit_batches
 from fullshard.trainer.loggers import CSVLogger, Logger
 
@@ -224,6 +225,7 @@ def build_callbacks(
         given.insert(0, ProgressBar())
     if max_time is not None:
         if any(isinstance(cb, Timer) for cb in given):
+            parse_duration(max_time)  # still checked
             rank_zero_info("Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
         else:
             given.append(Timer(duration=max_time, interval="step"))

@@ -114,11 +114,8 @@ class Trainer(TrainerProperties):
             once, on rank 0, when it sees one). Not a Lightning option; see docs/checkpoints.md
             for its cost.
         max_time, profiler, sync_batchnorm, overfit_batches, reload_dataloaders_every_n_epochs:
-            Lightning's: stop after a duration (``"DD:HH:MM:SS"``, a ``timedelta`` or a dict of its
-            arguments; a :class:`~fullshard.callbacks.Timer`); profile each action (``"simple"``,
-            ``"advanced"``, ``"pytorch"`` or a :mod:`fullshard.profilers` object); SyncBatchNorm
-            under multi-process strategies; train and validate on this many (fraction of) batches,
-            unshuffled; rebuild the loaders every n epochs. docs/lightning.md has the details.
+            Lightning's (docs/lightning.md; ``max_time``'s Timer: docs/callbacks.md; profilers:
+            docs/profiling.md).
     """
 
     def __init__(
