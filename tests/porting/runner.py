@@ -24,6 +24,7 @@ SCRIPTS = (
     "datamodule_resume",
     "fast_dev_run",
     "logging_gather",
+    "custom_batch",
     "cli_yaml",
 )
 # Variables a launcher sets for the processes it starts; a run must not inherit them.

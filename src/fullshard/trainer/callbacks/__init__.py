@@ -6,5 +6,6 @@ from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStopp
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.callbacks.progress_bar import ProgressBar
+from fullshard.trainer.callbacks.timer import Timer
 
-__all__ = ["Callback", "EarlyStopping", "EarlyStoppingReason", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar"]
+__all__ = ["Callback", "EarlyStopping", "EarlyStoppingReason", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar", "Timer"]
