@@ -292,6 +292,15 @@ class Strategy:
         """Wrap the module (DDP, FSDP, ...). Identity by default."""
         return module
 
+    def set_manual_optimization(self, enabled: bool) -> None:
+        """Called by the host at the start of each ``fit``: whether the module steps its optimizers
+        itself (Lightning's manual optimization), calling :meth:`backward` inside its training step.
+
+        Raises:
+            MisconfigurationError: this strategy cannot run the module that way (see FSDPStrategy).
+        """
+        self.manual_optimization = enabled
+
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check (and, for some strategies, adapt) an optimizer created after :meth:`setup_module`."""
         return optimizer

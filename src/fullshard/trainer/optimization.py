@@ -169,7 +169,7 @@ class Optimization:
             (self._step_hook, self._zero_grad_hook, self._backward_hook, self._clip_hook)
         )
         self.scheduler_hook = module.lr_scheduler_step if overrides(module, Module, "lr_scheduler_step") else None
-        self.trainer.strategy.manual_optimization = self.manual
+        self.trainer.strategy.set_manual_optimization(self.manual)
         self._wrapped = {}
 
     def wrapped(self, optimizers: list[Optimizer]) -> list[LightningOptimizer]:
