@@ -551,7 +551,7 @@ class FSDPStrategy(ParallelStrategy):
         of ``optimizer``'s gradient shards reduced over the shard group."""
         self.precision.unscale_gradients(optimizer)
         model = self._require_model()
-        if getattr(getattr(model, "training_state", None), "name", "IDLE") == "IDLE":
+        if not _inside_forward(model):
             return model.clip_grad_norm_(max_norm, norm_type=norm_type)  # type: ignore[operator,no-any-return]
         group = None if self._sharding_name == "NO_SHARD" else model.process_group
         return _clip_sharded_gradients(optimizer, max_norm, float(norm_type), group)
@@ -563,7 +563,9 @@ class FSDPStrategy(ParallelStrategy):
         and under manual optimization the module calls backward (and steps) there. A unit's
         backward inside its own forward is refused (FSDP1) or leaves gradients unreduced (FSDP2),
         so the root unit must hold no parameter itself: every parameter must belong to a nested
-        unit (``auto_wrap_policy``, e.g. the generator's and the discriminator's classes)."""
+        unit (``auto_wrap_policy``, e.g. the generator's and the discriminator's classes). FSDP1's
+        ``no_sync()`` cannot start inside the root's forward either: under manual optimization
+        FSDP1 synchronises every backward (FSDP2 can accumulate, see its ``no_backward_sync``)."""
         super().set_manual_optimization(enabled)
         if not enabled:
             return
@@ -594,6 +596,13 @@ class FSDPStrategy(ParallelStrategy):
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         model = self._require_model()
         if enabled and isinstance(model, _torch_fsdp().FullyShardedDataParallel):
+            if _inside_forward(model):  # manual optimization: see [Note: FSDP under manual optimization]
+                raise MisconfigurationError(
+                    "FSDPStrategy cannot skip the gradient synchronisation inside a training step (manual "
+                    "optimization): FSDP1's no_sync() refuses to start inside the root unit's forward. Let every "
+                    "manual_backward synchronise (no no_backward_sync / toggle_model(sync_grad=False)), or use "
+                    "FSDP2Strategy or DDP, which accumulate locally there."
+                )
             return model.no_sync()  # type: ignore[no-any-return]
         return contextlib.nullcontext()
 
@@ -686,3 +695,8 @@ def _finish_backward(root: nn.Module) -> None:
     from torch.distributed.fsdp._runtime_utils import _post_backward_final_callback
 
     _post_backward_final_callback(root, root)  # type: ignore[arg-type]
+
+
+def _inside_forward(model: nn.Module) -> bool:
+    """Whether the FSDP1 root ``model`` is running (the training step, under manual optimization)."""
+    return getattr(getattr(model, "training_state", None), "name", "IDLE") != "IDLE"
