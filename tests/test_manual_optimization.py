@@ -9,6 +9,7 @@ gradient accumulation.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,29 @@ def test_gan_on_two_processes(tmp_path: Path, strategy: str) -> None:
     if strategy != "ddp":
         assert "under manual optimization (automatic_optimization = False) needs every parameter in a nested" in result["refused"]
         assert "the root unit holds generator.0.weight" in result["refused"]
+
+
+def test_manual_backward_scales_under_16_mixed_and_clip_gradients_unscales(tmp_path: Path) -> None:
+    seen: list[tuple[float, float, float]] = []
+
+    class Mixed(GAN):
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            opt_g, _ = self.optimizers()
+            loss, _ = losses(self, batch[0])
+            opt_g.zero_grad()
+            self.manual_backward(loss)
+            weight = self.generator[0].weight
+            scaled = weight.grad.detach().clone()
+            self.clip_gradients(opt_g, gradient_clip_val=1e9)  # unscales, clips nothing
+            scale = self.trainer.strategy.precision.scaler.get_scale()
+            seen.append((scale, float(scaled.abs().sum()), float(weight.grad.abs().sum())))
+            opt_g.step()
+
+    trainer = quiet_trainer(tmp_path, max_steps=8, precision="16-mixed")
+    trainer.fit(Mixed(), loader())
+    assert trainer.global_step == 8
+    # the first steps overflow (the scaler skips them and lowers its scale); the others are finite
+    finite = [(scale, scaled, unscaled) for scale, scaled, unscaled in seen if math.isfinite(scaled)]
+    assert finite and seen[0][0] > finite[-1][0]
+    scale, scaled, unscaled = finite[-1]
+    assert scale > 1 and scaled == pytest.approx(unscaled * scale, rel=1e-3)
