@@ -121,7 +121,9 @@ class Probe(GAN):
 
     def configure_optimizers(self) -> Any:
         opt_g, opt_d = super().configure_optimizers()
-        return [opt_g, opt_d], [torch.optim.lr_scheduler.StepLR(opt_g, step_size=1, gamma=0.5)]
+        step = {"scheduler": torch.optim.lr_scheduler.StepLR(opt_g, step_size=1, gamma=0.5), "interval": "step"}
+        plateau = {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt_d), "interval": "epoch"}
+        return [{"optimizer": opt_g, "lr_scheduler": step}, {"optimizer": opt_d, "lr_scheduler": plateau}]
 
 
 def test_optimizers_are_wrapped_and_schedulers_left_to_the_module(tmp_path: Path) -> None:
@@ -131,9 +133,12 @@ def test_optimizers_are_wrapped_and_schedulers_left_to_the_module(tmp_path: Path
     seen = model.seen
     assert seen["wrapped"] and seen["raw"] and seen["same_wrapper"] and seen["groups"]
     assert seen["closure"] == "ran"  # step(closure) returns what the closure returned
-    assert isinstance(seen["schedulers"], torch.optim.lr_scheduler.StepLR)
+    step, plateau = seen["schedulers"]
+    assert isinstance(step, torch.optim.lr_scheduler.StepLR)
+    assert isinstance(plateau, torch.optim.lr_scheduler.ReduceLROnPlateau)
     assert trainer.global_step == 8 * 2 + 1  # the extra opt_d.step() of batch 0 counts too
-    assert trainer.optimizers[0].param_groups[0]["lr"] == LR_G  # not stepped by the Trainer
+    assert step.last_epoch == 0 and plateau.last_epoch == 0  # neither stepped by the Trainer
+    assert trainer.optimizers[0].param_groups[0]["lr"] == LR_G
 
 
 @pytest.mark.parametrize(

@@ -487,7 +487,8 @@ class FitLoop:
         values = metrics.pop_epoch_log()
         if values:
             send_to_loggers(trainer, values, max(progress.batches_that_stepped - 1, 0))
-        self._step_schedulers("epoch", plateau=True)
+        if not self.optimization.manual:  # the module steps its schedulers itself (Lightning's rule)
+            self._step_schedulers("epoch", plateau=True)
         metrics.in_step = True
         progress.start_next_epoch()
         if math.isinf(self.num_training_batches):
