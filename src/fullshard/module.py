@@ -539,32 +539,9 @@ class Module(nn.Module):
                 algorithm is unknown.
             TypeError: ``gradient_clip_val`` is not a number.
         """
-        trainer = self.trainer
-        configured = trainer.gradient_clip_val is not None
-        if gradient_clip_val is None:
-            gradient_clip_val = trainer.gradient_clip_val or 0.0
-        elif configured and trainer.gradient_clip_val != gradient_clip_val:
-            raise MisconfigurationError(
-                f"Trainer(gradient_clip_val={trainer.gradient_clip_val!r}) and clip_gradients(gradient_clip_val="
-                f"{gradient_clip_val!r}) disagree. Use only one of them."
-            )
-        if gradient_clip_algorithm is None:
-            gradient_clip_algorithm = trainer.gradient_clip_algorithm or "norm"
-        else:
-            gradient_clip_algorithm = gradient_clip_algorithm.lower()
-            if configured and trainer.gradient_clip_algorithm != gradient_clip_algorithm:
-                raise MisconfigurationError(
-                    f"Trainer(gradient_clip_algorithm={trainer.gradient_clip_algorithm!r}) and clip_gradients("
-                    f"gradient_clip_algorithm={gradient_clip_algorithm!r}) disagree. Use only one of them."
-                )
-        if isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, int | float):
-            raise TypeError(f"gradient_clip_val must be an int or a float, got {gradient_clip_val!r}.")
-        if gradient_clip_algorithm not in ("norm", "value"):
-            raise MisconfigurationError(
-                f"gradient_clip_algorithm={gradient_clip_algorithm!r} is invalid: use 'norm' or 'value'."
-            )
-        raw = getattr(optimizer, "optimizer", optimizer)
-        trainer.fit_loop.optimization.clip_gradients(raw, float(gradient_clip_val), gradient_clip_algorithm)
+        optimization = self.trainer.fit_loop.optimization
+        value, algorithm = optimization.clipping(gradient_clip_val, gradient_clip_algorithm)
+        optimization.clip_gradients(getattr(optimizer, "optimizer", optimizer), value, algorithm)
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Gather tensors (or collections of them) from every process: each tensor gets a new first

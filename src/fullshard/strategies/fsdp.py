@@ -30,10 +30,17 @@ from fullshard.policies import (
 )
 from fullshard.precision import FSDPPrecision, Precision
 from fullshard.strategies.flat_params import flat_parameter_sizes
+from fullshard.strategies.manual_steps import (
+    check_root_holds_nothing,
+    clip_sharded_gradients,
+    finish_backward,
+    inside_forward,
+    no_sync_in_step_error,
+)
 from fullshard.strategies.meta_init import MetaInit, user_init_of
 from fullshard.strategies.module_aliases import add_alias_keys, detached, drop_alias_keys, find_aliases
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
-from fullshard.strategies.strategy import ParameterSize, clean_parameter_name
+from fullshard.strategies.strategy import ParameterSize
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -551,34 +558,18 @@ class FSDPStrategy(ParallelStrategy):
         of ``optimizer``'s gradient shards reduced over the shard group."""
         self.precision.unscale_gradients(optimizer)
         model = self._require_model()
-        if not _inside_forward(model):
+        if not inside_forward(model):
             return model.clip_grad_norm_(max_norm, norm_type=norm_type)  # type: ignore[operator,no-any-return]
         group = None if self._sharding_name == "NO_SHARD" else model.process_group
-        return _clip_sharded_gradients(optimizer, max_norm, float(norm_type), group)
+        return clip_sharded_gradients(optimizer, max_norm, float(norm_type), group)
 
     @override
     def set_manual_optimization(self, enabled: bool) -> None:
-        """[Note: FSDP under manual optimization]
-        The training step runs inside the root unit's forward (see [Note: forward redirection]),
-        and under manual optimization the module calls backward (and steps) there. A unit's
-        backward inside its own forward is refused (FSDP1) or leaves gradients unreduced (FSDP2),
-        so the root unit must hold no parameter itself: every parameter must belong to a nested
-        unit (``auto_wrap_policy``, e.g. the generator's and the discriminator's classes). FSDP1's
-        ``no_sync()`` cannot start inside the root's forward either: under manual optimization
-        FSDP1 synchronises every backward (FSDP2 can accumulate, see its ``no_backward_sync``)."""
+        """Refuse a root unit that holds parameters: see [Note: FSDP under manual optimization]
+        in fullshard.strategies.manual_steps."""
         super().set_manual_optimization(enabled)
-        if not enabled:
-            return
-        held = _root_held_parameters(self._require_model(), self._unit_type())
-        if held:
-            shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
-            raise MisconfigurationError(
-                f"{type(self).__name__} under manual optimization (automatic_optimization = False) needs every "
-                f"parameter in a nested FSDP unit, but the root unit holds {shown}: backward runs inside the "
-                "training step, which is the root unit's forward. Pass an auto_wrap_policy that wraps the "
-                "submodules holding them (e.g. auto_wrap_policy={Generator, Discriminator}), or use "
-                "strategy='ddp'."
-            )
+        if enabled:
+            check_root_holds_nothing(self._require_model(), self._unit_type(), type(self).__name__)
 
     def _unit_type(self) -> type:
         return _torch_fsdp().FullyShardedDataParallel  # type: ignore[no-any-return]
@@ -590,19 +581,14 @@ class FSDPStrategy(ParallelStrategy):
         super().backward(loss, *args, backward=backward, **kwargs)
         model = self.model
         if self.manual_optimization and isinstance(model, _torch_fsdp().FullyShardedDataParallel):
-            _finish_backward(model)
+            finish_backward(model)
 
     @override
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         model = self._require_model()
         if enabled and isinstance(model, _torch_fsdp().FullyShardedDataParallel):
-            if _inside_forward(model):  # manual optimization: see [Note: FSDP under manual optimization]
-                raise MisconfigurationError(
-                    "FSDPStrategy cannot skip the gradient synchronisation inside a training step (manual "
-                    "optimization): FSDP1's no_sync() refuses to start inside the root unit's forward. Let every "
-                    "manual_backward synchronise (no no_backward_sync / toggle_model(sync_grad=False)), or use "
-                    "FSDP2Strategy or DDP, which accumulate locally there."
-                )
+            if inside_forward(model):  # manual optimization: see [Note: FSDP under manual optimization]
+                raise no_sync_in_step_error()
             return model.no_sync()  # type: ignore[no-any-return]
         return contextlib.nullcontext()
 
@@ -649,54 +635,3 @@ class FSDPStrategy(ParallelStrategy):
 def _full_shapes(module: nn.Module) -> dict[str, torch.Size]:
     """Full tensor shapes of ``module``'s state (meta tensors included), before any sharding."""
     return {k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
-
-
-def _root_held_parameters(model: nn.Module, unit_type: type) -> list[str]:
-    """Names of the parameters of ``model`` (the root unit) that no nested FSDP unit holds."""
-    nested = {id(p) for m in model.modules() if isinstance(m, unit_type) and m is not model for p in m.parameters()}
-    return [clean_parameter_name(name) for name, p in model.named_parameters() if id(p) not in nested]
-
-
-def _clip_sharded_gradients(
-    optimizer: Optimizer, max_norm: float, norm_type: float, group: Any
-) -> torch.Tensor:
-    """Clip the gradient shards of ``optimizer``'s parameters by the norm of the whole gradient:
-    the shards' norms are combined over ``group`` (None: the gradients are whole on each rank)."""
-    import torch.distributed as dist
-
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    device = grads[0].device if grads else torch.device("cpu")
-    if norm_type == float("inf"):
-        local = torch.stack([g.detach().abs().max() for g in grads if g.numel()]).max() if grads else torch.zeros(())
-        total = local.to(device, torch.float32)
-        if group is not None:
-            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
-    else:
-        powers = [g.detach().float().norm(norm_type) ** norm_type for g in grads if g.numel()]
-        total = torch.stack(powers).sum() if powers else torch.zeros((), device=device)
-        if group is not None:
-            dist.all_reduce(total, group=group)
-        total = total ** (1.0 / norm_type)
-    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for grad in grads:
-        grad.detach().mul_(coefficient.to(grad.dtype))
-    return total
-
-
-def _finish_backward(root: nn.Module) -> None:
-    """Finish an FSDP1 backward run inside the root unit's forward (manual optimization).
-
-    FSDP1 queues the end-of-backward work (resharding, finalising gradients, the units' states
-    back to idle) from the root's pre-backward hook, which is only on the root's forward outputs,
-    and so never queued for a backward inside that forward: the units would stay in their
-    post-backward state and refuse the next state-dict call. There is no public API for it: the
-    private callback is called here, in this one place. See [Note: FSDP under manual optimization].
-    """
-    from torch.distributed.fsdp._runtime_utils import _post_backward_final_callback
-
-    _post_backward_final_callback(root, root)  # type: ignore[arg-type]
-
-
-def _inside_forward(model: nn.Module) -> bool:
-    """Whether the FSDP1 root ``model`` is running (the training step, under manual optimization)."""
-    return getattr(getattr(model, "training_state", None), "name", "IDLE") != "IDLE"

@@ -200,6 +200,39 @@ class Optimization:
         if hooks is not None:
             hooks.call("on_after_backward")
 
+    def clipping(self, clip_val: Any, algorithm: str | None) -> tuple[float, str]:
+        """The value and algorithm ``Module.clip_gradients`` clips with: the given ones, else the
+        Trainer's (no clipping when it has none), as Lightning resolves them.
+
+        Raises:
+            MisconfigurationError: the Trainer clips with another value or algorithm, or the
+                algorithm is unknown.
+            TypeError: ``clip_val`` is not a number.
+        """
+        trainer = self.trainer
+        configured = trainer.gradient_clip_val is not None
+        if clip_val is None:
+            clip_val = trainer.gradient_clip_val or 0.0
+        elif configured and trainer.gradient_clip_val != clip_val:
+            raise MisconfigurationError(
+                f"Trainer(gradient_clip_val={trainer.gradient_clip_val!r}) and clip_gradients(gradient_clip_val="
+                f"{clip_val!r}) disagree. Use only one of them."
+            )
+        if algorithm is None:
+            algorithm = trainer.gradient_clip_algorithm or "norm"
+        else:
+            algorithm = algorithm.lower()
+            if configured and trainer.gradient_clip_algorithm != algorithm:
+                raise MisconfigurationError(
+                    f"Trainer(gradient_clip_algorithm={trainer.gradient_clip_algorithm!r}) and clip_gradients("
+                    f"gradient_clip_algorithm={algorithm!r}) disagree. Use only one of them."
+                )
+        if isinstance(clip_val, bool) or not isinstance(clip_val, int | float):
+            raise TypeError(f"gradient_clip_val must be an int or a float, got {clip_val!r}.")
+        if algorithm not in CLIP_ALGORITHMS:
+            raise MisconfigurationError(f"gradient_clip_algorithm={algorithm!r} is invalid: use 'norm' or 'value'.")
+        return float(clip_val), algorithm
+
     def clip_gradients(self, optimizer: Optimizer, clip_val: float, algorithm: str) -> None:
         """Clip ``optimizer``'s gradients through the strategy (the norm over all shards under FSDP)."""
         if clip_val > 0:
