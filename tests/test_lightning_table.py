@@ -362,24 +362,6 @@ def test_a_module_defining_an_unsupported_hook_is_warned(tmp_path: Path) -> None
     assert not silent, f"fullshard does not warn about these hooks, which it does not call: {silent}"
 
 
-def test_manual_optimization_is_refused(tmp_path: Path) -> None:
-    class Manual(fullshard.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-            self.automatic_optimization = False
-
-        def training_step(self, batch: Any, batch_idx: int) -> None:
-            return None
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    data = DataLoader(TensorDataset(torch.randn(4, 2), torch.randn(4, 1)), batch_size=2)
-    with pytest.raises(MisconfigurationError, match="automatic_optimization"):
-        quiet_trainer(tmp_path, max_steps=1).fit(Manual(), data)
-
-
 def test_hook_order_block_is_the_recorded_order() -> None:
     text = DOC.read_text()
     block = text.split("<!-- hook-order:start -->\n```text\n", 1)[1].split("```\n<!-- hook-order:end -->", 1)[0]

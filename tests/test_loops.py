@@ -19,18 +19,19 @@ sys.path.insert(0, str(SCRIPTS))
 from train_mlp import MLP, make_data
 
 SRC = Path(fullshard.__file__).parent
-LOOP_KEYS = {"epoch", "global_step", "batches_in_epoch", "samples_in_epoch", "epoch_finished", "total_batch_idx",
-             "data_seed"}  # fmt: skip
+LOOP_KEYS = {"epoch", "global_step", "batches_that_stepped", "batches_in_epoch", "samples_in_epoch",
+             "epoch_finished", "total_batch_idx", "data_seed"}  # fmt: skip
 
 
 def test_progress_state_round_trips() -> None:
-    progress = Progress(epoch=2, global_step=7, batches_in_epoch=3, batches_that_stepped=7, total_batch_idx=15)
+    # manual optimization: several optimizer steps (global_step) per batch that stepped
+    progress = Progress(epoch=2, global_step=7, batches_in_epoch=3, batches_that_stepped=4, total_batch_idx=15)
     state = progress.state_dict(samples_in_epoch=48, data_seed=5)
     assert set(state) == LOOP_KEYS
     restored = Progress()
     restored.load_state_dict({**state, "world_size": 2})
     assert (restored.epoch, restored.global_step, restored.batches_in_epoch) == (2, 7, 3)
-    assert restored.batches_that_stepped == 7 and restored.total_batch_idx == 15 and restored.data_seed == 5
+    assert restored.batches_that_stepped == 4 and restored.total_batch_idx == 15 and restored.data_seed == 5
     assert restored.saved_position is not None and restored.saved_position.samples == 48
     assert restored.saved_position.world_size == 2
     # an epoch cut short is saved at its cut, not at the epoch training moved on to

@@ -216,6 +216,7 @@ def test_checkpoint_contents_and_plain_load(tmp_path: Path) -> None:
     assert checkpoint["loops"] == {
         "epoch": 0,
         "global_step": 3,
+        "batches_that_stepped": 3,
         "batches_in_epoch": 3,
         "samples_in_epoch": 48,
         "epoch_finished": False,

@@ -158,24 +158,26 @@ class Precision:
             return torch.autocast(self.device_type, dtype=self.compute_dtype)
         return _NULL_CONTEXT
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss``, scaled when a grad scaler is in use."""
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``loss``, scaled when a grad scaler is in use (``args``, ``kwargs``: to
+        ``Tensor.backward``)."""
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward()
+        loss.backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo loss scaling on ``optimizer``'s gradients (before clipping)."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
-    def optimizer_step(self, optimizer: Optimizer) -> bool:
-        """Step ``optimizer``; returns False when the grad scaler skipped it (inf/nan gradients)."""
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> bool:
+        """Step ``optimizer`` (``kwargs``: to its ``step``); returns False when the grad scaler
+        skipped it (inf/nan gradients)."""
         if self.scaler is None:
-            optimizer.step()
+            optimizer.step(**kwargs)
             return True
         scale_before = self.scaler.get_scale()
-        self.scaler.step(optimizer)
+        self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
         return self.scaler.get_scale() >= scale_before
 

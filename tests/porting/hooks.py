@@ -145,11 +145,6 @@ DATAMODULE_HOOKS: dict[str, tuple[str, ...]] = {
 # agree, and that fullshard.LightningModule has no such method: the day fullshard adds one, the
 # table, this set and the fixtures' comparison all have to move together.
 NOT_CALLED_BY_FULLSHARD: dict[str, str] = {
-    "optimizer_step": "use on_before_optimizer_step, or a callback's on_train_batch_end",
-    "optimizer_zero_grad": "gradients are zeroed with set_to_none=True; on_before_zero_grad runs first",
-    "backward": "use on_before_backward / on_after_backward",
-    "lr_scheduler_step": "return torch schedulers from configure_optimizers: the Trainer steps them",
-    "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
     "on_validation_model_eval": "the Trainer calls module.eval() itself",
     "on_validation_model_train": "the Trainer calls module.train() itself",
     "on_validation_model_zero_grad": "the Trainer zeroes gradients (set_to_none) itself",

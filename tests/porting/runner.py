@@ -26,6 +26,8 @@ SCRIPTS = (
     "logging_gather",
     "custom_batch",
     "cli_yaml",
+    "gan_manual",
+    "warmup_optimizer_step",
 )
 # Variables a launcher sets for the processes it starts; a run must not inherit them.
 _LAUNCH_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")

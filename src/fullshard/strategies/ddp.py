@@ -6,15 +6,18 @@ import contextlib
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
-from fullshard.strategies.strategy import NULL_CONTEXT
+from fullshard.strategies.strategy import NULL_CONTEXT, _redirected_call
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fullshard.strategies.registry import StrategyRegistry
 
 
@@ -100,3 +103,56 @@ class DDPStrategy(ParallelStrategy):
         if enabled and isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return NULL_CONTEXT
+
+    # [Note: DDP under manual optimization]
+    # DDP prepares its reducer for one backward at the end of each forward, and the training step
+    # is DDP's forward here (see [Note: forward redirection]). Under manual optimization the
+    # module calls backward inside its training step, possibly several times (a GAN's generator
+    # and discriminator losses), and maybe none. So, as Lightning does, the reducer is prepared by
+    # each backward instead, for that loss; and once the step returned, DDP is told not to
+    # prepare it again (``require_backward_grad_sync`` is False while the forward ends). A
+    # backward inside ``no_backward_sync(enabled=True)`` (``no_sync``) is not prepared: its
+    # gradients stay local and the next synchronised backward reduces their sum.
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        model = self._require_model()
+        if not self.manual_optimization or not isinstance(model, DistributedDataParallel):
+            return super().training_step(batch, batch_idx)
+
+        def no_reducer_after_step() -> None:
+            model.require_backward_grad_sync = False
+
+        try:
+            with self.precision.forward_context():
+                return _redirected_call(
+                    model, self.module, "training_step", batch, batch_idx, after_step=no_reducer_after_step  # type: ignore[arg-type]
+                )
+        finally:
+            model.require_backward_grad_sync = True
+
+    @override
+    def backward(
+        self, loss: torch.Tensor, *args: Any, backward: Callable[..., Any] | None = None, **kwargs: Any
+    ) -> None:
+        model = self.model
+        if self.manual_optimization and isinstance(model, DistributedDataParallel):
+            _prepare_reducer(model, loss)
+        super().backward(loss, *args, backward=backward, **kwargs)
+
+
+def _prepare_reducer(model: DistributedDataParallel, loss: torch.Tensor) -> None:
+    """Get DDP's reducer ready for a backward of ``loss``, as DDP's forward does at its end.
+
+    DDP has no public API for this (it is what ``DistributedDataParallel._post_forward`` does):
+    the private calls are kept here, in one place. See [Note: DDP under manual optimization].
+    """
+    if not (torch.is_grad_enabled() and model.require_backward_grad_sync):
+        model.require_forward_param_sync = False
+        return
+    from torch.nn.parallel.distributed import _find_tensors
+
+    model.require_forward_param_sync = True
+    tensors = list(_find_tensors(loss)) if model.find_unused_parameters and not model.static_graph else []
+    reducer = model.reducer
+    reducer._rebuild_buckets()  # as DDP's forward does before preparing (builds buckets on the first step)
+    reducer.prepare_for_backward(tensors)

@@ -7,7 +7,7 @@ import enum
 import logging
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,13 @@ from fullshard.policies import (
 )
 from fullshard.precision import FSDPPrecision, Precision
 from fullshard.strategies.flat_params import flat_parameter_sizes
+from fullshard.strategies.manual_steps import (
+    check_root_holds_nothing,
+    clip_sharded_gradients,
+    finish_backward,
+    inside_forward,
+    no_sync_in_step_error,
+)
 from fullshard.strategies.meta_init import MetaInit, user_init_of
 from fullshard.strategies.module_aliases import add_alias_keys, detached, drop_alias_keys, find_aliases
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
@@ -547,15 +554,42 @@ class FSDPStrategy(ParallelStrategy):
     def clip_gradients_norm(
         self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
-        """Clip with FSDP's own ``clip_grad_norm_``, which reduces the norm over all shards."""
+        """Clip with FSDP's own ``clip_grad_norm_``, which reduces the norm over all shards;
+        inside a training step (manual optimization), where that one refuses to run, by the norm
+        of ``optimizer``'s gradient shards reduced over the shard group."""
         self.precision.unscale_gradients(optimizer)
         model = self._require_model()
-        return model.clip_grad_norm_(max_norm, norm_type=norm_type)  # type: ignore[operator,no-any-return]
+        if not inside_forward(model):
+            return model.clip_grad_norm_(max_norm, norm_type=norm_type)  # type: ignore[operator,no-any-return]
+        group = None if self._sharding_name == "NO_SHARD" else model.process_group
+        return clip_sharded_gradients(optimizer, max_norm, float(norm_type), group)
+
+    @override
+    def set_manual_optimization(self, enabled: bool) -> None:
+        """Refuse a root unit that holds parameters: see [Note: FSDP under manual optimization]
+        in fullshard.strategies.manual_steps."""
+        super().set_manual_optimization(enabled)
+        if enabled:
+            check_root_holds_nothing(self._require_model(), self._unit_type(), type(self).__name__)
+
+    def _unit_type(self) -> type:
+        return _torch_fsdp().FullyShardedDataParallel  # type: ignore[no-any-return]
+
+    @override
+    def backward(
+        self, loss: torch.Tensor, *args: Any, backward: Callable[..., Any] | None = None, **kwargs: Any
+    ) -> None:
+        super().backward(loss, *args, backward=backward, **kwargs)
+        model = self.model
+        if self.manual_optimization and isinstance(model, _torch_fsdp().FullyShardedDataParallel):
+            finish_backward(model)
 
     @override
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         model = self._require_model()
         if enabled and isinstance(model, _torch_fsdp().FullyShardedDataParallel):
+            if inside_forward(model):  # manual optimization: see [Note: FSDP under manual optimization]
+                raise no_sync_in_step_error()
             return model.no_sync()  # type: ignore[no-any-return]
         return contextlib.nullcontext()
 

@@ -261,6 +261,12 @@ class FSDP2Strategy(FSDPStrategy):
         self.compile_model(module, [CompileUnit(m) for m in inner if not _holds_unit(m)])
         return module
 
+    @override
+    def _unit_type(self) -> type:
+        from torch.distributed.fsdp import FSDPModule
+
+        return FSDPModule
+
     # ---------------------------------------------------------------------------- steps
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Any:

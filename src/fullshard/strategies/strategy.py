@@ -80,8 +80,11 @@ def unsharded_parameter_sizes(module: nn.Module) -> list[ParameterSize]:
     ]
 
 
-def _redirected_call(wrapper: nn.Module, module: nn.Module, method: str, *args: Any) -> Any:
-    """Call ``module.<method>(*args)`` through ``wrapper.__call__``.
+def _redirected_call(
+    wrapper: nn.Module, module: nn.Module, method: str, *args: Any, after_step: Callable[[], None] | None = None
+) -> Any:
+    """Call ``module.<method>(*args)`` through ``wrapper.__call__`` (``after_step``: called when
+    the step method returned, before the wrapper's post-forward work).
 
     [Note: forward redirection]
     DDP and FSDP do their work (gradient-sync bookkeeping, all-gathers, resharding) around the
@@ -103,7 +106,10 @@ def _redirected_call(wrapper: nn.Module, module: nn.Module, method: str, *args: 
 
     def forward(*step_args: Any) -> Any:
         restore()
-        return step(*step_args)
+        out = step(*step_args)
+        if after_step is not None:
+            after_step()
+        return out
 
     module.forward = forward  # type: ignore[method-assign]
     try:
@@ -134,6 +140,9 @@ class Strategy:
     #: The checkpoint being written in the background, from the save that started it until the
     #: next save, load or the end of ``fit`` waited for it; None otherwise. The same on every rank.
     pending_checkpoint: PendingSave | None = None
+    #: Set by the host for each ``fit``: the module steps its optimizers itself (Lightning's manual
+    #: optimization), calling :meth:`backward` inside its training step, possibly several times.
+    manual_optimization: bool = False
 
     def __init__(self, *, state_dict_type: str = "full") -> None:
         if state_dict_type not in STATE_DICT_TYPES:
@@ -299,6 +308,15 @@ class Strategy:
         """Wrap the module (DDP, FSDP, ...). Identity by default."""
         return module
 
+    def set_manual_optimization(self, enabled: bool) -> None:
+        """Called by the host at the start of each ``fit``: whether the module steps its optimizers
+        itself (Lightning's manual optimization), calling :meth:`backward` inside its training step.
+
+        Raises:
+            MisconfigurationError: this strategy cannot run the module that way (see FSDPStrategy).
+        """
+        self.manual_optimization = enabled
+
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check (and, for some strategies, adapt) an optimizer created after :meth:`setup_module`."""
         return optimizer
@@ -330,9 +348,17 @@ class Strategy:
                 return getattr(model, method)(batch, batch_idx)
             return _redirected_call(model, self.module, method, batch, batch_idx)  # type: ignore[arg-type]
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` (scaled under "16-mixed")."""
-        self.precision.backward(loss)
+    def backward(
+        self, loss: torch.Tensor, *args: Any, backward: Callable[..., Any] | None = None, **kwargs: Any
+    ) -> None:
+        """Backpropagate ``loss`` (scaled under "16-mixed"); ``args`` and ``kwargs`` go to
+        ``Tensor.backward``. ``backward``: called with the (scaled) loss instead of
+        ``loss.backward`` (the module's ``backward`` hook, when it overrides it)."""
+        if backward is None:
+            self.precision.backward(loss, *args, **kwargs)
+        else:
+            scaler = self.precision.scaler
+            backward(scaler.scale(loss) if scaler is not None else loss, *args, **kwargs)
 
     def clip_gradients_norm(
         self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
@@ -345,13 +371,23 @@ class Strategy:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
+    def clip_gradients(self, optimizer: Optimizer, clip_val: float, algorithm: str = "norm") -> None:
+        """Clip ``optimizer``'s gradients to a total norm (``algorithm="norm"``, see
+        :meth:`clip_gradients_norm`) or to a value per element (``"value"``), unscaled first."""
+        if algorithm == "norm":
+            self.clip_gradients_norm(optimizer, clip_val)
+            return
+        self.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_value_(params, clip_val)
+
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Undo loss scaling before gradients are inspected or clipped."""
         self.precision.unscale_gradients(optimizer)
 
-    def optimizer_step(self, optimizer: Optimizer) -> bool:
-        """Step ``optimizer``; False when the grad scaler skipped the step."""
-        return self.precision.optimizer_step(optimizer)
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> bool:
+        """Step ``optimizer`` (``kwargs`` go to its ``step``); False when the grad scaler skipped the step."""
+        return self.precision.optimizer_step(optimizer, **kwargs)
 
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         """Context skipping gradient synchronisation (all micro-batches but the last one)."""

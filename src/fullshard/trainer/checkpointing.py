@@ -9,8 +9,8 @@ The layout (see DESIGN.md, checkpoint contract)::
       "optimizer_states": [one per optimizer]                         } sharded one keeps them in DCP
       "lr_schedulers": [one per scheduler],
       "grad_scaler": dict,
-      "loops": {"epoch", "global_step", "batches_in_epoch", "samples_in_epoch", "epoch_finished",
-                "total_batch_idx", "data_seed"},
+      "loops": {"epoch", "global_step", "batches_that_stepped", "batches_in_epoch", "samples_in_epoch",
+                "epoch_finished", "total_batch_idx", "data_seed"},
       "callbacks": {state_key: state}, "rng_states": [one per rank], "hyper_parameters": dict,
       "epoch": int, "global_step": int, "pytorch-lightning_version": str,   for Lightning's readers
       <DataModule class name>: its state_dict(), when not empty (as Lightning)

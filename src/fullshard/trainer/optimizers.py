@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +29,17 @@ class LRSchedulerConfig:
     monitor: str | None = None
     name: str | None = None
     strict: bool = True
+    reduce_on_plateau: bool = False
 
     @property
     def is_plateau(self) -> bool:
-        """Whether the scheduler steps on a metric (``ReduceLROnPlateau``)."""
-        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        """Whether the scheduler steps on a metric (``ReduceLROnPlateau``, or a config with
+        ``"reduce_on_plateau": True``)."""
+        return self.reduce_on_plateau or isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
-    def step(self, metrics: Mapping[str, torch.Tensor]) -> None:
-        """Step the scheduler; ``ReduceLROnPlateau`` gets the value of :attr:`monitor`."""
+    def step(self, metrics: Mapping[str, torch.Tensor], hook: Callable[[Any, Any], None] | None = None) -> None:
+        """Step the scheduler; a plateau one gets the value of :attr:`monitor`. ``hook``: the
+        module's ``lr_scheduler_step(scheduler, metric)``, which then does the stepping."""
         if self.is_plateau:
             if self.monitor is None or self.monitor not in metrics:
                 if self.monitor is not None and not self.strict:
@@ -50,7 +53,12 @@ class LRSchedulerConfig:
                     f"logged; logged metrics: {', '.join(sorted(metrics)) or 'none'}. Return "
                     "{'scheduler': sched, 'monitor': '<metric>'} and log that metric."
                 )
-            self.scheduler.step(float(metrics[self.monitor]))
+            if hook is not None:
+                hook(self.scheduler, metrics[self.monitor])
+            else:
+                self.scheduler.step(float(metrics[self.monitor]))
+        elif hook is not None:
+            hook(self.scheduler, None)
         else:
             self.scheduler.step()
 
@@ -78,6 +86,7 @@ def _scheduler_config(value: Any, monitor: str | None = None) -> LRSchedulerConf
             value.get("monitor", monitor),
             value.get("name"),
             bool(value.get("strict", True)),
+            bool(value.get("reduce_on_plateau", False)),
         )
     if not hasattr(value, "step") or not hasattr(value, "state_dict"):
         raise MisconfigurationError(
@@ -86,12 +95,51 @@ def _scheduler_config(value: Any, monitor: str | None = None) -> LRSchedulerConf
     return LRSchedulerConfig(value, monitor=monitor)
 
 
-def parse_optimizers(config: Any) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
-    """Normalise the result of ``configure_optimizers()``.
+def parse_optimizers(config: Any, module: Any = None) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
+    """Normalise the result of ``configure_optimizers()`` (of ``module``, when given: its
+    schedulers are checked against it, see :func:`check_schedulers`).
 
     Raises:
         MisconfigurationError: the result has none of the accepted forms.
     """
+    optimizers, schedulers = _parse(config)
+    if module is not None:
+        check_schedulers(schedulers, module)
+    return optimizers, schedulers
+
+
+_TORCH_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def check_schedulers(schedulers: list[LRSchedulerConfig], module: Any) -> None:
+    """Lightning's checks of the schedulers of ``module``: a scheduler without torch's API
+    needs the module's ``lr_scheduler_step`` (automatic optimization); under manual
+    optimization the keys that only automatic stepping reads are ignored, with a warning.
+
+    Raises:
+        MisconfigurationError: a scheduler is not a torch one and ``lr_scheduler_step`` is not overridden.
+    """
+    from fullshard.module import Module
+
+    manual = not module.automatic_optimization
+    hooked = type(module).lr_scheduler_step is not Module.lr_scheduler_step
+    for config in schedulers:
+        scheduler = config.scheduler
+        if not manual and not hooked and not isinstance(scheduler, _TORCH_SCHEDULERS):
+            raise MisconfigurationError(
+                f"The LR scheduler {type(scheduler).__name__} does not follow torch's LRScheduler API, so the "
+                f"Trainer cannot step it. Override {type(module).__name__}.lr_scheduler_step(scheduler, metric) "
+                "to step it (e.g. scheduler.step(epoch=self.current_epoch)), or use a torch.optim.lr_scheduler."
+            )
+        if manual and (config.monitor is not None or config.reduce_on_plateau or not config.strict):
+            rank_zero_warn(
+                f"The lr_scheduler config of {type(scheduler).__name__} sets 'monitor', 'strict' or "
+                "'reduce_on_plateau', which manual optimization ignores: call scheduler.step() yourself "
+                "in training_step (or on_train_epoch_end)."
+            )
+
+
+def _parse(config: Any) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
     if config is None:
         raise MisconfigurationError(
             "configure_optimizers() returned None; the Trainer needs an optimizer. Return "

@@ -48,11 +48,6 @@ class DataSources:
 # LightningModule hooks that fullshard does not call, with what to do instead. A hook that
 # exists in Lightning and is silently not called is the worst kind of gap (DESIGN.md).
 _LIGHTNING_ONLY_HOOKS = {
-    "optimizer_step": "put per-step logic in on_before_optimizer_step or a callback's on_train_batch_end",
-    "optimizer_zero_grad": "gradients are zeroed with set_to_none=True; use on_before_zero_grad to act first",
-    "backward": "use on_before_backward / on_after_backward",
-    "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
-    "lr_scheduler_step": "return schedulers from configure_optimizers; they are stepped for you",
     "configure_sharded_model": "rename it configure_model",
     "on_validation_model_eval": "the Trainer calls module.eval() itself",
     "on_validation_model_train": "the Trainer calls module.train() itself",
@@ -60,22 +55,42 @@ _LIGHTNING_ONLY_HOOKS = {
     "on_test_model_eval": "the Trainer calls module.eval() itself",
     "on_test_model_train": "the Trainer calls module.train() itself",
     "on_predict_model_eval": "the Trainer calls module.eval() itself",
-    "manual_backward": "manual optimization is not supported: return the loss from training_step",
 }
 
 
 def check_lightning_only_hooks(model: Module) -> None:
-    if getattr(model, "automatic_optimization", True) is False:
-        raise MisconfigurationError(
-            f"{type(model).__name__} sets automatic_optimization = False (Lightning's manual optimization), "
-            "which fullshard does not support: the Trainer runs backward and the optimizer step. Return the "
-            "loss from training_step instead."
-        )
+    """Warn of each Lightning hook ``model`` defines that fullshard does not call."""
     defined = [name for name in _LIGHTNING_ONLY_HOOKS if callable(getattr(type(model), name, None))]
     for name in defined:
         rank_zero_warn(
             f"{type(model).__name__}.{name}() is a Lightning hook that fullshard does not call; "
             f"{_LIGHTNING_ONLY_HOOKS[name]} (docs/lightning.md)."
+        )
+
+
+def check_manual_optimization(trainer: Trainer, model: Module) -> None:
+    """Lightning's refusals for manual optimization: the Trainer neither clips nor accumulates
+    for a module that steps its optimizers itself.
+
+    Raises:
+        MisconfigurationError: ``gradient_clip_val`` or ``accumulate_grad_batches`` > 1 is set.
+    """
+    if model.automatic_optimization:
+        return
+    name = type(model).__name__
+    if trainer.gradient_clip_val is not None and trainer.gradient_clip_val > 0:
+        raise MisconfigurationError(
+            f"Trainer(gradient_clip_val={trainer.gradient_clip_val}) clips in automatic optimization only, and "
+            f"{name} sets automatic_optimization = False. Remove gradient_clip_val and call "
+            "self.clip_gradients(opt, gradient_clip_val=..., gradient_clip_algorithm=...) in training_step, "
+            "or switch to automatic optimization."
+        )
+    if trainer.accumulate_grad_batches != 1:
+        raise MisconfigurationError(
+            f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) accumulates in automatic "
+            f"optimization only, and {name} sets automatic_optimization = False. Remove it and step the "
+            "optimizers every N batches in training_step (inside self.trainer.strategy.no_backward_sync("
+            "enabled=...) for the other batches), or switch to automatic optimization."
         )
 
 
@@ -174,4 +189,4 @@ def check_optimizers_early(trainer: Trainer, model: Module, sources: DataSources
     finally:
         model.trainer = None
         loop.early_loader = loop.train_loader = None
-    parse_optimizers(config)
+    parse_optimizers(config, model)

@@ -43,7 +43,13 @@ from fullshard.trainer.loggers import Logger
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
-from fullshard.trainer.preflight import DataSources, check_call, check_optimizers_early, make_sources
+from fullshard.trainer.preflight import (
+    DataSources,
+    check_call,
+    check_manual_optimization,
+    check_optimizers_early,
+    make_sources,
+)
 from fullshard.trainer.properties import TrainerProperties
 from fullshard.trainer.summary import format_results, model_summary
 
@@ -501,6 +507,8 @@ class Trainer(TrainerProperties):
 
     def _preflight(self, stage: str, model: Any, sources: DataSources) -> None:
         check_call(stage, model, sources)
+        if stage == "fit":
+            check_manual_optimization(self, model)
         self._module = model
         self._datamodule = sources.datamodule
 
@@ -629,7 +637,7 @@ class Trainer(TrainerProperties):
         strategy.setup_module(model)
         if stage == "fit":
             self.fit_loop.train_loader = None
-            optimizers, self.lr_scheduler_configs = parse_optimizers(model.configure_optimizers())
+            optimizers, self.lr_scheduler_configs = parse_optimizers(model.configure_optimizers(), model)
             self.optimizers = [strategy.setup_optimizer(o) for o in optimizers]
 
     def _finalize_loggers(self, status: str) -> None:

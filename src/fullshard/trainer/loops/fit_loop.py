@@ -7,6 +7,10 @@ first micro-batch of an accumulation window ``on_before_zero_grad`` and ``zero_g
 ``on_before_optimizer_step``, clipping and ``optimizer.step()``, then ``on_train_batch_end``,
 step metrics to the loggers, and validation when due.
 
+A module with ``automatic_optimization = False``, or one that overrides ``optimizer_step``,
+``optimizer_zero_grad``, ``backward`` or ``configure_gradient_clipping``, has its batches run by
+:mod:`fullshard.trainer.optimization` instead ([Note: three ways through a training batch]).
+
 The hot path (one micro-batch) stays lean: hook dispatch goes only to callbacks and module
 methods that override a hook (see :class:`~fullshard.trainer.hooks.Hooks`), so idle hooks cost
 nothing per step. A checkpoint written in the background (``async_save``) costs an attribute read
@@ -19,6 +23,7 @@ the preemption and non-finite-loss handling. It reads the Trainer's public setti
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -34,6 +39,7 @@ from fullshard.seed import current_seed
 from fullshard.trainer import checkpointing, data_setup, nonfinite, preemption
 from fullshard.trainer.loggers import send_to_loggers
 from fullshard.trainer.loops.progress import Progress
+from fullshard.trainer.optimization import Optimization
 from fullshard.trainer.preflight import overrides
 
 if TYPE_CHECKING:
@@ -88,6 +94,7 @@ class FitLoop:
         self.metrics = metrics
         self.validate_loop = validate_loop
         self.progress = Progress()
+        self.optimization = Optimization(trainer, self.progress)
         self.train_loader: PreparedLoader | None = None
         self.num_training_batches: int | float = 0
         self.val_check_batch: int | float = 0
@@ -232,6 +239,7 @@ class FitLoop:
         """
         trainer, progress = self.trainer, self.progress
         self._hooks = hooks
+        self.optimization.setup(module, hooks, self.nonfinite)
         self.preemption = preemption.Preemption(self.preemption_signals, self.requeue_on_preemption)
         if self.preemption_signals:
             self.preemption.start(trainer)
@@ -329,6 +337,8 @@ class FitLoop:
         nonfinite_check = self.nonfinite
         nonfinite_check.reset()
         preempt = self.preemption
+        optimization = self.optimization
+        manual, with_hooks = optimization.manual, optimization.uses_hooks
 
         metrics.stage = "train"
         metrics.in_step = False
@@ -355,41 +365,43 @@ class FitLoop:
             if module_batch_start is not None and module_batch_start(batch, batch_idx) == -1:
                 break  # Lightning's contract: -1 skips the rest of the epoch
             boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
-            with strategy.no_backward_sync(enabled=not boundary):
-                output = strategy.training_step(batch, batch_idx)
-                loss = extract_loss(output)
-                if loss is None:
-                    strategy.check_rank_agreement(
-                        "skip",
-                        f"{progress.epoch}:{batch_idx}",
-                        f"training_step returned None at epoch {progress.epoch}, batch {batch_idx}",
-                    )
-                else:
-                    nonfinite_check.observe(loss, batch_idx)
-                    if batch_idx % accumulate == 0:
-                        for optimizer in trainer.optimizers:
-                            for hook in zero_grad_hooks:
-                                hook(optimizer)
-                            optimizer.zero_grad(set_to_none=True)
-                    if accumulate > 1:
-                        loss = loss / accumulate
-                    for hook in before_backward:
-                        hook(loss)
-                    strategy.backward(loss)
-                    for hook in after_backward:
-                        hook()
+            if manual:  # see [Note: three ways through a training batch] in fullshard.trainer.optimization
+                output, loss, stepped = optimization.manual_batch(batch, batch_idx), None, True
+            elif with_hooks:
+                output, loss, stepped = optimization.automatic_batch(
+                    batch, batch_idx, boundary, functools.partial(self._training_step, batch, batch_idx)
+                )
+            else:
+                with strategy.no_backward_sync(enabled=not boundary):
+                    output, loss = self._training_step(batch, batch_idx)
+                    if loss is not None:
+                        nonfinite_check.observe(loss, batch_idx)
+                        if batch_idx % accumulate == 0:
+                            for optimizer in trainer.optimizers:
+                                for hook in zero_grad_hooks:
+                                    hook(optimizer)
+                                optimizer.zero_grad(set_to_none=True)
+                        if accumulate > 1:
+                            loss = loss / accumulate
+                        for hook in before_backward:
+                            hook(loss)
+                        strategy.backward(loss)
+                        for hook in after_backward:
+                            hook()
+                stepped = boundary and loss is not None and nonfinite_check.step_allowed(trainer)
             progress.batches_in_epoch = batch_idx = batch_idx + 1
             progress.total_batch_idx += 1
-            stepped = boundary and loss is not None and nonfinite_check.step_allowed(trainer)
-            if stepped:
-                self._optimizer_step(hooks)
+            if stepped and not manual:
+                if not with_hooks:
+                    self._optimizer_step(hooks)
+                self._after_optimizer_step()
             # at every boundary, stepped or skipped: see [Note: preemption, agreed without a per-step ...]
             if boundary and preempt.requested and preempt.should_stop(progress.total_batch_idx):
                 preempt.save_and_exit(trainer)
             if stepped and strategy.pending_checkpoint is not None:  # a checkpoint written in the background
                 strategy.pending_checkpoint.step_boundary(progress.global_step)  # raises if it failed
             if batch_end:
-                outputs = _batch_outputs(output, loss)
+                outputs = output if manual else _batch_outputs(output, loss)
                 for hook in batch_end:
                     hook(outputs, batch, batch_idx - 1)
             if boundary:
@@ -402,13 +414,25 @@ class FitLoop:
                 metrics.stage = "train"
                 metrics.set_batch(batch)
             if boundary:
-                self._step_schedulers("step", plateau=True)
+                if not manual:
+                    self._step_schedulers("step", plateau=True)
                 progress.batches_that_stepped += 1
             if trainer.max_steps >= 0 and progress.global_step >= trainer.max_steps:
                 break
             if self.stop_requested():
                 break
         self._end_epoch(hooks)
+
+    def _training_step(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        """``training_step`` and its loss; a skipped batch (None) is agreed on by every rank."""
+        output = self.trainer.strategy.training_step(batch, batch_idx)
+        loss = extract_loss(output)
+        if loss is None:
+            epoch = self.progress.epoch
+            self.trainer.strategy.check_rank_agreement(
+                "skip", f"{epoch}:{batch_idx}", f"training_step returned None at epoch {epoch}, batch {batch_idx}"
+            )
+        return output, loss
 
     def _optimizer_step(self, hooks: Hooks) -> None:
         trainer = self.trainer
@@ -418,28 +442,27 @@ class FitLoop:
             for hook in before_step:
                 hook(optimizer)
             if trainer.gradient_clip_val is not None:
-                if trainer.gradient_clip_algorithm == "norm":
-                    strategy.clip_gradients_norm(optimizer, trainer.gradient_clip_val)
-                else:
-                    strategy.unscale_gradients(optimizer)
-                    params = [p for group in optimizer.param_groups for p in group["params"]]
-                    torch.nn.utils.clip_grad_value_(params, trainer.gradient_clip_val)
+                strategy.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
             strategy.optimizer_step(optimizer)
+
+    def _after_optimizer_step(self) -> None:
         self.progress.global_step += 1
         self._step_schedulers("step", plateau=False)
-        if trainer.is_last_batch:
+        if self.trainer.is_last_batch:
             self._step_schedulers("epoch", plateau=False)
 
     def _step_schedulers(self, interval: str, *, plateau: bool) -> None:
         """Step the schedulers of ``interval`` that are (or are not) ``ReduceLROnPlateau``, as
-        Lightning orders them: plateau ones after the validation that produces their metric."""
+        Lightning orders them: plateau ones after the validation that produces their metric.
+        Under manual optimization the module steps them itself (as in Lightning)."""
         trainer, progress = self.trainer, self.progress
+        hook = self.optimization.scheduler_hook
         for config in trainer.lr_scheduler_configs:
             if config.interval != interval or config.is_plateau != plateau:
                 continue
             count = progress.global_step if interval == "step" else progress.epoch + 1
             if count % config.frequency == 0:
-                config.step(trainer.callback_metrics)
+                config.step(trainer.callback_metrics, hook)
 
     def _log_step_metrics(self) -> None:
         trainer = self.trainer
@@ -472,7 +495,8 @@ class FitLoop:
         values = metrics.pop_epoch_log()
         if values:
             send_to_loggers(trainer, values, max(progress.batches_that_stepped - 1, 0))
-        self._step_schedulers("epoch", plateau=True)
+        if not self.optimization.manual:  # the module steps its schedulers itself (Lightning's rule)
+            self._step_schedulers("epoch", plateau=True)
         metrics.in_step = True
         progress.start_next_epoch()
         if math.isinf(self.num_training_batches):

@@ -43,6 +43,7 @@ class Progress:
         return {
             "epoch": epoch,
             "global_step": self.global_step,
+            "batches_that_stepped": self.batches_that_stepped,
             "batches_in_epoch": batches,
             "samples_in_epoch": samples,
             "epoch_finished": self.epoch_finished,
@@ -56,7 +57,9 @@ class Progress:
         ``FitLoop.place_restored_position``); a checkpoint written at the end of an epoch keeps
         that epoch's number until then (Lightning shows it during the sanity run)."""
         self.global_step = int(state["global_step"])
-        self.batches_that_stepped = self.global_step
+        # the same as global_step, except under manual optimization (several steps per batch);
+        # absent from checkpoints written before it was recorded
+        self.batches_that_stepped = int(state.get("batches_that_stepped", self.global_step))
         self.epoch = int(state["epoch"])
         self.batches_in_epoch = int(state["batches_in_epoch"])
         samples, world_size = state.get("samples_in_epoch"), state.get("world_size")
