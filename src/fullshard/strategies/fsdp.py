@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import warnings
 import weakref
@@ -30,6 +29,13 @@ from fullshard.policies import (
 )
 from fullshard.precision import FSDPPrecision, Precision
 from fullshard.strategies.flat_params import flat_parameter_sizes
+from fullshard.strategies.fsdp_options import (
+    fix_malloc_mmap_threshold,
+    parse_backward_prefetch,
+    parse_cpu_offload,
+    sharding_name,
+    torch_fsdp,
+)
 from fullshard.strategies.manual_steps import (
     check_root_holds_nothing,
     clip_sharded_gradients,
@@ -44,7 +50,7 @@ from fullshard.strategies.strategy import ParameterSize
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import CPUOffload, ShardingStrategy
+    from torch.distributed.fsdp import CPUOffload
 
     from fullshard.strategies.registry import StrategyRegistry
 
@@ -58,93 +64,6 @@ log = logging.getLogger("fullshard")
 _SHARDED: weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, dict[str, torch.Size], Any]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def _torch_fsdp() -> Any:
-    """``torch.distributed.fsdp``, imported on first use.
-
-    Importing it pulls in DTensor and costs about 0.7 s; jobs that never use FSDP should not pay
-    that at start-up, so this module imports it only when an FSDPStrategy is built.
-    """
-    import torch.distributed.fsdp
-
-    return torch.distributed.fsdp
-
-
-# torch.distributed.fsdp.ShardingStrategy's names, known without importing it (see _torch_fsdp)
-SHARDING_NAMES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
-
-
-def sharding_name(value: Any, accepted: tuple[str, ...] = SHARDING_NAMES, owner: str = "") -> str:
-    """``"FULL_SHARD"`` (any case) or a torch ``ShardingStrategy`` -> its name, checked against
-    ``accepted`` without importing torch's FSDP (a user who passes the enum has imported it)."""
-    if isinstance(value, enum.Enum) and type(value).__name__ == "ShardingStrategy":
-        name: Any = value.name
-    else:
-        name = value.upper() if isinstance(value, str) else None
-    if name in accepted:
-        return str(name)
-    valid = ", ".join(repr(n) for n in accepted if not n.startswith("_"))
-    raise MisconfigurationError(
-        f"sharding_strategy={value!r} is not a sharding strategy{owner}. Use one of {valid} (any case), "
-        "or a torch.distributed.fsdp.ShardingStrategy of those names."
-    )
-
-
-def parse_sharding_strategy(value: Any) -> ShardingStrategy:
-    """``"FULL_SHARD"`` (any case) or the torch enum -> the torch enum."""
-    return _torch_fsdp().ShardingStrategy[sharding_name(value)]  # type: ignore[no-any-return]
-
-
-def parse_cpu_offload(value: Any) -> CPUOffload:
-    """``True``/``False``/``None`` or a torch ``CPUOffload`` -> ``CPUOffload``."""
-    offload = _torch_fsdp().CPUOffload
-    if isinstance(value, offload):
-        return value  # type: ignore[no-any-return]
-    if value is None or isinstance(value, bool):
-        return offload(offload_params=bool(value))  # type: ignore[no-any-return]
-    raise TypeError(
-        f"cpu_offload={value!r} ({type(value).__name__}) cannot be used: pass True, False, or "
-        "torch.distributed.fsdp.CPUOffload(offload_params=True)."
-    )
-
-
-_M_MMAP_THRESHOLD = -3  # mallopt(3) parameter number in glibc's malloc.h
-
-
-def fix_malloc_mmap_threshold(threshold: int) -> bool:
-    """Give glibc's malloc a fixed mmap threshold (``mallopt(M_MMAP_THRESHOLD, threshold)``).
-
-    [Note: CPU memory under FSDP]
-    glibc serves a request of at least the mmap threshold with its own ``mmap``, returned to the
-    system on ``free``, but raises the threshold to the size of each such block freed (up to
-    32 MiB). FSDP on CPU gathers a unit, frees it, gathers the next: after the first free these
-    buffers come from the heap, between long-lived shards and optimizer state, and the holes
-    they leave stay resident, so the process grows as if nothing were sharded. A fixed threshold
-    turns the adjustment off (benchmarks/memory.py: FULL_SHARD peak 1.06x DDP's without it,
-    0.42x with it), at the cost of mapping fresh pages for each gathered unit. Returns False
-    where there is no glibc (other C libraries, other systems): nothing is changed there.
-    """
-    import ctypes
-    import ctypes.util
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
-
-
-def _parse_backward_prefetch(value: Any) -> Any:
-    prefetch = _torch_fsdp().BackwardPrefetch
-    if value is None or isinstance(value, prefetch):
-        return value
-    if isinstance(value, str) and value.upper() in prefetch.__members__:
-        return prefetch[value.upper()]
-    raise MisconfigurationError(
-        f"backward_prefetch={value!r} is invalid: use 'BACKWARD_PRE', 'BACKWARD_POST', None, or a "
-        "torch.distributed.fsdp.BackwardPrefetch."
-    )
 
 
 class FSDPStrategy(ParallelStrategy):
@@ -277,7 +196,7 @@ class FSDPStrategy(ParallelStrategy):
     @property
     def sharding_strategy(self) -> Any:
         """The ``torch.distributed.fsdp.ShardingStrategy`` in force."""
-        return _torch_fsdp().ShardingStrategy[self._sharding_name]
+        return torch_fsdp().ShardingStrategy[self._sharding_name]
 
     @property
     def cpu_offload(self) -> Any:
@@ -287,7 +206,7 @@ class FSDPStrategy(ParallelStrategy):
     def _check_fsdp_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The extra keyword arguments for ``FullyShardedDataParallel``, checked."""
         if "backward_prefetch" in kwargs:
-            kwargs["backward_prefetch"] = _parse_backward_prefetch(kwargs["backward_prefetch"])
+            kwargs["backward_prefetch"] = parse_backward_prefetch(kwargs["backward_prefetch"])
         kwargs.setdefault("use_orig_params", True)
         for reserved in ("auto_wrap_policy", "param_init_fn", "device_id", "mixed_precision", "cpu_offload"):
             if reserved in kwargs:
@@ -410,7 +329,7 @@ class FSDPStrategy(ParallelStrategy):
         """Inside ``configure_model``, ``torch.distributed.fsdp.wrap.wrap(layer)`` shards at once."""
         from torch.distributed.fsdp.wrap import enable_wrap
 
-        return enable_wrap(wrapper_cls=_torch_fsdp().FullyShardedDataParallel, **self._fsdp_kwargs())
+        return enable_wrap(wrapper_cls=torch_fsdp().FullyShardedDataParallel, **self._fsdp_kwargs())
 
     def plan(
         self, model: nn.Module, world_size: int | None = None, optimizer_states_per_param: int = 2
@@ -498,7 +417,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def _manually_wrapped(self, module: nn.Module) -> bool:
         """Whether ``configure_model`` sharded layers of ``module`` itself (``wrap()``)."""
-        return any(isinstance(m, _torch_fsdp().FullyShardedDataParallel) for m in module.modules())
+        return any(isinstance(m, torch_fsdp().FullyShardedDataParallel) for m in module.modules())
 
     @override
     def _wrap(self, module: nn.Module) -> nn.Module:
@@ -508,7 +427,7 @@ class FSDPStrategy(ParallelStrategy):
             checkpoint_wrapper,
         )
 
-        fsdp_class = _torch_fsdp().FullyShardedDataParallel
+        fsdp_class = torch_fsdp().FullyShardedDataParallel
         kwargs = self._fsdp_kwargs(module)
         manually_wrapped = any(isinstance(m, fsdp_class) for m in module.modules())
         auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
@@ -573,7 +492,7 @@ class FSDPStrategy(ParallelStrategy):
             check_root_holds_nothing(self._require_model(), self._unit_type(), type(self).__name__)
 
     def _unit_type(self) -> type:
-        return _torch_fsdp().FullyShardedDataParallel  # type: ignore[no-any-return]
+        return torch_fsdp().FullyShardedDataParallel  # type: ignore[no-any-return]
 
     @override
     def backward(
@@ -581,13 +500,13 @@ class FSDPStrategy(ParallelStrategy):
     ) -> None:
         super().backward(loss, *args, backward=backward, **kwargs)
         model = self.model
-        if self.manual_optimization and isinstance(model, _torch_fsdp().FullyShardedDataParallel):
+        if self.manual_optimization and isinstance(model, torch_fsdp().FullyShardedDataParallel):
             finish_backward(model)
 
     @override
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         model = self._require_model()
-        if enabled and isinstance(model, _torch_fsdp().FullyShardedDataParallel):
+        if enabled and isinstance(model, torch_fsdp().FullyShardedDataParallel):
             if inside_forward(model):  # manual optimization: see [Note: FSDP under manual optimization]
                 raise no_sync_in_step_error()
             return model.no_sync()  # type: ignore[no-any-return]
@@ -598,7 +517,7 @@ class FSDPStrategy(ParallelStrategy):
     def get_state(
         self, optimizers: Sequence[Optimizer], *, full: bool
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        aliases = find_aliases(self._require_model(), _torch_fsdp().FullyShardedDataParallel)
+        aliases = find_aliases(self._require_model(), torch_fsdp().FullyShardedDataParallel)
         with detached(aliases):  # see [Note: a module wrapped by hand and kept under its old name]
             model_state, optimizer_states = super().get_state(optimizers, full=full)
         return add_alias_keys(model_state, aliases), optimizer_states
@@ -613,7 +532,7 @@ class FSDPStrategy(ParallelStrategy):
         full: bool,
         from_rank0: bool,
     ) -> None:
-        aliases = find_aliases(self._require_model(), _torch_fsdp().FullyShardedDataParallel)
+        aliases = find_aliases(self._require_model(), torch_fsdp().FullyShardedDataParallel)
         with detached(aliases):
             super().set_state(
                 drop_alias_keys(model_state, aliases), optimizer_states, optimizers, full=full, from_rank0=from_rank0
@@ -630,7 +549,7 @@ class FSDPStrategy(ParallelStrategy):
     def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
         """Full sizes read from FSDP's flat-parameter metadata (see [Note: FSDP1 full sizes])."""
         root = self.model if module is self.module and self.model is not None else module
-        return flat_parameter_sizes(root, module, _torch_fsdp().FullyShardedDataParallel)
+        return flat_parameter_sizes(root, module, torch_fsdp().FullyShardedDataParallel)
 
 
 def _full_shapes(module: nn.Module) -> dict[str, torch.Size]:

@@ -31,7 +31,8 @@ from typing_extensions import override
 from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import FSDP2Precision, Precision
-from fullshard.strategies.fsdp import FSDPStrategy, sharding_name
+from fullshard.strategies.fsdp import FSDPStrategy
+from fullshard.strategies.fsdp_options import sharding_name
 from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
 from fullshard.strategies.strategy import ParameterSize, clean_parameter_name
 
