@@ -9,11 +9,21 @@ logged inside an epoch-end hook are epoch values already. Everything an epoch pr
 to the loggers in one row after the epoch-end hooks, so what ``on_validation_epoch_end`` logs
 reaches ``ModelCheckpoint``/``EarlyStopping`` (which act in ``on_validation_end``) and the
 loggers of the same validation run.
+
+[Note: torchmetrics]
+A ``torchmetrics.Metric`` given to ``log`` is not turned into a number: the collector keeps the
+object. Its step value is what its last ``forward`` returned (the batch's value); its epoch value
+is its ``compute()`` over everything it was updated with, taken where the epoch's values are
+reduced, and it is ``reset()`` once the epoch's values went to the loggers (as in Lightning). The
+metric synchronizes its own states across processes in ``compute()`` (its ``dist_sync_*``
+options): the collector never reduces it (``sync_dist`` is ignored). torchmetrics is optional:
+a Metric is recognized through ``sys.modules``, so fullshard never imports it.
 """
 
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +46,7 @@ class _EpochAccumulator:
     forked: bool  # logged with on_step too: the key ends in "_epoch" and "name" also gets the value
     value: torch.Tensor | None = None
     weight: float = 0.0
+    metric: Any = None  # a torchmetrics.Metric: its compute() is the epoch value
 
     def update(self, value: torch.Tensor, weight: float) -> None:
         if self.value is None:
@@ -49,6 +60,18 @@ class _EpochAccumulator:
         else:
             self.value = torch.minimum(self.value, value)
         self.weight += weight
+
+
+def is_metric(value: Any) -> bool:
+    """Whether ``value`` is a ``torchmetrics.Metric`` (without importing torchmetrics)."""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
+
+
+def is_metric_collection(value: Any) -> bool:
+    """Whether ``value`` is a ``torchmetrics.MetricCollection`` (without importing torchmetrics)."""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(value, torchmetrics.MetricCollection)
 
 
 def extract_batch_size(batch: Any) -> int | None:
@@ -88,6 +111,8 @@ class MetricsCollector:
         self._published: set[str] = set()
         self._batch: Any = None
         self._batch_size: int | None = None
+        self.dataloader_idx: int | None = None  # set while the steps of one of several loaders run
+        self._metrics_to_reset: list[Any] = []  # torchmetrics computed this epoch: reset once logged
 
     def set_batch(self, batch: Any) -> None:
         """The batch being processed (its size weights epoch means)."""
@@ -111,6 +136,7 @@ class MetricsCollector:
         reduce_fx: str,
         batch_size: int | None,
         logger: bool,
+        add_dataloader_idx: bool = True,
     ) -> None:
         """Record one value; see :meth:`fullshard.Module.log` for the arguments."""
         if reduce_fx not in _REDUCE_FX:
@@ -130,9 +156,15 @@ class MetricsCollector:
             )
         if not on_step and not on_epoch:
             raise ValueError(f"log({name!r}) with on_step=False and on_epoch=False records nothing; set one.")
-        tensor = self._to_tensor(name, value)
+        if add_dataloader_idx and in_step and self.dataloader_idx is not None:
+            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
+        metric = value if is_metric(value) else None
+        if metric is not None:  # [Note: torchmetrics]
+            tensor, sync_dist = self._metric_step_value(name, metric, on_step), False
+        else:
+            tensor = self._to_tensor(name, value)
         reduce: ReduceOp = reduce_fx  # type: ignore[assignment]
-        if on_step:
+        if on_step and tensor is not None:
             step_value = self._all_reduce(tensor, reduce) if sync_dist else tensor
             key = f"{name}_step" if on_epoch else name
             self.callback_metrics[key] = step_value
@@ -146,6 +178,15 @@ class MetricsCollector:
         if not on_epoch:
             return
         key = f"{name}_epoch" if on_step else name
+        if metric is not None:
+            if not in_step:  # an epoch-end hook: its value over the epoch, now
+                self._publish_epoch_value(key, self._compute(name, metric), prog_bar, logger, forked=on_step)
+            else:
+                self._epoch[self.stage][key] = _EpochAccumulator(
+                    reduce, False, prog_bar, logger, forked=on_step, metric=metric
+                )
+            return
+        assert tensor is not None
         if not in_step:  # an epoch-end hook: this is the epoch's value already
             if sync_dist:
                 tensor = self._all_reduce(tensor, reduce)
@@ -172,6 +213,20 @@ class MetricsCollector:
             self._pending_epoch[key] = value
             self.logged_metrics[key] = value
 
+    def _metric_step_value(self, name: str, metric: Any, on_step: bool) -> torch.Tensor | None:
+        """The metric's value on the current batch (what its last ``forward`` returned); None
+        when only ``update()`` was called, as Lightning then logs no step value."""
+        if not on_step:
+            return None
+        cache = getattr(metric, "_forward_cache", None)
+        return None if cache is None else self._to_tensor(name, cache)
+
+    def _compute(self, name: str, metric: Any) -> torch.Tensor:
+        value = self._to_tensor(name, metric.compute())
+        if all(m is not metric for m in self._metrics_to_reset):
+            self._metrics_to_reset.append(metric)
+        return value
+
     @staticmethod
     def _to_tensor(name: str, value: Any) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
@@ -183,7 +238,10 @@ class MetricsCollector:
             return value.detach().reshape(()).float()
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return torch.tensor(float(value))
-        raise TypeError(f"log({name!r}) got a {type(value).__name__}; log a number or a one-element tensor.")
+        raise TypeError(
+            f"log({name!r}) got a {type(value).__name__}; log a number, a one-element tensor or a "
+            "torchmetrics.Metric."
+        )
 
     def has_step_log(self) -> bool:
         """Whether the current stage logged step values since the last :meth:`pop_step_log`."""
@@ -201,6 +259,10 @@ class MetricsCollector:
         ``sync_dist``); the results go to ``callback_metrics`` and wait for :meth:`pop_epoch_log`."""
         accumulators = self._epoch[stage]
         for key, acc in accumulators.items():
+            if acc.metric is not None:
+                name = key[: -len("_epoch")] if acc.forked else key
+                self._publish_epoch_value(key, self._compute(name, acc.metric), acc.prog_bar, acc.logger, acc.forked)
+                continue
             if acc.value is None:
                 continue
             value, weight = acc.value, torch.tensor(acc.weight)
@@ -214,10 +276,17 @@ class MetricsCollector:
         accumulators.clear()
 
     def pop_epoch_log(self) -> dict[str, float]:
-        """The epoch values waiting for the loggers, as floats."""
+        """The epoch values waiting for the loggers, as floats; the torchmetrics that gave some
+        are reset (their epoch is over)."""
         out = {k: float(v) for k, v in self._pending_epoch.items()}
         self._pending_epoch.clear()
+        self._reset_metrics()
         return out
+
+    def _reset_metrics(self) -> None:
+        for metric in self._metrics_to_reset:
+            metric.reset()
+        self._metrics_to_reset.clear()
 
     def epoch_results(self) -> dict[str, float]:
         """The epoch values published since the last call (what ``validate``/``test`` return)."""
@@ -242,7 +311,12 @@ class MetricsCollector:
             pending.clear()
         self._pending_epoch.clear()
         for accumulators in self._epoch.values():
+            for acc in accumulators.values():
+                if acc.metric is not None and all(m is not acc.metric for m in self._metrics_to_reset):
+                    self._metrics_to_reset.append(acc.metric)
             accumulators.clear()
+        self._reset_metrics()
+        self.dataloader_idx = None
 
     def progress_bar_metrics(self) -> dict[str, float]:
         """The latest values of the metrics logged with ``prog_bar=True``."""

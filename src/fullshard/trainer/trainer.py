@@ -568,12 +568,11 @@ class Trainer(TrainerProperties):
             else (None, None)
         )
         if loop is not None:
-            predictions: list[Any] | None = [] if stage == "predict" and keep_predictions else None
-            metrics = loop.run(hooks, predictions=predictions)
-            if verbose and self.is_global_zero and metrics and stage != "predict":
-                self.print(format_results(stage, metrics))
+            results = loop.run(hooks, keep_predictions=stage == "predict" and keep_predictions)
+            if verbose and self.is_global_zero and any(results) and stage != "predict":
+                self.print(format_results(stage, results))
             self._finalize_loggers("success")
-            return predictions if stage == "predict" else [metrics]
+            return loop.predictions if stage == "predict" else results
         if self.is_global_zero and model.hparams:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(model.hparams))

@@ -389,7 +389,7 @@ class FitLoop:
                 self._log_step_metrics()
             if self.should_validate(batch_idx):
                 if boundary:
-                    module.zero_grad(set_to_none=True)  # free gradient memory for the evaluation
+                    module.on_validation_model_zero_grad()  # default: free gradient memory for the evaluation
                 self.validate_loop.run(hooks)
                 metrics.stage = "train"
                 metrics.set_batch(batch)
