@@ -154,10 +154,4 @@ NOT_CALLED_BY_FULLSHARD: dict[str, str] = {
     "backward": "use on_before_backward / on_after_backward",
     "lr_scheduler_step": "return torch schedulers from configure_optimizers: the Trainer steps them",
     "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
-    "on_validation_model_eval": "the Trainer calls module.eval() itself",
-    "on_validation_model_train": "the Trainer calls module.train() itself",
-    "on_validation_model_zero_grad": "the Trainer zeroes gradients (set_to_none) itself",
-    "on_test_model_eval": "the Trainer calls module.eval() itself",
-    "on_test_model_train": "the Trainer calls module.train() itself",
-    "on_predict_model_eval": "the Trainer calls module.eval() itself",
 }
