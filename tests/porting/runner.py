@@ -24,6 +24,7 @@ SCRIPTS = (
     "datamodule_resume",
     "fast_dev_run",
     "logging_gather",
+    "metrics_writer_multi_val",
 )
 # Variables a launcher sets for the processes it starts; a run must not inherit them.
 _LAUNCH_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
