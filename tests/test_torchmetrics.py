@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import SCRIPTS, check_ok, quiet_trainer, run_script
 from torch.utils.data import DataLoader
+
+from conftest import SCRIPTS, check_ok, quiet_trainer, run_script
 
 torchmetrics = pytest.importorskip("torchmetrics")
 

@@ -141,6 +141,9 @@ class EvaluationLoop:
         getattr(module, f"on_{name}_model_eval")()
         hooks.call(f"on_{name}_start")
         hooks.call(f"on_{name}_epoch_start")
+        # Lightning's sanity run over several dataloaders leaves callback_metrics as they were,
+        # even in its own hooks (over one, its values are visible until the run ends)
+        visible = metrics.snapshot() if trainer.sanity_checking and several else None
         results: list[dict[str, float]] = []
         for index, (loader, limit) in enumerate(zip(self.loaders, limits, strict=True)):
             metrics.in_step = True
@@ -149,12 +152,16 @@ class EvaluationLoop:
             metrics.in_step = False
             metrics.reduce_epoch(stage)
             results.append(metrics.epoch_results())
+            if visible is not None:
+                metrics.restore(visible)
         metrics.dataloader_idx = None
         hooks.call(f"on_{name}_epoch_end")
         values = metrics.pop_epoch_log()
         if values and not trainer.sanity_checking:
             send_to_loggers(trainer, values, trainer.logger_step)
         epoch_end = metrics.epoch_results()
+        if visible is not None:
+            metrics.restore(visible)
         for result in results:
             result.update(epoch_end)
         hooks.call(f"on_{name}_end")
