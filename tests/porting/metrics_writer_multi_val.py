@@ -193,6 +193,7 @@ def main(args):
     mark("after predict")
     check("predict(return_predictions=False) returns None", returned is None, type(returned))
     value("num_predict_batches", trainer.num_predict_batches)
+    value("writer_interval", [writer.interval.on_batch, writer.interval.on_epoch])
     count, lengths, indices = writer.epoch
     value("writer_epoch", [count, lengths])
     rank = trainer.global_rank
