@@ -80,7 +80,7 @@ def test_limits_and_sanity_steps_apply_per_loader(tmp_path: Path) -> None:
     sanity, validation = model.calls[:2], model.calls[2:]
     assert sanity == [("val", 0, 0), ("val", 0, 1)]
     assert validation == [("val", 0, 0), ("val", 1, 0), ("val", 0, 1)]
-    assert trainer.num_val_batches == [2, 1]
+    assert trainer.num_val_batches == [2, 1] and trainer.num_sanity_val_batches == [1, 1]
     assert float(trainer.callback_metrics["loss/dataloader_idx_0"]) == 0.5
 
 

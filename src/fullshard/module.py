@@ -107,7 +107,7 @@ class Module(nn.Module):
             self, "test_step(batch, batch_idx)", "Trainer.test() calls it for every test batch. Override it."
         )
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         """Return the prediction for one batch (``Trainer.predict``). By default ``self(batch)``."""
         return self(batch)
 

@@ -89,6 +89,8 @@ class Recorder(RecordCallbackHooks, Callback):
     def on_validation_end(self, trainer, pl_module):
         snapshot("on_validation_end", trainer)
         value(f"num_val_batches_{'sanity' if trainer.sanity_checking else trainer.current_epoch}", trainer.num_val_batches)
+        if trainer.sanity_checking:
+            value("num_sanity_val_batches", trainer.num_sanity_val_batches)
 
     def on_train_epoch_end(self, trainer, pl_module):
         snapshot("on_train_epoch_end", trainer)

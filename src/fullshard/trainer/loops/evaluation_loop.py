@@ -107,12 +107,15 @@ class EvaluationLoop:
             self.loaders.append(prepared)
             self.max_batches.append(batches)
 
+    @property
+    def sanity_batches_per_loader(self) -> list[int | float]:
+        """Batches of the sanity run before training, one entry per dataloader."""
+        wanted = self.trainer.num_sanity_val_steps
+        return [n if wanted == -1 else min(wanted, n) for n in self.max_batches]
+
     def sanity_batches(self) -> int | float:
         """The per-dataloader cap of the sanity run before training (0: no sanity run)."""
-        wanted = self.trainer.num_sanity_val_steps
-        if not self.loaders or wanted == 0:
-            return 0
-        return max(n if wanted == -1 else min(wanted, n) for n in self.max_batches)
+        return max(self.sanity_batches_per_loader, default=0)
 
     @torch.no_grad()
     def run(
