@@ -255,3 +255,12 @@ def test_predict_puts_the_modes_back(tmp_path: Path) -> None:
     quiet_trainer(tmp_path).predict(model, loader(4))
     assert model.modes == [("predict_eval", False, False)]
     assert model.training and not model.frozen.training
+
+
+def test_a_datamodule_may_return_several_loaders(tmp_path: Path) -> None:
+    class Data(fullshard.DataModule):
+        def test_dataloader(self) -> Any:
+            return {"short": loader(4), "long": loader(8)}
+
+    results = quiet_trainer(tmp_path).test(Model(), datamodule=Data(), verbose=False)
+    assert results == [{"t/dataloader_idx_0": 0.0}, {"t/dataloader_idx_1": 1.0}]

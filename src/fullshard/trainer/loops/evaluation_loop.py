@@ -140,7 +140,7 @@ class EvaluationLoop:
         metrics.stage = stage
         metrics.in_step = False
         metrics.epoch_results()  # start a fresh record of this run's epoch values
-        modes = _capture_modes(module)
+        modes = _capture_modes(module if trainer.model is None else trainer.model)  # the wrapper as well
         getattr(module, f"on_{name}_model_eval")()
         hooks.call(f"on_{name}_start")
         hooks.call(f"on_{name}_epoch_start")
@@ -225,7 +225,8 @@ class EvaluationLoop:
 
 def _capture_modes(module: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
     """The train/eval mode of every submodule, to put back after the run (Lightning's rule: a
-    submodule frozen in eval mode during training stays so)."""
+    submodule frozen in eval mode during training stays so); the default eval hooks switch the
+    strategy's wrapper too, so its own mode is captured with them."""
     return [(m, m.training) for m in module.modules()]
 
 
