@@ -139,3 +139,30 @@ def test_two_processes_compute_the_metric_over_the_data_of_both(tmp_path: Path, 
         for key in ("train_acc_epoch", "val_acc/dataloader_idx_0", "val_acc/dataloader_idx_1"):
             assert epoch[key] == pytest.approx(expected[key]), (strategy, key)
     assert got["test"] == [pytest.approx(expected["test"][0])]
+
+
+def test_a_metric_logged_on_step_only_is_reset_at_the_end_of_the_epoch(tmp_path: Path) -> None:
+    class StepOnly(Classifier):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            logits = self.layer(x)
+            self.train_acc(logits, y)
+            self.log("train_acc", self.train_acc, on_step=True, on_epoch=False)
+            return torch.nn.functional.cross_entropy(logits, y)
+
+    class Counts(Callback):
+        def __init__(self) -> None:
+            self.at_validation: list[int] = []
+
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            self.at_validation.append(pl_module.train_acc.update_count)
+
+    counts = Counts()
+    model = StepOnly()
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, val_check_interval=2, num_sanity_val_steps=0, callbacks=[counts]
+    )
+    trainer.fit(model, DataLoader(make_data(16, 1), batch_size=4), DataLoader(make_data(8, 2), batch_size=4))
+    # a validation in the middle of the epoch leaves the training metric alone; the epoch's end resets it
+    assert counts.at_validation == [2, 4]
+    assert model.train_acc.update_count == 0

@@ -112,7 +112,8 @@ class MetricsCollector:
         self._batch: Any = None
         self._batch_size: int | None = None
         self.dataloader_idx: int | None = None  # set while the steps of one of several loaders run
-        self._metrics_to_reset: list[Any] = []  # torchmetrics computed this epoch: reset once logged
+        # the torchmetrics each stage logged: reset once its epoch's values were logged
+        self._metric_objects: dict[str, list[Any]] = {stage: [] for stage in STAGES}
 
     def set_batch(self, batch: Any) -> None:
         """The batch being processed (its size weights epoch means)."""
@@ -160,6 +161,9 @@ class MetricsCollector:
             name = f"{name}/dataloader_idx_{self.dataloader_idx}"
         metric = value if is_metric(value) else None
         if metric is not None:  # [Note: torchmetrics]
+            logged = self._metric_objects[self.stage]
+            if all(m is not metric for m in logged):
+                logged.append(metric)
             tensor, sync_dist = self._metric_step_value(name, metric, on_step), False
         else:
             tensor = self._to_tensor(name, value)
@@ -222,10 +226,7 @@ class MetricsCollector:
         return None if cache is None else self._to_tensor(name, cache)
 
     def _compute(self, name: str, metric: Any) -> torch.Tensor:
-        value = self._to_tensor(name, metric.compute())
-        if all(m is not metric for m in self._metrics_to_reset):
-            self._metrics_to_reset.append(metric)
-        return value
+        return self._to_tensor(name, metric.compute())
 
     @staticmethod
     def _to_tensor(name: str, value: Any) -> torch.Tensor:
@@ -276,17 +277,17 @@ class MetricsCollector:
         accumulators.clear()
 
     def pop_epoch_log(self) -> dict[str, float]:
-        """The epoch values waiting for the loggers, as floats; the torchmetrics that gave some
-        are reset (their epoch is over)."""
+        """The epoch values waiting for the loggers, as floats; the torchmetrics the current
+        stage logged are reset (its epoch is over)."""
         out = {k: float(v) for k, v in self._pending_epoch.items()}
         self._pending_epoch.clear()
-        self._reset_metrics()
+        self._reset_metrics(self.stage)
         return out
 
-    def _reset_metrics(self) -> None:
-        for metric in self._metrics_to_reset:
+    def _reset_metrics(self, stage: str) -> None:
+        for metric in self._metric_objects[stage]:
             metric.reset()
-        self._metrics_to_reset.clear()
+        self._metric_objects[stage].clear()
 
     def epoch_results(self) -> dict[str, float]:
         """The epoch values published since the last call (what ``validate``/``test`` return)."""
@@ -311,11 +312,9 @@ class MetricsCollector:
             pending.clear()
         self._pending_epoch.clear()
         for accumulators in self._epoch.values():
-            for acc in accumulators.values():
-                if acc.metric is not None and all(m is not acc.metric for m in self._metrics_to_reset):
-                    self._metrics_to_reset.append(acc.metric)
             accumulators.clear()
-        self._reset_metrics()
+        for stage in STAGES:
+            self._reset_metrics(stage)
         self.dataloader_idx = None
 
     def progress_bar_metrics(self) -> dict[str, float]:
