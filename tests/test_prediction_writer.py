@@ -122,3 +122,40 @@ def _rank_share(n: int, rank: int) -> list[int]:
     """``DistributedSampler``'s split of ``range(n)`` over 2 ranks (padded from the start)."""
     order = list(range(n)) + list(range(n))[: n % 2]
     return order[rank::2]
+
+
+def test_an_epoch_writer_without_write_on_epoch_end_says_so(tmp_path: Path) -> None:
+    with pytest.raises(
+        NotImplementedError, match=r"writes per epoch \(write_interval='epoch'\).*define write_on_epoch_end"
+    ):
+        quiet_trainer(tmp_path, callbacks=[BasePredictionWriter("epoch")]).predict(
+            Doubler(), DataLoader(make_data(4), batch_size=2)
+        )
+
+
+class _Stream(torch.utils.data.IterableDataset[Any]):
+    def __iter__(self) -> Any:
+        return iter([torch.ones(4), torch.zeros(4)])
+
+
+def test_an_iterable_dataset_gives_empty_batch_indices_with_a_warning(tmp_path: Path) -> None:
+    class Keep(BasePredictionWriter):
+        def __init__(self) -> None:
+            super().__init__("batch")
+            self.indices: list[Any] = []
+
+        def write_on_batch_end(
+            self, trainer: Any, pl_module: Any, prediction: Any, batch_indices: Any, *rest: Any
+        ) -> None:
+            self.indices.append(batch_indices)
+
+    class Model(Doubler):
+        def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+            return self.layer(batch)
+
+    keep = Keep()
+    with pytest.warns(
+        UserWarning, match=r"gets no batch_indices from a prediction dataloader \(an iterable dataset\)"
+    ):
+        quiet_trainer(tmp_path, callbacks=[keep]).predict(Model(), DataLoader(_Stream(), batch_size=1))
+    assert keep.indices == [[], []]

@@ -222,6 +222,8 @@ class MetricsCollector:
         when only ``update()`` was called, as Lightning then logs no step value."""
         if not on_step:
             return None
+        # torchmetrics keeps the last forward's result only in this private attribute (no public
+        # API has it); Lightning reads the same one
         cache = getattr(metric, "_forward_cache", None)
         return None if cache is None else self._to_tensor(name, cache)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from typing_extensions import override
 
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
 from fullshard.trainer.data import PreparedLoader
@@ -80,6 +81,7 @@ class BatchIndexRecorder(PreparedLoader):
             return prepared
         return cls(prepared, _RecordingBatchSampler(loader.batch_sampler))
 
+    @override
     def iterate(self, epoch: int, start: tuple[int, int] = (0, 0)) -> Iterator[Any]:
         """An iterator over the whole epoch ``epoch`` (a prediction run never resumes)."""
         sampler = self.original.sampler
