@@ -32,6 +32,7 @@ from fullshard.trainer.loops.prediction_indices import BatchIndexRecorder, predi
 from fullshard.trainer.preflight import overrides
 
 if TYPE_CHECKING:
+    from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
     from fullshard.trainer.data import PreparedLoader
     from fullshard.trainer.hooks import Hooks
     from fullshard.trainer.metrics import MetricsCollector
@@ -132,11 +133,7 @@ class EvaluationLoop:
         module = trainer.lightning_module
         several = len(self.loaders) > 1
         _check_dataloader_idx(module, name, several)
-        writers = prediction_writers(trainer.callbacks) if stage == "predict" else []
-        keep = keep_predictions or any(w.interval.on_epoch for w in writers)
-        self._predictions = [[] for _ in self.loaders] if keep else []
-        self._epoch_batch_indices = [[] for _ in self.loaders] if writers else []
-        self.current_batch_indices = []
+        writers = self._start_collecting(keep_predictions)
         metrics.stage = stage
         metrics.in_step = False
         metrics.epoch_results()  # start a fresh record of this run's epoch values
@@ -159,14 +156,7 @@ class EvaluationLoop:
                 metrics.restore(visible)
         metrics.dataloader_idx = None
         hooks.call(f"on_{name}_epoch_end")
-        values = metrics.pop_epoch_log()
-        if values and not trainer.sanity_checking:
-            send_to_loggers(trainer, values, trainer.logger_step)
-        epoch_end = metrics.epoch_results()
-        if visible is not None:
-            metrics.restore(visible)
-        for result in results:
-            result.update(epoch_end)
+        self._finish_epoch(results, visible)
         hooks.call(f"on_{name}_end")
         metrics.in_step = True
         if stage != "predict" and overrides(module, Module, f"on_{name}_model_train"):
@@ -178,6 +168,29 @@ class EvaluationLoop:
         self._epoch_batch_indices = []
         return results
 
+    def _start_collecting(self, keep_predictions: bool) -> list[BasePredictionWriter]:
+        """Make room for this run's predictions and batch indices; returns the prediction
+        writers (an epoch writer needs the predictions even when they are not returned)."""
+        writers = prediction_writers(self.trainer.callbacks) if self.stage == "predict" else []
+        keep = keep_predictions or any(w.interval.on_epoch for w in writers)
+        self._predictions = [[] for _ in self.loaders] if keep else []
+        self._epoch_batch_indices = [[] for _ in self.loaders] if writers else []
+        self.current_batch_indices = []
+        return writers
+
+    def _finish_epoch(self, results: list[dict[str, float]], visible: Any) -> None:
+        """After the epoch-end hooks: the epoch's values to the loggers, and what those hooks
+        logged into every dataloader's results (Lightning's rule)."""
+        trainer, metrics = self.trainer, self.metrics
+        values = metrics.pop_epoch_log()
+        if values and not trainer.sanity_checking:
+            send_to_loggers(trainer, values, trainer.logger_step)
+        epoch_end = metrics.epoch_results()
+        if visible is not None:
+            metrics.restore(visible)
+        for result in results:
+            result.update(epoch_end)
+
     def _run_loader(
         self,
         hooks: Hooks,
@@ -185,7 +198,7 @@ class EvaluationLoop:
         limit: int | float,
         index: int,
         several: bool,
-        writers: list[Any],
+        writers: list[BasePredictionWriter],
     ) -> None:
         trainer, metrics, stage = self.trainer, self.metrics, self.stage
         name = _HOOK_STAGE[stage]
