@@ -264,3 +264,25 @@ def test_a_datamodule_may_return_several_loaders(tmp_path: Path) -> None:
 
     results = quiet_trainer(tmp_path).test(Model(), datamodule=Data(), verbose=False)
     assert results == [{"t/dataloader_idx_0": 0.0}, {"t/dataloader_idx_1": 1.0}]
+
+
+def test_the_dataloader_suffix_comes_after_step_and_epoch(tmp_path: Path) -> None:
+    class Both(Model):
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            self.log("x", float(batch_idx), on_step=True, on_epoch=True)
+
+    trainer = quiet_trainer(tmp_path)
+    results = trainer.validate(Both(), [loader(8), loader(4)], verbose=False)
+    # Lightning 2.6 names (the epoch-end hook of Model logs at_end)
+    assert results == [
+        {"x_epoch/dataloader_idx_0": 0.5, "at_end": 7.0},
+        {"x_epoch/dataloader_idx_1": 0.0, "at_end": 7.0},
+    ]
+    assert sorted(trainer.logged_metrics) == [
+        "at_end",
+        "x_epoch/dataloader_idx_0",
+        "x_epoch/dataloader_idx_1",
+        "x_step/dataloader_idx_0",
+        "x_step/dataloader_idx_1",
+    ]
+    assert float(trainer.callback_metrics["x/dataloader_idx_0"]) == 0.5

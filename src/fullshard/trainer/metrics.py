@@ -43,7 +43,7 @@ class _EpochAccumulator:
     sync_dist: bool
     prog_bar: bool
     logger: bool
-    forked: bool  # logged with on_step too: the key ends in "_epoch" and "name" also gets the value
+    base: str | None  # logged with on_step too: the key has "_epoch" and this name also gets the value
     value: torch.Tensor | None = None
     weight: float = 0.0
     metric: Any = None  # a torchmetrics.Metric: its compute() is the epoch value
@@ -157,8 +157,9 @@ class MetricsCollector:
             )
         if not on_step and not on_epoch:
             raise ValueError(f"log({name!r}) with on_step=False and on_epoch=False records nothing; set one.")
-        if add_dataloader_idx and in_step and self.dataloader_idx is not None:
-            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
+        # one of several evaluation loaders: Lightning appends this after "_step"/"_epoch"
+        idx = self.dataloader_idx
+        suffix = f"/dataloader_idx_{idx}" if add_dataloader_idx and in_step and idx is not None else ""
         metric = value if is_metric(value) else None
         if metric is not None:  # [Note: torchmetrics]
             logged = self._metric_objects[self.stage]
@@ -170,10 +171,10 @@ class MetricsCollector:
         reduce: ReduceOp = reduce_fx  # type: ignore[assignment]
         if on_step and tensor is not None:
             step_value = self._all_reduce(tensor, reduce) if sync_dist else tensor
-            key = f"{name}_step" if on_epoch else name
+            key = f"{name}_step{suffix}" if on_epoch else f"{name}{suffix}"
             self.callback_metrics[key] = step_value
             if on_epoch:
-                self.callback_metrics[name] = step_value
+                self.callback_metrics[f"{name}{suffix}"] = step_value
             if prog_bar:
                 self._prog_bar.add(key)
             if logger:
@@ -181,36 +182,35 @@ class MetricsCollector:
                 self.logged_metrics[key] = step_value
         if not on_epoch:
             return
-        key = f"{name}_epoch" if on_step else name
+        key = f"{name}_epoch{suffix}" if on_step else f"{name}{suffix}"
+        base = f"{name}{suffix}" if on_step else None
         if metric is not None:
             if not in_step:  # an epoch-end hook: its value over the epoch, now
-                self._publish_epoch_value(key, self._compute(name, metric), prog_bar, logger, forked=on_step)
+                self._publish_epoch_value(key, self._compute(name, metric), prog_bar, logger, base)
             else:
-                self._epoch[self.stage][key] = _EpochAccumulator(
-                    reduce, False, prog_bar, logger, forked=on_step, metric=metric
-                )
+                self._epoch[self.stage][key] = _EpochAccumulator(reduce, False, prog_bar, logger, base, metric=metric)
             return
         assert tensor is not None
         if not in_step:  # an epoch-end hook: this is the epoch's value already
             if sync_dist:
                 tensor = self._all_reduce(tensor, reduce)
-            self._publish_epoch_value(key, tensor, prog_bar, logger, forked=on_step)
+            self._publish_epoch_value(key, tensor, prog_bar, logger, base)
             return
         accumulators = self._epoch[self.stage]
         acc = accumulators.get(key)
         if acc is None:
-            acc = accumulators[key] = _EpochAccumulator(reduce, sync_dist, prog_bar, logger, forked=on_step)
+            acc = accumulators[key] = _EpochAccumulator(reduce, sync_dist, prog_bar, logger, base)
         if batch_size is None and reduce == "mean":
             batch_size = self._current_batch_size()
         acc.update(tensor, float(batch_size) if batch_size is not None else 1.0)
 
     def _publish_epoch_value(
-        self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool, forked: bool
+        self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool, base: str | None
     ) -> None:
         self.callback_metrics[key] = value
         self._published.add(key)
-        if forked:
-            self.callback_metrics[key[: -len("_epoch")]] = value
+        if base is not None:
+            self.callback_metrics[base] = value
         if prog_bar:
             self._prog_bar.add(key)
         if logger:
@@ -263,8 +263,8 @@ class MetricsCollector:
         accumulators = self._epoch[stage]
         for key, acc in accumulators.items():
             if acc.metric is not None:
-                name = key[: -len("_epoch")] if acc.forked else key
-                self._publish_epoch_value(key, self._compute(name, acc.metric), acc.prog_bar, acc.logger, acc.forked)
+                value = self._compute(acc.base or key, acc.metric)
+                self._publish_epoch_value(key, value, acc.prog_bar, acc.logger, acc.base)
                 continue
             if acc.value is None:
                 continue
@@ -275,7 +275,7 @@ class MetricsCollector:
                     weight = self._all_reduce(weight, "sum")
             if acc.reduce_fx == "mean":
                 value = value / weight
-            self._publish_epoch_value(key, value, acc.prog_bar, acc.logger, acc.forked)
+            self._publish_epoch_value(key, value, acc.prog_bar, acc.logger, acc.base)
         accumulators.clear()
 
     def pop_epoch_log(self) -> dict[str, float]:
