@@ -286,3 +286,15 @@ def test_the_dataloader_suffix_comes_after_step_and_epoch(tmp_path: Path) -> Non
         "x_step/dataloader_idx_1",
     ]
     assert float(trainer.callback_metrics["x/dataloader_idx_0"]) == 0.5
+
+
+def test_evaluation_step_values_reach_loggers_and_the_bar_not_the_monitors(tmp_path: Path) -> None:
+    class StepOnly(Model):
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            self.log("s", float(batch_idx), on_step=True, on_epoch=False, prog_bar=True)
+
+    trainer = quiet_trainer(tmp_path)
+    trainer.validate(StepOnly(), loader(8), verbose=False)
+    # Lightning 2.6: callback_metrics (what ModelCheckpoint/EarlyStopping read) hold epoch values only
+    assert "s" not in trainer.callback_metrics
+    assert float(trainer.logged_metrics["s"]) == 1.0 and trainer.progress_bar_metrics["s"] == 1.0

@@ -34,6 +34,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.strategies.strategy import ReduceOp
 
 _REDUCE_FX: tuple[ReduceOp, ...] = ("mean", "sum", "max", "min")
+Snapshot = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str], dict[str, torch.Tensor]]
 STAGES = ("train", "validate", "test", "predict")
 
 
@@ -105,6 +106,9 @@ class MetricsCollector:
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.logged_metrics: dict[str, torch.Tensor] = {}  # what goes to loggers, as soon as logged
         self._prog_bar: set[str] = set()
+        # step values of validation/test/predict: Lightning keeps them out of callback_metrics
+        # (monitors see epoch values only there) but shows them in the progress bar
+        self._eval_step_values: dict[str, torch.Tensor] = {}
         self._pending_step: dict[str, dict[str, torch.Tensor]] = {stage: {} for stage in STAGES}
         self._pending_epoch: dict[str, torch.Tensor] = {}
         self._epoch: dict[str, dict[str, _EpochAccumulator]] = {stage: {} for stage in STAGES}
@@ -172,9 +176,12 @@ class MetricsCollector:
         if on_step and tensor is not None:
             step_value = self._all_reduce(tensor, reduce) if sync_dist else tensor
             key = f"{name}_step{suffix}" if on_epoch else f"{name}{suffix}"
-            self.callback_metrics[key] = step_value
-            if on_epoch:
-                self.callback_metrics[f"{name}{suffix}"] = step_value
+            if self.stage == "train":
+                self.callback_metrics[key] = step_value
+                if on_epoch:
+                    self.callback_metrics[f"{name}{suffix}"] = step_value
+            else:
+                self._eval_step_values[key] = step_value
             if prog_bar:
                 self._prog_bar.add(key)
             if logger:
@@ -299,17 +306,18 @@ class MetricsCollector:
 
     def reset(self) -> None:
         """Forget every value (a new ``fit``/``validate``/``test``/``predict`` call starts)."""
-        self.restore(({}, {}, set()))
+        self.restore(({}, {}, set(), {}))
 
-    def snapshot(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]:
+    def snapshot(self) -> Snapshot:
         """The visible state, to put back with :meth:`restore` (after the sanity validation)."""
-        return dict(self.callback_metrics), dict(self.logged_metrics), set(self._prog_bar)
+        return dict(self.callback_metrics), dict(self.logged_metrics), set(self._prog_bar), dict(self._eval_step_values)
 
-    def restore(self, snapshot: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]) -> None:
+    def restore(self, snapshot: Snapshot) -> None:
         """Forget everything logged since :meth:`snapshot` was taken."""
         self.callback_metrics = dict(snapshot[0])
         self.logged_metrics = dict(snapshot[1])
         self._prog_bar = set(snapshot[2])
+        self._eval_step_values = dict(snapshot[3])
         for pending in self._pending_step.values():
             pending.clear()
         self._pending_epoch.clear()
@@ -321,4 +329,5 @@ class MetricsCollector:
 
     def progress_bar_metrics(self) -> dict[str, float]:
         """The latest values of the metrics logged with ``prog_bar=True``."""
-        return {k: float(self.callback_metrics[k]) for k in self._prog_bar if k in self.callback_metrics}
+        values = {**self._eval_step_values, **self.callback_metrics}
+        return {k: float(values[k]) for k in self._prog_bar if k in values}
