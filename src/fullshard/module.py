@@ -400,7 +400,7 @@ class Module(nn.Module):
             name: metric name.
             value: a number, a one-element tensor, or a ``torchmetrics.Metric`` (its step value
                 is its ``forward`` result on the batch, its epoch value its ``compute()``, after
-                which it is reset; it syncs itself across processes: docs/metrics.md).
+                which it is reset; it syncs itself across processes: docs/lightning.md, "torchmetrics").
             prog_bar: show it in the progress bar.
             logger: send it to the loggers (default True).
             on_step: record the value of each step. Default: True in ``training_step`` and the

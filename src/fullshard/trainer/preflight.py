@@ -122,16 +122,20 @@ def _values(loaders: Any) -> list[Any]:
 def eval_loaders(loader: Any, kind: str) -> list[DataLoader[Any]]:
     """The evaluation loaders in ``loader``: one DataLoader, or a list, tuple or dict of them (run
     one after the other, in order, as Lightning's "sequential" CombinedLoader does)."""
-    loaders = _values(loader) if isinstance(loader, list | tuple | Mapping) else [loader]
-    bad = [x for x in loaders if not isinstance(x, DataLoader)]
-    if bad or not loaders:
-        got = f"a {type(bad[0]).__name__} in it" if bad and loaders != [loader] else type(loader).__name__
-        raise MisconfigurationError(
-            f"{_argument(kind)} must be a torch.utils.data.DataLoader or a list, tuple or dict of them, got "
-            f"{'an empty ' + type(loader).__name__ if not loaders else got}. Wrap each dataset: "
-            "DataLoader(dataset, batch_size=...)."
-        )
-    return loaders  # type: ignore[return-value]
+    accepted = f"{_argument(kind)} must be a torch.utils.data.DataLoader or a list, tuple or dict of them"
+    fix = "Wrap each dataset: DataLoader(dataset, batch_size=...)."
+    if not isinstance(loader, list | tuple | Mapping):
+        if not isinstance(loader, DataLoader):
+            raise MisconfigurationError(f"{accepted}, got {type(loader).__name__}. {fix}")
+        return [loader]
+    loaders = _values(loader)
+    container = type(loader).__name__
+    if not loaders:
+        raise MisconfigurationError(f"{accepted}, got an empty {container}. Pass at least one dataloader.")
+    for item in loaders:
+        if not isinstance(item, DataLoader):
+            raise MisconfigurationError(f"{accepted}, got a {type(item).__name__} in the {container}. {fix}")
+    return loaders
 
 
 def make_sources(datamodule: Any, **loaders: Any) -> DataSources:
@@ -148,7 +152,10 @@ def make_sources(datamodule: Any, **loaders: Any) -> DataSources:
         )
     for kind, loader in loaders.items():
         if loader is not None:
-            single_loader(loader, kind) if kind == "train" else eval_loaders(loader, kind)
+            if kind == "train":
+                single_loader(loader, kind)
+            else:
+                eval_loaders(loader, kind)
     return DataSources(datamodule, **loaders)
 
 
