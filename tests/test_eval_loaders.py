@@ -298,3 +298,19 @@ def test_evaluation_step_values_reach_loggers_and_the_bar_not_the_monitors(tmp_p
     # Lightning 2.6: callback_metrics (what ModelCheckpoint/EarlyStopping read) hold epoch values only
     assert "s" not in trainer.callback_metrics
     assert float(trainer.logged_metrics["s"]) == 1.0 and trainer.progress_bar_metrics["s"] == 1.0
+
+
+def test_one_name_from_two_loaders_without_the_suffix_is_refused(tmp_path: Path) -> None:
+    class Shared(Model):
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            self.log("loss", 1.0, add_dataloader_idx=False)
+
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"log\('loss', add_dataloader_idx=False\) was called from dataloader 0 and dataloader 1",
+    ):
+        quiet_trainer(tmp_path).validate(Shared(), [loader(4), loader(4)])
+    # the next run counts afresh: one loader is fine
+    assert quiet_trainer(tmp_path).validate(Shared(), [loader(4)], verbose=False) == [
+        {"loss": 1.0, "at_end": 7.0}
+    ]

@@ -116,6 +116,7 @@ class MetricsCollector:
         self._batch: Any = None
         self._batch_size: int | None = None
         self.dataloader_idx: int | None = None  # set while the steps of one of several loaders run
+        self._loader_of_name: dict[str, int] = {}  # names logged without the suffix, by loader
         # the torchmetrics each stage logged: reset once its epoch's values were logged
         self._metric_objects: dict[str, list[Any]] = {stage: [] for stage in STAGES}
 
@@ -164,6 +165,8 @@ class MetricsCollector:
         # one of several evaluation loaders: Lightning appends this after "_step"/"_epoch"
         idx = self.dataloader_idx
         suffix = f"/dataloader_idx_{idx}" if add_dataloader_idx and in_step and idx is not None else ""
+        if not add_dataloader_idx and in_step and idx is not None:
+            self._check_one_loader(name, idx)
         metric = value if is_metric(value) else None
         if metric is not None:  # [Note: torchmetrics]
             logged = self._metric_objects[self.stage]
@@ -223,6 +226,20 @@ class MetricsCollector:
         if logger:
             self._pending_epoch[key] = value
             self.logged_metrics[key] = value
+
+    def _check_one_loader(self, name: str, idx: int) -> None:
+        first = self._loader_of_name.setdefault(name, idx)
+        if first != idx:
+            raise MisconfigurationError(
+                f"log({name!r}, add_dataloader_idx=False) was called from dataloader {first} and dataloader {idx} "
+                "of the same run; their values would mix under one name (Lightning refuses it too). Give each "
+                f"dataloader its own name, e.g. f\"{name}_{{dataloader_idx}}\", or drop add_dataloader_idx=False."
+            )
+
+    def start_evaluation(self) -> None:
+        """A validation/test/predict run starts: names logged without the dataloader suffix are
+        counted from here."""
+        self._loader_of_name.clear()
 
     def _metric_step_value(self, name: str, metric: Any, on_step: bool) -> torch.Tensor | None:
         """The metric's value on the current batch (what its last ``forward`` returned); None

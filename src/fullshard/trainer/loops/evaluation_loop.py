@@ -137,6 +137,7 @@ class EvaluationLoop:
         metrics.stage = stage
         metrics.in_step = False
         metrics.epoch_results()  # start a fresh record of this run's epoch values
+        metrics.start_evaluation()
         modes = _capture_modes(module if trainer.model is None else trainer.model)  # the wrapper as well
         getattr(module, f"on_{name}_model_eval")()
         hooks.call(f"on_{name}_start")
