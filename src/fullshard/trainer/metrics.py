@@ -198,7 +198,9 @@ class MetricsCollector:
             if not in_step:  # an epoch-end hook: its value over the epoch, now
                 self._publish_epoch_value(key, self._compute(name, metric), prog_bar, logger, base)
             else:
-                self._epoch[self.stage][key] = _EpochAccumulator(reduce, False, prog_bar, logger, base, metric=metric)
+                self._epoch[self.stage][key] = _EpochAccumulator(
+                    reduce, False, prog_bar, logger, base, metric=metric
+                )
             return
         assert tensor is not None
         if not in_step:  # an epoch-end hook: this is the epoch's value already
@@ -233,7 +235,7 @@ class MetricsCollector:
             raise MisconfigurationError(
                 f"log({name!r}, add_dataloader_idx=False) was called from dataloader {first} and dataloader {idx} "
                 "of the same run; their values would mix under one name (Lightning refuses it too). Give each "
-                f"dataloader its own name, e.g. f\"{name}_{{dataloader_idx}}\", or drop add_dataloader_idx=False."
+                f'dataloader its own name, e.g. f"{name}_{{dataloader_idx}}", or drop add_dataloader_idx=False.'
             )
 
     def start_evaluation(self) -> None:
@@ -327,7 +329,12 @@ class MetricsCollector:
 
     def snapshot(self) -> Snapshot:
         """The visible state, to put back with :meth:`restore` (after the sanity validation)."""
-        return dict(self.callback_metrics), dict(self.logged_metrics), set(self._prog_bar), dict(self._eval_step_values)
+        return (
+            dict(self.callback_metrics),
+            dict(self.logged_metrics),
+            set(self._prog_bar),
+            dict(self._eval_step_values),
+        )
 
     def restore(self, snapshot: Snapshot) -> None:
         """Forget everything logged since :meth:`snapshot` was taken."""
