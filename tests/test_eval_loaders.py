@@ -314,3 +314,14 @@ def test_one_name_from_two_loaders_without_the_suffix_is_refused(tmp_path: Path)
     assert quiet_trainer(tmp_path).validate(Shared(), [loader(4)], verbose=False) == [
         {"loss": 1.0, "at_end": 7.0}
     ]
+
+
+def test_the_batch_transfer_hooks_get_the_loader_index(tmp_path: Path) -> None:
+    class Transfer(Model):
+        def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            self.calls.append(("transfer", 0, dataloader_idx))
+            return batch
+
+    model = Transfer()
+    quiet_trainer(tmp_path).test(model, [loader(4), loader(4)], verbose=False)
+    assert [c[2] for c in model.calls if c[0] == "transfer"] == [0, 1]

@@ -6,6 +6,7 @@ from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
 from fullshard.trainer.callbacks.progress_bar import ProgressBar
+from fullshard.trainer.callbacks.timer import Timer
 
 TQDMProgressBar = ProgressBar
 """Lightning's name for the progress bar."""
@@ -19,4 +20,5 @@ __all__ = [
     "ModelCheckpoint",
     "ProgressBar",
     "TQDMProgressBar",
+    "Timer",
 ]

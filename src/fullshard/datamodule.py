@@ -5,9 +5,12 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from fullshard.batch_transfer import move_data_to_device
 from fullshard.module import AttributeDict, init_arguments
 
 if TYPE_CHECKING:
+    import torch
+
     from fullshard.trainer.trainer import Trainer
 
 
@@ -74,6 +77,19 @@ class DataModule:
             f"{type(self).__name__} does not define predict_dataloader(), which predict() needs. Override "
             "it and return a DataLoader."
         )
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """As :meth:`fullshard.Module.on_before_batch_transfer`; overriding it here takes
+        precedence over the module's (Lightning's rule)."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """As :meth:`fullshard.Module.transfer_batch_to_device`; takes precedence over the module's."""
+        return move_data_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """As :meth:`fullshard.Module.on_after_batch_transfer`; takes precedence over the module's."""
+        return batch
 
     def state_dict(self) -> dict[str, Any]:
         """State to store in checkpoints (empty by default)."""

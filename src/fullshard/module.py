@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from fullshard.batch_transfer import move_data_to_device
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -164,6 +166,27 @@ class Module(nn.Module):
     def predict_dataloader(self) -> Any:
         """The prediction dataloader, when none is passed to ``predict``."""
         raise _not_defined(self, "predict_dataloader()", "pass dataloaders= or a datamodule= to predict().")
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Alter the batch (still where the dataloader made it) before it moves to the device, and
+        return it. Called for the batches of every stage; a DataModule's override takes precedence."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device`` and return it. The default moves tensors and objects with a
+        ``.to(device)`` method, inside lists, tuples, dicts and dataclasses; override it for a batch
+        type it cannot walk (and call ``super()`` for the parts it can)."""
+        return move_data_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Alter the batch once it is on the device (e.g. augmentations on the GPU), and return it."""
+        return batch
+
+    def configure_callbacks(self) -> Any:
+        """Callbacks this module needs, merged with the Trainer's when ``fit``/``validate``/``test``/
+        ``predict`` starts (as Lightning): one callback or a list. A Trainer callback of the same
+        type (or a parent type) is replaced; checkpoint callbacks still run last."""
+        return []
 
     # ------------------------------------------------------------------------------- hooks
     def prepare_data(self) -> None:

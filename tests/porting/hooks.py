@@ -145,10 +145,6 @@ DATAMODULE_HOOKS: dict[str, tuple[str, ...]] = {
 # agree, and that fullshard.LightningModule has no such method: the day fullshard adds one, the
 # table, this set and the fixtures' comparison all have to move together.
 NOT_CALLED_BY_FULLSHARD: dict[str, str] = {
-    "configure_callbacks": "pass the callbacks to Trainer(callbacks=[...])",
-    "on_before_batch_transfer": "move or transform the batch at the start of the step",
-    "transfer_batch_to_device": "the Trainer moves tensors (and collections of them) itself",
-    "on_after_batch_transfer": "transform the batch at the start of the step",
     "optimizer_step": "use on_before_optimizer_step, or a callback's on_train_batch_end",
     "optimizer_zero_grad": "gradients are zeroed with set_to_none=True; on_before_zero_grad runs first",
     "backward": "use on_before_backward / on_after_backward",

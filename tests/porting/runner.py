@@ -24,6 +24,8 @@ SCRIPTS = (
     "datamodule_resume",
     "fast_dev_run",
     "logging_gather",
+    "custom_batch",
+    "cli_yaml",
     "metrics_writer_multi_val",
 )
 # Variables a launcher sets for the processes it starts; a run must not inherit them.

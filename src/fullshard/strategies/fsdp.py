@@ -467,6 +467,7 @@ class FSDPStrategy(ParallelStrategy):
         if sharded is not None:  # sharded by another Trainer's strategy in this process: reuse it
             self.module, self.model, self._param_shapes, self.wrap_plan = module, *sharded
             return sharded[0]
+        module = self.convert_sync_batchnorm(module)
         module = self.precision.convert_module(module)
         if not any(t.is_meta for t in module.parameters()):
             module = module.to(self.root_device)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from fullshard.batch_transfer import BatchTransfer, move_data_to_device
 from fullshard.compile import CompileConfig, CompileUnit, apply_compile, resolve_compile
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
@@ -153,7 +154,12 @@ class Strategy:
         # host's setting is known (configure); see fullshard/compile.py
         self._compile_setting: CompileConfig | None = None
         self.compile: CompileConfig | None = None
-        self._batch_passthrough = False  # CPU and no input casting: batch_to_device has nothing to do  # full shapes of the model's state, before sharding
+        self._batch_passthrough = False  # CPU and no input casting: batch_to_device has nothing to do
+        # the batch-transfer hooks of the running call, when a Module or DataModule overrides one
+        # (set once per call by the Trainer's Hooks); None keeps batch_to_device's fast path
+        self.batch_transfer: BatchTransfer | None = None
+        # Trainer(sync_batchnorm=True): BatchNorm layers synchronised across processes (setup_module)
+        self.sync_batchnorm = False
 
     # ----------------------------------------------------------------- configuration by the host
     def configure(
@@ -262,6 +268,7 @@ class Strategy:
         """
         if module is self.module and self.model is not None:
             return self.model
+        module = self.convert_sync_batchnorm(module)
         module = self.precision.convert_module(module).to(self.root_device)
         self._param_shapes = {
             k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)
@@ -270,6 +277,15 @@ class Strategy:
         self.model = self._wrap(module)
         self.compile_model(module)
         return self.model
+
+    def convert_sync_batchnorm(self, module: nn.Module) -> nn.Module:
+        """With :attr:`sync_batchnorm` and several processes, ``module`` with its BatchNorm layers
+        synchronised across them (before wrapping; see fullshard/strategies/sync_batchnorm.py)."""
+        if not self.sync_batchnorm or self.world_size == 1:
+            return module
+        from fullshard.strategies.sync_batchnorm import convert_sync_batchnorm
+
+        return convert_sync_batchnorm(module, self.root_device)
 
     def compile_model(
         self, module: nn.Module, units: Sequence[CompileUnit] = (), root: nn.Module | None = None
@@ -341,15 +357,20 @@ class Strategy:
         """Context skipping gradient synchronisation (all micro-batches but the last one)."""
         return NULL_CONTEXT
 
-    def batch_to_device(self, batch: Any) -> Any:
-        """Move the tensors of ``batch`` to :attr:`root_device` and cast them for "-true" precisions."""
-        if self._batch_passthrough:
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        """Move the tensors of ``batch`` to ``device`` (default :attr:`root_device`) and cast them
+        for "-true" precisions. With :attr:`batch_transfer` set (a Module or DataModule overrides a
+        batch-transfer hook), its hooks run first, as in Lightning: ``on_before_batch_transfer``,
+        ``transfer_batch_to_device``, ``on_after_batch_transfer``."""
+        transfer = self.batch_transfer
+        if transfer is not None:
+            batch = transfer(batch, device or self.root_device, dataloader_idx)
+            return batch if self._batch_passthrough else self.precision.convert_input(batch)
+        if self._batch_passthrough and device is None:
             return batch
-        device = self.root_device
+        device = device or self.root_device
         if device.type != "cpu":
-            from lightning_utilities.core.apply_func import apply_to_collection
-
-            batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device, non_blocking=True))
+            batch = move_data_to_device(batch, device)
         return self.precision.convert_input(batch)
 
     # --------------------------------------------------------------------------- collectives

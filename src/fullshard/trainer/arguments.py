@@ -8,22 +8,20 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from lightning_utilities.core.rank_zero import rank_zero_info
+
 from fullshard.errors import MisconfigurationError
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
-from fullshard.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar
+from fullshard.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar, Timer
+from fullshard.trainer.callbacks.timer import parse_duration
 from fullshard.trainer.data import limit_batches
 from fullshard.trainer.loggers import CSVLogger, Logger
 
 # Lightning Trainer options fullshard does not implement, with the value that means "off" in
 # Lightning: passing that value is accepted (a ported script often spells defaults out).
 _LIGHTNING_ONLY: dict[str, tuple[Any, str]] = {
-    "profiler": (None, "profile with torch.profiler inside a callback instead"),
     "barebones": (False, "fullshard's Trainer is lean already; leave it out"),
     "plugins": (None, "pass precision= and strategy= instead"),
-    "sync_batchnorm": (False, "convert the model with torch.nn.SyncBatchNorm.convert_sync_batchnorm()"),
-    "reload_dataloaders_every_n_epochs": (0, "build the dataset so that it changes per epoch"),
-    "overfit_batches": (0.0, "use limit_train_batches=N with a loader that does not shuffle"),
-    "max_time": (None, "use max_steps or max_epochs"),
     "model_registry": (None, "leave it out"),
 }
 
@@ -35,6 +33,7 @@ TRAINER_ARGUMENTS = (
     "enable_model_summary", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
     "deterministic", "benchmark", "inference_mode", "use_distributed_sampler", "detect_anomaly",
     "default_root_dir", "compile", "preemption_signals", "requeue_on_preemption", "on_nonfinite_loss",
+    "max_time", "profiler", "sync_batchnorm", "overfit_batches", "reload_dataloaders_every_n_epochs",
 )  # fmt: skip
 
 
@@ -122,6 +121,30 @@ def check_deterministic(value: Any) -> None:
         )
 
 
+def check_data_options(overfit_batches: Any, reload_every_n_epochs: Any, sync_batchnorm: Any) -> None:
+    """``overfit_batches`` (a fraction or a count, as the ``limit_*_batches``),
+    ``reload_dataloaders_every_n_epochs`` (an int >= 0) and ``sync_batchnorm`` (a bool)."""
+    limit_batches(overfit_batches, math.inf if isinstance(overfit_batches, int) else 1, "overfit_batches")
+    if isinstance(reload_every_n_epochs, bool) or not isinstance(reload_every_n_epochs, int) or reload_every_n_epochs < 0:
+        raise MisconfigurationError(
+            f"reload_dataloaders_every_n_epochs={reload_every_n_epochs!r} is invalid: use an int >= 0 (0: never "
+            "rebuild the dataloaders)."
+        )
+    if not isinstance(sync_batchnorm, bool):
+        raise MisconfigurationError(f"sync_batchnorm={sync_batchnorm!r} is invalid: use True or False.")
+
+
+def default_max_epochs(max_epochs: int | None, max_steps: int, max_time: Any, callbacks: Any) -> int:
+    """``max_epochs`` with Lightning's default: 1000, or no limit (-1) when ``max_steps`` or a
+    time limit (``max_time``, a :class:`Timer` callback) ends training."""
+    if max_epochs is not None:
+        return max_epochs
+    given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks) if isinstance(callbacks, list | tuple) else []
+    if max_steps == -1 and max_time is None and not any(isinstance(cb, Timer) for cb in given):
+        return 1000
+    return -1
+
+
 def check_loop_arguments(
     *,
     max_steps: Any,
@@ -184,8 +207,11 @@ def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
     return resolved
 
 
-def build_callbacks(callbacks: Callback | Iterable[Callback] | None, checkpointing: bool, progress_bar: bool) -> list[Callback]:
-    """``Trainer(callbacks=...)`` checked, with the default ModelCheckpoint and progress bar added."""
+def build_callbacks(
+    callbacks: Callback | Iterable[Callback] | None, checkpointing: bool, progress_bar: bool, max_time: Any = None
+) -> list[Callback]:
+    """``Trainer(callbacks=...)`` checked, with the default ModelCheckpoint and progress bar added,
+    and a :class:`Timer` for ``max_time`` (unless one is given, as in Lightning)."""
     given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
     for cb in given:
         if not isinstance(cb, Callback):
@@ -197,9 +223,42 @@ def build_callbacks(callbacks: Callback | Iterable[Callback] | None, checkpointi
         given.append(ModelCheckpoint())
     if progress_bar and not any(isinstance(cb, ProgressBar) for cb in given):
         given.insert(0, ProgressBar())
+    if max_time is not None:
+        if any(isinstance(cb, Timer) for cb in given):
+            parse_duration(max_time)  # still checked
+            rank_zero_info("Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
+        else:
+            given.append(Timer(duration=max_time, interval="step"))
     # As in Lightning, checkpointing callbacks act last, after every other callback.
     return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
         cb for cb in given if isinstance(cb, ModelCheckpoint)
+    ]
+
+
+def attach_model_callbacks(callbacks: list[Callback], module: Any) -> list[Callback]:
+    """The Trainer's callbacks with those of ``module.configure_callbacks()`` merged in, as
+    Lightning merges them when a call starts: a Trainer callback whose type the module's callback
+    is (or derives from) is replaced, the module's are appended, and checkpoint callbacks go last."""
+    given = module.configure_callbacks()
+    if not given:
+        return callbacks
+    extra = [given] if isinstance(given, Callback) else list(given)
+    for cb in extra:
+        if not isinstance(cb, Callback):
+            raise MisconfigurationError(
+                f"{type(module).__name__}.configure_callbacks() returned a {type(cb).__name__}; return a "
+                "fullshard Callback or a list of them."
+            )
+    trainer_types = {type(cb) for cb in callbacks} - {Callback}
+    replaced = {t for t in trainer_types if any(issubclass(type(cb), t) for cb in extra)}
+    if replaced:
+        rank_zero_info(
+            "The following callbacks returned in `configure_callbacks` will override existing callbacks "
+            f"passed to Trainer: {', '.join(sorted(t.__name__ for t in replaced))}"
+        )
+    merged = [cb for cb in callbacks if type(cb) not in replaced] + extra
+    return [cb for cb in merged if not isinstance(cb, ModelCheckpoint)] + [
+        cb for cb in merged if isinstance(cb, ModelCheckpoint)
     ]
 
 

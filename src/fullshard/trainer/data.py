@@ -216,9 +216,11 @@ def prepare_dataloader(
     seed: int,
     name: str,
     distributed: bool = True,
+    shuffle: bool | None = None,
 ) -> PreparedLoader:
     """Check ``loader`` and, for map-style data, rebuild it as in [Note: reproducible data order]
-    (unless ``distributed`` is False: then it is used as given)."""
+    (unless ``distributed`` is False: then it is used as given). ``shuffle``: whether the rebuilt
+    loader shuffles (default: as the given one does)."""
     if not isinstance(loader, DataLoader):
         raise MisconfigurationError(
             f"{name} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
@@ -243,7 +245,8 @@ def prepare_dataloader(
         return PreparedLoader(
             loader, seed, num_replicas, not_resumable=f"it has its own sampler, {type(own).__name__}"
         )
-    shuffle = isinstance(sampler, RandomSampler) if sampler is not None else shuffle_default
+    if shuffle is None:
+        shuffle = isinstance(sampler, RandomSampler) if sampler is not None else shuffle_default
     new_sampler = ResumableDistributedSampler(
         loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
     )

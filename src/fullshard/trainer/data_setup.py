@@ -8,12 +8,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from torch.utils.data import RandomSampler
+
 from fullshard.errors import MisconfigurationError, RankDivergenceError
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import current_seed
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
 
 if TYPE_CHECKING:
+    from fullshard.module import Module
     from fullshard.strategies import Strategy
+    from fullshard.trainer.loops.fit_loop import FitLoop
+    from fullshard.trainer.preflight import DataSources
     from fullshard.trainer.trainer import Trainer
 
 _LIMIT = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "limit_test_batches",
@@ -23,16 +29,38 @@ _LIMIT = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "l
 def prepare(trainer: Trainer, loader: Any, kind: str) -> tuple[PreparedLoader, int | float]:
     """``loader`` as the loops use it (``kind``: train, val, test or predict), and its batches per
     run after the Trainer's ``limit_<kind>_batches``."""
+    shuffle = None
+    if trainer.overfit_batches and kind in ("train", "val"):
+        shuffle = _overfit_shuffle(loader, kind, trainer.use_distributed_sampler)
     prepared = prepare_dataloader(
         loader,
         shuffle_default=kind == "train",
         seed=current_seed(),
         name=f"The {kind} dataloader",
         distributed=trainer.use_distributed_sampler,
+        shuffle=shuffle,
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
     return prepared, limit_batches(getattr(trainer, _LIMIT[kind]), available, _LIMIT[kind])
+
+
+def _overfit_shuffle(loader: Any, kind: str, distributed: bool) -> bool | None:
+    """Under ``overfit_batches`` the same batches come every epoch, as in Lightning: a shuffling
+    loader is made sequential, with Lightning's warning (False), else left as it is (None)."""
+    if not isinstance(getattr(loader, "sampler", None), RandomSampler):
+        return None
+    if not distributed:
+        rank_zero_warn(
+            f"You requested to overfit but the {kind} dataloader shuffles, and with use_distributed_sampler=False "
+            "the Trainer uses it as given: pass shuffle=False to it to see the same batches every epoch."
+        )
+        return None
+    rank_zero_warn(
+        f"You requested to overfit but enabled {kind} dataloader shuffling. We are turning off the {kind} "
+        "dataloader shuffling for you."
+    )
+    return False
 
 
 def check_same_batch_count(strategy: Strategy, count: int | float, what: str) -> None:
@@ -72,3 +100,53 @@ def val_check_batch(trainer: Trainer, val_batches: int | float, train_batches: i
             "of batches instead, e.g. val_check_interval=1000."
         )
     return max(1, int(train_batches * interval))
+
+
+class ReloadSchedule:
+    """``reload_dataloaders_every_n_epochs``: when a fit rebuilds its loaders, by Lightning's rule
+    (``epoch - epoch of the last build >= n``): the training loader at the start of an epoch, the
+    validation loader when a validation run starts. Counted from ``current_epoch`` when the fit
+    built its loaders (a resumed fit builds them when it starts, before it moves past an epoch
+    its checkpoint ended), as Lightning counts."""
+
+    def __init__(
+        self, every: int = 0, epoch: int = 0, module: Module | None = None, sources: DataSources | None = None
+    ) -> None:
+        self.every = every
+        self.train_epoch = epoch  # the epoch of the last build
+        self.val_epoch = epoch
+        self.module, self.sources = module, sources
+
+    def before_epoch(self, loop: FitLoop) -> None:
+        """Rebuild the training loader from its source (``train_dataloader()``, the DataModule's,
+        or the loader given to ``fit``) when due, keeping the run's data seed."""
+        epoch = loop.progress.epoch
+        if not self.every or epoch - self.train_epoch < self.every or loop.train_loader is None:
+            return
+        assert self.module is not None and self.sources is not None  # given with every > 0
+        seed = loop.train_loader.seed
+        loop.train_loader = None
+        loop.setup_train_loader(self.sources.get("train", self.module))
+        rebuilt = loop.train_loader
+        assert rebuilt is not None  # set by setup_train_loader
+        rebuilt.reseed(seed)
+        check_same_batch_count(loop.trainer.strategy, loop.num_training_batches, "training")
+        self.train_epoch = epoch
+        self._update_val_check(loop)
+
+    def before_validation(self, loop: FitLoop) -> None:
+        """Rebuild the validation loader when due."""
+        epoch, validate = loop.progress.epoch, loop.validate_loop
+        if not self.every or epoch - self.val_epoch < self.every or validate.loader is None:
+            return
+        assert self.module is not None and self.sources is not None  # given with every > 0
+        validate.setup_data(self.module, self.sources)
+        self.val_epoch = epoch
+        self._update_val_check(loop)
+
+    @staticmethod
+    def _update_val_check(loop: FitLoop) -> None:
+        validate = loop.validate_loop
+        loop.val_check_batch = val_check_batch(
+            loop.trainer, validate.num_batches if validate.loader is not None else 0, loop.num_training_batches
+        )

@@ -1,7 +1,10 @@
 """Which callables each hook name calls, worked out once per ``fit``/``validate``/``test``/``predict``.
 
 The hot path stays lean: a hook that no callback and not the module overrides has an empty
-list, so calling it costs a dictionary lookup and nothing per step.
+list, so calling it costs a dictionary lookup and nothing per step. A profiler
+(``Trainer(profiler=...)``) wraps each callable here, once per call, under Lightning's action
+names (``[Callback]<state_key>.<hook>``, ``[LightningModule]<class>.<hook>``); without one the
+callables are the bound methods themselves.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from fullshard.batch_transfer import BATCH_TRANSFER_HOOKS, BatchTransfer
+from fullshard.datamodule import DataModule
 from fullshard.module import Module
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from fullshard.trainer.preflight import overrides
 
@@ -31,18 +37,27 @@ class Hooks:
     def __init__(self, trainer: Trainer, callbacks: Iterable[Callback], module: Module) -> None:
         self.module = module
         self._calls: dict[str, list[Callable[..., Any]]] = {}
+        profiler = getattr(trainer, "profiler", None)
+        wrap = profiler.wrap if profiler is not None else _unwrapped
+        self._wrap = wrap
+        self._module_hooks: dict[str, Callable[..., Any] | None] = {}
         callbacks = list(callbacks)
+
+        def callback_call(cb: Callback, name: str) -> Callable[..., Any]:
+            return wrap(f"[Callback]{cb.state_key}.{name}", functools.partial(getattr(cb, name), trainer, module))
+
         for name in HOOK_NAMES:
             overriding = [cb for cb in callbacks if overrides(cb, Callback, name)]
             monitoring = [cb for cb in overriding if name == "on_train_epoch_end" and isinstance(cb, _MONITORS)]
-            calls: list[Callable[..., Any]] = [
-                functools.partial(getattr(cb, name), trainer, module) for cb in overriding if cb not in monitoring
-            ]
+            calls: list[Callable[..., Any]] = [callback_call(cb, name) for cb in overriding if cb not in monitoring]
             module_hook = self.module_hook(name)
             if module_hook is not None:
                 calls.append(module_hook)
-            calls += [functools.partial(getattr(cb, name), trainer, module) for cb in monitoring]
+            calls += [callback_call(cb, name) for cb in monitoring]
             self._calls[name] = calls
+        strategy = getattr(trainer, "strategy", None)
+        if strategy is not None:
+            strategy.batch_transfer = resolve_batch_transfer(module, getattr(trainer, "datamodule", None), wrap)
 
     def __getitem__(self, name: str) -> list[Callable[..., Any]]:
         return self._calls.get(name, [])
@@ -53,7 +68,40 @@ class Hooks:
             function(*args)
 
     def module_hook(self, name: str) -> Callable[..., Any] | None:
-        """The module's ``name`` hook when it overrides it, else None."""
-        if name in _CALLBACK_ONLY or not overrides(self.module, Module, name):
-            return None
-        return getattr(self.module, name)  # type: ignore[no-any-return]
+        """The module's ``name`` hook when it overrides it, else None (the same object each time:
+        the loops compare it with the entries of ``hooks[name]``)."""
+        if name not in self._module_hooks:
+            found = None
+            if name not in _CALLBACK_ONLY and overrides(self.module, Module, name):
+                found = self._wrap(f"[LightningModule]{type(self.module).__name__}.{name}", getattr(self.module, name))
+            self._module_hooks[name] = found
+        return self._module_hooks[name]
+
+
+def _unwrapped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    return function
+
+
+def resolve_batch_transfer(
+    module: Module, datamodule: DataModule | None, wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]] = _unwrapped
+) -> BatchTransfer | None:
+    """The batch-transfer hooks ``Strategy.batch_to_device`` runs, or None when neither the
+    module nor the DataModule overrides one (the strategy then moves the batch itself). Each hook
+    is the DataModule's when it overrides it, else the module's (Lightning's rule, with its
+    warning when both do)."""
+    chosen: list[Callable[..., Any]] = []
+    overridden = False
+    for name in BATCH_TRANSFER_HOOKS:
+        in_data = datamodule is not None and overrides(datamodule, DataModule, name)
+        in_module = overrides(module, Module, name)
+        if in_data and in_module:
+            rank_zero_warn(
+                f"You have overridden `{name}` in both the Module and the DataModule: the DataModule's "
+                "is used (as in Lightning). Remove one of them to silence this warning.",
+                stacklevel=4,
+            )
+        owner: Any = datamodule if in_data else module
+        kind = "LightningDataModule" if in_data else "LightningModule"
+        chosen.append(wrap(f"[{kind}]{type(owner).__name__}.{name}", getattr(owner, name)))
+        overridden = overridden or in_data or in_module
+    return BatchTransfer(*chosen) if overridden else None

@@ -63,10 +63,6 @@ _LIGHTNING_ONLY_HOOKS = {
     "backward": "use on_before_backward / on_after_backward",
     "configure_gradient_clipping": "use Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)",
     "lr_scheduler_step": "return schedulers from configure_optimizers; they are stepped for you",
-    "configure_callbacks": "pass the callbacks to Trainer(callbacks=[...])",
-    "on_before_batch_transfer": "move or transform the batch at the start of training_step",
-    "transfer_batch_to_device": "move the batch at the start of training_step",
-    "on_after_batch_transfer": "transform the batch at the start of training_step",
     "configure_sharded_model": "rename it configure_model",
     "manual_backward": "manual optimization is not supported: return the loss from training_step",
 }
@@ -88,7 +84,9 @@ def check_lightning_only_hooks(model: Module) -> None:
 
 
 def overrides(obj: Any, base: type, name: str) -> bool:
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
+    """Whether ``obj`` defines ``name`` itself: in its class, or on the instance (LightningCLI's
+    ``--optimizer`` sets ``configure_optimizers`` so)."""
+    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
 def _argument(kind: str) -> str:

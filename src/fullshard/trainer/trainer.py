@@ -12,6 +12,7 @@ import logging
 import os
 import warnings
 from collections.abc import Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.precision import alias_warning
+from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.strategies import Strategy
 from fullshard.strategies.meta_init import init_user_layers
 from fullshard.trainer import arguments, checkpointing, nonfinite, preemption
@@ -111,6 +113,9 @@ class Trainer(TrainerProperties):
             ``"skip"`` skips that optimizer step on every rank; None does not check (it warns
             once, on rank 0, when it sees one). Not a Lightning option; see docs/checkpoints.md
             for its cost.
+        max_time, profiler, sync_batchnorm, overfit_batches, reload_dataloaders_every_n_epochs:
+            Lightning's (docs/lightning.md; ``max_time``'s Timer: docs/callbacks.md; profilers:
+            docs/profiling.md).
     """
 
     def __init__(
@@ -152,6 +157,11 @@ class Trainer(TrainerProperties):
         preemption_signals: Any = preemption.DEFAULT_SIGNALS,
         requeue_on_preemption: bool = True,
         on_nonfinite_loss: str | None = "raise",
+        max_time: str | timedelta | dict[str, int] | None = None,
+        profiler: Profiler | str | None = None,
+        sync_batchnorm: bool = False,
+        overfit_batches: int | float = 0.0,
+        reload_dataloaders_every_n_epochs: int = 0,
         **lightning_only: Any,
     ) -> None:
         arguments.reject_unknown(lightning_only)
@@ -184,6 +194,8 @@ class Trainer(TrainerProperties):
         limits: dict[str, int | float] = {k: (1.0 if v is None else v) for k, v in given_limits.items()}
         arguments.check_limits(**limits)
         arguments.check_deterministic(deterministic)
+        arguments.check_data_options(overfit_batches, reload_dataloaders_every_n_epochs, sync_batchnorm)
+        self.profiler = resolve_profiler(profiler)
         compile_config = parse_compile(compile, "Trainer")
         self._preemption_signals = preemption.parse_signals(preemption_signals)
         on_nonfinite = nonfinite.parse(on_nonfinite_loss)  # [Note: agreeing on a non-finite loss]
@@ -193,12 +205,16 @@ class Trainer(TrainerProperties):
             max_steps, max_epochs, num_sanity_val_steps = self.fast_dev_run, 1, 0
             val_check_interval, check_val_every_n_epoch = 1.0, 1
             logger = False
+        if overfit_batches:  # as in Lightning: as many training as validation batches, in order
+            limits.update(limit_train_batches=overfit_batches, limit_val_batches=overfit_batches)
+        self.overfit_batches = overfit_batches
+        self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
         self.limit_train_batches = limits["limit_train_batches"]
         self.limit_val_batches = limits["limit_val_batches"]
         self.limit_test_batches = limits["limit_test_batches"]
         self.limit_predict_batches = limits["limit_predict_batches"]
         self.max_steps = max_steps
-        self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 else -1)
+        self.max_epochs = arguments.default_max_epochs(max_epochs, max_steps, max_time, callbacks)
         self.min_epochs = min_epochs
         self.min_steps = min_steps
         self.val_check_interval = val_check_interval
@@ -228,6 +244,7 @@ class Trainer(TrainerProperties):
             precision=precision,
             compile=compile_config,
         )
+        self._strategy.sync_batchnorm = sync_batchnorm
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # warnings before fit: rank 0 only
         if (note := alias_warning(precision)) is not None:
             rank_zero_warn(note, stacklevel=5)
@@ -240,7 +257,7 @@ class Trainer(TrainerProperties):
             rank_zero_warn(note, stacklevel=5)
 
         self.callbacks = arguments.build_callbacks(
-            callbacks, enable_checkpointing is not False, enable_progress_bar is not False
+            callbacks, enable_checkpointing is not False, enable_progress_bar is not False, max_time
         )
         self.loggers = arguments.build_loggers(logger, self.default_root_dir)
 
@@ -521,6 +538,7 @@ class Trainer(TrainerProperties):
         self._datamodule = datamodule = sources.datamodule
         self._metrics.reset()  # as in Lightning, each call starts with no metrics
         model.trainer = self
+        self.callbacks = arguments.attach_model_callbacks(self.callbacks, model)
         hooks = Hooks(self, self.callbacks, model)
         self._configure_torch()
         if datamodule is not None:
@@ -534,7 +552,7 @@ class Trainer(TrainerProperties):
             if datamodule is not None:
                 datamodule.setup(stage)
             hooks.call("setup", stage)
-            with torch.autograd.set_detect_anomaly(self.detect_anomaly):
+            with torch.autograd.set_detect_anomaly(self.detect_anomaly), profiled_call(self, stage):
                 return self._run_stage(stage, model, sources, ckpt_path, hooks, verbose, keep_predictions)
         except BaseException as exception:
             strategy.on_exception(exception)
@@ -563,14 +581,13 @@ class Trainer(TrainerProperties):
         self._data = sources
         self._setup_model(model, stage)
         loop = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}.get(stage)
-        if loop is not None:
-            loop.setup_data(model, sources)
-        checkpoint, self.ckpt_path = (
+        checkpoint, self.ckpt_path = (  # before the loaders are built, as Lightning (on_load_checkpoint first)
             checkpointing.load_for_stage(self, ckpt_path, stage, self._ckpt_options)
             if ckpt_path is not None
             else (None, None)
         )
         if loop is not None:
+            loop.setup_data(model, sources)
             results = loop.run(hooks, keep_predictions=stage == "predict" and keep_predictions)
             if verbose and self.is_global_zero and any(results) and stage != "predict":
                 self.print(format_results(stage, results))

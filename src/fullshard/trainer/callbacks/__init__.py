@@ -7,6 +7,7 @@ from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
 from fullshard.trainer.callbacks.progress_bar import ProgressBar
+from fullshard.trainer.callbacks.timer import Timer
 
 __all__ = [
     "BasePredictionWriter",
@@ -16,4 +17,5 @@ __all__ = [
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ProgressBar",
+    "Timer",
 ]

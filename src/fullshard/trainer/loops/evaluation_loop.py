@@ -218,7 +218,7 @@ class EvaluationLoop:
             except StopIteration:
                 break
             stuck_ranks.kick(stage, batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
-            batch = strategy.batch_to_device(batch)
+            batch = strategy.batch_to_device(batch, dataloader_idx=index)
             metrics.set_batch(batch)
             if writers:
                 self.current_batch_indices = recorder.indices(batch_idx) if recorder is not None else []

@@ -98,6 +98,7 @@ class FitLoop:
         self.preemption = preemption.Preemption((), requeue=False)
         self.early_loader: Any = None  # the given training loader, while rank 0 checks optimizers early
         self._hooks: Hooks | None = None
+        self.reload = data_setup.ReloadSchedule()  # reload_dataloaders_every_n_epochs; made for each fit
 
     # --------------------------------------------------------------------------- data
     def setup_train_loader(self, loader: Any) -> None:
@@ -242,6 +243,11 @@ class FitLoop:
             self._setup_train_data(module, sources)
             if not sanity_ran:
                 self.validate_loop.setup_data(module, sources)
+            # counted from current_epoch as the loaders were built (before an epoch the checkpoint
+            # ended is moved past), as Lightning counts
+            self.reload = data_setup.ReloadSchedule(
+                trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
+            )
             self.place_restored_position()
             validate = self.validate_loop
             self.val_check_batch = data_setup.val_check_batch(
@@ -252,6 +258,7 @@ class FitLoop:
                 checkpointing.restore_rng_states(trainer, checkpoint)
             hooks.call("on_train_start")
             while not self.done():
+                self.reload.before_epoch(self)  # reload_dataloaders_every_n_epochs
                 self.run_epoch()
             hooks.call("on_train_end")
         finally:
@@ -390,6 +397,7 @@ class FitLoop:
             if self.should_validate(batch_idx):
                 if boundary:
                     module.on_validation_model_zero_grad()  # default: free gradient memory for the evaluation
+                self.reload.before_validation(self)  # reload_dataloaders_every_n_epochs
                 self.validate_loop.run(hooks)
                 metrics.stage = "train"
                 metrics.set_batch(batch)

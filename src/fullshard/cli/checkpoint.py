@@ -1,4 +1,5 @@
-"""The ``fullshard`` command line.
+"""The ``fullshard`` command line (``fullshard checkpoint ...``; :mod:`fullshard.cli` re-exports
+:func:`main`, the console script).
 
 fullshard checkpoint inspect PATH [--verify] [--all] [--trust]
 fullshard checkpoint consolidate SHARDED_DIR OUT [--no-verify] [--trust]
@@ -147,7 +148,3 @@ def main(argv: list[str] | None = None) -> int:
         # point stdout at /dev/null so that the interpreter's final flush does not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe ended
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Moving a batch to the device, and the batch-transfer hooks a Module or DataModule overrides.
+
+``Strategy.batch_to_device`` runs, as Lightning's does, ``on_before_batch_transfer``,
+``transfer_batch_to_device`` and ``on_after_batch_transfer`` of whichever object overrides each
+(the DataModule's first, then the Module's; see :func:`resolve_batch_transfer` in
+``trainer/hooks.py``). When none is overridden the strategy keeps its own fast path: the choice
+is made once per ``fit``/``validate``/``test``/``predict``, not per batch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+
+
+class _Transferable(ABC):  # noqa: B024  # no abstract methods: a structural check via __subclasshook__
+    """Anything with a callable ``to`` (a tensor, or a user's batch class with a ``.to()``)."""
+
+    @classmethod
+    def __subclasshook__(cls, subclass: Any) -> Any:
+        if cls is _Transferable:
+            return bool(callable(getattr(subclass, "to", None)))
+        return NotImplemented
+
+
+def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
+    """``batch`` with every tensor, and every object that has a ``.to(device)`` method, moved to
+    ``device``; lists, tuples, dicts, named tuples and dataclasses are walked into. An object
+    whose ``.to`` returns None (moved in place) is kept."""
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    non_blocking = device.type != "cpu"
+
+    def move(data: Any) -> Any:
+        moved = data.to(device, non_blocking=non_blocking) if isinstance(data, torch.Tensor) else data.to(device)
+        return data if moved is None else moved
+
+    return apply_to_collection(batch, dtype=_Transferable, function=move)
+
+
+class BatchTransfer:
+    """The three batch-transfer hooks, each the callable that overrides it (or the default)."""
+
+    def __init__(
+        self,
+        before: Callable[[Any, int], Any],
+        transfer: Callable[[Any, torch.device, int], Any],
+        after: Callable[[Any, int], Any],
+    ) -> None:
+        self.before = before
+        self.transfer = transfer
+        self.after = after
+
+    def __call__(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        batch = self.before(batch, dataloader_idx)
+        batch = self.transfer(batch, device, dataloader_idx)
+        return self.after(batch, dataloader_idx)
+
+
+BATCH_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
