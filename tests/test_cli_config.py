@@ -214,7 +214,7 @@ def test_lightning_class_paths_map_to_fullshard() -> None:
     assert lightning_class_path("torch.optim.AdamW") == "torch.optim.AdamW"
     with pytest.raises(ValueError, match=(
         r"'lightning.pytorch.callbacks.StochasticWeightAveraging' names a Lightning class that fullshard has no "
-        r"counterpart of in `fullshard.callbacks`\. .*Classes there: Callback, EarlyStopping"
+        r"counterpart of in `fullshard.callbacks`\. .*Classes there: BasePredictionWriter, Callback, EarlyStopping"
     )):  # fmt: skip
         lightning_class_path("lightning.pytorch.callbacks.StochasticWeightAveraging")
     with pytest.raises(ValueError, match=r"'lightning.pytorch.tuner.Tuner' names a Lightning class .* in fullshard\."):
@@ -296,7 +296,7 @@ def test_an_unknown_lightning_class_in_a_config_is_named(tmp_path: Path, capsys:
         {"class_path": "lightning.pytorch.callbacks.StochasticWeightAveraging", "init_args": {"swa_lrs": 0.01}}]}})
     err = _error(capsys, "fit", "--config", str(config), *_quiet(tmp_path))
     assert "'lightning.pytorch.callbacks.StochasticWeightAveraging' names a Lightning class" in err
-    assert "Classes there: Callback, EarlyStopping" in err and "run.yaml" in err
+    assert "Classes there: BasePredictionWriter, Callback, EarlyStopping" in err and "run.yaml" in err
 
 
 def test_a_lightning_only_trainer_option_that_is_on_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,6 +21,8 @@ def _trainer(**overrides: Any) -> Any:
         "global_step": 0,
         "num_training_batches": 5,
         "num_val_batches": [2],
+        "num_sanity_val_batches": [2],
+        "sanity_checking": False,
         "progress_bar_metrics": {"loss": 1.23456},
         "batch_idx_start": 0,
     }
@@ -107,6 +109,17 @@ def test_standalone_validation_draws_only_the_validation_bar() -> None:
     _run_validation(bar, _trainer(num_val_batches=[2]), batches=2)
     assert "Validation: 100%" in out.getvalue()
     assert "Epoch" not in out.getvalue()
+
+
+def test_several_loaders_share_one_bar_and_the_sanity_run_has_its_own_total() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(mininterval=0, file=out)
+    trainer = _trainer(num_val_batches=[3, 2], num_sanity_val_batches=[2, 2], sanity_checking=True)
+    _run_validation(bar, trainer, batches=4)
+    assert "Sanity Checking: 100%" in out.getvalue() and "4/4" in out.getvalue()
+    trainer.sanity_checking = False
+    _run_validation(bar, trainer, batches=5)
+    assert "Validation: 100%" in out.getvalue() and "5/5" in out.getvalue()
 
 
 def test_nothing_is_drawn_off_global_rank_zero() -> None:

@@ -117,7 +117,7 @@ class Module(nn.Module):
             self, "test_step(batch, batch_idx)", "Trainer.test() calls it for every test batch. Override it."
         )
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         """Return the prediction for one batch (``Trainer.predict``). By default ``self(batch)``."""
         return self(batch)
 
@@ -286,6 +286,37 @@ class Module(nn.Module):
 
     def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Called after ``predict_step`` with the prediction."""
+
+    def on_validation_model_eval(self) -> None:
+        """Called when validation starts, to put the model in eval mode (default:
+        ``self.trainer.model.eval()``). Override it to keep, e.g., dropout on in validation."""
+        self.trainer.model.eval()  # type: ignore[union-attr]
+
+    def on_validation_model_train(self) -> None:
+        """Called when validation ends. When not overridden, the Trainer puts back the mode every
+        submodule had before validation; an override decides instead (this default calls
+        ``self.trainer.model.train()``, for an override that calls ``super()``)."""
+        self.trainer.model.train()  # type: ignore[union-attr]
+
+    def on_validation_model_zero_grad(self) -> None:
+        """Called before a validation run during training, after an optimizer step (not in the
+        middle of an accumulation window), to free the gradients' memory (default:
+        ``self.zero_grad(set_to_none=True)``)."""
+        self.zero_grad(set_to_none=True)
+
+    def on_test_model_eval(self) -> None:
+        """Called when testing starts, to put the model in eval mode (default:
+        ``self.trainer.model.eval()``)."""
+        self.trainer.model.eval()  # type: ignore[union-attr]
+
+    def on_test_model_train(self) -> None:
+        """Called when testing ends; as :meth:`on_validation_model_train` for the test run."""
+        self.trainer.model.train()  # type: ignore[union-attr]
+
+    def on_predict_model_eval(self) -> None:
+        """Called when prediction starts, to put the model in eval mode (default:
+        ``self.trainer.model.eval()``); each submodule's mode is put back afterwards."""
+        self.trainer.model.eval()  # type: ignore[union-attr]
 
     def on_before_zero_grad(self, optimizer: Optimizer) -> None:
         """Called before gradients are zeroed (after ``training_step``, before ``backward``, on the
@@ -456,7 +487,9 @@ class Module(nn.Module):
 
         Args:
             name: metric name.
-            value: a number or a one-element tensor.
+            value: a number, a one-element tensor, or a ``torchmetrics.Metric`` (its step value
+                is its ``forward`` result on the batch, its epoch value its ``compute()``, after
+                which it is reset; it syncs itself across processes: docs/lightning.md, "torchmetrics").
             prog_bar: show it in the progress bar.
             logger: send it to the loggers (default True).
             on_step: record the value of each step. Default: True in ``training_step`` and the
@@ -468,9 +501,12 @@ class Module(nn.Module):
                 then weights every batch of every process by its size.
             batch_size: weight of this value in the epoch mean. Default: inferred from the current
                 batch (the size of the first dimension of its first tensor), as Lightning does.
-            enable_graph, sync_dist_group, add_dataloader_idx, metric_attribute, rank_zero_only:
-                accepted for Lightning compatibility; values are always detached, reduced over
-                the whole job, and taken from the one dataloader per stage.
+            add_dataloader_idx: with several evaluation dataloaders, a value logged in a step is
+                named ``name/dataloader_idx_<i>``; False keeps ``name`` (then give each dataloader
+                its own name).
+            enable_graph, sync_dist_group, metric_attribute, rank_zero_only: accepted for
+                Lightning compatibility; values are always detached and reduced over the whole
+                job, and a Metric needs no attribute name (it is never saved by the Trainer).
         """
         self.trainer.metrics_collector.log(
             name,
@@ -482,11 +518,22 @@ class Module(nn.Module):
             reduce_fx=reduce_fx,
             batch_size=batch_size,
             logger=True if logger is None else logger,
+            add_dataloader_idx=add_dataloader_idx,
         )
 
-    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """Call :meth:`log` for each entry of ``dictionary`` with the same options."""
-        for name, value in dictionary.items():
+    def log_dict(self, dictionary: Mapping[str, Any] | Any, **kwargs: Any) -> None:
+        """Call :meth:`log` for each entry of ``dictionary`` with the same options; a
+        ``torchmetrics.MetricCollection`` logs each of its metrics under its (prefixed) name."""
+        from fullshard.trainer.metrics import is_metric_collection
+
+        if is_metric_collection(dictionary):
+            options = {"keep_base": False}
+            if getattr(dictionary, "_enable_compute_groups", False):
+                options["copy_state"] = False  # the members share their states: compute them as they are
+            items = dictionary.items(**options)
+        else:
+            items = dictionary.items()
+        for name, value in items:
             self.log(name, value, **kwargs)
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:

@@ -144,11 +144,4 @@ DATAMODULE_HOOKS: dict[str, tuple[str, ...]] = {
 # tests/test_lightning_table.py checks that this set and the table's "not supported" hook rows
 # agree, and that fullshard.LightningModule has no such method: the day fullshard adds one, the
 # table, this set and the fixtures' comparison all have to move together.
-NOT_CALLED_BY_FULLSHARD: dict[str, str] = {
-    "on_validation_model_eval": "the Trainer calls module.eval() itself",
-    "on_validation_model_train": "the Trainer calls module.train() itself",
-    "on_validation_model_zero_grad": "the Trainer zeroes gradients (set_to_none) itself",
-    "on_test_model_eval": "the Trainer calls module.eval() itself",
-    "on_test_model_train": "the Trainer calls module.train() itself",
-    "on_predict_model_eval": "the Trainer calls module.eval() itself",
-}
+NOT_CALLED_BY_FULLSHARD: dict[str, str] = {}  # none left: fullshard calls every hook the scripts record

@@ -28,6 +28,7 @@ SCRIPTS = (
     "cli_yaml",
     "gan_manual",
     "warmup_optimizer_step",
+    "metrics_writer_multi_val",
 )
 # Variables a launcher sets for the processes it starts; a run must not inherit them.
 _LAUNCH_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")

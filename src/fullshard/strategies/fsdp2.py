@@ -278,10 +278,10 @@ class FSDP2Strategy(FSDPStrategy):
             return model.training_step(batch, batch_idx)  # type: ignore[operator]
 
     @override
-    def evaluation_step(self, method: str, batch: Any, batch_idx: int) -> Any:
+    def evaluation_step(self, method: str, batch: Any, batch_idx: int, *extra: Any) -> Any:
         model = self._require_model()
         with self.precision.forward_context():
-            return getattr(model, method)(batch, batch_idx)
+            return getattr(model, method)(batch, batch_idx, *extra)
 
     @override
     def clip_gradients_norm(self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

@@ -339,14 +339,14 @@ class Strategy:
         """Run the user's ``validation_step`` through the wrapper, in the precision's context."""
         return self.evaluation_step("validation_step", batch, batch_idx)
 
-    def evaluation_step(self, method: str, batch: Any, batch_idx: int) -> Any:
+    def evaluation_step(self, method: str, batch: Any, batch_idx: int, *extra: Any) -> Any:
         """Run the user's ``validation_step``, ``test_step`` or ``predict_step`` (``method``)
         through the wrapper, in the precision's context."""
         model = self._require_model()
         with self.precision.forward_context():
             if model is self.module:
-                return getattr(model, method)(batch, batch_idx)
-            return _redirected_call(model, self.module, method, batch, batch_idx)  # type: ignore[arg-type]
+                return getattr(model, method)(batch, batch_idx, *extra)
+            return _redirected_call(model, self.module, method, batch, batch_idx, *extra)  # type: ignore[arg-type]
 
     def backward(
         self, loss: torch.Tensor, *args: Any, backward: Callable[..., Any] | None = None, **kwargs: Any

@@ -9,11 +9,21 @@ logged inside an epoch-end hook are epoch values already. Everything an epoch pr
 to the loggers in one row after the epoch-end hooks, so what ``on_validation_epoch_end`` logs
 reaches ``ModelCheckpoint``/``EarlyStopping`` (which act in ``on_validation_end``) and the
 loggers of the same validation run.
+
+[Note: torchmetrics]
+A ``torchmetrics.Metric`` given to ``log`` is not turned into a number: the collector keeps the
+object. Its step value is what its last ``forward`` returned (the batch's value); its epoch value
+is its ``compute()`` over everything it was updated with, taken where the epoch's values are
+reduced, and it is ``reset()`` once the epoch's values went to the loggers (as in Lightning). The
+metric synchronizes its own states across processes in ``compute()`` (its ``dist_sync_*``
+options): the collector never reduces it (``sync_dist`` is ignored). torchmetrics is optional:
+a Metric is recognized through ``sys.modules``, so fullshard never imports it.
 """
 
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +34,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.strategies.strategy import ReduceOp
 
 _REDUCE_FX: tuple[ReduceOp, ...] = ("mean", "sum", "max", "min")
+Snapshot = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str], dict[str, torch.Tensor]]
 STAGES = ("train", "validate", "test", "predict")
 
 
@@ -33,9 +44,10 @@ class _EpochAccumulator:
     sync_dist: bool
     prog_bar: bool
     logger: bool
-    forked: bool  # logged with on_step too: the key ends in "_epoch" and "name" also gets the value
+    base: str | None  # logged with on_step too: the key has "_epoch" and this name also gets the value
     value: torch.Tensor | None = None
     weight: float = 0.0
+    metric: Any = None  # a torchmetrics.Metric: its compute() is the epoch value
 
     def update(self, value: torch.Tensor, weight: float) -> None:
         if self.value is None:
@@ -49,6 +61,18 @@ class _EpochAccumulator:
         else:
             self.value = torch.minimum(self.value, value)
         self.weight += weight
+
+
+def is_metric(value: Any) -> bool:
+    """Whether ``value`` is a ``torchmetrics.Metric`` (without importing torchmetrics)."""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
+
+
+def is_metric_collection(value: Any) -> bool:
+    """Whether ``value`` is a ``torchmetrics.MetricCollection`` (without importing torchmetrics)."""
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(value, torchmetrics.MetricCollection)
 
 
 def extract_batch_size(batch: Any) -> int | None:
@@ -82,12 +106,19 @@ class MetricsCollector:
         self.callback_metrics: dict[str, torch.Tensor] = {}
         self.logged_metrics: dict[str, torch.Tensor] = {}  # what goes to loggers, as soon as logged
         self._prog_bar: set[str] = set()
+        # step values of validation/test/predict: Lightning keeps them out of callback_metrics
+        # (monitors see epoch values only there) but shows them in the progress bar
+        self._eval_step_values: dict[str, torch.Tensor] = {}
         self._pending_step: dict[str, dict[str, torch.Tensor]] = {stage: {} for stage in STAGES}
         self._pending_epoch: dict[str, torch.Tensor] = {}
         self._epoch: dict[str, dict[str, _EpochAccumulator]] = {stage: {} for stage in STAGES}
         self._published: set[str] = set()
         self._batch: Any = None
         self._batch_size: int | None = None
+        self.dataloader_idx: int | None = None  # set while the steps of one of several loaders run
+        self._loader_of_name: dict[str, int] = {}  # names logged without the suffix, by loader
+        # the torchmetrics each stage logged: reset once its epoch's values were logged
+        self._metric_objects: dict[str, list[Any]] = {stage: [] for stage in STAGES}
 
     def set_batch(self, batch: Any) -> None:
         """The batch being processed (its size weights epoch means)."""
@@ -111,6 +142,7 @@ class MetricsCollector:
         reduce_fx: str,
         batch_size: int | None,
         logger: bool,
+        add_dataloader_idx: bool = True,
     ) -> None:
         """Record one value; see :meth:`fullshard.Module.log` for the arguments."""
         if reduce_fx not in _REDUCE_FX:
@@ -130,14 +162,29 @@ class MetricsCollector:
             )
         if not on_step and not on_epoch:
             raise ValueError(f"log({name!r}) with on_step=False and on_epoch=False records nothing; set one.")
-        tensor = self._to_tensor(name, value)
+        # one of several evaluation loaders: Lightning appends this after "_step"/"_epoch"
+        idx = self.dataloader_idx
+        suffix = f"/dataloader_idx_{idx}" if add_dataloader_idx and in_step and idx is not None else ""
+        if not add_dataloader_idx and in_step and idx is not None:
+            self._check_one_loader(name, idx)
+        metric = value if is_metric(value) else None
+        if metric is not None:  # [Note: torchmetrics]
+            logged = self._metric_objects[self.stage]
+            if all(m is not metric for m in logged):
+                logged.append(metric)
+            tensor, sync_dist = self._metric_step_value(name, metric, on_step), False
+        else:
+            tensor = self._to_tensor(name, value)
         reduce: ReduceOp = reduce_fx  # type: ignore[assignment]
-        if on_step:
+        if on_step and tensor is not None:
             step_value = self._all_reduce(tensor, reduce) if sync_dist else tensor
-            key = f"{name}_step" if on_epoch else name
-            self.callback_metrics[key] = step_value
-            if on_epoch:
-                self.callback_metrics[name] = step_value
+            key = f"{name}_step{suffix}" if on_epoch else f"{name}{suffix}"
+            if self.stage == "train":
+                self.callback_metrics[key] = step_value
+                if on_epoch:
+                    self.callback_metrics[f"{name}{suffix}"] = step_value
+            else:
+                self._eval_step_values[key] = step_value
             if prog_bar:
                 self._prog_bar.add(key)
             if logger:
@@ -145,32 +192,69 @@ class MetricsCollector:
                 self.logged_metrics[key] = step_value
         if not on_epoch:
             return
-        key = f"{name}_epoch" if on_step else name
+        key = f"{name}_epoch{suffix}" if on_step else f"{name}{suffix}"
+        base = f"{name}{suffix}" if on_step else None
+        if metric is not None:
+            if not in_step:  # an epoch-end hook: its value over the epoch, now
+                self._publish_epoch_value(key, self._compute(name, metric), prog_bar, logger, base)
+            else:
+                self._epoch[self.stage][key] = _EpochAccumulator(
+                    reduce, False, prog_bar, logger, base, metric=metric
+                )
+            return
+        assert tensor is not None
         if not in_step:  # an epoch-end hook: this is the epoch's value already
             if sync_dist:
                 tensor = self._all_reduce(tensor, reduce)
-            self._publish_epoch_value(key, tensor, prog_bar, logger, forked=on_step)
+            self._publish_epoch_value(key, tensor, prog_bar, logger, base)
             return
         accumulators = self._epoch[self.stage]
         acc = accumulators.get(key)
         if acc is None:
-            acc = accumulators[key] = _EpochAccumulator(reduce, sync_dist, prog_bar, logger, forked=on_step)
+            acc = accumulators[key] = _EpochAccumulator(reduce, sync_dist, prog_bar, logger, base)
         if batch_size is None and reduce == "mean":
             batch_size = self._current_batch_size()
         acc.update(tensor, float(batch_size) if batch_size is not None else 1.0)
 
     def _publish_epoch_value(
-        self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool, forked: bool
+        self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool, base: str | None
     ) -> None:
         self.callback_metrics[key] = value
         self._published.add(key)
-        if forked:
-            self.callback_metrics[key[: -len("_epoch")]] = value
+        if base is not None:
+            self.callback_metrics[base] = value
         if prog_bar:
             self._prog_bar.add(key)
         if logger:
             self._pending_epoch[key] = value
             self.logged_metrics[key] = value
+
+    def _check_one_loader(self, name: str, idx: int) -> None:
+        first = self._loader_of_name.setdefault(name, idx)
+        if first != idx:
+            raise MisconfigurationError(
+                f"log({name!r}, add_dataloader_idx=False) was called from dataloader {first} and dataloader {idx} "
+                "of the same run; their values would mix under one name (Lightning refuses it too). Give each "
+                f'dataloader its own name, e.g. f"{name}_{{dataloader_idx}}", or drop add_dataloader_idx=False.'
+            )
+
+    def start_evaluation(self) -> None:
+        """A validation/test/predict run starts: names logged without the dataloader suffix are
+        counted from here."""
+        self._loader_of_name.clear()
+
+    def _metric_step_value(self, name: str, metric: Any, on_step: bool) -> torch.Tensor | None:
+        """The metric's value on the current batch (what its last ``forward`` returned); None
+        when only ``update()`` was called, as Lightning then logs no step value."""
+        if not on_step:
+            return None
+        # torchmetrics keeps the last forward's result only in this private attribute (no public
+        # API has it); Lightning reads the same one
+        cache = getattr(metric, "_forward_cache", None)
+        return None if cache is None else self._to_tensor(name, cache)
+
+    def _compute(self, name: str, metric: Any) -> torch.Tensor:
+        return self._to_tensor(name, metric.compute())
 
     @staticmethod
     def _to_tensor(name: str, value: Any) -> torch.Tensor:
@@ -183,7 +267,10 @@ class MetricsCollector:
             return value.detach().reshape(()).float()
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             return torch.tensor(float(value))
-        raise TypeError(f"log({name!r}) got a {type(value).__name__}; log a number or a one-element tensor.")
+        raise TypeError(
+            f"log({name!r}) got a {type(value).__name__}; log a number, a one-element tensor or a "
+            "torchmetrics.Metric."
+        )
 
     def has_step_log(self) -> bool:
         """Whether the current stage logged step values since the last :meth:`pop_step_log`."""
@@ -201,6 +288,10 @@ class MetricsCollector:
         ``sync_dist``); the results go to ``callback_metrics`` and wait for :meth:`pop_epoch_log`."""
         accumulators = self._epoch[stage]
         for key, acc in accumulators.items():
+            if acc.metric is not None:
+                value = self._compute(acc.base or key, acc.metric)
+                self._publish_epoch_value(key, value, acc.prog_bar, acc.logger, acc.base)
+                continue
             if acc.value is None:
                 continue
             value, weight = acc.value, torch.tensor(acc.weight)
@@ -210,14 +301,21 @@ class MetricsCollector:
                     weight = self._all_reduce(weight, "sum")
             if acc.reduce_fx == "mean":
                 value = value / weight
-            self._publish_epoch_value(key, value, acc.prog_bar, acc.logger, acc.forked)
+            self._publish_epoch_value(key, value, acc.prog_bar, acc.logger, acc.base)
         accumulators.clear()
 
     def pop_epoch_log(self) -> dict[str, float]:
-        """The epoch values waiting for the loggers, as floats."""
+        """The epoch values waiting for the loggers, as floats; the torchmetrics the current
+        stage logged are reset (its epoch is over)."""
         out = {k: float(v) for k, v in self._pending_epoch.items()}
         self._pending_epoch.clear()
+        self._reset_metrics(self.stage)
         return out
+
+    def _reset_metrics(self, stage: str) -> None:
+        for metric in self._metric_objects[stage]:
+            metric.reset()
+        self._metric_objects[stage].clear()
 
     def epoch_results(self) -> dict[str, float]:
         """The epoch values published since the last call (what ``validate``/``test`` return)."""
@@ -227,23 +325,33 @@ class MetricsCollector:
 
     def reset(self) -> None:
         """Forget every value (a new ``fit``/``validate``/``test``/``predict`` call starts)."""
-        self.restore(({}, {}, set()))
+        self.restore(({}, {}, set(), {}))
 
-    def snapshot(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]:
+    def snapshot(self) -> Snapshot:
         """The visible state, to put back with :meth:`restore` (after the sanity validation)."""
-        return dict(self.callback_metrics), dict(self.logged_metrics), set(self._prog_bar)
+        return (
+            dict(self.callback_metrics),
+            dict(self.logged_metrics),
+            set(self._prog_bar),
+            dict(self._eval_step_values),
+        )
 
-    def restore(self, snapshot: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]) -> None:
+    def restore(self, snapshot: Snapshot) -> None:
         """Forget everything logged since :meth:`snapshot` was taken."""
         self.callback_metrics = dict(snapshot[0])
         self.logged_metrics = dict(snapshot[1])
         self._prog_bar = set(snapshot[2])
+        self._eval_step_values = dict(snapshot[3])
         for pending in self._pending_step.values():
             pending.clear()
         self._pending_epoch.clear()
         for accumulators in self._epoch.values():
             accumulators.clear()
+        for stage in STAGES:
+            self._reset_metrics(stage)
+        self.dataloader_idx = None
 
     def progress_bar_metrics(self) -> dict[str, float]:
         """The latest values of the metrics logged with ``prog_bar=True``."""
-        return {k: float(self.callback_metrics[k]) for k in self._prog_bar if k in self.callback_metrics}
+        values = {**self._eval_step_values, **self.callback_metrics}
+        return {k: float(values[k]) for k in self._prog_bar if k in values}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lightning_utilities.core.rank_zero import rank_zero_warn
@@ -24,14 +25,23 @@ class DataSources:
         self.loaders = loaders
 
     def get(self, kind: str, module: Module) -> Any:
-        """The ``kind`` ("train", "val", "test", "predict") loader, or None when there is none."""
+        """The ``"train"`` loader, or None when there is none (see :meth:`get_all` for the others)."""
+        given = self._request(kind, module)
+        return None if given is None else single_loader(given, kind)
+
+    def get_all(self, kind: str, module: Module) -> list[DataLoader[Any]]:
+        """The ``kind`` ("val", "test", "predict") loaders in order (none: an empty list)."""
+        given = self._request(kind, module)
+        return [] if given is None else eval_loaders(given, kind)
+
+    def _request(self, kind: str, module: Module) -> Any:
         given = self.loaders.get(kind)
         if given is not None:
-            return single_loader(given, kind)
+            return given
         method = f"{kind}_dataloader"
         for source, base in ((self.datamodule, DataModule), (module, Module)):
             if source is not None and overrides(source, base, method):
-                return single_loader(getattr(source, method)(), kind)
+                return getattr(source, method)()
         return None
 
     def has(self, kind: str, module: Module) -> bool:
@@ -49,12 +59,6 @@ class DataSources:
 # exists in Lightning and is silently not called is the worst kind of gap (DESIGN.md).
 _LIGHTNING_ONLY_HOOKS = {
     "configure_sharded_model": "rename it configure_model",
-    "on_validation_model_eval": "the Trainer calls module.eval() itself",
-    "on_validation_model_train": "the Trainer calls module.train() itself",
-    "on_validation_model_zero_grad": "gradients are zeroed (set to None) before validation by the Trainer",
-    "on_test_model_eval": "the Trainer calls module.eval() itself",
-    "on_test_model_train": "the Trainer calls module.train() itself",
-    "on_predict_model_eval": "the Trainer calls module.eval() itself",
 }
 
 
@@ -100,21 +104,51 @@ def overrides(obj: Any, base: type, name: str) -> bool:
     return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
+def _argument(kind: str) -> str:
+    return {"train": "train_dataloaders", "val": "val_dataloaders"}.get(kind, "dataloaders")
+
+
 def single_loader(loader: Any, kind: str) -> Any:
-    argument = {"train": "train_dataloaders", "val": "val_dataloaders"}.get(kind, "dataloaders")
-    if isinstance(loader, list | tuple) and loader and all(isinstance(x, DataLoader) for x in loader):
+    """The one training loader in ``loader`` (a DataLoader, or a sequence holding one)."""
+    argument = _argument(kind)
+    if isinstance(loader, list | tuple | Mapping) and loader and all(isinstance(x, DataLoader) for x in _values(loader)):
         if len(loader) != 1:
             raise MisconfigurationError(
-                f"{argument} holds {len(loader)} dataloaders; fullshard runs one dataloader per stage. "
-                "Concatenate the datasets (torch.utils.data.ConcatDataset) or run the stage once per loader."
+                f"{argument} holds {len(loader)} dataloaders; fullshard trains on one dataloader (Lightning "
+                "would cycle them together, its \"max_size_cycle\" CombinedLoader). Concatenate the datasets "
+                "(torch.utils.data.ConcatDataset), or return a batch that holds one batch of each from a "
+                "single dataloader over a dataset that zips them."
             )
-        loader = loader[0]
+        loader = _values(loader)[0]
     if not isinstance(loader, DataLoader):
         raise MisconfigurationError(
             f"{argument} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
             "Wrap your dataset: DataLoader(dataset, batch_size=...)."
         )
     return loader
+
+
+def _values(loaders: Any) -> list[Any]:
+    return list(loaders.values()) if isinstance(loaders, Mapping) else list(loaders)
+
+
+def eval_loaders(loader: Any, kind: str) -> list[DataLoader[Any]]:
+    """The evaluation loaders in ``loader``: one DataLoader, or a list, tuple or dict of them (run
+    one after the other, in order, as Lightning's "sequential" CombinedLoader does)."""
+    accepted = f"{_argument(kind)} must be a torch.utils.data.DataLoader or a list, tuple or dict of them"
+    fix = "Wrap each dataset: DataLoader(dataset, batch_size=...)."
+    if not isinstance(loader, list | tuple | Mapping):
+        if not isinstance(loader, DataLoader):
+            raise MisconfigurationError(f"{accepted}, got {type(loader).__name__}. {fix}")
+        return [loader]
+    loaders = _values(loader)
+    container = type(loader).__name__
+    if not loaders:
+        raise MisconfigurationError(f"{accepted}, got an empty {container}. Pass at least one dataloader.")
+    for item in loaders:
+        if not isinstance(item, DataLoader):
+            raise MisconfigurationError(f"{accepted}, got a {type(item).__name__} in the {container}. {fix}")
+    return loaders
 
 
 def make_sources(datamodule: Any, **loaders: Any) -> DataSources:
@@ -131,7 +165,10 @@ def make_sources(datamodule: Any, **loaders: Any) -> DataSources:
         )
     for kind, loader in loaders.items():
         if loader is not None:
-            single_loader(loader, kind)
+            if kind == "train":
+                single_loader(loader, kind)
+            else:
+                eval_loaders(loader, kind)
     return DataSources(datamodule, **loaders)
 
 

@@ -175,6 +175,12 @@ class TrainerProperties:
 
 
     @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        """Batches of the sanity validation before training, one entry per dataloader."""
+        return self.validate_loop.sanity_batches_per_loader
+
+
+    @property
     def num_test_batches(self) -> list[int | float]:
         """Test batches per run, one entry per dataloader; kept after the call."""
         return self.test_loop.batches_per_loader

@@ -54,12 +54,24 @@ def model_summary(model: nn.Module, sizes: Sequence[ParameterSize] | None = None
     )
 
 
-def format_results(stage: str, metrics: dict[str, float]) -> str:
-    """The metrics of a ``validate``/``test`` run as a two-column table."""
+def format_results(stage: str, results: list[dict[str, float]]) -> str:
+    """The metrics of a ``validate``/``test`` run as a table, a column per dataloader (the
+    ``/dataloader_idx_<i>`` suffix left out of the names, as in Lightning)."""
     title = "Validate metric" if stage == "validate" else "Test metric"
-    width = max(len(title), *(len(k) for k in metrics))
-    rule = "─" * (width + 22)
-    lines = [rule, f"{title.ljust(width)}    DataLoader 0", rule]
-    lines += [f"{name.ljust(width)}    {value:.6g}" for name, value in sorted(metrics.items())]
+    rows: dict[str, list[str]] = {}
+    for column, metrics in enumerate(results):
+        suffix = f"/dataloader_idx_{column}"
+        for name, value in metrics.items():
+            short = name[: -len(suffix)] if name.endswith(suffix) else name
+            rows.setdefault(short, [""] * len(results))[column] = f"{value:.6g}"
+    width = max(len(title), *(len(k) for k in rows))
+    cell = 16
+    rule = "─" * (width + 4 + (cell + 4) * len(results))
+    header = "    ".join(f"DataLoader {i}".ljust(cell) for i in range(len(results)))
+    lines = [rule, f"{title.ljust(width)}    {header}".rstrip(), rule]
+    lines += [
+        f"{name.ljust(width)}    {'    '.join(v.ljust(cell) for v in values)}".rstrip()
+        for name, values in sorted(rows.items())
+    ]
     lines.append(rule)
     return "\n".join(lines)

@@ -410,7 +410,8 @@ class Trainer(TrainerProperties):
         ckpt_verify: bool = True,
         trust_checkpoint: bool = False,
     ) -> list[dict[str, float]]:
-        """Run one validation pass; returns ``[metrics]`` (the epoch values logged in it).
+        """Run one validation pass; returns the epoch values logged in it, one dict per dataloader
+        (``dataloaders``: one DataLoader, or a list, tuple or dict of them, run in turn).
         ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`."""
         self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
         return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
@@ -426,7 +427,7 @@ class Trainer(TrainerProperties):
         ckpt_verify: bool = True,
         trust_checkpoint: bool = False,
     ) -> list[dict[str, float]]:
-        """Run one pass over the test data with ``test_step``; returns ``[metrics]``.
+        """Run one pass over the test data with ``test_step``; returns one metrics dict per dataloader.
         ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`."""
         self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
         return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
@@ -442,7 +443,9 @@ class Trainer(TrainerProperties):
         ckpt_verify: bool = True,
         trust_checkpoint: bool = False,
     ) -> list[Any] | None:
-        """Run ``predict_step`` over the prediction data; returns the list of per-batch predictions.
+        """Run ``predict_step`` over the prediction data; returns the list of per-batch predictions
+        (a list per dataloader when several are given; None with ``return_predictions=False``, the
+        way to predict with a ``BasePredictionWriter`` and keep nothing in memory).
 
         As in Lightning, each process predicts its own share of the data (the distributed
         sampler's split; when the dataset does not divide evenly some samples are repeated to keep
@@ -593,12 +596,11 @@ class Trainer(TrainerProperties):
         )
         if loop is not None:
             loop.setup_data(model, sources)
-            predictions: list[Any] | None = [] if stage == "predict" and keep_predictions else None
-            metrics = loop.run(hooks, predictions=predictions)
-            if verbose and self.is_global_zero and metrics and stage != "predict":
-                self.print(format_results(stage, metrics))
+            results = loop.run(hooks, keep_predictions=stage == "predict" and keep_predictions)
+            if verbose and self.is_global_zero and any(results) and stage != "predict":
+                self.print(format_results(stage, results))
             self._finalize_loggers("success")
-            return predictions if stage == "predict" else [metrics]
+            return loop.predictions if stage == "predict" else results
         if self.is_global_zero and model.hparams:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(model.hparams))

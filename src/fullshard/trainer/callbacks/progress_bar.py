@@ -147,8 +147,10 @@ class ProgressBar(Callback):
             return
         self._val_pending = 0
         self._val_bar = tqdm(
-            desc="Validation",
-            total=_finite_total(sum(trainer.num_val_batches)),
+            desc="Sanity Checking" if trainer.sanity_checking else "Validation",
+            total=_finite_total(
+                sum(trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches)
+            ),
             leave=False,
             mininterval=self.mininterval,
             file=self.file,

@@ -1,14 +1,25 @@
 """The evaluation loops: validation (also the sanity run before training), test and predict.
 
-Each run calls, as Lightning does: ``on_<stage>_start``, ``on_<stage>_epoch_start``, per batch
-``on_<stage>_batch_start``, the step, ``on_<stage>_batch_end``; then the epoch-level metrics
-are reduced, ``on_<stage>_epoch_end`` runs (what it logs is an epoch value), the epoch's
-metrics go to the loggers in one row, and ``on_<stage>_end`` runs (where ``ModelCheckpoint``
-and ``EarlyStopping`` act on validation metrics).
+Each run calls, as Lightning does: the module's ``on_<stage>_model_eval`` (default: ``eval()``),
+``on_<stage>_start``, ``on_<stage>_epoch_start``; then for each dataloader in turn, per batch
+``on_<stage>_batch_start``, the step, ``on_<stage>_batch_end``, and that dataloader's
+epoch-level metrics are reduced; then ``on_<stage>_epoch_end`` runs (what it logs is an epoch
+value, shared by all the dataloaders' results), the epoch's metrics go to the loggers in one
+row, ``on_<stage>_end`` runs (where ``ModelCheckpoint`` and ``EarlyStopping`` act on validation
+metrics), and the module's mode is put back (``on_<stage>_model_train`` when overridden).
+
+[Note: several evaluation dataloaders]
+A list, tuple or dict of dataloaders is run one after the other (Lightning's "sequential"
+``CombinedLoader``), each from batch index 0 and each capped by ``limit_<stage>_batches`` (and
+``num_sanity_val_steps``) on its own. Only then do the step and the batch hooks get a
+``dataloader_idx`` argument, and what is logged in a step gets the name suffix
+``/dataloader_idx_<i>`` (unless ``add_dataloader_idx=False``); ``validate``/``test`` return one
+dict per dataloader, and ``predict`` a list of predictions per dataloader.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,9 +28,11 @@ from fullshard.launch import stuck_ranks
 from fullshard.module import Module
 from fullshard.trainer import data_setup
 from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loops.prediction_indices import BatchIndexRecorder, prediction_writers
 from fullshard.trainer.preflight import overrides
 
 if TYPE_CHECKING:
+    from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
     from fullshard.trainer.data import PreparedLoader
     from fullshard.trainer.hooks import Hooks
     from fullshard.trainer.metrics import MetricsCollector
@@ -32,92 +45,233 @@ _DATA_KIND = {"validate": "val", "test": "test", "predict": "predict"}
 
 class EvaluationLoop:
     """One pass over the data of ``stage`` (``"validate"``, ``"test"`` or ``"predict"``); owns
-    that stage's loader and batch count, which stay readable after the call."""
+    that stage's loaders and batch counts, which stay readable after the call."""
 
     def __init__(self, trainer: Trainer, metrics: MetricsCollector, stage: str) -> None:
         self.trainer = trainer
         self.metrics = metrics
         self.stage = stage
-        self.loader: PreparedLoader | None = None
-        self.num_batches: int | float = 0
+        self.loaders: list[PreparedLoader] = []
+        self.max_batches: list[int | float] = []
+        self.current_batch_indices: list[int] = []
+        """The dataset indices of the batch being predicted (for a ``BasePredictionWriter``)."""
+        self._predictions: list[list[Any]] = []
+        self._epoch_batch_indices: list[list[list[int]]] = []
+
+    @property
+    def loader(self) -> PreparedLoader | None:
+        """The first dataloader (None when the stage has none)."""
+        return self.loaders[0] if self.loaders else None
+
+    @property
+    def num_batches(self) -> int | float:
+        """Batches of one run over all the dataloaders."""
+        return sum(self.max_batches)
+
+    @property
+    def num_dataloaders(self) -> int:
+        """How many dataloaders the stage runs."""
+        return len(self.loaders)
 
     @property
     def batches_per_loader(self) -> list[int | float]:
         """Batches per run, one entry per dataloader (Lightning's form)."""
-        return [] if self.loader is None else [self.num_batches]
+        return list(self.max_batches)
+
+    @property
+    def predictions(self) -> list[Any]:
+        """The predictions of the last ``predict`` run: a list per dataloader when there are
+        several, else the one list (empty when they were not kept)."""
+        if not self._predictions:
+            return []
+        return self._predictions[0] if len(self._predictions) == 1 else self._predictions
+
+    @property
+    def epoch_batch_indices(self) -> list[Any]:
+        """The dataset indices of each batch of the run, in the form of :attr:`predictions`."""
+        if not self._epoch_batch_indices:
+            return []
+        return (
+            self._epoch_batch_indices[0] if len(self._epoch_batch_indices) == 1 else self._epoch_batch_indices
+        )
 
     def setup_data(self, module: Module, sources: DataSources) -> None:
-        """Build this stage's loader (validation only when the module has a ``validation_step``)."""
-        self.loader, self.num_batches = None, 0
+        """Build this stage's loaders (validation only when the module has a ``validation_step``)."""
+        self.loaders, self.max_batches = [], []
         kind = _DATA_KIND[self.stage]
         if self.stage == "validate" and not overrides(module, Module, "validation_step"):
             return
-        loader = sources.get(kind, module)
-        if loader is not None:
-            self.loader, self.num_batches = data_setup.prepare(self.trainer, loader, kind)
+        for loader in sources.get_all(kind, module):
+            prepared, batches = data_setup.prepare(self.trainer, loader, kind)
+            if self.stage == "predict" and prediction_writers(self.trainer.callbacks):
+                prepared = BatchIndexRecorder.wrap(prepared)
+            self.loaders.append(prepared)
+            self.max_batches.append(batches)
+
+    @property
+    def sanity_batches_per_loader(self) -> list[int | float]:
+        """Batches of the sanity run before training, one entry per dataloader."""
+        wanted = self.trainer.num_sanity_val_steps
+        return [n if wanted == -1 else min(wanted, n) for n in self.max_batches]
 
     def sanity_batches(self) -> int | float:
-        """How many batches the sanity run before training takes."""
-        wanted = self.trainer.num_sanity_val_steps
-        if self.loader is None or wanted == 0:
-            return 0
-        return self.num_batches if wanted == -1 else min(wanted, self.num_batches)
+        """The per-dataloader cap of the sanity run before training (0: no sanity run)."""
+        return max(self.sanity_batches_per_loader, default=0)
 
     @torch.no_grad()
     def run(
-        self, hooks: Hooks, num_batches: int | float | None = None, predictions: list[Any] | None = None
-    ) -> dict[str, float]:
-        """Run the stage over ``num_batches`` (default: all of this run's); returns the epoch-level
-        metrics. ``predictions``: a list that collects each ``predict_step`` result."""
-        num_batches = self.num_batches if num_batches is None else num_batches
-        loader = self.loader
-        if loader is None or num_batches == 0:
-            return {}
+        self, hooks: Hooks, num_batches: int | float | None = None, keep_predictions: bool = False
+    ) -> list[dict[str, float]]:
+        """Run the stage over each dataloader, at most ``num_batches`` batches of each (default:
+        all of this run's); returns the epoch-level metrics, one dict per dataloader.
+        ``keep_predictions``: collect each ``predict_step`` result (:attr:`predictions`)."""
+        limits = [b if num_batches is None else min(b, num_batches) for b in self.max_batches]
+        if not self.loaders or sum(limits) == 0:
+            return []
         trainer, metrics, stage = self.trainer, self.metrics, self.stage
         name = _HOOK_STAGE[stage]
-        strategy = trainer.strategy
         module = trainer.lightning_module
-        batch_start = hooks[f"on_{name}_batch_start"]
-        batch_end = hooks[f"on_{name}_batch_end"]
-        method = f"{name}_step"
-        was_training = module.training
+        several = len(self.loaders) > 1
+        _check_dataloader_idx(module, name, several)
+        writers = self._start_collecting(keep_predictions)
         metrics.stage = stage
         metrics.in_step = False
         metrics.epoch_results()  # start a fresh record of this run's epoch values
-        module.eval()
+        metrics.start_evaluation()
+        modes = _capture_modes(module if trainer.model is None else trainer.model)  # the wrapper as well
+        getattr(module, f"on_{name}_model_eval")()
         hooks.call(f"on_{name}_start")
         hooks.call(f"on_{name}_epoch_start")
+        # Lightning's sanity run over several dataloaders leaves callback_metrics as they were,
+        # even in its own hooks (over one, its values are visible until the run ends)
+        visible = metrics.snapshot() if trainer.sanity_checking and several else None
+        results: list[dict[str, float]] = []
+        for index, (loader, limit) in enumerate(zip(self.loaders, limits, strict=True)):
+            metrics.in_step = True
+            metrics.dataloader_idx = index if several else None
+            self._run_loader(hooks, loader, limit, index, several, writers)
+            metrics.in_step = False
+            metrics.reduce_epoch(stage)
+            results.append(metrics.epoch_results())
+            if visible is not None:
+                metrics.restore(visible)
+        metrics.dataloader_idx = None
+        hooks.call(f"on_{name}_epoch_end")
+        self._finish_epoch(results, visible)
+        hooks.call(f"on_{name}_end")
         metrics.in_step = True
+        if stage != "predict" and overrides(module, Module, f"on_{name}_model_train"):
+            getattr(module, f"on_{name}_model_train")()
+        else:
+            _restore_modes(modes)
+        if not keep_predictions:
+            self._predictions = []
+        self._epoch_batch_indices = []
+        return results
+
+    def _start_collecting(self, keep_predictions: bool) -> list[BasePredictionWriter]:
+        """Make room for this run's predictions and batch indices; returns the prediction
+        writers (an epoch writer needs the predictions even when they are not returned)."""
+        writers = prediction_writers(self.trainer.callbacks) if self.stage == "predict" else []
+        keep = keep_predictions or any(w.interval.on_epoch for w in writers)
+        self._predictions = [[] for _ in self.loaders] if keep else []
+        self._epoch_batch_indices = [[] for _ in self.loaders] if writers else []
+        self.current_batch_indices = []
+        return writers
+
+    def _finish_epoch(self, results: list[dict[str, float]], visible: Any) -> None:
+        """After the epoch-end hooks: the epoch's values to the loggers, and what those hooks
+        logged into every dataloader's results (Lightning's rule)."""
+        trainer, metrics = self.trainer, self.metrics
+        values = metrics.pop_epoch_log()
+        if values and not trainer.sanity_checking:
+            send_to_loggers(trainer, values, trainer.logger_step)
+        epoch_end = metrics.epoch_results()
+        if visible is not None:
+            metrics.restore(visible)
+        for result in results:
+            result.update(epoch_end)
+
+    def _run_loader(
+        self,
+        hooks: Hooks,
+        loader: PreparedLoader,
+        limit: int | float,
+        index: int,
+        several: bool,
+        writers: list[BasePredictionWriter],
+    ) -> None:
+        trainer, metrics, stage = self.trainer, self.metrics, self.stage
+        name = _HOOK_STAGE[stage]
+        strategy = trainer.strategy
+        batch_start = hooks[f"on_{name}_batch_start"]
+        batch_end = hooks[f"on_{name}_batch_end"]
+        method = f"{name}_step"
+        extra = (index,) if several else ()
+        predictions = self._predictions[index] if self._predictions else None
+        recorder = loader if isinstance(loader, BatchIndexRecorder) else None
         iterator = loader.iterate(0)
         batch_idx = 0
-        while batch_idx < num_batches:
+        while batch_idx < limit:
             try:
                 batch = next(iterator)
             except StopIteration:
                 break
             stuck_ranks.kick(stage, batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
-            batch = strategy.batch_to_device(batch)
+            batch = strategy.batch_to_device(batch, dataloader_idx=index)
             metrics.set_batch(batch)
+            if writers:
+                self.current_batch_indices = recorder.indices(batch_idx) if recorder is not None else []
+                self._epoch_batch_indices[index].append(self.current_batch_indices)
             for hook in batch_start:
-                hook(batch, batch_idx, 0)
-            output = strategy.evaluation_step(method, batch, batch_idx)
+                hook(batch, batch_idx, *extra)
+            output = strategy.evaluation_step(method, batch, batch_idx, *extra)
             if predictions is not None:
                 predictions.append(output)
             for hook in batch_end:
-                hook(output, batch, batch_idx, 0)
+                hook(output, batch, batch_idx, *extra)
             batch_idx += 1
             if metrics.has_step_log():
                 values = metrics.pop_step_log()
                 if not trainer.sanity_checking:
                     send_to_loggers(trainer, values, trainer.logger_step)
-        metrics.in_step = False
-        metrics.reduce_epoch(stage)
-        hooks.call(f"on_{name}_epoch_end")
-        values = metrics.pop_epoch_log()
-        if values and not trainer.sanity_checking:
-            send_to_loggers(trainer, values, trainer.logger_step)
-        results = metrics.epoch_results()
-        hooks.call(f"on_{name}_end")
-        metrics.in_step = True
-        module.train(was_training)
-        return results
+
+
+def _capture_modes(module: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
+    """The train/eval mode of every submodule, to put back after the run (Lightning's rule: a
+    submodule frozen in eval mode during training stays so); the default eval hooks switch the
+    strategy's wrapper too, so its own mode is captured with them."""
+    return [(m, m.training) for m in module.modules()]
+
+
+def _restore_modes(modes: list[tuple[torch.nn.Module, bool]]) -> None:
+    for submodule, training in modes:
+        submodule.training = training
+
+
+def _check_dataloader_idx(module: Module, name: str, several: bool) -> None:
+    """Lightning's rule: with several dataloaders the step and the module's batch hooks must take
+    ``dataloader_idx``; with one they get none, so one that requires it is an error."""
+    kind = "val" if name == "validation" else name
+    for hook in (f"{name}_step", f"on_{name}_batch_start", f"on_{name}_batch_end"):
+        if hook != f"{name}_step" and not overrides(module, Module, hook):
+            continue
+        try:
+            parameters = inspect.signature(getattr(module, hook)).parameters
+        except (TypeError, ValueError):  # a callable without a signature: nothing to check
+            continue
+        param = parameters.get("dataloader_idx")
+        takes = param is not None or any(
+            p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters.values()
+        )
+        cls = type(module).__name__
+        if several and not takes:
+            raise RuntimeError(
+                f"You provided multiple `{kind}_dataloader`, but no `dataloader_idx` argument in "
+                f"`{cls}.{hook}()`. Try adding `dataloader_idx=0` to its signature."
+            )
+        if not several and param is not None and param.default is inspect.Parameter.empty:
+            raise RuntimeError(
+                f"You provided only a single `{kind}_dataloader`, but have included `dataloader_idx` in "
+                f"`{cls}.{hook}()`. Either remove the argument or give it a default value i.e. `dataloader_idx=0`."
+            )

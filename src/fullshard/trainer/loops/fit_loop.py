@@ -408,7 +408,7 @@ class FitLoop:
                 self._log_step_metrics()
             if self.should_validate(batch_idx):
                 if boundary:
-                    module.zero_grad(set_to_none=True)  # free gradient memory for the evaluation
+                    module.on_validation_model_zero_grad()  # default: free gradient memory for the evaluation
                 self.reload.before_validation(self)  # reload_dataloaders_every_n_epochs
                 self.validate_loop.run(hooks)
                 metrics.stage = "train"
