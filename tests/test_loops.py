@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -73,3 +74,27 @@ def test_no_module_outside_trainer_py_touches_trainer_private_members() -> None:
         if private.search(line.split("#")[0])
     ]
     assert not offenders, "\n".join(offenders)
+
+
+class _FrozenDropout(MLP):
+    """An MLP whose dropout layer the user froze in eval mode (as a frozen backbone's BatchNorm)."""
+
+    def __init__(self) -> None:
+        super().__init__(dropout=0.5)
+        self.net[2].eval()
+        self.modes: list[tuple[bool, bool]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.modes.append((self.net[0].training, self.net[2].training))
+        return super().training_step(batch, batch_idx)
+
+
+def test_training_keeps_the_modes_the_user_set_as_lightning(tmp_path: Path) -> None:
+    # Lightning 2.x never calls .train() when fit or an epoch starts, and validation puts back
+    # every submodule's mode: a frozen submodule stays in eval mode through training.
+    model = _FrozenDropout()
+    trainer = quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=2)
+    loader = DataLoader(make_data(), batch_size=16)
+    trainer.fit(model, loader, loader)
+    assert model.modes == [(True, False)] * 6
+    assert model.net[0].training and not model.net[2].training

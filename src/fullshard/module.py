@@ -7,19 +7,17 @@ import; ``fullshard.LightningModule`` is another name for this class.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.optim import Optimizer
 
-from fullshard.batch_transfer import move_data_to_device
-from fullshard.errors import MisconfigurationError
+from fullshard.module_hooks import DataHooks, ModelHooks, not_defined
+from fullshard.module_optimization import OptimizationHooks
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -67,16 +65,14 @@ def init_arguments(frame: FrameType, names: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in local.items() if not names or k in names}
 
 
-def _not_defined(module: Module, method: str, why: str) -> NotImplementedError:
-    return NotImplementedError(f"{type(module).__name__} does not define {method}; {why}")
-
-
-class Module(nn.Module):
+class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     """Base class for models trained by :class:`fullshard.Trainer`.
 
     Override :meth:`training_step` and :meth:`configure_optimizers`; optionally the evaluation
     steps, :meth:`configure_model` (to build big layers directly on the right device, or
-    sharded), and any of the hooks below. Every hook is also a :class:`~fullshard.Callback` hook;
+    sharded), and any of the hooks (:class:`~fullshard.module_hooks.ModelHooks`,
+    :class:`~fullshard.module_hooks.DataHooks`, :class:`~fullshard.module_optimization.OptimizationHooks`).
+    Every hook is also a :class:`~fullshard.Callback` hook;
     callbacks run before the module's hook, except that checkpointing and early-stopping
     callbacks run after ``on_train_epoch_end`` of the module (so they see what it logged).
     """
@@ -99,21 +95,21 @@ class Module(nn.Module):
         Return the loss tensor, a dict with a ``"loss"`` entry, or None to skip the batch
         (under several processes every rank must skip the same batch; see docs/lightning.md).
         """
-        raise _not_defined(
+        raise not_defined(
             self, "training_step(batch, batch_idx)", "the Trainer needs it to compute a loss. Override it "
             "and return the loss tensor."
         )
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         """Evaluate one validation batch; log metrics with :meth:`log`."""
-        raise _not_defined(
+        raise not_defined(
             self, "validation_step(batch, batch_idx)", "but validation data was given. Override "
             "validation_step, or pass no validation dataloaders."
         )
 
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         """Evaluate one test batch (``Trainer.test``); log metrics with :meth:`log`."""
-        raise _not_defined(
+        raise not_defined(
             self, "test_step(batch, batch_idx)", "Trainer.test() calls it for every test batch. Override it."
         )
 
@@ -128,7 +124,7 @@ class Module(nn.Module):
         "frequency": n, "monitor": metric, "name": name}``. Called after the strategy wrapped the
         model, so ``self.parameters()`` are the parameters that will be trained.
         """
-        raise _not_defined(
+        raise not_defined(
             self, "configure_optimizers()", "the Trainer needs an optimizer. Override it, e.g. "
             "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
         )
@@ -155,238 +151,6 @@ class Module(nn.Module):
                 if isinstance(module, nn.Linear):
                     nn.init.normal_(module.weight, std=0.02)
         """
-
-    # -------------------------------------------------------------------------- data hooks
-    # A module may provide its own data, as in Lightning; the Trainer uses these when no
-    # dataloaders or DataModule are passed.
-    def train_dataloader(self) -> Any:
-        """The training dataloader, when none is passed to ``fit``."""
-        raise _not_defined(self, "train_dataloader()", "pass train_dataloaders= or a datamodule= to fit().")
-
-    def val_dataloader(self) -> Any:
-        """The validation dataloader, when none is passed."""
-        raise _not_defined(self, "val_dataloader()", "pass val_dataloaders= or a datamodule=.")
-
-    def test_dataloader(self) -> Any:
-        """The test dataloader, when none is passed to ``test``."""
-        raise _not_defined(self, "test_dataloader()", "pass dataloaders= or a datamodule= to test().")
-
-    def predict_dataloader(self) -> Any:
-        """The prediction dataloader, when none is passed to ``predict``."""
-        raise _not_defined(self, "predict_dataloader()", "pass dataloaders= or a datamodule= to predict().")
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Alter the batch (still where the dataloader made it) before it moves to the device, and
-        return it. Called for the batches of every stage; a DataModule's override takes precedence."""
-        return batch
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Move ``batch`` to ``device`` and return it. The default moves tensors and objects with a
-        ``.to(device)`` method, inside lists, tuples, dicts and dataclasses; override it for a batch
-        type it cannot walk (and call ``super()`` for the parts it can)."""
-        return move_data_to_device(batch, device)
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Alter the batch once it is on the device (e.g. augmentations on the GPU), and return it."""
-        return batch
-
-    def configure_callbacks(self) -> Any:
-        """Callbacks this module needs, merged with the Trainer's when ``fit``/``validate``/``test``/
-        ``predict`` starts (as Lightning): one callback or a list. A Trainer callback of the same
-        type (or a parent type) is replaced; checkpoint callbacks still run last."""
-        return []
-
-    # ------------------------------------------------------------------------------- hooks
-    def prepare_data(self) -> None:
-        """Download or preprocess data once per machine (local rank 0, before the others go on)."""
-
-    def setup(self, stage: str) -> None:
-        """Called on every process at the start of ``fit``/``validate``/``test``/``predict``
-        (``stage`` is that name), before ``configure_model``."""
-
-    def teardown(self, stage: str) -> None:
-        """Called on every process at the end of ``fit``/``validate``/``test``/``predict``."""
-
-    def on_fit_start(self) -> None:
-        """Called when fit starts, after setup and restoring a checkpoint."""
-
-    def on_fit_end(self) -> None:
-        """Called when fit ends."""
-
-    def on_train_start(self) -> None:
-        """Called before the first training epoch (after the sanity validation)."""
-
-    def on_train_end(self) -> None:
-        """Called after the last training epoch."""
-
-    def on_train_epoch_start(self) -> None:
-        """Called at the start of each training epoch."""
-
-    def on_train_epoch_end(self) -> None:
-        """Called at the end of each training epoch; what it logs reaches loggers and monitors at once."""
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
-        """Called before ``training_step``. Return -1 to skip the rest of this epoch."""
-        return None
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Called after each training batch (after the optimizer step, when one happened).
-        ``outputs`` is what ``training_step`` returned, as a dict with a ``"loss"`` entry."""
-
-    def on_validation_start(self) -> None:
-        """Called before a validation run (also the sanity run)."""
-
-    def on_validation_end(self) -> None:
-        """Called after a validation run."""
-
-    def on_validation_epoch_start(self) -> None:
-        """Called before the first validation batch."""
-
-    def on_validation_epoch_end(self) -> None:
-        """Called after the last validation batch; what it logs reaches loggers and monitors at once."""
-
-    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called before ``validation_step``."""
-
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called after ``validation_step`` with what it returned."""
-
-    def on_test_start(self) -> None:
-        """Called before a test run."""
-
-    def on_test_end(self) -> None:
-        """Called after a test run."""
-
-    def on_test_epoch_start(self) -> None:
-        """Called before the first test batch."""
-
-    def on_test_epoch_end(self) -> None:
-        """Called after the last test batch."""
-
-    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called before ``test_step``."""
-
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called after ``test_step`` with what it returned."""
-
-    def on_predict_start(self) -> None:
-        """Called before a prediction run."""
-
-    def on_predict_end(self) -> None:
-        """Called after a prediction run."""
-
-    def on_predict_epoch_start(self) -> None:
-        """Called before the first prediction batch."""
-
-    def on_predict_epoch_end(self) -> None:
-        """Called after the last prediction batch."""
-
-    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called before ``predict_step``."""
-
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Called after ``predict_step`` with the prediction."""
-
-    def on_validation_model_eval(self) -> None:
-        """Called when validation starts, to put the model in eval mode (default:
-        ``self.trainer.model.eval()``). Override it to keep, e.g., dropout on in validation."""
-        self.trainer.model.eval()  # type: ignore[union-attr]
-
-    def on_validation_model_train(self) -> None:
-        """Called when validation ends. When not overridden, the Trainer puts back the mode every
-        submodule had before validation; an override decides instead (this default calls
-        ``self.trainer.model.train()``, for an override that calls ``super()``)."""
-        self.trainer.model.train()  # type: ignore[union-attr]
-
-    def on_validation_model_zero_grad(self) -> None:
-        """Called before a validation run during training, after an optimizer step (not in the
-        middle of an accumulation window), to free the gradients' memory (default:
-        ``self.zero_grad(set_to_none=True)``)."""
-        self.zero_grad(set_to_none=True)
-
-    def on_test_model_eval(self) -> None:
-        """Called when testing starts, to put the model in eval mode (default:
-        ``self.trainer.model.eval()``)."""
-        self.trainer.model.eval()  # type: ignore[union-attr]
-
-    def on_test_model_train(self) -> None:
-        """Called when testing ends; as :meth:`on_validation_model_train` for the test run."""
-        self.trainer.model.train()  # type: ignore[union-attr]
-
-    def on_predict_model_eval(self) -> None:
-        """Called when prediction starts, to put the model in eval mode (default:
-        ``self.trainer.model.eval()``); each submodule's mode is put back afterwards."""
-        self.trainer.model.eval()  # type: ignore[union-attr]
-
-    def on_before_zero_grad(self, optimizer: Optimizer) -> None:
-        """Called before gradients are zeroed (after ``training_step``, before ``backward``, on the
-        first micro-batch of each accumulation window)."""
-
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        """Called before ``loss.backward()``."""
-
-    def on_after_backward(self) -> None:
-        """Called after ``loss.backward()``: gradients are there (sharded, under FSDP), unclipped."""
-
-    def on_before_optimizer_step(self, optimizer: Optimizer) -> None:
-        """Called before the optimizer step, before gradients are clipped (unscaled under "16-mixed")."""
-
-    # ------------------------------------------------------------------ optimization hooks
-    # The Trainer calls these only when the module overrides them (decided once per fit: see
-    # [Note: three ways through a training batch] in fullshard.trainer.optimization).
-    def optimizer_step(
-        self,
-        epoch: int,
-        batch_idx: int,
-        optimizer: Any,
-        optimizer_closure: Callable[[], Any] | None = None,
-    ) -> None:
-        """Step ``optimizer`` (a :class:`~fullshard.trainer.optimization.LightningOptimizer`) at the
-        end of each accumulation window (automatic optimization).
-
-        ``optimizer_closure`` runs ``training_step``, ``zero_grad`` (when due) and backward: it
-        must be run, typically by ``optimizer.step(closure=optimizer_closure)``. Override to act
-        around the step, e.g. a learning-rate warm-up that sets ``param_groups[i]["lr"]`` first.
-        """
-        optimizer.step(closure=optimizer_closure)
-
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Optimizer) -> None:
-        """Zero the gradients of ``optimizer`` (first micro-batch of each accumulation window,
-        after ``on_before_zero_grad``). Default: ``optimizer.zero_grad()`` (set to None)."""
-        optimizer.zero_grad()
-
-    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` (already divided by ``accumulate_grad_batches``, and scaled
-        under "16-mixed"). Default: ``loss.backward(*args, **kwargs)``."""
-        loss.backward(*args, **kwargs)
-
-    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
-        """Step ``scheduler`` when its interval and frequency say so; ``metric`` is the monitored
-        value for a ``ReduceLROnPlateau`` (or ``"reduce_on_plateau": True``) scheduler, else None.
-        Override it for schedulers without torch's API (``timm``'s take the epoch or step)."""
-        if metric is None:
-            scheduler.step()
-        else:
-            scheduler.step(metric)
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: Optimizer,
-        gradient_clip_val: int | float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """Clip the gradients before each optimizer step (automatic optimization), with the
-        Trainer's ``gradient_clip_val`` / ``gradient_clip_algorithm``. Default:
-        :meth:`clip_gradients` with them."""
-        self.clip_gradients(
-            optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm
-        )
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add or change entries of a checkpoint as it is written."""
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Read custom entries of a checkpoint as it is restored (before the weights load)."""
 
     # ----------------------------------------------------------------------------- helpers
     @property
@@ -446,25 +210,6 @@ class Module(nn.Module):
     def loggers(self) -> list[Logger]:
         """The Trainer's loggers."""
         return self._trainer.loggers if self._trainer is not None else []
-
-    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
-        """The optimizer(s) the Trainer built from :meth:`configure_optimizers` (one, or a list).
-
-        By default each is wrapped in a :class:`~fullshard.trainer.optimization.LightningOptimizer`,
-        whose ``step()`` goes through the Trainer (precision, ``on_before_optimizer_step``, the
-        ``global_step`` count of manual optimization); ``use_pl_optimizer=False``: the raw ones.
-        """
-        optimizers: list[Any] = self.trainer.optimizers
-        if use_pl_optimizer:
-            optimizers = self.trainer.fit_loop.optimization.wrapped(optimizers)
-        return optimizers[0] if len(optimizers) == 1 else optimizers
-
-    def lr_schedulers(self) -> Any:
-        """The LR scheduler(s) from :meth:`configure_optimizers` (None, one, or a list)."""
-        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
-        if not schedulers:
-            return None
-        return schedulers[0] if len(schedulers) == 1 else schedulers
 
     def log(
         self,
@@ -535,82 +280,6 @@ class Module(nn.Module):
             items = dictionary.items()
         for name, value in items:
             self.log(name, value, **kwargs)
-
-    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` inside ``training_step`` under manual optimization, through the
-        strategy: scaled under "16-mixed", gradients reduced (DDP) or reduce-scattered (FSDP),
-        except inside ``self.trainer.strategy.no_backward_sync(enabled=True)`` or
-        ``opt.toggle_model(sync_grad=False)``. Calls ``on_before_backward`` / ``on_after_backward``.
-
-        Raises:
-            MisconfigurationError: the module uses automatic optimization.
-        """
-        self._require_manual("manual_backward")
-        self.trainer.fit_loop.optimization.backward(loss, *args, **kwargs)
-
-    def _require_manual(self, what: str) -> None:
-        if self.automatic_optimization:
-            raise MisconfigurationError(
-                f"{type(self).__name__}.{what}() is for manual optimization, but automatic_optimization is "
-                "True. Set self.automatic_optimization = False in __init__, or return the loss from "
-                "training_step and let the Trainer run backward."
-            )
-
-    def toggle_optimizer(self, optimizer: Any) -> None:
-        """Let only ``optimizer``'s parameters require gradients: those of the other optimizers
-        get ``requires_grad=False`` until :meth:`untoggle_optimizer` (which restores them)."""
-        state: dict[nn.Parameter, bool] = {}
-        for opt in self.trainer.optimizers:
-            for group in opt.param_groups:
-                for param in group["params"]:
-                    if param not in state:
-                        state[param] = param.requires_grad
-                        param.requires_grad = False
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                param.requires_grad = state[param]
-        self._param_requires_grad_state = state
-
-    def untoggle_optimizer(self, optimizer: Any) -> None:
-        """Restore the ``requires_grad`` that :meth:`toggle_optimizer` changed."""
-        raw = getattr(optimizer, "optimizer", optimizer)
-        state = self._param_requires_grad_state
-        for opt in self.trainer.optimizers:
-            if opt is raw:
-                continue
-            for group in opt.param_groups:
-                for param in group["params"]:
-                    if param in state:
-                        param.requires_grad = state[param]
-        self._param_requires_grad_state = {}
-
-    @contextlib.contextmanager
-    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
-        """:meth:`toggle_optimizer` inside the context, :meth:`untoggle_optimizer` on leaving it."""
-        self.toggle_optimizer(optimizer)
-        try:
-            yield
-        finally:
-            self.untoggle_optimizer(optimizer)
-
-    def clip_gradients(
-        self,
-        optimizer: Any,
-        gradient_clip_val: int | float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """Clip ``optimizer``'s gradients through the strategy (unscaled first under "16-mixed";
-        the norm over all shards under FSDP). Defaults: the Trainer's ``gradient_clip_val`` (none:
-        no clipping) and ``gradient_clip_algorithm``; ``"norm"`` or ``"value"``.
-
-        Raises:
-            MisconfigurationError: the Trainer clips with another value or algorithm, or the
-                algorithm is unknown.
-            TypeError: ``gradient_clip_val`` is not a number.
-        """
-        optimization = self.trainer.fit_loop.optimization
-        value, algorithm = optimization.clipping(gradient_clip_val, gradient_clip_algorithm)
-        optimization.clip_gradients(getattr(optimizer, "optimizer", optimizer), value, algorithm)
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Gather tensors (or collections of them) from every process: each tensor gets a new first

@@ -39,6 +39,7 @@ from fullshard.seed import rng_states, set_rng_states
 from fullshard.trainer.callbacks.checkpoint_files import commit_time
 
 if TYPE_CHECKING:
+    from fullshard.strategies import Strategy
     from fullshard.trainer.trainer import Trainer
 
 
@@ -287,3 +288,13 @@ def _native(states: dict[str, Any]) -> dict[str, Any]:
 
     kind, keys, *rest = numpy_state
     return {**states, "numpy": (kind, np.asarray(keys, dtype=np.uint32), *rest)}
+
+
+def finish_background_save(strategy: Strategy, exception: BaseException) -> None:
+    """When a run fails, let the checkpoint being written in the background (``async_save``)
+    commit: it is complete, and the last state before the failure. Its own failure, if any, is
+    reported beside the run's exception, which goes on."""
+    try:
+        strategy.wait_for_checkpoint()
+    except CheckpointError as err:
+        warnings.warn(f"{err} (The run itself failed with {type(exception).__name__}.)", stacklevel=3)

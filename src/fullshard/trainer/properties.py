@@ -1,19 +1,24 @@
-"""The Trainer's read-only views (ranks, metrics, loggers, checkpoint callbacks, loop progress),
-computed from its public attributes; :class:`~fullshard.Trainer` inherits them."""
+"""The Trainer's read-only views (the running module, the stage, ranks, metrics, loggers,
+checkpoint callbacks, loop progress); :class:`~fullshard.Trainer` inherits them, and its own
+attributes they read are declared at the top of :class:`TrainerProperties`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fullshard.trainer.callbacks import Callback, ModelCheckpoint
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
+    from fullshard.datamodule import DataModule
+    from fullshard.module import Module
     from fullshard.strategies import Strategy
     from fullshard.trainer.loggers import Logger
     from fullshard.trainer.loops import EvaluationLoop, FitLoop
     from fullshard.trainer.metrics import MetricsCollector
+    from fullshard.trainer.preflight import DataSources
 
 
 class TrainerProperties:
@@ -27,14 +32,80 @@ class TrainerProperties:
     validate_loop: EvaluationLoop
     test_loop: EvaluationLoop
     predict_loop: EvaluationLoop
+    # the Trainer's own state, which these views read
+    _strategy: Strategy
+    _module: Module | None
+    _datamodule: DataModule | None
+    _data: DataSources | None
+    _stage: str | None
+    _metrics: MetricsCollector
 
     @property
     def strategy(self) -> Strategy:
-        raise NotImplementedError
+        """The strategy running this Trainer's processes."""
+        return self._strategy
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The model as the strategy runs it (wrapped in DDP/FSDP once set up), as in Lightning;
+        the user's module before that. :attr:`lightning_module` is always the user's module."""
+        if self._strategy.model is not None:
+            return self._strategy.model
+        return self._module
+
+    @property
+    def lightning_module(self) -> Module:
+        """The user's :class:`~fullshard.Module` (unwrapped)."""
+        if self._module is None:
+            raise RuntimeError(
+                "Trainer.lightning_module is set once fit(), validate(), test() or predict() is called."
+            )
+        return self._module
+
+    @property
+    def datamodule(self) -> DataModule | None:
+        """The DataModule of the current (or last) call, if one was given."""
+        return self._datamodule
+
+    @property
+    def training(self) -> bool:
+        """True while the training loop runs (not during its validation)."""
+        return self._stage == "fit" and self._metrics.stage == "train"
+
+    @property
+    def validating(self) -> bool:
+        """True while a validation run (in fit, or ``validate``) runs."""
+        return self._stage in ("fit", "validate") and self._metrics.stage == "validate"
+
+    @property
+    def testing(self) -> bool:
+        """True during ``test``."""
+        return self._stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        """True during ``predict``."""
+        return self._stage == "predict"
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """The number of optimizer steps ``fit`` will take (as Lightning estimates it): usable in
+        ``configure_optimizers``, e.g. for ``OneCycleLR(total_steps=...)``."""
+        module, data = self._module, self._data
+        if data is None or module is None or self._stage != "fit":
+            return self.fit_loop.estimated_stepping_batches(None)
+        return self.fit_loop.estimated_stepping_batches(lambda: data.get("train", module))
 
     @property
     def metrics_collector(self) -> MetricsCollector:
-        raise NotImplementedError
+        """What ``Module.log`` records into and the loops reduce; users read
+        :attr:`callback_metrics`, :attr:`logged_metrics` and :attr:`progress_bar_metrics`."""
+        return self._metrics
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank 0 only."""
+        if self.is_global_zero:
+            print(*args, **kwargs)
 
     @property
     def precision(self) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
@@ -18,12 +17,11 @@ from typing import Any
 
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
-from torch import nn
 from torch.optim import Optimizer
 
 from fullshard.compile import parse_compile
 from fullshard.datamodule import DataModule
-from fullshard.errors import CheckpointError, MisconfigurationError
+from fullshard.errors import MisconfigurationError
 from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.precision import alias_warning
@@ -292,74 +290,6 @@ class Trainer(TrainerProperties):
             requeue_on_preemption=requeue_on_preemption,
         )
 
-    # -------------------------------------------------------------------------- properties
-    @property
-    def strategy(self) -> Strategy:
-        """The strategy running this Trainer's processes."""
-        return self._strategy
-
-    @property
-    def model(self) -> nn.Module | None:
-        """The model as the strategy runs it (wrapped in DDP/FSDP once set up), as in Lightning;
-        the user's module before that. :attr:`lightning_module` is always the user's module."""
-        if self._strategy.model is not None:
-            return self._strategy.model
-        return self._module
-
-    @property
-    def lightning_module(self) -> Module:
-        """The user's :class:`~fullshard.Module` (unwrapped)."""
-        if self._module is None:
-            raise RuntimeError(
-                "Trainer.lightning_module is set once fit(), validate(), test() or predict() is called."
-            )
-        return self._module
-
-    @property
-    def datamodule(self) -> DataModule | None:
-        """The DataModule of the current (or last) call, if one was given."""
-        return self._datamodule
-
-    @property
-    def training(self) -> bool:
-        """True while the training loop runs (not during its validation)."""
-        return self._stage == "fit" and self._metrics.stage == "train"
-
-    @property
-    def validating(self) -> bool:
-        """True while a validation run (in fit, or ``validate``) runs."""
-        return self._stage in ("fit", "validate") and self._metrics.stage == "validate"
-
-    @property
-    def testing(self) -> bool:
-        """True during ``test``."""
-        return self._stage == "test"
-
-    @property
-    def predicting(self) -> bool:
-        """True during ``predict``."""
-        return self._stage == "predict"
-
-    @property
-    def estimated_stepping_batches(self) -> int | float:
-        """The number of optimizer steps ``fit`` will take (as Lightning estimates it): usable in
-        ``configure_optimizers``, e.g. for ``OneCycleLR(total_steps=...)``."""
-        module, data = self._module, self._data
-        if data is None or module is None or self._stage != "fit":
-            return self.fit_loop.estimated_stepping_batches(None)
-        return self.fit_loop.estimated_stepping_batches(lambda: data.get("train", module))
-
-    @property
-    def metrics_collector(self) -> MetricsCollector:
-        """What ``Module.log`` records into and the loops reduce; users read
-        :attr:`callback_metrics`, :attr:`logged_metrics` and :attr:`progress_bar_metrics`."""
-        return self._metrics
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on global rank 0 only."""
-        if self.is_global_zero:
-            print(*args, **kwargs)
-
     # ---------------------------------------------------------------------------- entry points
     def fit(
         self,
@@ -566,7 +496,7 @@ class Trainer(TrainerProperties):
             strategy.on_exception(exception)
             for cb in self.callbacks:
                 cb.on_exception(self, model, exception)
-            _finish_background_save(strategy, exception)
+            checkpointing.finish_background_save(strategy, exception)
             self._finalize_loggers("failed")
             raise
         finally:
@@ -674,13 +604,3 @@ class Trainer(TrainerProperties):
         callback = self.checkpoint_callback
         if callback is not None and result.get("best_model_path"):
             callback.best_model_path = result["best_model_path"]
-
-
-def _finish_background_save(strategy: Strategy, exception: BaseException) -> None:
-    """When a run fails, let the checkpoint being written in the background (``async_save``)
-    commit: it is complete, and the last state before the failure. Its own failure, if any, is
-    reported beside the run's exception, which goes on."""
-    try:
-        strategy.wait_for_checkpoint()
-    except CheckpointError as err:
-        warnings.warn(f"{err} (The run itself failed with {type(exception).__name__}.)", stacklevel=3)

@@ -343,7 +343,8 @@ class FitLoop:
         metrics.stage = "train"
         metrics.in_step = False
         progress.resume_point = None
-        module.train()
+        # No module.train() here, as in Lightning 2.x: a submodule the user put in eval mode (a
+        # frozen backbone's BatchNorm) stays so; evaluation runs put back every submodule's mode.
         hooks.call("on_train_epoch_start")
         metrics.in_step = True
         iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start)
