@@ -319,3 +319,25 @@ def test_resume_with_a_stateless_optimizer(tmp_path: Path) -> None:
     resumed = _trainer(tmp_path, max_epochs=2)
     resumed.fit(PlainSGD(), loader, ckpt_path=tmp_path / "sgd.ckpt")
     assert resumed.global_step == 12 and resumed.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5**2
+
+
+def test_a_datamodule_hears_of_the_exception_before_its_teardown(tmp_path: Path) -> None:
+    events: list[str] = []
+
+    class Data(fullshard.DataModule):
+        def train_dataloader(self) -> Any:
+            return DataLoader(make_data(), batch_size=16)
+
+        def on_exception(self, exception: BaseException) -> None:
+            events.append(f"on_exception({exception})")
+
+        def teardown(self, stage: str) -> None:
+            events.append(f"teardown({stage})")
+
+    class Failing(MLP):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        quiet_trainer(tmp_path, max_steps=2).fit(Failing(), datamodule=Data())
+    assert events == ["on_exception(boom)", "teardown(fit)"]

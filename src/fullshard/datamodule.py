@@ -50,6 +50,10 @@ class DataModule:
     def teardown(self, stage: str) -> None:
         """Release what :meth:`setup` built."""
 
+    def on_exception(self, exception: BaseException) -> None:
+        """Called on the process whose ``fit``/``validate``/``test``/``predict`` raised ``exception``,
+        after the callbacks' ``on_exception`` and before ``teardown``: clean up what the data holds."""
+
     def train_dataloader(self) -> Any:
         """The training dataloader (``fit``)."""
         raise NotImplementedError(

@@ -496,6 +496,8 @@ class Trainer(TrainerProperties):
             strategy.on_exception(exception)
             for cb in self.callbacks:
                 cb.on_exception(self, model, exception)
+            if datamodule is not None:
+                datamodule.on_exception(exception)
             checkpointing.finish_background_save(strategy, exception)
             self._finalize_loggers("failed")
             raise
