@@ -38,6 +38,16 @@ Configurations:
         echo "torch==2.13.0" > /tmp/torch-pin.txt
         benchmarks/.venv-lightning/bin/pip install lightning==2.6.6 -c /tmp/torch-pin.txt
 
+``loop-fsdp``, ``fullshard-fsdp``
+    The loop with the whole MLP in one ``FullyShardedDataParallel`` unit (``use_orig_params=
+    True``), and ``Trainer(strategy="fsdp")``, which wraps it the same way.
+``loop-fsdp-fixed-mmap``, ``fullshard-fsdp-glibc-mmap``
+    The one difference between those two that is not per-step Python: on CPU, FSDPStrategy
+    fixes glibc's mmap threshold at 128 KiB (``cpu_mmap_threshold``, [Note: CPU memory under
+    FSDP]), so that each gathered unit is mapped afresh. The first is the loop with that
+    setting, the second the Trainer without it; the pair of pairs tells the setting's cost
+    from fullshard's own.
+
 What is measured, on rank 0:
 
 per step
@@ -114,6 +124,7 @@ SECTION = "## Trainer overhead"
 WORLD_SIZE = 2
 PER_STEP_TARGET = 1.03  # at most this times the loop's time per step
 START_UP_TARGET_S = 1.0  # at most this many seconds more start-up than the loop
+FSDP_MMAP_THRESHOLD = 128 * 1024  # FSDPStrategy's default cpu_mmap_threshold
 FSDP_START_UP_TARGET_S = 0.2  # strategy="fsdp": at most this much more than the same loop under FSDP
 RUN_TIMEOUT_S = 300
 PAIRED_WARMUP = 10  # steps of each paired segment not timed (see [Note: paired segments])
@@ -235,8 +246,11 @@ def _start_rank_1() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "LOCAL_RANK": "1"})
 
 
-def run_loop_worker(args: argparse.Namespace, clock: StepClock, fsdp: bool = False) -> None:
-    """The hand-written reference loop (``fsdp``: under FullyShardedDataParallel, not DDP)."""
+def run_loop_worker(
+    args: argparse.Namespace, clock: StepClock, fsdp: bool = False, fixed_mmap: bool = False
+) -> None:
+    """The hand-written reference loop (``fsdp``: under FullyShardedDataParallel, not DDP;
+    ``fixed_mmap``: with glibc's mmap threshold fixed as fullshard's FSDP does on CPU)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -254,6 +268,10 @@ def run_loop_worker(args: argparse.Namespace, clock: StepClock, fsdp: bool = Fal
     if fsdp:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
+        if fixed_mmap:
+            from fullshard.strategies.fsdp_options import fix_malloc_mmap_threshold
+
+            fix_malloc_mmap_threshold(FSDP_MMAP_THRESHOLD)
         model: Any = FullyShardedDataParallel(net, use_orig_params=True, device_id=torch.device("cpu"))
     else:
         model = DistributedDataParallel(net)
@@ -279,9 +297,10 @@ def run_loop_worker(args: argparse.Namespace, clock: StepClock, fsdp: bool = Fal
 
 
 def run_fullshard_worker(
-    args: argparse.Namespace, clock: StepClock, defaults: bool, strategy: str = "ddp"
+    args: argparse.Namespace, clock: StepClock, defaults: bool, strategy: str = "ddp", glibc_mmap: bool = False
 ) -> None:
-    """``fullshard.Trainer.fit``; ``defaults`` turns the progress bar and the CSV logger on."""
+    """``fullshard.Trainer.fit``; ``defaults`` turns the progress bar and the CSV logger on;
+    ``glibc_mmap`` (``strategy="fsdp"``): ``FSDPStrategy(cpu_mmap_threshold=None)``."""
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
@@ -312,10 +331,15 @@ def run_fullshard_worker(
     switches: dict[str, Any] = (
         {} if defaults else {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
     )
+    chosen: Any = strategy
+    if glibc_mmap:
+        from fullshard.strategies import FSDPStrategy
+
+        chosen = FSDPStrategy(cpu_mmap_threshold=None)
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=WORLD_SIZE,
-        strategy=strategy,
+        strategy=chosen,
         max_steps=work.steps,
         enable_checkpointing=False,
         default_root_dir=args.root,
@@ -466,6 +490,17 @@ def _configs() -> list[Config]:
             "fullshard-fsdp",
             "fullshard Trainer, strategy='fsdp', logger/ckpt/bar off",
             [*here, "--worker", "fullshard-fsdp"],
+        ),
+        # where the FSDP rows differ: the glibc mmap threshold fullshard fixes on CPU by default
+        Config(
+            "loop-fsdp-fixed-mmap",
+            "hand-written loop under FullyShardedDataParallel, mmap threshold fixed at 128 KiB as fullshard's",
+            [*here, "--worker", "loop-fsdp-fixed-mmap"],
+        ),
+        Config(
+            "fullshard-fsdp-glibc-mmap",
+            "fullshard Trainer, FSDPStrategy(cpu_mmap_threshold=None): glibc's own threshold, as the loop",
+            [*here, "--worker", "fullshard-fsdp-glibc-mmap"],
         ),
     ]
 
@@ -790,17 +825,20 @@ def main(argv: list[str] | None = None) -> None:
 def _worker_main(name: str, argv: list[str]) -> None:
     clock = StepClock()
     args = worker_parser(f"overhead.py --worker {name}").parse_args(argv)
-    if name in ("loop", "loop-fsdp"):
-        run_loop_worker(args, clock, fsdp=name == "loop-fsdp")
+    if name in ("loop", "loop-fsdp", "loop-fsdp-fixed-mmap"):
+        run_loop_worker(args, clock, fsdp=name != "loop", fixed_mmap=name == "loop-fsdp-fixed-mmap")
     elif name in ("fullshard", "fullshard-defaults"):
         run_fullshard_worker(args, clock, defaults=name == "fullshard-defaults")
-    elif name == "fullshard-fsdp":
-        run_fullshard_worker(args, clock, defaults=False, strategy="fsdp")
+    elif name in ("fullshard-fsdp", "fullshard-fsdp-glibc-mmap"):
+        run_fullshard_worker(
+            args, clock, defaults=False, strategy="fsdp", glibc_mmap=name == "fullshard-fsdp-glibc-mmap"
+        )
     elif name == "paired":
         run_paired_worker(args, warmup=PAIRED_WARMUP)
     else:
         raise SystemExit(
-            f"unknown worker {name!r}; use loop, loop-fsdp, fullshard, fullshard-defaults or fullshard-fsdp"
+            f"unknown worker {name!r}; use loop, loop-fsdp, loop-fsdp-fixed-mmap, fullshard, "
+            "fullshard-defaults, fullshard-fsdp or fullshard-fsdp-glibc-mmap"
         )
 
 
