@@ -41,12 +41,14 @@ Configurations:
 ``loop-fsdp``, ``fullshard-fsdp``
     The loop with the whole MLP in one ``FullyShardedDataParallel`` unit (``use_orig_params=
     True``), and ``Trainer(strategy="fsdp")``, which wraps it the same way.
-``loop-fsdp-fixed-mmap``, ``fullshard-fsdp-glibc-mmap``
+``loop-fsdp-fixed-mmap``, ``fullshard-fsdp-glibc-mmap`` (run only when named in ``--only``)
     The one difference between those two that is not per-step Python: on CPU, FSDPStrategy
     fixes glibc's mmap threshold at 128 KiB (``cpu_mmap_threshold``, [Note: CPU memory under
     FSDP]), so that each gathered unit is mapped afresh. The first is the loop with that
     setting, the second the Trainer without it; the pair of pairs tells the setting's cost
     from fullshard's own.
+``loop-fsdp2``, ``fullshard-fsdp2`` and their ``-fixed-mmap`` / ``-glibc-mmap`` variants (``--only``)
+    The same four under FSDP2: ``fully_shard(net)`` on a 1-D CPU mesh, ``strategy="fsdp2"``.
 
 What is measured, on rank 0:
 
@@ -247,10 +249,11 @@ def _start_rank_1() -> subprocess.Popen[bytes]:
 
 
 def run_loop_worker(
-    args: argparse.Namespace, clock: StepClock, fsdp: bool = False, fixed_mmap: bool = False
+    args: argparse.Namespace, clock: StepClock, wrapper: str = "ddp", fixed_mmap: bool = False
 ) -> None:
-    """The hand-written reference loop (``fsdp``: under FullyShardedDataParallel, not DDP;
-    ``fixed_mmap``: with glibc's mmap threshold fixed as fullshard's FSDP does on CPU)."""
+    """The hand-written reference loop under ``wrapper``: ``"ddp"`` (DistributedDataParallel),
+    ``"fsdp"`` (FullyShardedDataParallel) or ``"fsdp2"`` (``fully_shard``); ``fixed_mmap``: with
+    glibc's mmap threshold fixed as fullshard's FSDP strategies do on CPU."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -265,14 +268,20 @@ def run_loop_worker(
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     child = _start_rank_1() if rank == 0 else None
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    if fsdp:
+    if fixed_mmap:
+        from fullshard.strategies.fsdp_options import fix_malloc_mmap_threshold
+
+        fix_malloc_mmap_threshold(FSDP_MMAP_THRESHOLD)
+    model: Any
+    if wrapper == "fsdp":
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        if fixed_mmap:
-            from fullshard.strategies.fsdp_options import fix_malloc_mmap_threshold
+        model = FullyShardedDataParallel(net, use_orig_params=True, device_id=torch.device("cpu"))
+    elif wrapper == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
 
-            fix_malloc_mmap_threshold(FSDP_MMAP_THRESHOLD)
-        model: Any = FullyShardedDataParallel(net, use_orig_params=True, device_id=torch.device("cpu"))
+        model = fully_shard(net, mesh=init_device_mesh("cpu", (WORLD_SIZE,)))
     else:
         model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=work.lr)
@@ -297,10 +306,14 @@ def run_loop_worker(
 
 
 def run_fullshard_worker(
-    args: argparse.Namespace, clock: StepClock, defaults: bool, strategy: str = "ddp", glibc_mmap: bool = False
+    args: argparse.Namespace,
+    clock: StepClock,
+    defaults: bool,
+    strategy: str = "ddp",
+    glibc_mmap: bool = False,
 ) -> None:
     """``fullshard.Trainer.fit``; ``defaults`` turns the progress bar and the CSV logger on;
-    ``glibc_mmap`` (``strategy="fsdp"``): ``FSDPStrategy(cpu_mmap_threshold=None)``."""
+    ``glibc_mmap`` (``strategy="fsdp"`` or ``"fsdp2"``): that strategy with ``cpu_mmap_threshold=None``."""
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
@@ -333,9 +346,9 @@ def run_fullshard_worker(
     )
     chosen: Any = strategy
     if glibc_mmap:
-        from fullshard.strategies import FSDPStrategy
+        from fullshard.strategies import FSDP2Strategy, FSDPStrategy
 
-        chosen = FSDPStrategy(cpu_mmap_threshold=None)
+        chosen = (FSDP2Strategy if strategy == "fsdp2" else FSDPStrategy)(cpu_mmap_threshold=None)
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=WORLD_SIZE,
@@ -445,6 +458,7 @@ class Config:
     label: str
     command: list[str]
     skip_reason: str | None = None
+    diagnostic: bool = False  # run only when named in --only
 
 
 @dataclass(frozen=True)
@@ -491,16 +505,26 @@ def _configs() -> list[Config]:
             "fullshard Trainer, strategy='fsdp', logger/ckpt/bar off",
             [*here, "--worker", "fullshard-fsdp"],
         ),
-        # where the FSDP rows differ: the glibc mmap threshold fullshard fixes on CPU by default
-        Config(
-            "loop-fsdp-fixed-mmap",
-            "hand-written loop under FullyShardedDataParallel, mmap threshold fixed at 128 KiB as fullshard's",
-            [*here, "--worker", "loop-fsdp-fixed-mmap"],
-        ),
-        Config(
-            "fullshard-fsdp-glibc-mmap",
-            "fullshard Trainer, FSDPStrategy(cpu_mmap_threshold=None): glibc's own threshold, as the loop",
-            [*here, "--worker", "fullshard-fsdp-glibc-mmap"],
+        # diagnostics (--only): the glibc mmap threshold fullshard fixes on CPU by default, FSDP2
+        *(
+            Config(name, label, [*here, "--worker", name], diagnostic=True)
+            for name, label in (
+                (
+                    "loop-fsdp-fixed-mmap",
+                    "hand-written loop under FullyShardedDataParallel, mmap threshold fixed at 128 KiB as fullshard's",
+                ),
+                (
+                    "fullshard-fsdp-glibc-mmap",
+                    "fullshard Trainer, FSDPStrategy(cpu_mmap_threshold=None): glibc's own threshold, as the loop",
+                ),
+                ("loop-fsdp2", "hand-written loop under fully_shard (FSDP2)"),
+                ("fullshard-fsdp2", "fullshard Trainer, strategy='fsdp2', logger/ckpt/bar off"),
+                (
+                    "loop-fsdp2-fixed-mmap",
+                    "hand-written loop under fully_shard, mmap threshold fixed at 128 KiB as fullshard's",
+                ),
+                ("fullshard-fsdp2-glibc-mmap", "fullshard Trainer, FSDP2Strategy(cpu_mmap_threshold=None)"),
+            )
         ),
     ]
 
@@ -808,7 +832,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--steps must exceed --warmup + 1 ({args.warmup + 1})")
     if args.pairs and args.pair_steps <= PAIRED_WARMUP + 1:
         parser.error(f"--pair-steps must exceed {PAIRED_WARMUP + 1}")
-    configs = [c for c in _configs() if not args.only or c.name in {"loop", *args.only}]
+    configs = [c for c in _configs() if (c.name in {"loop", *args.only} if args.only else not c.diagnostic)]
     results, ratios = run_benchmark(args, configs)
     print()
     print(render_table(configs, results))
@@ -825,20 +849,21 @@ def main(argv: list[str] | None = None) -> None:
 def _worker_main(name: str, argv: list[str]) -> None:
     clock = StepClock()
     args = worker_parser(f"overhead.py --worker {name}").parse_args(argv)
-    if name in ("loop", "loop-fsdp", "loop-fsdp-fixed-mmap"):
-        run_loop_worker(args, clock, fsdp=name != "loop", fixed_mmap=name == "loop-fsdp-fixed-mmap")
+    if name == "loop" or name.startswith("loop-fsdp"):
+        wrapper = "ddp" if name == "loop" else name.removesuffix("-fixed-mmap").removeprefix("loop-")
+        run_loop_worker(args, clock, wrapper=wrapper, fixed_mmap=name.endswith("-fixed-mmap"))
     elif name in ("fullshard", "fullshard-defaults"):
         run_fullshard_worker(args, clock, defaults=name == "fullshard-defaults")
-    elif name in ("fullshard-fsdp", "fullshard-fsdp-glibc-mmap"):
+    elif name.startswith("fullshard-fsdp"):
+        strategy = name.removesuffix("-glibc-mmap").removeprefix("fullshard-")
         run_fullshard_worker(
-            args, clock, defaults=False, strategy="fsdp", glibc_mmap=name == "fullshard-fsdp-glibc-mmap"
+            args, clock, defaults=False, strategy=strategy, glibc_mmap=name.endswith("-glibc-mmap")
         )
     elif name == "paired":
         run_paired_worker(args, warmup=PAIRED_WARMUP)
     else:
         raise SystemExit(
-            f"unknown worker {name!r}; use loop, loop-fsdp, loop-fsdp-fixed-mmap, fullshard, "
-            "fullshard-defaults, fullshard-fsdp or fullshard-fsdp-glibc-mmap"
+            f"unknown worker {name!r}; use one of {', '.join(c.name for c in _configs())} or paired"
         )
 
 
