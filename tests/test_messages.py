@@ -12,7 +12,7 @@ import pytest
 from torch import nn
 
 from conftest import check_ok, quiet_trainer, run_script
-from fullshard.strategies.strategy import ParameterSize
+from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.trainer.summary import model_summary
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from fullshard.strategies.strategy import ParameterSize, clean_parameter_name
+from fullshard.strategies.parameter_sizes import ParameterSize, clean_parameter_name
 
 
 def flat_parameter_sizes(root: nn.Module, module: nn.Module, fsdp_class: type[nn.Module]) -> list[ParameterSize]:

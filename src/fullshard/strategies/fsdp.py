@@ -46,7 +46,7 @@ from fullshard.strategies.manual_steps import (
 from fullshard.strategies.meta_init import MetaInit, user_init_of
 from fullshard.strategies.module_aliases import add_alias_keys, detached, drop_alias_keys, find_aliases
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
-from fullshard.strategies.strategy import ParameterSize
+from fullshard.strategies.parameter_sizes import ParameterSize
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

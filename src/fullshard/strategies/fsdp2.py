@@ -34,7 +34,7 @@ from fullshard.precision import FSDP2Precision, Precision
 from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.fsdp_options import sharding_name
 from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
-from fullshard.strategies.strategy import ParameterSize, clean_parameter_name
+from fullshard.strategies.parameter_sizes import ParameterSize, clean_parameter_name
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer

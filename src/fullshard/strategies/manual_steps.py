@@ -22,7 +22,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from fullshard.errors import MisconfigurationError
-from fullshard.strategies.strategy import clean_parameter_name
+from fullshard.strategies.parameter_sizes import clean_parameter_name
 
 
 def no_sync_in_step_error() -> MisconfigurationError:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -34,6 +34,10 @@ from fullshard.batch_transfer import BatchTransfer, move_data_to_device
 from fullshard.compile import CompileConfig, CompileUnit, apply_compile, resolve_compile
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
+from fullshard.strategies.parameter_sizes import (
+    ParameterSize,
+    unsharded_parameter_sizes,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -47,39 +51,6 @@ NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()  # statele
 STATE_DICT_TYPES = ("full", "sharded")
 ReduceOp = Literal["sum", "mean", "max", "min"]
 # What wrappers insert into parameter names (FSDP1 units, activation checkpointing).
-_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
-
-
-@dataclass(frozen=True)
-class ParameterSize:
-    """One parameter of the model as the user wrote it: its full size and this process's share.
-
-    ``name`` carries no wrapper prefixes; ``numel`` is the whole parameter's element count,
-    ``local_numel`` the part this process holds (smaller only when a strategy shards it).
-    """
-
-    name: str
-    numel: int
-    local_numel: int
-    requires_grad: bool
-    element_size: int
-
-
-def clean_parameter_name(name: str) -> str:
-    """``name`` without the prefixes FSDP1 and activation checkpointing wrappers insert."""
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
-
-
-def unsharded_parameter_sizes(module: nn.Module) -> list[ParameterSize]:
-    """Each parameter of ``module`` as it is: whole, and all of it held by this process."""
-    return [
-        ParameterSize(clean_parameter_name(name), p.numel(), p.numel(), p.requires_grad, p.element_size())
-        for name, p in module.named_parameters()
-    ]
-
-
 def _redirected_call(
     wrapper: nn.Module, module: nn.Module, method: str, *args: Any, after_step: Callable[[], None] | None = None
 ) -> Any:

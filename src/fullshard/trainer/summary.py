@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from fullshard.strategies.strategy import ParameterSize, unsharded_parameter_sizes
+from fullshard.strategies.parameter_sizes import ParameterSize, unsharded_parameter_sizes
 
 
 def _human(n: int) -> str:

@@ -11,12 +11,15 @@ import shutil
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fullshard.checkpoint.layout import RECORD_NAME
 from fullshard.errors import MisconfigurationError
+
+if TYPE_CHECKING:
+    from fullshard.trainer.trainer import Trainer
 
 # A field of a filename template: "{name}" or "{name:format_spec}". The name runs up to the
 # first ":" or "}", so it may hold "/" or "." (logged names such as "val/loss").
@@ -171,3 +174,18 @@ def check_arguments(
             f"ModelCheckpoint({listed}): pass only one of every_n_train_steps, every_n_epochs and "
             "train_time_interval. To save on several schedules, use one ModelCheckpoint for each."
         )
+
+
+def default_dirpath(trainer: Trainer) -> str:
+    """Where a ModelCheckpoint without ``dirpath`` saves: under the first logger's directory,
+    else under ``default_root_dir``."""
+    root = trainer.loggers[0].log_dir if trainer.loggers else trainer.default_root_dir
+    return os.path.join(root, "checkpoints")
+
+
+def validates_after_epoch(trainer: Trainer) -> bool:
+    """Whether a validation run is expected after the current (last) batch of the epoch."""
+    if not sum(trainer.num_val_batches):
+        return False
+    every = trainer.check_val_every_n_epoch
+    return every is None or (trainer.current_epoch + 1) % every == 0

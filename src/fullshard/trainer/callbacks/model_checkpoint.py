@@ -43,10 +43,12 @@ from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.checkpoint_files import (
     check_arguments,
+    default_dirpath,
     fill_template,
     link_or_copy,
     newest_complete,
     remove_path,
+    validates_after_epoch,
     write_scores_yaml,
 )
 from fullshard.trainer.preemption import TrainingPreempted
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["ModelCheckpoint"]
 
 log = logging.getLogger(__name__)
+
 
 class ModelCheckpoint(Callback):
     """Save checkpoints during training (see [Note: when ModelCheckpoint saves]).
@@ -206,7 +209,8 @@ class ModelCheckpoint(Callback):
         self._validation_has_run = False
         self._defer_save_until_validation = False
         # Rank 0 decides (a logger's version is picked from what is on its disk) and tells the others.
-        dirpath = trainer.strategy.broadcast(self._resolve_dirpath(trainer) if trainer.is_global_zero else "")
+        chosen = (self.dirpath or default_dirpath(trainer)) if trainer.is_global_zero else ""
+        dirpath = trainer.strategy.broadcast(chosen)
         self.dirpath = dirpath
         warn = trainer.is_global_zero and stage == "fit" and self.save_top_k != 0
         if warn and os.path.isdir(dirpath) and os.listdir(dirpath):
@@ -240,7 +244,7 @@ class ModelCheckpoint(Callback):
             or (
                 trainer.is_last_batch
                 and not self._should_save_on_train_epoch_end(trainer)
-                and _validates_now(trainer)
+                and validates_after_epoch(trainer)
             )
         ):
             self._defer_save_until_validation = True
@@ -539,18 +543,6 @@ class ModelCheckpoint(Callback):
         trainer.strategy.barrier("model_checkpoint_remove")
 
     # ------------------------------------------------------------------------------------ names
-    def _format_checkpoint_name(
-        self,
-        filename: str | None,
-        metrics: dict[str, Any],
-        prefix: str | None = None,
-        auto_insert_metric_name: bool = True,
-    ) -> str:
-        template = filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
-        equals = self.CHECKPOINT_EQUALS_CHAR if auto_insert_metric_name else None
-        name = fill_template(template, metrics, equals)
-        return self.CHECKPOINT_JOIN_CHAR.join([prefix, name]) if prefix is not None else name
-
     def format_checkpoint_name(
         self,
         metrics: dict[str, Any],
@@ -563,12 +555,12 @@ class ModelCheckpoint(Callback):
         ``ModelCheckpoint(filename="{epoch}-{val_loss:.2f}")`` gives ``epoch=2-val_loss=0.12.ckpt``
         in :attr:`dirpath`; ``ver=1`` appends ``-v1``.
         """
-        name = self._format_checkpoint_name(
-            filename or self.filename,
-            metrics,
-            prefix=prefix,
-            auto_insert_metric_name=self.auto_insert_metric_name,
+        template = filename or self.filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
+        name = fill_template(
+            template, metrics, self.CHECKPOINT_EQUALS_CHAR if self.auto_insert_metric_name else None
         )
+        if prefix is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join([prefix, name])
         if ver is not None:
             name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
         name += self.FILE_EXTENSION
@@ -589,13 +581,6 @@ class ModelCheckpoint(Callback):
         """Whether ``filepath`` exists, as rank 0 sees it (every rank gets the same answer)."""
         exists = os.path.exists(filepath) if trainer.is_global_zero else False
         return trainer.strategy.reduce_boolean_decision(exists, all=False)
-
-    def _resolve_dirpath(self, trainer: Trainer) -> str:
-        if self.dirpath is not None:
-            return self.dirpath
-        if trainer.loggers:
-            return os.path.join(trainer.loggers[0].log_dir, "checkpoints")
-        return os.path.join(trainer.default_root_dir, "checkpoints")
 
     # ------------------------------------------------------------------------------------ misc
     def to_yaml(self, filepath: str | os.PathLike[str] | None = None) -> None:
@@ -619,11 +604,3 @@ class ModelCheckpoint(Callback):
     def _info(self, trainer: Trainer, message: str) -> None:
         if trainer.is_global_zero:
             log.info(message)
-
-
-def _validates_now(trainer: Trainer) -> bool:
-    """Whether a validation run is expected after the current (last) batch of the epoch."""
-    if not sum(trainer.num_val_batches):
-        return False
-    every = trainer.check_val_every_n_epoch
-    return every is None or (trainer.current_epoch + 1) % every == 0
