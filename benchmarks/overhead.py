@@ -269,7 +269,7 @@ def run_loop_worker(
     child = _start_rank_1() if rank == 0 else None
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     if fixed_mmap:
-        from fullshard.strategies.fsdp_options import fix_malloc_mmap_threshold
+        from fullshard.strategies.cpu_memory import fix_malloc_mmap_threshold
 
         fix_malloc_mmap_threshold(FSDP_MMAP_THRESHOLD)
     model: Any

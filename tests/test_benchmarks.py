@@ -22,7 +22,9 @@ DOCS = REPO / "docs" / "benchmarks.md"
 # docs/compile.md)
 SCRIPTS = {
     "overhead": "benchmarks",
+    "fsdp_step": "benchmarks",
     "memory": "benchmarks",
+    "cpu_allocator": "benchmarks",
     "fast_init": "benchmarks",
     "checkpoint": "benchmarks",
     "stuck_ranks": "benchmarks",

@@ -259,7 +259,7 @@ def test_precision_mapping() -> None:
 def test_fixed_mmap_threshold_on_glibc() -> None:
     import platform
 
-    from fullshard.strategies.fsdp_options import fix_malloc_mmap_threshold
+    from fullshard.strategies.cpu_memory import fix_malloc_mmap_threshold
 
     changed = fix_malloc_mmap_threshold(128 * 1024)
     assert changed == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")

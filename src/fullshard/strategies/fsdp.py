@@ -28,9 +28,9 @@ from fullshard.policies import (
     resolve_policy,
 )
 from fullshard.precision import FSDPPrecision, Precision
+from fullshard.strategies.cpu_memory import set_up_cpu_memory
 from fullshard.strategies.flat_params import flat_parameter_sizes
 from fullshard.strategies.fsdp_options import (
-    fix_malloc_mmap_threshold,
     parse_backward_prefetch,
     parse_cpu_offload,
     sharding_name,
@@ -90,7 +90,9 @@ class FSDPStrategy(ParallelStrategy):
         cpu_mmap_threshold: on CPU devices with glibc, allocations of at least this many bytes
             are mapped separately and returned to the system when freed, so gathered units do
             not stay resident (see [Note: CPU memory under FSDP]); None keeps glibc's adaptive
-            default (faster, much more memory).
+            default (faster, much more memory). Fresh mappings cost page faults, which
+            transparent huge pages make cheap: fullshard asks torch for them when imported, and
+            says once at setup when they are not in use.
         compile: ``torch.compile`` each FSDP unit's inner module in place, after wrapping (with no
             units, the module's ``forward``): True, False/None, or a dict of ``torch.compile``
             keyword arguments (docs/compile.md). The same as ``Trainer(compile=...)``; giving both
@@ -291,8 +293,8 @@ class FSDPStrategy(ParallelStrategy):
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
-        if self.root_device.type == "cpu" and self.cpu_mmap_threshold is not None:
-            fix_malloc_mmap_threshold(self.cpu_mmap_threshold)
+        if self.root_device.type == "cpu":
+            set_up_cpu_memory(self.cpu_mmap_threshold)
         shape = self._mesh_shape()
         if self.is_hybrid and shape is not None and self._mesh is None:
             if isinstance(self.device_mesh, tuple) or self.device_mesh is None:

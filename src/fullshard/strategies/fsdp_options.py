@@ -1,5 +1,5 @@
 """FSDP's options, parsed without importing ``torch.distributed.fsdp`` until one is used: the
-sharding strategy, CPU offload, backward prefetch, and the malloc setting FSDP on CPU needs."""
+sharding strategy, CPU offload and backward prefetch."""
 
 from __future__ import annotations
 
@@ -59,32 +59,6 @@ def parse_cpu_offload(value: Any) -> CPUOffload:
         f"cpu_offload={value!r} ({type(value).__name__}) cannot be used: pass True, False, or "
         "torch.distributed.fsdp.CPUOffload(offload_params=True)."
     )
-
-
-_M_MMAP_THRESHOLD = -3  # mallopt(3) parameter number in glibc's malloc.h
-
-
-def fix_malloc_mmap_threshold(threshold: int) -> bool:
-    """Give glibc's malloc a fixed mmap threshold (``mallopt(M_MMAP_THRESHOLD, threshold)``).
-
-    [Note: CPU memory under FSDP]
-    glibc serves a request of at least the mmap threshold with its own ``mmap``, returned to the
-    system on ``free``, but raises the threshold to the size of each such block freed (up to
-    32 MiB). FSDP on CPU gathers a unit, frees it, gathers the next: after the first free these
-    buffers come from the heap, between long-lived shards and optimizer state, and the holes
-    they leave stay resident, so the process grows as if nothing were sharded. A fixed threshold
-    turns the adjustment off (benchmarks/memory.py: FULL_SHARD peak 1.06x DDP's without it,
-    0.42x with it), at the cost of mapping fresh pages for each gathered unit. Returns False
-    where there is no glibc (other C libraries, other systems): nothing is changed there.
-    """
-    import ctypes
-    import ctypes.util
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
 
 
 def parse_backward_prefetch(value: Any) -> Any:
