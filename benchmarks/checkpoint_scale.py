@@ -204,7 +204,9 @@ def index_costs(ranks: int, tensors: int, rows: int = 8, cols: int = 640) -> dic
 
     import torch
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.filesystem import (
+        _StorageInfo,  # private: what its writer records per item
+    )
     from torch.distributed.checkpoint.metadata import (
         ChunkStorageMetadata,
         Metadata,
