@@ -29,15 +29,22 @@ plan
 write
     this rank's ``.distcp`` file written (grows with the bytes per rank).
 finish
-    DCP's finish: the write results gathered, ``.metadata`` written by rank 0.
+    DCP's finish: the write results gathered, ``.metadata`` written by rank 0 (and, in plain DCP,
+    the whole index broadcast back to every rank; fullshard sends an empty one: see [Note: DCP's
+    finish returns the index to every rank] in fullshard/checkpoint/commit.py).
 commit
-    fullshard's commit: every rank fsyncs and checksums its files, the checksums are gathered,
-    rank 0 writes ``meta.pt`` and the commit record.
+    fullshard's commit: every rank fsyncs and checksums its files and writes its rank record
+    beside them, the ranks agree with one all-reduce of a flag, rank 0 writes ``meta.pt`` and the
+    commit record (no checksum travels between ranks).
 
 A load is timed whole and in two parts: the checks (rank 0 reads the commit record and checks
 files, sizes and shapes; every rank its share of the checksums, where loads verify) and DCP's
 load into the state dicts plus ``set_state``. ``layout.verify`` (every byte of every file, in
 one process) is timed once per job.
+
+Then, in this process, what DCP's plan and finish steps move and compute at more ranks than the
+machine can run (``index_costs``: 16 to 1,024 ranks x 300 tensors by default); ``--index-only``
+prints just that, in seconds.
 """
 
 from __future__ import annotations
@@ -70,7 +77,7 @@ def run_worker(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     import fullshard
-    from fullshard.checkpoint import engine
+    from fullshard.checkpoint import commit, engine
     from fullshard.checkpoint.events import set_event_hook
     from fullshard.checkpoint.layout import verify
     from fullshard.strategies import FSDP2Strategy, FSDPStrategy
@@ -105,7 +112,7 @@ def run_worker(args: argparse.Namespace) -> None:
 
     marks: dict[str, float] = {}
     set_event_hook(lambda point: marks.__setitem__(point, time.perf_counter()))
-    get_state, write_data, dcp_load = strategy.get_state, engine._Writer.write_data, engine.dcp_load
+    get_state, write_data, dcp_load = strategy.get_state, commit.ShardWriter.write_data, engine.dcp_load
 
     def timed_get_state(*a: Any, **k: Any) -> Any:
         result = get_state(*a, **k)
@@ -121,7 +128,7 @@ def run_worker(args: argparse.Namespace) -> None:
         return dcp_load(*a, **k)
 
     strategy.get_state = timed_get_state  # type: ignore[method-assign]
-    engine._Writer.write_data = timed_write_data  # type: ignore[method-assign]
+    commit.ShardWriter.write_data = timed_write_data  # type: ignore[method-assign]
     engine.dcp_load = timed_dcp_load
 
     root = Path(args.dir)
@@ -180,6 +187,143 @@ def run_worker(args: argparse.Namespace) -> None:
             "tensors": 3 * sum(1 for _ in trainer.strategy.module.parameters()),  # type: ignore[union-attr]
         }
         Path(args.out).write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------------------------------------
+# The index: what DCP's plan and finish steps and fullshard's commit move, at any number of ranks,
+# in this one process.
+
+
+def index_costs(ranks: int, tensors: int, rows: int = 8, cols: int = 640) -> dict[str, float]:
+    """What a sharded save of ``tensors`` tensors over ``ranks`` ranks moves and computes outside
+    the tensor bytes, built as DCP builds it: each rank's local plan (one dim-0 shard of every
+    tensor, ``rows`` x ``cols``), rank 0's global plan and index over all of them, each rank's
+    write results, the ``.metadata`` file, and the load's overlap search on one rank.
+    Sizes in bytes (pickled, as the gloo object collectives send them), times in seconds."""
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.filesystem import (
+        _StorageInfo,  # private: what its writer records per item
+    )
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+    )
+    from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    from fullshard.checkpoint.layout import CommitRecord
+    from fullshard.seed import rng_states
+
+    names = [f"model.blocks.{i}.linear.weight" for i in range(tensors)]
+    mappings = {name: tuple(name.split(".", 1)) for name in names}  # DCP's flattening, per rank
+    properties, size = TensorProperties(dtype=torch.float32), torch.Size([rows * ranks, cols])
+
+    def local_plan(rank: int) -> SavePlan:
+        chunk = ChunkStorageMetadata(offsets=torch.Size([rank * rows, 0]), sizes=torch.Size([rows, cols]))
+        items = [
+            WriteItem(
+                index=MetadataIndex(name, chunk.offsets),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(chunk=chunk, properties=properties, size=size),
+            )
+            for name in names
+        ]
+        return SavePlan(items, planner_data=mappings)
+
+    start = time.perf_counter()
+    plans = [local_plan(rank) for rank in range(ranks)]
+    local_bytes = len(pickle.dumps(plans[-1]))
+    built = time.perf_counter()
+    global_plans, metadata = DefaultSavePlanner().create_global_plan(plans)
+    planned = time.perf_counter()
+    scatter_bytes = len(pickle.dumps(global_plans[-1]))
+    results = [
+        [
+            WriteResult(
+                index=item.index,
+                size_in_bytes=rows * cols * 4,
+                storage_data=_StorageInfo(f"__{rank}_0.distcp", i * rows * cols * 4, rows * cols * 4),
+            )
+            for i, item in enumerate(plan.items)
+        ]
+        for rank, plan in enumerate(global_plans)
+    ]
+    result_bytes = len(pickle.dumps(results[-1]))
+    gathered = [pickle.dumps(plan) for plan in plans] + [pickle.dumps(r) for r in results]
+    received = time.perf_counter()
+    for message in gathered:  # what rank 0 unpickles of the plan and finish steps' gathers
+        pickle.loads(message)
+    del gathered
+    merged = time.perf_counter()
+    storage: dict[Any, Any] = {}
+    for rank_results in results:  # FileSystemWriter.finish
+        storage.update({result.index: result.storage_data for result in rank_results})
+    metadata.storage_data = storage
+    index = pickle.dumps(metadata)
+    finished = time.perf_counter()
+    pickle.loads(index)
+    unpickled = time.perf_counter()
+    mine = [ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([rows, cols]))]
+    for name in names:  # the load's plan on one rank (same layout): every chunk of each of its tensors
+        create_read_items_for_chunk_list(name, metadata.state_dict_metadata[name], mine)  # type: ignore[arg-type]
+    searched = time.perf_counter()
+    empty = Metadata(state_dict_metadata={}, storage_meta=metadata.storage_meta)
+    rank_record = {
+        "files": {"__0_0.distcp": {"size": 10**9, "crc32": 2**32 - 1}},
+        "rank": ranks - 1,
+        "crc32": 0,
+    }
+    record = CommitRecord(
+        data="data-0123456789ab", files={n: {"size": 10**9, "crc32": 2**32 - 1} for n in (".metadata", "meta.pt")},
+        world_size=ranks, strategy="FSDP2Strategy", epoch=0, global_step=10**6, fullshard_version="0.1.0",
+        rank_records=ranks,
+    )  # fmt: skip
+    return {
+        "ranks": ranks,
+        "tensors": tensors,
+        "local_plan_bytes": local_bytes,
+        "build_s": built - start,
+        "global_plan_s": planned - built,
+        "scatter_bytes": scatter_bytes,
+        "result_bytes": result_bytes,
+        "finish_s": finished - merged,
+        "gathered_unpickle_s": merged - received,
+        "index_bytes": len(index),
+        "unpickle_s": unpickled - finished,
+        "load_search_s": searched - unpickled,
+        "empty_index_bytes": len(pickle.dumps(empty)),
+        "rank_record_bytes": len(json.dumps(rank_record, sort_keys=True)),
+        "commit_record_bytes": len(record.to_json()),
+        "rng_bytes": len(pickle.dumps(rng_states())),
+    }
+
+
+def render_index(rows: list[dict[str, float]]) -> str:
+    header = [
+        "ranks x tensors", "local plan / rank", "rank 0 gathers", "rank 0 unpickles them (s)", "global plan (s)",
+        "write results / rank", ".metadata", "finish on rank 0 (s)", "index each rank unpickles (s)",
+        "load search / rank (s)",
+    ]  # fmt: skip
+    cells = []
+    for r in rows:
+        cells.append([
+            f"{r['ranks']} x {r['tensors']}", _size(r["local_plan_bytes"]),
+            _size(r["ranks"] * (r["local_plan_bytes"] + r["result_bytes"])), f"{r['gathered_unpickle_s']:.2f}",
+            f"{r['global_plan_s']:.2f}",
+            _size(r["result_bytes"]), _size(r["index_bytes"]), f"{r['finish_s']:.2f}", f"{r['unpickle_s']:.2f}",
+            f"{r['load_search_s']:.3f}",
+        ])  # fmt: skip
+    return table(header, cells, align="l" + "r" * (len(header) - 1))
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} KB" if n >= 1e3 else f"{n:.0f} B"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +406,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, default=96, help="number of blocks")
     p.add_argument("--width", type=int, default=640, help="features of each Linear")
     p.add_argument("--repeats", type=int, default=3, help="saves and loads per job")
+    p.add_argument(
+        "--index-ranks", type=int, nargs="+", default=[16, 64, 256, 1024], help="ranks of the index table"
+    )
+    p.add_argument("--index-tensors", type=int, default=300, help="tensors of the index table")
+    p.add_argument(
+        "--index-only", action="store_true", help="only the index table (one process, seconds); prints it"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--dir", help=argparse.SUPPRESS)
@@ -273,6 +424,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         args.processes, args.strategy = args.processes[0], args.strategies[0]
         run_worker(args)
+        return
+    index = [index_costs(ranks, args.index_tensors) for ranks in args.index_ranks]
+    if args.index_only:
+        print(render_index(index))
+        print(json.dumps(index, indent=1))
         return
     results = []
     with tempfile.TemporaryDirectory(prefix="fullshard-scale-") as work:
@@ -299,6 +455,16 @@ Each phase shows rank 0 / the slowest rank, in seconds.
 Growth from the fewest to the most processes (slowest rank):
 
 {grown}
+
+What DCP's plan and finish steps move and compute besides the tensor bytes, at {args.index_tensors} tensors
+sharded over more ranks than this machine can run: built in one process as DCP builds it
+(`index_costs` in the script; pickled sizes, as gloo's object collectives send them; times on one core).
+A rank record is {index[0]["rank_record_bytes"]} bytes beside its shard, the commit record
+{index[-1]["commit_record_bytes"]} bytes at {index[-1]["ranks"]} ranks, and the commit's agreement one all-reduce of a
+flag; the index DCP sends back to every rank after its finish step is {index[0]["empty_index_bytes"]} bytes
+(it was the whole `.metadata`). `meta.pt` holds every rank's RNG states, {index[0]["rng_bytes"]} bytes each.
+
+{render_index(index)}
 """
     print("\n" + section)
     if args.write_docs:

@@ -14,7 +14,7 @@ import torch
 
 import fullshard
 from ckpt_helpers import Net, assert_same_state, full_state, run_single
-from fullshard.checkpoint.layout import RECORD_NAME, CommitRecord, verify
+from fullshard.checkpoint.layout import RECORD_NAME, CommitRecord, rank_record_name, recorded_files, verify
 from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect
 from fullshard.checkpoint.validate import StateDictMismatchError
 from fullshard.cli import main as cli_main
@@ -63,7 +63,10 @@ def test_layouts(saved: dict[str, Path]) -> None:
     assert saved["full"].is_file()
     record = CommitRecord.read(saved["sharded"])
     data = saved["sharded"] / record.data
-    assert set(record.files) == {p.name for p in data.iterdir()} >= {".metadata", "meta.pt", "__0_0.distcp"}
+    # every file is recorded: rank 0's in the commit record, each rank's tensor files in its rank record
+    assert set(record.files) == {".metadata", "meta.pt"} and record.rank_records == 1
+    listed = set(recorded_files(saved["sharded"], record)) | {rank_record_name(0)}
+    assert listed == {p.name for p in data.iterdir()} >= {".metadata", "meta.pt", "__0_0.distcp"}
     assert record.world_size == 1 and record.global_step == 4 and record.strategy == "single_device"
     full = torch.load(saved["full"], weights_only=False)
     Net().load_state_dict(full["state_dict"])  # plain module, no prefixes

@@ -403,7 +403,7 @@ def test_commit_record_of_a_newer_format_says_so(saved: dict[str, Path], tmp_pat
     record = json.loads((path / RECORD_NAME).read_text())
     (path / RECORD_NAME).write_text(json.dumps({**record, "format_version": 99, "new_field": 1}))
     with pytest.raises(
-        CheckpointError, match=r"has format version 99; this fullshard reads format 1 and older"
+        CheckpointError, match=r"has format version 99; this fullshard reads format 2 and older"
     ):
         CommitRecord.read(path)
     (path / RECORD_NAME).write_text(json.dumps({**record, "new_field": 1}))  # same format, a field added

@@ -30,7 +30,14 @@ from ckpt_job import Block, Net, make_data  # beside this script, on sys.path
 from torch.utils.data import DataLoader
 
 import fullshard
-from fullshard.checkpoint.layout import META_NAME, RECORD_NAME, CommitRecord, crc32_of
+from fullshard.checkpoint.layout import (
+    META_NAME,
+    PARSED_BY_RANK0,
+    RECORD_NAME,
+    CommitRecord,
+    crc32_of,
+    write_rank_record,
+)
 from fullshard.strategies import FSDPStrategy
 
 RANK = int(os.environ.get("LOCAL_RANK", "0"))
@@ -48,11 +55,18 @@ class Payload:
 
 
 def fix_record(ckpt: Path) -> None:
-    """Rewrite the commit record of the sharded checkpoint ``ckpt`` with the size and CRC-32 of
-    every file now in its data directory: what anyone who can write the files can do."""
+    """Rewrite the records of the sharded checkpoint ``ckpt`` (the commit record and each rank's)
+    with the size and CRC-32 of every file now in its data directory: what anyone who can write
+    the files can do."""
     record = CommitRecord.read(ckpt)
     data = ckpt / record.data
-    files = {f.name: {"size": f.stat().st_size, "crc32": crc32_of(f)} for f in data.iterdir() if f.is_file()}
+
+    def sums(files: Any) -> dict[str, dict[str, int]]:
+        return {f.name: {"size": f.stat().st_size, "crc32": crc32_of(f)} for f in files}
+
+    for rank in range(record.rank_records):
+        write_rank_record(data, rank, sums(sorted(data.glob(f"__{rank}_*.distcp"))))
+    files = sums(data / name for name in PARSED_BY_RANK0)
     (ckpt / RECORD_NAME).write_text(dataclasses.replace(record, files=files).to_json())
 
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import pickle
-import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,50 +30,48 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
 from fullshard.checkpoint import async_save
+from fullshard.checkpoint.commit import (
+    commit_sharded,
+    names_data,
+    record_of,
+    remove_tree,
+    write_bytes,
+    write_shards,
+)
 from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, read_metadata, untrusted_raised
-from fullshard.checkpoint.events import checkpoint_event
 from fullshard.checkpoint.guards import (
-    PARSED_BY_RANK0,
     ArchiveCheck,
     Failure,
     MetaCheck,
     after_commit_error,
     check_meta,
+    check_shares,
     failures_of,
     nonfinite_parameters,
     refuse_nonfinite,
     save_error,
-    verify_shares,
 )
 from fullshard.checkpoint.io import (
     TIED_KEY,
     AfterCommitError,
     atomic_torch_save,
-    atomic_write_text,
     load_checkpoint_file,
-    remove_file_leftovers,
     restore_tied,
 )
 from fullshard.checkpoint.layout import (
     DATA_PREFIX,
     META_NAME,
-    RECORD_NAME,
+    PARSED_BY_RANK0,
     UNVERIFIED_HINT,
     CommitRecord,
-    check_sharded_files,
-    crc32_of,
     damaged_sharded,
     detect_format,
     file_problems,
-    fsync_file,
-    leftover_data_dirs,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
 from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
@@ -222,16 +218,6 @@ def _save_full(
     _decide(strategy, write)
 
 
-class _Writer(FileSystemWriter):
-    """DCP's file writer, signalling when this rank's tensor files are on disk (see events)."""
-
-    def write_data(self, plan: Any, planner: Any) -> Any:
-        future = super().write_data(plan, planner)
-        future.wait()
-        checkpoint_event("sharded.data_written")
-        return future
-
-
 def _save_sharded(
     strategy: Strategy, checkpoint: dict[str, Any], path: Path, optimizers: Sequence[Optimizer]
 ) -> None:
@@ -265,7 +251,7 @@ def _save_sharded(
     # stored under keys that a reader with differently sharded state does not look for.
     checkpoint["optimizer_param_groups"] = [s["param_groups"] for s in optimizer_states]
     state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
-    record = _record_of(strategy, checkpoint, data_name)
+    record = record_of(strategy, checkpoint, data_name)
     rank, no_dist = strategy.global_rank, not strategy.is_distributed
     if strategy.async_save:
         staged, staged_bytes, meta = _stage(strategy, state, checkpoint, path)
@@ -276,52 +262,47 @@ def _save_sharded(
             record.global_step,
             staged,
             staged_bytes,
-            write=lambda staged, group: _write_shards(staged, data, rank, group, no_dist),
-            commit=lambda files: _commit_sharded(
-                path, record, files, lambda target: _write_bytes(meta, target)
-            ),
+            write=lambda staged, group: _write_in_background(staged, data, rank, group, no_dist),
+            commit=lambda _: commit_sharded(path, record, lambda target: write_bytes(meta, target)),
         )
         return
-    mine: dict[str, dict[str, int]] = {}
     failures: list[Failure] = []
     try:
-        mine = _write_shards(state, data, rank, None, no_dist)
+        write_shards(state, data, rank, None, no_dist)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
         failures = failures_of(err, rank)
-    # every rank learns every rank's outcome: none may go on to the commit alone
-    gathered = strategy.all_gather_object((mine, failures))
-    failures = [failure for _, rank_failures in gathered for failure in rank_failures]
-    if failures:
+    # every rank learns whether every rank succeeded (a flag: each rank's checksums are in its
+    # record, beside its shard), and only on a failure what failed: none may go on to the commit alone
+    if not strategy.reduce_boolean_decision(not failures, all=True):
+        failures = [
+            failure for rank_failures in strategy.all_gather_object(failures) for failure in rank_failures
+        ]
 
         def clean_up() -> None:  # [Note: a failed save]: every rank is done writing into it
-            _rmtree(data)
+            remove_tree(data)
             raise save_error(path, failures)
 
         _decide(strategy, clean_up)  # the others raise once rank 0 has removed it
-    files: dict[str, dict[str, int]] = {}
-    for part, _ in gathered:
-        files.update(part)
 
     def commit() -> None:
         try:
-            _commit_sharded(
-                path, record, files, lambda target: atomic_torch_save(checkpoint, target, events=False)
-            )
+            commit_sharded(path, record, lambda target: atomic_torch_save(checkpoint, target, events=False))
         except Exception as err:
-            if _names(path, record.data):  # the commit record was replaced: committed
+            if names_data(path, record.data):  # the commit record was replaced: committed
                 raise after_commit_error(path, err) from err
-            _rmtree(data)
+            remove_tree(data)
             raise save_error(path, failures_of(err, 0)) from err
 
     _decide(strategy, commit)
 
 
-def _names(path: Path, data_name: str) -> bool:
-    """Whether the commit record at ``path`` names the data directory ``data_name``."""
-    try:
-        return CommitRecord.read(path).data == data_name
-    except (CheckpointError, OSError):
-        return False
+def _write_in_background(
+    state: dict[str, Any], data: Path, rank: int, group: Any, no_dist: bool
+) -> async_save.Files:
+    """:func:`write_shards` for a background save, whose exchange carries what this returns:
+    nothing, as each rank's checksums are in its record beside its shard."""
+    write_shards(state, data, rank, group, no_dist)
+    return {}
 
 
 def _stage(
@@ -350,99 +331,6 @@ def _stage(
     if problems:
         raise CheckpointError(problems[0])
     return staged, staged_bytes, meta
-
-
-def _record_of(strategy: Strategy, checkpoint: dict[str, Any], data_name: str) -> CommitRecord:
-    """The commit record of this save, its ``files`` still to be filled in."""
-    loops = checkpoint.get("loops", {})
-    return CommitRecord(
-        data=data_name,
-        files={},
-        world_size=strategy.world_size,
-        strategy=checkpoint.get("strategy", type(strategy).__name__),
-        epoch=int(loops.get("epoch", 0)),
-        global_step=int(loops.get("global_step", 0)),
-        fullshard_version=str(checkpoint.get("fullshard_version", "")),
-    )
-
-
-def _write_shards(
-    state: dict[str, Any], data: Path, rank: int, group: Any, no_dist: bool
-) -> dict[str, dict[str, int]]:
-    """Write this rank's tensors into ``data`` with DCP (collective over ``group``, the default
-    group when None); fsync them; return their sizes and CRC-32s."""
-    # DCP would fsync each file before returning; we fsync them ourselves, beside the CRC-32s
-    # (see _fsync_and_checksum). .metadata is fsynced in _commit_sharded, like meta.pt.
-    dcp_save(
-        state,
-        storage_writer=_Writer(data, single_file_per_rank=True, sync_files=False),
-        process_group=group,
-        no_dist=no_dist,
-    )
-    checkpoint_event("sharded.metadata_written")
-    return _fsync_and_checksum(sorted(data.glob(f"__{rank}_*.distcp")))
-
-
-def _commit_sharded(
-    path: Path, record: CommitRecord, files: dict[str, dict[str, int]], write_meta: Callable[[Path], None]
-) -> None:
-    """On rank 0, once every rank's tensor files are written and fsynced (``files``): write
-    ``meta.pt``, fsync what is not yet, and rename the commit record into place."""
-    data = path / record.data
-    write_meta(data / META_NAME)
-    files = dict(files)
-    for name in (".metadata", META_NAME):
-        fsync_file(data / name)
-        files[name] = {"size": (data / name).stat().st_size, "crc32": crc32_of(data / name)}
-    fsync_file(data)
-    record = dataclasses.replace(record, files=files)
-    atomic_write_text(record.to_json(), path / RECORD_NAME, before_rename="sharded.before_commit")
-    checkpoint_event("sharded.after_commit")
-    for old in leftover_data_dirs(path, keep=record.data):
-        _rmtree(old)
-    remove_file_leftovers(path, RECORD_NAME)
-
-
-def _write_bytes(data: bytes, target: Path) -> None:
-    """Write ``data`` to a file of a data directory no commit record names yet (nothing to
-    replace atomically); _commit_sharded fsyncs it."""
-    with open(target, "wb") as f:
-        f.write(data)
-
-
-def _fsync_and_checksum(files: Sequence[Path]) -> dict[str, dict[str, int]]:
-    """Fsync each file; return the size and CRC-32 of each.
-
-    The fsyncs run in a thread while the CRC-32s are computed: one waits for the disk, the other
-    reads the page cache, so together they take about as long as the slower of the two.
-    """
-
-    errors: list[OSError] = []
-
-    def sync() -> None:
-        try:
-            for file in files:
-                fsync_file(file)
-        except OSError as err:
-            errors.append(err)
-
-    # a plain thread, not a ThreadPoolExecutor: a background save may still be here while the
-    # process exits, when concurrent.futures refuses new work (see _wait_at_exit in async_save.py)
-    syncing = threading.Thread(target=sync, name="fullshard-fsync", daemon=True)
-    syncing.start()
-    try:
-        sums = {file.name: {"size": file.stat().st_size, "crc32": crc32_of(file)} for file in files}
-    finally:
-        syncing.join()
-    if errors:
-        raise errors[0]  # the fsync's error fails the save
-    return sums
-
-
-def _rmtree(directory: Path) -> None:
-    import shutil
-
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------- load
@@ -541,9 +429,13 @@ def _load_sharded(
 
     def read() -> tuple[CommitRecord, dict[str, Any]]:
         record = CommitRecord.read(path)
-        check_sharded_files(path, record, verify=False)  # every file there, at its size
         data = path / record.data
-        if verify:  # the files parsed here, before parsing them; the rest in verify_shares
+        # every file the record lists there, at its size (format 2: the two parsed here; the
+        # tensor files are in the rank records, each rank checks its share in check_shares)
+        problems = file_problems(data, record.files, verify=False)
+        if problems:
+            raise damaged_sharded(path, problems)
+        if verify:  # the files parsed here, before parsing them
             parsed = {name: record.files[name] for name in PARSED_BY_RANK0 if name in record.files}
             problems = file_problems(data, parsed, verify=True)
             if problems:
@@ -565,8 +457,7 @@ def _load_sharded(
         return record, meta
 
     record, meta = _decide(strategy, read)
-    if verify:
-        verify_shares(strategy, path, record)
+    check_shares(strategy, path, record, verify)
     model_state, optimizer_states = strategy.get_state(optimizers, full=False)
     # the aliases are not in the DCP files: read the canonical tensors, then hand each alias its
     # canonical one ([Note: tied parameters stored once] in io.py)
@@ -577,7 +468,10 @@ def _load_sharded(
     reader = _agreed(strategy, lambda: SafeReader(data, trust))
     with untrusted_raised():
         dcp_load(
-            state, storage_reader=reader, planner=load_planner(data, trust), no_dist=not strategy.is_distributed
+            state,
+            storage_reader=reader,
+            planner=load_planner(data, trust),
+            no_dist=not strategy.is_distributed,
         )
     restore_tied(state["model"], tied)
     groups = meta.pop("optimizer_param_groups")

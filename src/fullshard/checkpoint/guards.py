@@ -2,7 +2,7 @@
 
 - load: the checkpoint's metadata fits the run (:func:`check_meta`: optimizers of the same number,
   classes and parameter groups, not a weights-only checkpoint given to resume training), and its
-  bytes are those that were written (:class:`ArchiveCheck`, :func:`verify_shares`; see [Note:
+  bytes are those that were written (:class:`ArchiveCheck`, :func:`check_shares`; see [Note:
   checksums checked on load] in layout.py);
 - save: the weights are finite (:func:`nonfinite_parameters`), and a save that fails raises one
   error naming each rank's cause (:func:`save_error`, see [Note: a failed save] in engine.py).
@@ -23,16 +23,14 @@ from torch.optim import Optimizer
 
 from fullshard.checkpoint.io import AfterCommitError
 from fullshard.checkpoint.layout import (
-    META_NAME,
     PICKLE_ENTRY,
     UNVERIFIED_HINT,
     CommitRecord,
     archive_entries,
-    assign_shares,
     damaged_sharded,
     entry_problems,
-    file_problems,
     full_file_error,
+    share_problems,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS
 from fullshard.errors import CheckpointError, CheckpointSaveError, CorruptCheckpointError
@@ -42,8 +40,6 @@ if TYPE_CHECKING:
 
 REQUIRED_KEYS = ("lr_schedulers", "loops", "optimizer_count")
 MetaCheck = Callable[[dict[str, Any]], None]
-# the files of a sharded checkpoint rank 0 parses itself, and so checksums before reading them
-PARSED_BY_RANK0 = (".metadata", META_NAME)
 
 
 # ----------------------------------------------------------------------------------- load
@@ -137,17 +133,20 @@ class ArchiveCheck:
             raise full_file_error(self.path, self._problems, UNVERIFIED_HINT)
 
 
-def verify_shares(strategy: Strategy, path: Path, record: CommitRecord) -> None:
-    """Each rank checksums its share of the tensor files; every rank raises if any rank found a
-    problem (see [Note: checksums checked on load] in layout.py). Collective."""
-    rest = {name: info for name, info in record.files.items() if name not in PARSED_BY_RANK0}
-    shares = assign_shares({name: info["size"] for name, info in rest.items()}, strategy.world_size)
-    mine = file_problems(
-        path / record.data, {name: rest[name] for name in shares[strategy.global_rank]}, verify=True
-    )
+def check_shares(strategy: Strategy, path: Path, record: CommitRecord, verify: bool) -> None:
+    """Each rank checks its share of the tensor files (``verify``: their CRC-32s too; see [Note:
+    checksums checked on load] in layout.py); every rank raises if any rank found a problem.
+    Collective: one all-reduce of a flag, and an exchange of the problems only when there are some.
+
+    Format 1 records without ``verify`` check nothing here: rank 0 checked every size already.
+    """
+    if not verify and not record.rank_records:
+        return
+    mine = share_problems(path, record, strategy.global_rank, strategy.world_size, verify)
+    if strategy.reduce_boolean_decision(not mine, all=True):
+        return
     found = sorted({problem for problems in strategy.all_gather_object(mine) for problem in problems})
-    if found:
-        raise damaged_sharded(path, found, UNVERIFIED_HINT)
+    raise damaged_sharded(path, found, UNVERIFIED_HINT if verify else "")
 
 
 # ----------------------------------------------------------------------------------- save

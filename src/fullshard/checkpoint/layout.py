@@ -10,22 +10,36 @@ A **sharded** checkpoint is a directory::
       data-<id>/                   one save's files
         .metadata                  torch.distributed.checkpoint's index of the tensors
         __<rank>_<n>.distcp        tensor data written by each rank
+        __<rank>.checksums.json    each rank's record: size and CRC-32 of its .distcp files
         meta.pt                    everything else (loops, schedulers, RNG states, ...)
 
 [Note: directory commit]
-A save writes a fresh ``data-<id>`` directory, fsyncs every file, and then atomically replaces
-the commit record, which names that directory and lists every file with its size and CRC-32.
-Until that rename the record still names the previous save's directory, which was never
-touched: a save killed at any moment leaves the previous checkpoint intact. Directories no
-record names are leftovers of interrupted saves; the next save removes them.
+A save writes a fresh ``data-<id>`` directory. Each rank fsyncs its tensor files and writes,
+beside them, its rank record (their sizes and CRC-32s, fsynced); the ranks then agree that all
+succeeded (one all-reduce of a flag: a fixed size per rank, whatever the number of files), and
+rank 0 writes ``meta.pt``, fsyncs it, ``.metadata`` and the directory, and atomically replaces
+the commit record, which names that directory, the number of rank records, and the size and
+CRC-32 of the two files rank 0 wrote (``files``). Nothing in the commit grows with the number of
+ranks but that one flag: no rank's checksums travel to rank 0. Until the rename the record still
+names the previous save's directory, which was never touched: a save killed at any moment leaves
+the previous checkpoint intact. Directories no record names are leftovers of interrupted saves;
+the next save removes them.
+
+Format 1 (fullshard before rank records, still read): the commit record's ``files`` lists every
+file of the data directory with its size and CRC-32, gathered on rank 0 at the commit;
+``rank_records`` is absent (read as 0).
 
 [Note: checksums checked on load]
 Every load checks CRC-32s before it changes anything (``verify=False`` turns it off):
 
-- sharded: the commit record lists each file's size and CRC-32. Rank 0 checks the small files it
-  parses itself (``.metadata``, ``meta.pt``) before reading them; the tensor files are split
-  among the ranks by size (:func:`assign_shares`), each rank checksums its share, and the ranks
-  exchange what they found, so every rank raises the same error naming the files.
+- sharded: rank 0 checks the small files it parses itself (``.metadata``, ``meta.pt``), listed in
+  the commit record, before reading them. Each rank then reads its share of the rank records
+  (record ``i`` to rank ``i % world size``: at the world size that wrote them, its own, whose
+  files it reads its shards from) and checks the files each lists: there, of the recorded size,
+  and (verifying) of the recorded CRC-32; a rank record carries a CRC-32 of its own content.
+  The ranks agree whether all is well (one all-reduce of a flag) and, only when not, exchange
+  what they found, so every rank raises the same error naming the files. Format 1 records: the
+  tensor files are split among the ranks by size (:func:`assign_shares`).
 - full: the file is the ``torch.save`` zip archive, whose entries carry the CRC-32 that
   ``torch.save`` computed while writing (``torch.load`` never checks them). No sidecar file and
   no new entry: the file stays what plain ``torch.load`` and Lightning read, and files written
@@ -44,7 +58,7 @@ import re
 import struct
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -59,7 +73,11 @@ from fullshard.errors import (
 RECORD_NAME = "fullshard-checkpoint.json"
 DATA_PREFIX = "data-"
 META_NAME = "meta.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: rank records beside the shards; 1: every file's checksum in the commit record
+RANK_RECORD_SUFFIX = ".checksums.json"
+# the files of a sharded checkpoint rank 0 parses itself, and so checksums before reading them
+PARSED_BY_RANK0 = (".metadata", META_NAME)
+Files = dict[str, dict[str, int]]  # file name -> {"size": bytes, "crc32": checksum}
 _CHUNK = 2**20
 _SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp")  # the tensor file a rank wrote (DCP's FileSystemWriter)
 
@@ -97,16 +115,21 @@ def fsync_file(path: Path) -> None:
 
 @dataclass
 class CommitRecord:
-    """What a sharded checkpoint's ``fullshard-checkpoint.json`` holds."""
+    """What a sharded checkpoint's ``fullshard-checkpoint.json`` holds (see [Note: directory commit]).
+
+    ``files``: the size and CRC-32 of the files rank 0 wrote (format 1: of every file);
+    ``rank_records``: how many rank records the data directory holds (format 1: 0, none).
+    """
 
     data: str
-    files: dict[str, dict[str, int]]
+    files: Files
     world_size: int
     strategy: str
     epoch: int
     global_step: int
     fullshard_version: str
     format_version: int = FORMAT_VERSION
+    rank_records: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -170,9 +193,18 @@ def _record_problem(raw: object) -> str | None:
             return f"field {name!r} is {json.dumps(value)[:40]}, not {said}"
     if not _plain_name(raw["data"]) or not raw["data"].startswith(DATA_PREFIX):
         return f"field 'data' is {raw['data']!r}, not the name of a {DATA_PREFIX}* directory"
+    if raw["format_version"] >= 2:
+        count = raw.get("rank_records")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            return f"field 'rank_records' is {json.dumps(count)[:40]}, not a number of ranks (1 or more)"
     if "extra" in raw and not isinstance(raw["extra"], dict):
         return f"field 'extra' is {json.dumps(raw['extra'])[:40]}, not an object"
-    for name, info in raw["files"].items():
+    return _files_problem(raw["files"])
+
+
+def _files_problem(files: Mapping[str, Any]) -> str | None:
+    """What is wrong with a ``files`` map (of a commit record or a rank record), or None."""
+    for name, info in files.items():
         if not _plain_name(name):
             return f"'files' names {name!r}, which is not a file name"
         if (
@@ -280,15 +312,108 @@ def damaged_sharded(directory: Path, problems: Sequence[str], hint: str = "") ->
 
 
 def check_sharded_files(directory: Path, record: CommitRecord, verify: bool, hint: str = "") -> None:
-    """Check every file the record lists: present, the recorded size, and (``verify``) CRC-32.
+    """Check every file of the checkpoint, in this process: each the record lists, and (format 2)
+    each rank record and every file it lists: present, the recorded size, and (``verify``) CRC-32.
 
     Raises:
-        CorruptCheckpointError: a file is missing, truncated or (``verify``) altered; ``hint``
-            ends its message.
+        CorruptCheckpointError: a file is missing, truncated or (``verify``) altered, or a rank
+            record is missing or damaged; ``hint`` ends its message.
     """
-    problems = file_problems(directory / record.data, record.files, verify)
+    data = directory / record.data
+    problems = file_problems(data, record.files, verify)
+    problems += rank_records_problems(data, range(record.rank_records), verify)
     if problems:
         raise damaged_sharded(directory, problems, hint if verify else "")
+
+
+# ------------------------------------------------------------------------------ rank records
+def rank_record_name(rank: int) -> str:
+    """The file name of the record rank ``rank`` writes beside its tensor files."""
+    return f"__{rank}{RANK_RECORD_SUFFIX}"
+
+
+def _record_crc(rank: int, files: Files) -> int:
+    return zlib.crc32(json.dumps({"files": files, "rank": rank}, sort_keys=True).encode())
+
+
+def write_rank_record(data: Path, rank: int, files: Files) -> None:
+    """Write and fsync the record of rank ``rank``: the size and CRC-32 of each of ``files`` (its
+    tensor files in the data directory ``data``), with a CRC-32 of the record's own content.
+
+    A fresh file in a data directory no commit record names yet: nothing to replace atomically.
+    """
+    text = json.dumps({"files": files, "rank": rank, "crc32": _record_crc(rank, files)}, sort_keys=True)
+    with open(data / rank_record_name(rank), "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rank_record(data: Path, rank: int) -> tuple[Files, str | None]:
+    """The files the record of rank ``rank`` lists, or what is wrong with it. Never raises."""
+    name = rank_record_name(rank)
+    try:
+        raw = json.loads((data / name).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, f"{name} is missing"
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return {}, f"{name} cannot be read ({type(err).__name__}: {err})"
+    if not isinstance(raw, dict) or not isinstance(raw.get("files"), dict) or raw.get("rank") != rank:
+        return {}, f"{name} is not the record of rank {rank}"
+    problem = _files_problem(raw["files"])
+    if problem is None and raw.get("crc32") != _record_crc(rank, raw["files"]):
+        problem = "it fails its CRC-32 check (its bytes changed after it was written)"
+    if problem is None and not all(_written_by(name, rank) for name in raw["files"]):
+        problem = f"it lists files rank {rank} did not write"
+    if problem is not None:
+        return {}, f"{name} is damaged: {problem}"
+    return raw["files"], None
+
+
+def _written_by(name: str, rank: int) -> bool:
+    match = _SHARD_FILE.fullmatch(name)
+    return match is not None and int(match[1]) == rank
+
+
+def rank_records_problems(data: Path, ranks: Iterable[int], verify: bool) -> list[str]:
+    """What is wrong with the records of ``ranks`` in the data directory ``data`` and with the
+    files they list (see :func:`file_problems`). Never raises."""
+    problems: list[str] = []
+    for rank in ranks:
+        files, problem = read_rank_record(data, rank)
+        problems += [problem] if problem is not None else file_problems(data, files, verify)
+    return problems
+
+
+def share_problems(
+    directory: Path, record: CommitRecord, rank: int, world_size: int, verify: bool
+) -> list[str]:
+    """What is wrong with the tensor files that rank ``rank`` of ``world_size`` checks on load (see
+    [Note: checksums checked on load]): format 2, those of the rank records ``rank``,
+    ``rank + world_size``, ...; format 1, its share by :func:`assign_shares`. Never raises."""
+    data = directory / record.data
+    if record.rank_records:
+        return rank_records_problems(data, range(rank, record.rank_records, world_size), verify)
+    rest = {name: info for name, info in record.files.items() if name not in PARSED_BY_RANK0}
+    shares = assign_shares({name: info["size"] for name, info in rest.items()}, world_size)
+    return file_problems(data, {name: rest[name] for name in shares[rank]}, verify)
+
+
+def recorded_files(directory: Path, record: CommitRecord) -> Files:
+    """Every data file of the checkpoint with its recorded size and CRC-32: the commit record's
+    and (format 2) those each rank record lists, read in this process.
+
+    Raises:
+        CorruptCheckpointError: a rank record is missing or damaged.
+    """
+    data = directory / record.data
+    files = dict(record.files)
+    for rank in range(record.rank_records):
+        listed, problem = read_rank_record(data, rank)
+        if problem is not None:
+            raise damaged_sharded(directory, [problem])
+        files.update(listed)
+    return files
 
 
 def assign_shares(sizes: Mapping[str, int], world_size: int) -> list[list[str]]:

@@ -33,6 +33,7 @@ from fullshard.checkpoint.layout import (
     CommitRecord,
     check_sharded_files,
     detect_format,
+    recorded_files,
     verify,
     verify_full_file,
 )
@@ -188,7 +189,7 @@ def inspect(path: str | Path, verify_checksums: bool = False, trust_checkpoint: 
             )
         else:
             record, data = _committed(path)
-            result.total_bytes = sum(f["size"] for f in record.files.values())
+            result.total_bytes = sum(f["size"] for f in recorded_files(path, record).values())
             meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust_checkpoint)
             metadata = read_metadata(data, trust_checkpoint)
             result.tensors = [
