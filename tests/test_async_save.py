@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 import fullshard
 from ckpt_helpers import Net, assert_same_state, full_state, killed_at, make_data, run_single
 from conftest import check_ok, quiet_trainer, run_script
-from fullshard.checkpoint import async_save
+from fullshard.checkpoint import async_save, staging
 from fullshard.checkpoint.events import set_event_hook
 from fullshard.checkpoint.layout import RECORD_NAME
 from fullshard.checkpoint.tools import inspect
@@ -87,7 +87,8 @@ def _fail_writer(point: str) -> None:
 def test_stage_copies_every_tensor_and_counts_its_bytes() -> None:
     weight, step = torch.ones(3, 4), torch.tensor(5.0)
     state = {"model": {"w": weight}, "optimizers": {"0": {"w": {"step": step, "betas": (0.9, 0.99)}}}, "n": [1]}
-    staged, nbytes = async_save.stage(state)
+    staged = staging.stage(state)  # copies every tensor now: nothing deferred
+    staged, nbytes = staged.state, staged.nbytes
     weight.add_(1)
     step.add_(1)
     assert torch.equal(staged["model"]["w"], torch.ones(3, 4))
@@ -98,8 +99,8 @@ def test_stage_copies_every_tensor_and_counts_its_bytes() -> None:
 
 def test_stage_copies_only_the_view_of_a_larger_buffer() -> None:
     buffer = torch.zeros(100)
-    _, nbytes = async_save.stage({"shard": buffer[10:20]})  # as FSDP's shards are views of a padded buffer
-    assert nbytes == 10 * 4
+    staged = staging.stage({"shard": buffer[10:20]})  # as FSDP's shards are views of a padded buffer
+    assert staged.nbytes == 10 * 4
 
 
 def test_stage_refuses_tensors_it_cannot_copy_shard_by_shard() -> None:
@@ -113,7 +114,7 @@ def test_stage_refuses_tensors_it_cannot_copy_shard_by_shard() -> None:
         r"background save: it accepts plain tensors and DTensors \(FSDP2Strategy's state\)\. Save this model with "
         r"async_save=False",
     ):
-        async_save.stage(state)
+        staging.stage(state)
 
 
 # ----------------------------------------------------------------- one process, world size 1
@@ -153,9 +154,9 @@ def test_one_staged_copy_at_a_time_freed_once_written(tmp_path: Path) -> None:
     def count(point: str) -> None:
         if point == "async.staged":  # the new save's copy exists; the previous one must be gone
             pending = async_save.unfinished()
-            live_copies.append(sum(p._state is not None for p in pending))
-            newest = [p for p in pending if p._state is not None]
-            staged_refs.append(weakref.ref(newest[0]._state["model"]["head.weight"]))
+            live_copies.append(sum(p._staging is not None for p in pending))
+            newest = [p._staging for p in pending if p._staging is not None]
+            staged_refs.append(weakref.ref(newest[0].state["model"]["head.weight"]))
 
     set_event_hook(count)
     trainer = _trainer(tmp_path, max_steps=4, callbacks=[SaveAt(path, {1, 2, 3})])

@@ -1,19 +1,23 @@
 """Sharded checkpoints written in the background: ``FSDP2Strategy(async_save=True)``.
 
 A sharded save (``fullshard.checkpoint.engine``, on every rank at the same point of the program)
-copies this rank's shards of the model and optimizer state into host memory (:func:`stage`) and
-pickles ``meta.pt`` (:func:`serialize`); :func:`start` hands them to a thread of this process and
-returns, and training goes on while the thread writes. :func:`wait` blocks until that thread is
-done: every save and load calls it first, the Trainer at the end of ``fit`` and when ``fit``
-fails, and an ``atexit`` function when the process exits. While a save is pending, the Trainer
-calls :meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and read,
-unless the save has failed.
+plans this rank's host copy of the model and optimizer state (:func:`fullshard.checkpoint.staging.stage`:
+buffers copied now, parameters and optimizer state referenced) and pickles ``meta.pt``
+(:func:`serialize`); :func:`start` hands them to a thread of this process and returns, and
+training goes on while the thread copies the rest (the next optimizer step waits for that copy:
+[Note: staging off the training thread] in staging.py) and writes. :func:`wait` blocks until that
+thread is done: every save and load calls it first, the Trainer at the end of ``fit`` and when
+``fit`` fails, and an ``atexit`` function when the process exits. While a save is pending, the
+Trainer calls :meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and
+read, unless the save has failed.
 
 [Note: asynchronous commit]
 The background thread of every rank runs the steps of a synchronous sharded save (see
 [Note: directory commit] in layout.py), on a gloo process group of its own (:func:`_group_for`) so
 that its collectives never interleave with the training collectives of the default group:
 
+0. copy the parameters and optimizer state to host memory, and exchange with every rank whether
+   that worked (one ``all_gather_object``): if any rank failed, none writes, and the save fails;
 1. write this rank's shards with ``torch.distributed.checkpoint`` into the save's fresh
    ``data-<id>`` directory (rank 0 also writes ``.metadata``), fsync them and take their sizes
    and CRC-32s;
@@ -49,7 +53,6 @@ with, and each rank raises at its next step.
 from __future__ import annotations
 
 import atexit
-import copy
 import io
 import sys
 import threading
@@ -62,9 +65,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullshard.checkpoint.events import checkpoint_event
+from fullshard.checkpoint.staging import Staging, StagingBuffers, StepGuard
 from fullshard.errors import CheckpointError
 
 if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
     from fullshard.strategies.strategy import Strategy
 
 Files = dict[str, dict[str, int]]  # file name -> {"size", "crc32"}
@@ -73,60 +79,14 @@ Commit = Callable[[Files], None]  # every rank's files -> writes meta.pt and the
 
 # The background process group of each strategy: created once, by every rank, at its first save.
 _GROUPS: weakref.WeakKeyDictionary[Strategy, Any] = weakref.WeakKeyDictionary()
+# The pinned host buffers each strategy's saves reuse (CUDA state only: see staging.py).
+_BUFFERS: weakref.WeakKeyDictionary[Strategy, StagingBuffers] = weakref.WeakKeyDictionary()
 # Saves whose thread is running or whose outcome no main thread has taken yet (atexit waits for them).
 _UNFINISHED: set[PendingSave] = set()
 _atexit_registered = False
 
 
 # -------------------------------------------------------------------------------------- staging
-def stage(state: Any, where: str = "state") -> tuple[Any, int]:
-    """A copy of ``state`` in host memory that training cannot change, and the bytes it holds.
-
-    Every tensor is copied (a ``DTensor``: its local shard, wrapped again with the same mesh and
-    placements so that ``torch.distributed.checkpoint`` records the same global layout); dicts,
-    lists and tuples are rebuilt; other values are deep-copied (optimizer steps kept as numbers).
-
-    Raises:
-        CheckpointError: a tensor of another type (FSDP1's ``ShardedTensor``), which cannot be
-            copied shard by shard without communication.
-    """
-    from torch.distributed.tensor import DTensor
-
-    nbytes = 0
-
-    def host_copy(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal nbytes
-        staged = tensor.detach().to("cpu", copy=True)
-        nbytes += staged.untyped_storage().nbytes()
-        return staged
-
-    def visit(value: Any, key: str) -> Any:
-        if isinstance(value, DTensor):
-            local = host_copy(value.to_local())
-            return DTensor.from_local(
-                local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
-            )
-        if isinstance(value, torch.Tensor):
-            if type(value) not in (torch.Tensor, torch.nn.Parameter):
-                raise CheckpointError(
-                    f"async_save=True cannot copy {key} ({type(value).__name__}) to host memory for a background "
-                    "save: it accepts plain tensors and DTensors (FSDP2Strategy's state). Save this model with "
-                    "async_save=False (FSDPStrategy, FSDP1, always saves synchronously), or train it with "
-                    "FSDP2Strategy(state_dict_type='sharded', async_save=True)."
-                )
-            return host_copy(value)
-        if isinstance(value, dict):
-            return {k: visit(v, f"{key}.{k}") for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            items = [visit(v, f"{key}[{i}]") for i, v in enumerate(value)]
-            return items if isinstance(value, list) else tuple(items)
-        return copy.deepcopy(value)
-
-    with torch.no_grad():
-        staged = visit(state, where)
-    return staged, nbytes
-
-
 def serialize(obj: Any) -> bytes:
     """``torch.save(obj)`` into memory: the state as it is now, whatever training changes next."""
     buffer = io.BytesIO()
@@ -142,8 +102,7 @@ class PendingSave:
         self,
         path: Path,
         step: int,
-        state: Any,
-        staged_bytes: int,
+        staging: Staging,
         write: Write,
         commit: Commit,
         group: Any,
@@ -151,8 +110,10 @@ class PendingSave:
         world_size: int,
     ) -> None:
         self.path = path
-        self.staged_bytes = staged_bytes  # this rank's host copy, until the files are written
-        self._state: Any = state
+        self.staged_bytes = staging.nbytes  # this rank's host copy, until the files are written
+        self._staging: Staging | None = staging
+        self._guard: StepGuard | None = None  # the optimizers' wait for the copy (main thread)
+        self._copy_waited = 0.0
         self._write = write
         self._commit = commit
         self._group = group
@@ -177,15 +138,33 @@ class PendingSave:
         """Called by the host after each optimizer step (``step``: the steps taken). Raises the
         save's failure at the step every rank agreed on."""
         self._step = step
+        if self._guard is not None and self._guard.done():
+            self.wait_for_copy()  # returns at once; the optimizers step without looking from now on
         if self._hold:
             self._decided.wait()  # the threads are exchanging their steps: one small collective
             if step >= self._raise_at and not self._reported:
                 self._reported = True
                 raise self._error(f" (Raised on every process at global step {step}.)")
 
+    def wait_for_copy(self) -> None:
+        """Return once this rank's state is copied (or the copy failed): from then on training may
+        change parameters and optimizer state in place. No collective."""
+        guard = self._guard
+        if guard is not None:
+            guard.wait()
+            guard.remove()
+            self._guard = None
+            self._copy_waited += guard.waited_s
+
+    @property
+    def copy_wait_s(self) -> float:
+        """Seconds the optimizer steps of this process waited for the copy so far."""
+        return self._copy_waited + (self._guard.waited_s if self._guard is not None else 0.0)
+
     def join(self) -> None:
         """Wait until the thread is done (the checkpoint committed, or the save failed)."""
         self._thread.join()
+        self.wait_for_copy()
 
     def raise_if_failed(self) -> None:
         """Raise the failure, once, if no step boundary raised it yet."""
@@ -230,15 +209,20 @@ class PendingSave:
         checkpoint_event("async.finished")
 
     def _write_and_commit(self) -> list[str]:
+        staging = self._staging
+        assert staging is not None  # one run per save
         files: Files = {}
-        causes: list[str] = []
+        causes = self._copy(staging)
+        if causes:
+            return causes
         try:
             checkpoint_event("async.writing")  # nothing read from the staged copy yet
-            files = self._write(self._state, self._group)
+            files = self._write(staging.state, self._group)
         except BaseException as err:  # DCP's CheckpointException is a BaseException
             causes = _causes(err, self._rank)
         finally:
-            self._state = None  # the files hold it now, or the save failed: free the host copy
+            self._staging = None  # the files hold it now, or the save failed: free the host copy
+            staging.release()
         checkpoint_event("async.written")
         try:
             reports = self._all_gather((files, causes))
@@ -263,6 +247,26 @@ class PendingSave:
         except Exception as err:
             self._peers_reachable = False
             return [_cause(err, self._rank, "while learning whether rank 0 committed")]
+
+    def _copy(self, staging: Staging) -> list[str]:
+        """Step 0 of [Note: asynchronous commit]: this rank's copy, and every rank's outcome of it.
+        A rank whose copy failed cannot write, and DCP's collectives need every rank: so if any
+        failed, none writes."""
+        causes: list[str] = []
+        try:
+            staging.copy()  # releases the optimizer steps waiting for it, copied or not
+        except BaseException as err:
+            causes = [_cause(err, self._rank, "while copying the state to host memory")]
+        try:
+            reports = self._all_gather(causes)
+        except Exception as err:
+            self._peers_reachable = False
+            reports = [[*causes, _cause(err, self._rank, "while exchanging results")]]
+        causes = list(dict.fromkeys(c for rank_causes in reports for c in rank_causes))
+        if causes:
+            self._staging = None
+            staging.release()
+        return causes
 
     def _agree_on_step(self) -> None:
         # [Note: failures surface at the same step on every rank]: _hold before reading _step
@@ -335,17 +339,34 @@ def _group_for(strategy: Strategy) -> Any:
     return _GROUPS[strategy]
 
 
+def buffers_for(strategy: Strategy) -> StagingBuffers:
+    """The pinned host buffers that ``strategy``'s saves reuse for state on CUDA."""
+    if strategy not in _BUFFERS:
+        _BUFFERS[strategy] = StagingBuffers(pin=torch.cuda.is_available(), reuse=True)
+    return _BUFFERS[strategy]
+
+
 def start(
-    strategy: Strategy, path: Path, step: int, state: Any, staged_bytes: int, write: Write, commit: Commit
+    strategy: Strategy,
+    path: Path,
+    step: int,
+    staging: Staging,
+    optimizers: Sequence[Optimizer],
+    write: Write,
+    commit: Commit,
 ) -> PendingSave:
-    """Hand the staged ``state`` to a background thread that writes and commits it; return at once.
+    """Hand ``staging`` to a background thread that finishes the copy, writes and commits it;
+    return at once. Until the copy is done, each of ``optimizers`` waits at the start of its
+    ``step`` (see [Note: staging off the training thread] in staging.py).
 
     The caller has waited for the previous save (:func:`wait`), so one staged copy exists at a time.
     """
     global _atexit_registered
     pending = PendingSave(
-        path, step, state, staged_bytes, write, commit, _group_for(strategy), strategy.global_rank, strategy.world_size
+        path, step, staging, write, commit, _group_for(strategy), strategy.global_rank, strategy.world_size
     )
+    if staging.copies:
+        pending._guard = StepGuard(staging.copied, optimizers)
     if not _atexit_registered:
         # registered after the process group's teardown, so it runs before it (atexit is LIFO)
         atexit.register(_wait_at_exit)

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
-from fullshard.checkpoint import async_save
+from fullshard.checkpoint import async_save, staging
 from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, read_metadata, untrusted_raised
 from fullshard.checkpoint.events import checkpoint_event
 from fullshard.checkpoint.guards import (
@@ -268,14 +268,14 @@ def _save_sharded(
     record = _record_of(strategy, checkpoint, data_name)
     rank, no_dist = strategy.global_rank, not strategy.is_distributed
     if strategy.async_save:
-        staged, staged_bytes, meta = _stage(strategy, state, checkpoint, path)
+        staged, meta = _stage(strategy, state, checkpoint, path)
         del state, model_state, optimizer_states  # only the copy goes on: training may change these
         async_save.start(
             strategy,
             path,
             record.global_step,
             staged,
-            staged_bytes,
+            optimizers,
             write=lambda staged, group: _write_shards(staged, data, rank, group, no_dist),
             commit=lambda files: _commit_sharded(
                 path, record, files, lambda target: _write_bytes(meta, target)
@@ -326,14 +326,16 @@ def _names(path: Path, data_name: str) -> bool:
 
 def _stage(
     strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path
-) -> tuple[Any, int, bytes]:
-    """Copy this rank's tensors to host memory and (rank 0) pickle ``meta.pt``, for a background
+) -> tuple[Any, bytes]:
+    """Plan this rank's host copy (parameters and optimizer state are copied by the writer thread:
+    [Note: staging off the training thread]) and (rank 0) pickle ``meta.pt``, for a background
     save. A failure on any rank raises on every rank: none may go on alone into the writer's
     collectives."""
     staged: Any = None
-    staged_bytes, meta, problem = 0, b"", None
+    meta, problem = b"", None
     try:
-        staged, staged_bytes = async_save.stage(state)
+        defer = staging.changed_only_by_steps(strategy.module)
+        staged = staging.stage(state, defer=defer, buffers=async_save.buffers_for(strategy))
         if strategy.is_global_zero:
             meta = async_save.serialize(checkpoint)
     except CheckpointError as err:  # the same on every rank: the state's own types
@@ -349,7 +351,7 @@ def _stage(
     problems = [p for p in strategy.all_gather_object(problem) if p is not None]
     if problems:
         raise CheckpointError(problems[0])
-    return staged, staged_bytes, meta
+    return staged, meta
 
 
 def _record_of(strategy: Strategy, checkpoint: dict[str, Any], data_name: str) -> CommitRecord:

@@ -1,0 +1,239 @@
+"""The host copy of a background save (``async_save=True``): what is copied when, into which buffers.
+
+[Note: staging off the training thread]
+A background save needs a copy of this rank's state that training cannot change while the files
+are written. Copying it all on the training thread blocked training for about half the time of a
+synchronous save, so the copy is split by who can change a tensor:
+
+- parameters (their shards) and optimizer state change only in an optimizer step. The save keeps
+  references to them (:class:`Staging`), and the background thread copies them before writing.
+  Until that copy is done, every optimizer given to the save waits at the start of its ``step``
+  (:class:`StepGuard`, a ``register_step_pre_hook``), and a load or ``set_state`` waits too;
+  forward and backward run meanwhile, reading the same tensors;
+- everything else is copied on the training thread, at the save: buffers (BatchNorm's running
+  statistics change in every forward), and the state's other values (deep copies).
+
+What is guaranteed: the checkpoint holds the state as it was when ``save_checkpoint`` was called,
+as long as nothing but an optimizer's ``step`` writes to parameters or optimizer state in place
+before the copy is done. Code that does (a callback that clamps weights, ``p.data.copy_(...)``
+in a hook) calls ``strategy.wait_for_checkpoint_copy()`` first. This is the contract of torch's
+own ``DefaultStager(StagingOptions(use_async_staging=True))``, which leaves the wait to the user;
+here the optimizer step waits by itself. torch's stager is not used: it copies the whole state
+in the background, buffers included, and caches its copies by the identity of each source
+storage, which training replaces (a loaded checkpoint, a rebuilt optimizer).
+
+On CUDA the copies go into pinned host buffers (:class:`StagingBuffers`), on a stream of their
+own that first waits for the work queued before the save, and they are reused by the next save
+(keyed by shape and dtype): no allocation or pinning per save. On CPU each save allocates its
+copy and frees it once the files are written: a host copy held between saves would cost its
+memory for the whole run.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from fullshard.checkpoint.events import checkpoint_event
+from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS
+from fullshard.errors import CheckpointError
+
+BufferKey = tuple[tuple[int, ...], torch.dtype]
+
+
+class StagingBuffers:
+    """Host tensors for staged copies, by shape and dtype; pinned when ``pin``, kept for the next
+    save when ``reuse``. One save at a time takes from it (the next save waits for the previous)."""
+
+    def __init__(self, *, pin: bool, reuse: bool) -> None:
+        self.pin = pin
+        self.reuse = reuse
+        self._free: dict[BufferKey, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous host tensor of ``shape`` and ``dtype``: a free one if kept, else a new one."""
+        key = (tuple(shape), dtype)
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                return free.pop()
+        return torch.empty(key[0], dtype=dtype, device="cpu", pin_memory=self.pin)
+
+    def give_back(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Keep ``tensors`` for the next save (dropped unless ``reuse``)."""
+        if not self.reuse:
+            return
+        with self._lock:
+            for tensor in tensors:
+                self._free.setdefault((tuple(tensor.shape), tensor.dtype), []).append(tensor)
+
+    def kept_bytes(self) -> int:
+        """Bytes of the tensors kept for the next save."""
+        with self._lock:
+            return sum(t.untyped_storage().nbytes() for free in self._free.values() for t in free)
+
+
+class Staging:
+    """One save's host copy of the state (see [Note: staging off the training thread]).
+
+    :attr:`state` has the structure of the state given; its tensors are host tensors, those in
+    :attr:`copies` still to be filled by :meth:`copy` (in the background thread).
+    """
+
+    def __init__(self, buffers: StagingBuffers) -> None:
+        self.state: Any = None
+        self.nbytes = 0  # bytes of every host tensor of state
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (source, destination), deferred
+        self.copied = threading.Event()  # set when copy() ended, copied or failed
+        self._buffers = buffers
+        self._taken: list[torch.Tensor] = []
+        self._stream: Any = None  # CUDA: the copies' stream, and the event it waits for
+        self._ready: Any = None
+
+    def host_tensor(self, source: torch.Tensor, deferred: bool) -> torch.Tensor:
+        """The host tensor for ``source``: filled now, or by :meth:`copy` when ``deferred``."""
+        if source.is_cuda:  # a pinned buffer, kept for the next save
+            target = self._buffers.take(source.shape, source.dtype)
+            self._taken.append(target)
+        else:  # on CPU: a tensor of its own, freed with the state
+            target = torch.empty(source.shape, dtype=source.dtype, device="cpu")
+        self.nbytes += target.untyped_storage().nbytes()
+        if deferred:
+            if source.is_cuda and self._ready is None:
+                self._ready = torch.cuda.Event()
+                self._ready.record(torch.cuda.current_stream(source.device))
+                self._stream = torch.cuda.Stream(source.device)  # created here: see torch's DefaultStager
+            self.copies.append((source.detach(), target))
+        else:
+            target.copy_(source.detach())
+        return target
+
+    def copy(self) -> None:
+        """Fill the deferred tensors (the background thread); :attr:`copied` is set in any case."""
+        try:
+            checkpoint_event("async.copying")
+            with torch.no_grad():
+                if self._stream is not None:
+                    self._stream.wait_event(self._ready)  # the work queued before the save
+                    with torch.cuda.stream(self._stream):
+                        for source, target in self.copies:
+                            target.copy_(source, non_blocking=target.is_pinned())
+                    self._stream.synchronize()
+                else:
+                    for source, target in self.copies:
+                        target.copy_(source)
+            checkpoint_event("async.copied")
+        finally:
+            self.copies = []  # the references to training's tensors
+            self.copied.set()
+
+    def release(self) -> None:
+        """Drop the copy (its files are written, or the save failed); keep pinned buffers."""
+        self.state = None
+        self.copies = []
+        taken, self._taken = self._taken, []
+        self._buffers.give_back(taken)
+
+
+def stage(
+    state: Any,
+    where: str = "state",
+    *,
+    defer: Callable[[str], bool] | None = None,
+    buffers: StagingBuffers | None = None,
+) -> Staging:
+    """A host copy of ``state`` that training cannot change (see [Note: staging off the training
+    thread]): the tensors whose dotted key (``where.model.layer.weight``) ``defer`` accepts are
+    copied later by :meth:`Staging.copy`, the others now.
+
+    Every tensor is copied (a ``DTensor``: its local shard, wrapped again with the same mesh and
+    placements so that ``torch.distributed.checkpoint`` records the same global layout); dicts,
+    lists and tuples are rebuilt; other values are deep-copied (optimizer steps kept as numbers).
+
+    Raises:
+        CheckpointError: a tensor of another type (FSDP1's ``ShardedTensor``), which cannot be
+            copied shard by shard without communication.
+    """
+    from torch.distributed.tensor import DTensor
+
+    staging = Staging(buffers or StagingBuffers(pin=False, reuse=False))
+
+    def visit(value: Any, key: str) -> Any:
+        if isinstance(value, DTensor):
+            local = staging.host_tensor(value.to_local(), defer is not None and defer(key))
+            return DTensor.from_local(
+                local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+            )
+        if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                raise CheckpointError(
+                    f"async_save=True cannot copy {key} ({type(value).__name__}) to host memory for a background "
+                    "save: it accepts plain tensors and DTensors (FSDP2Strategy's state). Save this model with "
+                    "async_save=False (FSDPStrategy, FSDP1, always saves synchronously), or train it with "
+                    "FSDP2Strategy(state_dict_type='sharded', async_save=True)."
+                )
+            return staging.host_tensor(value, defer is not None and defer(key))
+        if isinstance(value, dict):
+            return {k: visit(v, f"{key}.{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            items = [visit(v, f"{key}[{i}]") for i, v in enumerate(value)]
+            return items if isinstance(value, list) else tuple(items)
+        return copy.deepcopy(value)
+
+    with torch.no_grad():
+        staging.state = visit(state, where)
+    return staging
+
+
+def changed_only_by_steps(module: nn.Module | None, where: str = "state") -> Callable[[str], bool]:
+    """Which keys of a save's state ``{"model": ..., "optimizers": ...}`` (dotted, as :func:`stage`
+    names them) only an optimizer step changes: ``module``'s parameters and all optimizer state.
+    Any other key (a buffer; a name that is not ``module``'s) is copied at the save."""
+    names: set[str] = set()
+    if module is not None:
+        for name, _ in module.named_parameters(remove_duplicate=False):
+            names.add(".".join(part for part in name.split(".") if part not in _WRAPPER_COMPONENTS))
+    model, optimizers = f"{where}.model.", f"{where}.optimizers."
+    return lambda key: key.startswith(optimizers) or (key.startswith(model) and key[len(model) :] in names)
+
+
+class StepGuard:
+    """Makes each optimizer's ``step`` wait until :attr:`Staging.copied` is set (a step pre-hook).
+
+    Registered by the save, on the training thread; removed there (:meth:`remove`) once the copy
+    is done, by the first step boundary, wait or save that sees it done. Until then a step that
+    finds the copy done pays one ``Event.is_set()``.
+    """
+
+    def __init__(self, copied: threading.Event, optimizers: Sequence[Optimizer]) -> None:
+        self._copied = copied
+        self.waited_s = 0.0  # how long steps waited for the copy (benchmarks/async_save.py)
+        self._handles = [optimizer.register_step_pre_hook(self._before_step) for optimizer in optimizers]
+
+    def _before_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        self.wait()
+
+    def wait(self) -> None:
+        """Return once the copy is done (at once if it is)."""
+        if self._copied.is_set():
+            return
+        start = time.perf_counter()
+        self._copied.wait()
+        self.waited_s += time.perf_counter() - start
+
+    def done(self) -> bool:
+        return self._copied.is_set()
+
+    def remove(self) -> None:
+        """Unregister the hooks (on the training thread: never while a step iterates them)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
