@@ -251,10 +251,12 @@ def _save_sharded(
         return name
 
     model_state, optimizer_states = strategy.get_state(optimizers, full=False)
-    # each rank checks its shards; before anything is written, every rank learns what all found
-    found = strategy.all_gather_object(nonfinite_parameters(strategy, model_state))
-    refuse_nonfinite(path, sorted({name for names in found for name in names}))
-    data_name = _decide(strategy, prepare)
+    data_name = ""  # a background save checks its copy and makes the directory in _stage
+    if not strategy.async_save:
+        # each rank checks its shards; before anything is written, every rank learns what all found
+        found = strategy.all_gather_object(nonfinite_parameters(strategy, model_state))
+        refuse_nonfinite(path, sorted({name for names in found for name in names}))
+        data_name = _decide(strategy, prepare)
     data = path / data_name
     tied = tied_parameters(strategy.module, model_state)
     if tied is not None:  # [Note: tied parameters stored once] in io.py: DCP gets each tensor once
@@ -268,14 +270,16 @@ def _save_sharded(
     record = _record_of(strategy, checkpoint, data_name)
     rank, no_dist = strategy.global_rank, not strategy.is_distributed
     if strategy.async_save:
-        staged, meta = _stage(strategy, state, checkpoint, path)
+        staged, meta, data_name = _stage(strategy, state, checkpoint, path, prepare)
         del state, model_state, optimizer_states  # only the copy goes on: training may change these
+        record, data = dataclasses.replace(record, data=data_name), path / data_name
         async_save.start(
             strategy,
             path,
             record.global_step,
             staged,
             optimizers,
+            check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(strategy, staged["model"])),
             write=lambda staged, group: _write_shards(staged, data, rank, group, no_dist),
             commit=lambda files: _commit_sharded(
                 path, record, files, lambda target: _write_bytes(meta, target)
@@ -325,33 +329,32 @@ def _names(path: Path, data_name: str) -> bool:
 
 
 def _stage(
-    strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path
-) -> tuple[Any, bytes]:
-    """Plan this rank's host copy (parameters and optimizer state are copied by the writer thread:
-    [Note: staging off the training thread]) and (rank 0) pickle ``meta.pt``, for a background
-    save. A failure on any rank raises on every rank: none may go on alone into the writer's
-    collectives."""
-    staged: Any = None
-    meta, problem = b"", None
+    strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path, prepare: Callable[[], str]
+) -> tuple[Any, bytes, str]:
+    """A background save's copy (see [Note: staging off the training thread]), ``meta.pt`` and data
+    directory (rank 0), with one collective: a failure on any rank raises on every rank."""
+    staged, meta, name, problem = None, b"", "", None
     try:
         defer = staging.changed_only_by_steps(strategy.module)
         staged = staging.stage(state, defer=defer, buffers=async_save.buffers_for(strategy))
         if strategy.is_global_zero:
             meta = async_save.serialize(checkpoint)
-    except CheckpointError as err:  # the same on every rank: the state's own types
-        problem = str(err)
+            name = prepare()
+    except CheckpointError as err:  # the state's own types, the directory (a CheckpointSaveError)
+        problem = _portable(err) if strategy.is_distributed else err
     except Exception as err:  # pickling (hyperparameters, callback states), memory
-        problem = (
+        problem = CheckpointError(
             f"The checkpoint to {str(path)!r} could not be copied for the background save: rank "
             f"{strategy.global_rank}: {type(err).__name__}: {err}. Nothing was written; the checkpoint previously "
             "at that path, if any, is intact. Every entry but the tensors is pickled: keep hyperparameters and "
             "callback states to plain data (numbers, strings, lists, dicts), and host memory must hold a copy "
             "of this process's shard of the model and optimizer state."
         )
-    problems = [p for p in strategy.all_gather_object(problem) if p is not None]
+    outcomes = strategy.all_gather_object((problem, name))
+    problems = [p for p, _ in outcomes if p is not None]
     if problems:
-        raise CheckpointError(problems[0])
-    return staged, meta
+        raise problems[0]
+    return staged, meta, outcomes[0][1]
 
 
 def _record_of(strategy: Strategy, checkpoint: dict[str, Any], data_name: str) -> CommitRecord:

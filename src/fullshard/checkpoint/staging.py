@@ -81,94 +81,75 @@ class StagingBuffers:
             return sum(t.untyped_storage().nbytes() for free in self._free.values() for t in free)
 
 
+class _Deferred:
+    """A value of the state that the background thread copies (:meth:`Staging.copy`)."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, value: Any, key: str) -> None:
+        self.value, self.key = value, key
+
+
 class Staging:
     """One save's host copy of the state (see [Note: staging off the training thread]).
 
-    :attr:`state` has the structure of the state given; its tensors are host tensors, those in
-    :attr:`copies` still to be filled by :meth:`copy` (in the background thread).
+    :attr:`state` has the structure of the state given. The values that :func:`stage` deferred
+    are references to training's own until :meth:`copy` (in the background thread) replaces them
+    by host copies; the others are copies already.
     """
 
     def __init__(self, buffers: StagingBuffers) -> None:
         self.state: Any = None
-        self.nbytes = 0  # bytes of every host tensor of state
-        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (source, destination), deferred
+        self.nbytes = 0  # bytes of every host tensor of the copy, deferred ones included
+        self.deferred = 0  # values left to copy()
         self.copied = threading.Event()  # set when copy() ended, copied or failed
         self._buffers = buffers
         self._taken: list[torch.Tensor] = []
-        self._stream: Any = None  # CUDA: the copies' stream, and the event it waits for
+        self._stream: Any = None  # CUDA: the copies' stream, and the event it waits for first
         self._ready: Any = None
 
-    def host_tensor(self, source: torch.Tensor, deferred: bool) -> torch.Tensor:
-        """The host tensor for ``source``: filled now, or by :meth:`copy` when ``deferred``."""
-        if source.is_cuda:  # a pinned buffer, kept for the next save
-            target = self._buffers.take(source.shape, source.dtype)
-            self._taken.append(target)
-        else:  # on CPU: a tensor of its own, freed with the state
-            target = torch.empty(source.shape, dtype=source.dtype, device="cpu")
-        self.nbytes += target.untyped_storage().nbytes()
-        if deferred:
-            if source.is_cuda and self._ready is None:
-                self._ready = torch.cuda.Event()
-                self._ready.record(torch.cuda.current_stream(source.device))
-                self._stream = torch.cuda.Stream(source.device)  # created here: see torch's DefaultStager
-            self.copies.append((source.detach(), target))
-        else:
-            target.copy_(source.detach())
-        return target
+    def plan(self, state: Any, where: str, defer: Callable[[str], bool] | None) -> None:
+        """Copy what ``defer`` rejects now, keep references to the rest (the training thread)."""
+        with torch.no_grad():
+            self.state = self._visit(state, where, defer)
+        if self._ready is not None:  # the copies wait for the work queued so far on that device
+            self._ready.record(torch.cuda.current_stream(self._stream.device))
 
     def copy(self) -> None:
-        """Fill the deferred tensors (the background thread); :attr:`copied` is set in any case."""
+        """Replace the deferred values by host copies (the background thread); :attr:`copied` is
+        set in any case."""
         try:
             checkpoint_event("async.copying")
-            with torch.no_grad():
-                if self._stream is not None:
-                    self._stream.wait_event(self._ready)  # the work queued before the save
-                    with torch.cuda.stream(self._stream):
-                        for source, target in self.copies:
-                            target.copy_(source, non_blocking=target.is_pinned())
-                    self._stream.synchronize()
-                else:
-                    for source, target in self.copies:
-                        target.copy_(source)
+            if self.deferred:
+                with torch.no_grad():
+                    if self._stream is not None:
+                        self._stream.wait_event(self._ready)
+                        with torch.cuda.stream(self._stream):
+                            self.state = self._resolve(self.state)
+                        self._stream.synchronize()
+                    else:
+                        self.state = self._resolve(self.state)
             checkpoint_event("async.copied")
         finally:
-            self.copies = []  # the references to training's tensors
             self.copied.set()
 
     def release(self) -> None:
         """Drop the copy (its files are written, or the save failed); keep pinned buffers."""
         self.state = None
-        self.copies = []
         taken, self._taken = self._taken, []
         self._buffers.give_back(taken)
 
+    # ---------------------------------------------------------------------------- traversal
+    def _visit(self, value: Any, key: str, defer: Callable[[str], bool] | None) -> Any:
+        from torch.distributed.tensor import DTensor
 
-def stage(
-    state: Any,
-    where: str = "state",
-    *,
-    defer: Callable[[str], bool] | None = None,
-    buffers: StagingBuffers | None = None,
-) -> Staging:
-    """A host copy of ``state`` that training cannot change (see [Note: staging off the training
-    thread]): the tensors whose dotted key (``where.model.layer.weight``) ``defer`` accepts are
-    copied later by :meth:`Staging.copy`, the others now.
-
-    Every tensor is copied (a ``DTensor``: its local shard, wrapped again with the same mesh and
-    placements so that ``torch.distributed.checkpoint`` records the same global layout); dicts,
-    lists and tuples are rebuilt; other values are deep-copied (optimizer steps kept as numbers).
-
-    Raises:
-        CheckpointError: a tensor of another type (FSDP1's ``ShardedTensor``), which cannot be
-            copied shard by shard without communication.
-    """
-    from torch.distributed.tensor import DTensor
-
-    staging = Staging(buffers or StagingBuffers(pin=False, reuse=False))
-
-    def visit(value: Any, key: str) -> Any:
+        if defer is not None and defer(key):
+            self._count(value, key)
+            self.deferred += 1
+            return _Deferred(value, key)
+        counted = defer is not None  # at the save: count each copy; in copy(): counted already
         if isinstance(value, DTensor):
-            local = staging.host_tensor(value.to_local(), defer is not None and defer(key))
+            local = self._host_copy(value.to_local(), counted)
             return DTensor.from_local(
                 local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
             )
@@ -180,17 +161,85 @@ def stage(
                     "async_save=False (FSDPStrategy, FSDP1, always saves synchronously), or train it with "
                     "FSDP2Strategy(state_dict_type='sharded', async_save=True)."
                 )
-            return staging.host_tensor(value, defer is not None and defer(key))
+            return self._host_copy(value, counted)
         if isinstance(value, dict):
-            return {k: visit(v, f"{key}.{k}") for k, v in value.items()}
+            return {k: self._visit(v, f"{key}.{k}", defer) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            items = [visit(v, f"{key}[{i}]") for i, v in enumerate(value)]
+            items = [self._visit(v, f"{key}[{i}]", defer) for i, v in enumerate(value)]
             return items if isinstance(value, list) else tuple(items)
         return copy.deepcopy(value)
 
-    with torch.no_grad():
-        staging.state = visit(state, where)
+    def _count(self, value: Any, key: str) -> None:
+        """Add the bytes of a deferred value's tensors; a tensor :meth:`_visit` refuses is refused
+        now, at the save."""
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                self._visit(value, key, None)  # raises its CheckpointError
+            self.nbytes += value.numel() * value.element_size()
+            if value.is_cuda and self._stream is None:
+                # created at the save, on the training thread (as torch's DefaultStager does)
+                self._stream, self._ready = torch.cuda.Stream(value.device), torch.cuda.Event()
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self._count(v, f"{key}.{k}")
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                self._count(v, f"{key}[{i}]")
+
+    def _resolve(self, value: Any) -> Any:
+        if isinstance(value, _Deferred):
+            return self._visit(value.value, value.key, None)
+        if isinstance(value, dict):
+            return {k: self._resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._resolve(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self._resolve(v) for v in value)
+        return value
+
+    def _host_copy(self, source: torch.Tensor, count: bool) -> torch.Tensor:
+        source = source.detach()
+        if source.is_cuda:  # a pinned buffer, kept for the next save
+            target = self._buffers.take(source.shape, source.dtype)
+            self._taken.append(target)
+        else:  # on CPU: a tensor of its own, freed with the copy
+            target = torch.empty(source.shape, dtype=source.dtype, device="cpu")
+        target.copy_(source, non_blocking=source.is_cuda and target.is_pinned())
+        if count:
+            self.nbytes += target.numel() * target.element_size()
+        return target
+
+
+def stage(
+    state: Any,
+    where: str = "state",
+    *,
+    defer: Callable[[str], bool] | None = None,
+    buffers: StagingBuffers | None = None,
+) -> Staging:
+    """A host copy of ``state`` that training cannot change (see [Note: staging off the training
+    thread]): the values whose dotted key (``where.model.layer.weight``) ``defer`` accepts are
+    copied later, by :meth:`Staging.copy`; the others now.
+
+    Every tensor is copied (a ``DTensor``: its local shard, wrapped again with the same mesh and
+    placements so that ``torch.distributed.checkpoint`` records the same global layout); dicts,
+    lists and tuples are rebuilt; other values are deep-copied (optimizer steps kept as numbers).
+
+    Raises:
+        CheckpointError: a tensor of another type (FSDP1's ``ShardedTensor``), which cannot be
+            copied shard by shard without communication.
+    """
+    staging = Staging(buffers or StagingBuffers(pin=False, reuse=False))
+    staging.plan(state, where, defer if defer is not None else _never)
     return staging
+
+
+def _never(key: str) -> bool:
+    return False
 
 
 def changed_only_by_steps(module: nn.Module | None, where: str = "state") -> Callable[[str], bool]:
