@@ -344,6 +344,7 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     root = tmp_path_factory.mktemp("async_interrupted")
     runs = {kill: ["--save-at", "3,5", "--kill", f"{kill}:2"] for kill in REAL_KILLS}
     runs["enospc"] = ["--save-at", "3,4", "--fail", "1:2", "--max-steps", "8"]
+    runs["copy"] = ["--save-at", "3,4", "--fail-copy", "1:2", "--max-steps", "8"]
     with ThreadPoolExecutor(len(runs)) as pool:
         futures = {
             name: pool.submit(_job, root / name.replace(":", "_"), "--path", str(root / name.replace(":", "_") / "P"), *args)
@@ -431,10 +432,16 @@ def test_killed_background_write_leaves_the_previous_checkpoint(
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("run", "cause"),
+    [("enospc", "rank 1: OSError: [Errno 28]"), ("copy", "rank 1 while copying the state to host memory: MemoryError")],
+    ids=["write", "copy"],
+)
 def test_failed_write_raises_on_every_rank_at_the_same_step(
-    interrupted: dict[str, tuple[Path, Any]], tmp_path: Path
+    interrupted: dict[str, tuple[Path, Any]], tmp_path: Path, run: str, cause: str
 ) -> None:
-    out, result = interrupted["enospc"]
+    """A write, or the writer thread's copy of the state (staging.py), fails on rank 1."""
+    out, result = interrupted[run]
     assert result.returncode != 0
     errors = [log["errors"] for log in _logs(out)]
     assert [[(e["where"], e["type"]) for e in rank] for rank in errors] == [[("fit", "CheckpointError")]] * 2
@@ -442,7 +449,7 @@ def test_failed_write_raises_on_every_rank_at_the_same_step(
     assert len(steps) == 1 and 4 < steps.pop() <= 8  # one step for both, after the failed save of step 4
     for rank in errors:
         message = rank[0]["message"]
-        assert f"to '{out / 'P'}' at global step 4 failed: rank 1: OSError: [Errno 28]" in message
+        assert f"to '{out / 'P'}' at global step 4 failed: {cause}" in message
     report = inspect(out / "P", verify_checksums=True)
     assert (report.complete, report.verified, report.global_step) == (True, True, 3)
     assert run_single(tmp_path, fmt="sharded", max_steps=3, resume=out / "P")[0].global_step == 3
