@@ -33,7 +33,7 @@ from ckpt_helpers import Net, assert_same_state, full_state, make_data, run_sing
 from conftest import quiet_trainer
 from fullshard.checkpoint import async_save, staging
 from fullshard.checkpoint.events import set_event_hook
-from fullshard.checkpoint.tools import inspect
+from fullshard.checkpoint.tools import consolidate, inspect
 from fullshard.errors import CheckpointError
 from fullshard.strategies import SingleDeviceStrategy
 
@@ -85,8 +85,8 @@ class SaveAndWatch(fullshard.Callback):
     """Saves at step ``SAVE_AT`` (keeping the state it was given), records the order of the save,
     the copy and the optimizer steps, and tells the copy when the next step's backward is done."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, weights_only: bool = False) -> None:
+        self.path, self.weights_only = path, weights_only
         self.order: list[str] = []
         self.lock = threading.Lock()
         self.expected: dict[str, Any] = {}
@@ -104,7 +104,7 @@ class SaveAndWatch(fullshard.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == SAVE_AT and not self.expected:
             self.expected.update(copy.deepcopy(full_state(trainer)))
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=self.weights_only)
             self.pending = trainer.strategy.pending_checkpoint
             self.note("saved")
 
@@ -196,17 +196,23 @@ def test_a_tensor_it_cannot_copy_is_refused_at_the_save_even_when_deferred() -> 
 
 
 # ------------------------------------------------------------------ one process, world size 1
-def test_the_steps_after_the_save_do_not_leak_into_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("weights_only", [False, True], ids=["full-state", "weights-only"])
+def test_the_steps_after_the_save_do_not_leak_into_it(tmp_path: Path, weights_only: bool) -> None:
     path = tmp_path / "ckpt"
-    watch = SaveAndWatch(path)
+    watch = SaveAndWatch(path, weights_only)  # weights_only: the save is given no optimizer
     _copy_late(watch)
     trainer = _trainer(tmp_path, max_steps=SAVE_AT + 3, callbacks=[watch])
     trainer.fit(NormNet(), _loader())
     assert trainer.global_step == SAVE_AT + 3
     assert inspect(path, verify_checksums=True).global_step == SAVE_AT
-    saved = _saved_state(tmp_path / "resume", path, NormNet())
+    if weights_only:
+        weights = torch.load(consolidate(path, tmp_path / "full.ckpt"), weights_only=True)["state_dict"]
+        saved = {"model": weights, "optimizers": []}
+        assert_same_state(saved, {"model": watch.expected["model"], "optimizers": []})
+    else:
+        saved = _saved_state(tmp_path / "resume", path, NormNet())
+        assert_same_state(saved, watch.expected)  # the BatchNorm statistics and weights of the save's step
     assert "norm.running_mean" in saved["model"]
-    assert_same_state(saved, watch.expected)  # the BatchNorm statistics and weights of the save's step
     now = full_state(trainer)
     assert not torch.equal(now["model"]["norm.running_mean"], saved["model"]["norm.running_mean"])
     assert not torch.equal(now["model"]["head.weight"], saved["model"]["head.weight"])

@@ -2,22 +2,24 @@
 
 A sharded save (``fullshard.checkpoint.engine``, on every rank at the same point of the program)
 plans this rank's host copy of the model and optimizer state (:func:`fullshard.checkpoint.staging.stage`:
-buffers copied now, parameters and optimizer state referenced) and pickles ``meta.pt``
+buffers copied now, parameters and optimizer state only referenced) and pickles ``meta.pt``
 (:func:`serialize`); :func:`start` hands them to a thread of this process and returns, and
-training goes on while the thread copies the rest (the next optimizer step waits for that copy:
-[Note: staging off the training thread] in staging.py) and writes. :func:`wait` blocks until that
-thread is done: every save and load calls it first, the Trainer at the end of ``fit`` and when
-``fit`` fails, and an ``atexit`` function when the process exits. While a save is pending, the
-Trainer calls :meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and
-read, unless the save has failed.
+training goes on while the thread copies the rest and writes. Until the copy is done, the
+optimizers wait at the start of their ``step`` ([Note: staging off the training thread] in
+staging.py). :func:`wait` blocks until the thread is done: every save and
+load calls it first, the Trainer at the end of ``fit`` and when ``fit`` fails, and an ``atexit``
+function when the process exits. While a save is pending, the Trainer calls
+:meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and read (and
+once, the removal of the optimizers' wait), unless the save has failed.
 
 [Note: asynchronous commit]
 The background thread of every rank runs the steps of a synchronous sharded save (see
 [Note: directory commit] in layout.py), on a gloo process group of its own (:func:`_group_for`) so
 that its collectives never interleave with the training collectives of the default group:
 
-0. copy the parameters and optimizer state to host memory, and exchange with every rank whether
-   that worked (one ``all_gather_object``): if any rank failed, none writes, and the save fails;
+0. copy the parameters and optimizer state to host memory, check the copy's parameters for NaN
+   and inf, and exchange with every rank whether that worked (one ``all_gather_object``): if any
+   rank failed or found non-finite weights, none writes, and the save fails;
 1. write this rank's shards with ``torch.distributed.checkpoint`` into the save's fresh
    ``data-<id>`` directory (rank 0 also writes ``.metadata``), fsync them and take their sizes
    and CRC-32s;
@@ -69,8 +71,6 @@ from fullshard.checkpoint.staging import Staging, StagingBuffers, StepGuard
 from fullshard.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from torch.optim import Optimizer
-
     from fullshard.strategies.strategy import Strategy
 
 Files = dict[str, dict[str, int]]  # file name -> {"size", "crc32"}
@@ -159,7 +159,7 @@ class PendingSave:
             self._guard = None
             self._copy_waited += guard.waited_s
 
-    def staging_done(self) -> None:
+    def _drop_guard(self) -> None:
         """Let the optimizers step without waiting (the save never started)."""
         if self._guard is not None:
             self._guard.remove()
@@ -365,14 +365,13 @@ def start(
     path: Path,
     step: int,
     staging: Staging,
-    optimizers: Sequence[Optimizer],
     check: Check,
     write: Write,
     commit: Commit,
 ) -> PendingSave:
     """Hand ``staging`` to a background thread that finishes the copy, runs ``check`` on it,
-    writes and commits it; return at once. Until the copy is done, each of ``optimizers`` waits at
-    the start of its ``step`` (see [Note: staging off the training thread] in staging.py).
+    writes and commits it; return at once. Until the copy is done, every optimizer waits at the
+    start of its ``step`` (see [Note: staging off the training thread] in staging.py).
 
     The caller has waited for the previous save (:func:`wait`), so one staged copy exists at a time.
     """
@@ -381,7 +380,7 @@ def start(
         path, step, staging, check, write, commit, _group_for(strategy), strategy.global_rank, strategy.world_size
     )
     if staging.deferred:
-        pending._guard = StepGuard(staging.copied, optimizers)
+        pending._guard = StepGuard(staging.copied)
     if not _atexit_registered:
         # registered after the process group's teardown, so it runs before it (atexit is LIFO)
         atexit.register(_wait_at_exit)
@@ -393,7 +392,7 @@ def start(
     except BaseException:  # a test's hook: leave no save behind that nothing will ever run
         _UNFINISHED.discard(pending)
         strategy.pending_checkpoint = None
-        pending.staging_done()
+        pending._drop_guard()
         raise
     pending._thread.start()
     return pending

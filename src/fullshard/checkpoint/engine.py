@@ -278,7 +278,6 @@ def _save_sharded(
             path,
             record.global_step,
             staged,
-            optimizers,
             check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(strategy, staged["model"])),
             write=lambda staged, group: _write_shards(staged, data, rank, group, no_dist),
             commit=lambda files: _commit_sharded(

@@ -7,9 +7,9 @@ synchronous save, so the copy is split by who can change a tensor:
 
 - parameters (their shards) and optimizer state change only in an optimizer step. The save keeps
   references to them (:class:`Staging`), and the background thread copies them before writing.
-  Until that copy is done, every optimizer given to the save waits at the start of its ``step``
-  (:class:`StepGuard`, a ``register_step_pre_hook``), and a load or ``set_state`` waits too;
-  forward and backward run meanwhile, reading the same tensors;
+  Until that copy is done, every optimizer waits at the start of its ``step`` (:class:`StepGuard`,
+  a step pre-hook of all optimizers), and a load or ``set_state`` waits too; forward and backward
+  run meanwhile, reading the same tensors;
 - everything else is copied on the training thread, at the save: buffers (BatchNorm's running
   statistics change in every forward), and the state's other values (deep copies).
 
@@ -255,17 +255,21 @@ def changed_only_by_steps(module: nn.Module | None, where: str = "state") -> Cal
 
 
 class StepGuard:
-    """Makes each optimizer's ``step`` wait until :attr:`Staging.copied` is set (a step pre-hook).
+    """Makes every optimizer's ``step`` wait until :attr:`Staging.copied` is set.
 
-    Registered by the save, on the training thread; removed there (:meth:`remove`) once the copy
-    is done, by the first step boundary, wait or save that sees it done. Until then a step that
-    finds the copy done pays one ``Event.is_set()``.
+    A step pre-hook common to all optimizers (``torch.optim.optimizer.register_optimizer_step_pre_hook``):
+    the Trainer's, whether or not the save was given them (``save_checkpoint(weights_only=True)``
+    gives none), and any the user steps by hand. Registered by the save, on the training thread;
+    removed there (:meth:`remove`) by the first step boundary, wait or save that finds the copy
+    done. Until then a step that finds the copy done pays one ``Event.is_set()``.
     """
 
-    def __init__(self, copied: threading.Event, optimizers: Sequence[Optimizer]) -> None:
+    def __init__(self, copied: threading.Event) -> None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
         self._copied = copied
         self.waited_s = 0.0  # how long steps waited for the copy (benchmarks/async_save.py)
-        self._handles = [optimizer.register_step_pre_hook(self._before_step) for optimizer in optimizers]
+        self._handle: Any = register_optimizer_step_pre_hook(self._before_step)
 
     def _before_step(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
         self.wait()
@@ -282,7 +286,7 @@ class StepGuard:
         return self._copied.is_set()
 
     def remove(self) -> None:
-        """Unregister the hooks (on the training thread: never while a step iterates them)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        """Unregister the hook (on the training thread: never while a step iterates the hooks)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
