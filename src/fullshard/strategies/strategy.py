@@ -508,8 +508,9 @@ class Strategy:
 
         The format follows :attr:`state_dict_type`: ``"full"`` writes one file from rank 0,
         ``"sharded"`` one directory with a file per rank; both commit atomically. With
-        :attr:`async_save` it returns once the state is copied to host memory, and the files are
-        written and committed in the background (see :meth:`wait_for_checkpoint`).
+        :attr:`async_save` it returns at once: the state is copied to host memory (optimizer steps
+        wait for the copy: :meth:`wait_for_checkpoint_copy`), and the files are written and
+        committed in the background (see :meth:`wait_for_checkpoint`).
         """
         from fullshard.checkpoint import engine
 
