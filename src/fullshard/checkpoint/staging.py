@@ -17,10 +17,12 @@ What is guaranteed: the checkpoint holds the state as it was when ``save_checkpo
 as long as nothing but an optimizer's ``step`` writes to parameters or optimizer state in place
 before the copy is done. Code that does (a callback that clamps weights, ``p.data.copy_(...)``
 in a hook) calls ``strategy.wait_for_checkpoint_copy()`` first. This is the contract of torch's
-own ``DefaultStager(StagingOptions(use_async_staging=True))``, which leaves the wait to the user;
-here the optimizer step waits by itself. torch's stager is not used: it copies the whole state
-in the background, buffers included, and caches its copies by the identity of each source
-storage, which training replaces (a loaded checkpoint, a rebuilt optimizer).
+own ``DefaultStager(StagingOptions(use_async_staging=True))``, which leaves the wait to the
+caller (``synchronize_staging()``); here the optimizer step waits by itself. torch's stager is not
+used: its background mode copies the whole state there, buffers included, which the next forward
+changes, so the split and the wait above would be needed around it anyway. The check for
+non-finite weights that a synchronous save runs before writing runs on the copy, in the
+background thread too (a read of every parameter: most of a synchronous save's time on CPU).
 
 On CUDA the copies go into pinned host buffers (:class:`StagingBuffers`), on a stream of their
 own that first waits for the work queued before the save, and they are reused by the next save
@@ -202,13 +204,15 @@ class Staging:
         return value
 
     def _host_copy(self, source: torch.Tensor, count: bool) -> torch.Tensor:
+        """A host copy of ``source``: at the save (``count``: add its bytes) a blocking one; in
+        :meth:`copy`, on CUDA, one queued on the staging stream, which copy() synchronises."""
         source = source.detach()
         if source.is_cuda:  # a pinned buffer, kept for the next save
             target = self._buffers.take(source.shape, source.dtype)
             self._taken.append(target)
         else:  # on CPU: a tensor of its own, freed with the copy
             target = torch.empty(source.shape, dtype=source.dtype, device="cpu")
-        target.copy_(source, non_blocking=source.is_cuda and target.is_pinned())
+        target.copy_(source, non_blocking=not count and source.is_cuda and target.is_pinned())
         if count:
             self.nbytes += target.numel() * target.element_size()
         return target
