@@ -288,14 +288,19 @@ def render(args: argparse.Namespace, result: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
     parser.add_argument("--pairs", type=int, default=6, help="rounds of the three saves (default 6)")
-    parser.add_argument("--depth", type=int, default=8, help=argparse.SUPPRESS)
-    parser.add_argument("--width", type=int, default=2048, help=argparse.SUPPRESS)
+    parser.add_argument("--depth", type=int, default=8, help="number of blocks (default 8)")
+    parser.add_argument("--width", type=int, default=2048, help="features of each Linear (default 2048)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parse_args(parser, argv)
     if args.worker:  # rank 0 here; its Trainer runs the same command for rank 1
         if not (args.out and args.dir):
