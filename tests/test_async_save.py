@@ -153,9 +153,9 @@ def test_one_staged_copy_at_a_time_freed_once_written(tmp_path: Path) -> None:
 
     def count(point: str) -> None:
         if point == "async.staged":  # the new save's copy exists; the previous one must be gone
-            live_copies.append(sum(p._staging is not None for p in async_save.unfinished()))
+            live_copies.append(sum(p._staging.state is not None for p in async_save.unfinished()))
         if point == "async.copied":  # the writer thread copied the parameters
-            newest = [p._staging for p in async_save.unfinished() if p._staging is not None]
+            newest = [p._staging for p in async_save.unfinished() if p._staging.state is not None]
             staged_refs.append(weakref.ref(newest[0].state["model"]["head.weight"]))
 
     set_event_hook(count)

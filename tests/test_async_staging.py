@@ -317,7 +317,7 @@ def test_pinned_buffers_are_reused_by_the_next_save_on_cuda(tmp_path: Path) -> N
 
     def hook(point: str) -> None:
         if point == "async.copied":
-            (pending,) = [p for p in async_save.unfinished() if p._staging is not None]
+            (pending,) = [p for p in async_save.unfinished() if p._staging.state is not None]
             state = pending._staging.state
             moments = [v for s in state["optimizers"].values() for p in s.values() for v in p.values()]
             # the parameters and AdamW's moments (its step counts are CPU tensors)

@@ -113,7 +113,7 @@ class PendingSave:
     ) -> None:
         self.path = path
         self.staged_bytes = staging.nbytes  # this rank's host copy, until the files are written
-        self._staging: Staging | None = staging
+        self._staging = staging  # its copy is released once written (or the save failed)
         self._guard: StepGuard | None = None  # the optimizers' wait for the copy (main thread)
         self._copy_waited = 0.0
         self._check = check
@@ -206,7 +206,7 @@ class PendingSave:
         except BaseException as err:  # a bug here must still release the main thread
             causes = [_cause(err, self._rank)]
         self._failure = "; ".join(causes) if causes else None
-        self._check = self._write = self._commit = _spent  # drop what they hold (the pickled meta.pt) with the save
+        self._check = self._write = self._commit = _spent  # drop what they hold (the pickled meta.pt)
         if causes:
             self._agree_on_step()
         with self._lock:
@@ -219,7 +219,6 @@ class PendingSave:
 
     def _write_and_commit(self) -> list[str]:
         staging = self._staging
-        assert staging is not None  # one run per save
         files: Files = {}
         causes = self._copy(staging)
         if causes:
@@ -230,8 +229,7 @@ class PendingSave:
         except BaseException as err:  # DCP's CheckpointException is a BaseException
             causes = _causes(err, self._rank)
         finally:
-            self._staging = None  # the files hold it now, or the save failed: free the host copy
-            staging.release()
+            staging.release()  # the files hold it now, or the save failed: free the host copy
         checkpoint_event("async.written")
         try:
             reports = self._all_gather((files, causes))
@@ -278,7 +276,6 @@ class PendingSave:
             reports = [[*causes, _cause(err, self._rank, "while exchanging results")]]
         causes = list(dict.fromkeys(c for rank_causes in reports for c in rank_causes))
         if causes:
-            self._staging = None
             staging.release()
         return causes
 
