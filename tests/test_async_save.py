@@ -384,6 +384,8 @@ def test_staging_holds_this_ranks_shard_only(straight: Path) -> None:
     saves = [next(s for s in log["saves"] if s["label"] == "step3") for log in _logs(straight)]
     for save in saves:
         assert save["staged"] == save["shard"]  # model + optimizer state of this rank, nothing more
+        # every parameter and the optimizer's state are copied by the writer thread, off training's
+        assert save["deferred"] == save["parameters"] + 1
         assert save["staged"] < 0.55 * save["whole"]
     # both shards together: the whole state, plus each rank's copy of AdamW's per-parameter step count
     assert sum(s["staged"] for s in saves) == saves[0]["whole"] + 8 * 4

@@ -104,8 +104,11 @@ def save(trainer: fullshard.Trainer, path: str, label: str) -> None:
     trainer.save_checkpoint(path)
     pending = trainer.strategy.pending_checkpoint
     local, whole = shard_bytes(trainer)
+    deferred = pending._staging.deferred if pending else None  # values the writer thread copies
+    parameters = len(list(trainer.lightning_module.parameters()))
     LOG["saves"].append(
-        {"label": label, "step": step(), "staged": pending.staged_bytes if pending else None, "shard": local, "whole": whole}
+        {"label": label, "step": step(), "staged": pending.staged_bytes if pending else None, "shard": local,
+         "whole": whole, "deferred": deferred, "parameters": parameters}
     )
     LOG["events"].append([f"save_returned:{label}", 0, step(), "main", time.monotonic()])
 
