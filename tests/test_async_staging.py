@@ -309,6 +309,22 @@ def test_nonfinite_weights_fail_a_background_save(tmp_path: Path) -> None:
     assert inspect(path, verify_checksums=True).complete
 
 
+def test_a_directory_that_cannot_be_made_fails_the_background_save(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    path = tmp_path / "file" / "ckpt"  # the writer thread makes the data directory: it cannot
+    trainer = _trainer(tmp_path, max_steps=1, callbacks=[])
+    trainer.fit(Net(), _loader())
+    trainer.save_checkpoint(path)  # returns: no file system work on the training thread
+    with pytest.raises(
+        CheckpointError,
+        match=rf"to '{path}' at global step 1 failed: rank 0: NotADirectoryError: \[Errno 20\] Not a directory",
+    ):
+        trainer.strategy.wait_for_checkpoint()
+    trainer.save_checkpoint(tmp_path / "ckpt")  # the next save works
+    trainer.strategy.wait_for_checkpoint()
+    assert inspect(tmp_path / "ckpt", verify_checksums=True).complete
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging buffers are for state on a CUDA device")
 def test_pinned_buffers_are_reused_by_the_next_save_on_cuda(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ The background thread of every rank runs the steps of a synchronous sharded save
 that its collectives never interleave with the training collectives of the default group:
 
 0. copy the parameters and optimizer state to host memory, check the copy's parameters for NaN
-   and inf, and exchange with every rank whether that worked (one ``all_gather_object``): if any
-   rank failed or found non-finite weights, none writes, and the save fails;
+   and inf, make the save's ``data-<id>`` directory (rank 0; the main thread chose its name),
+   and exchange with every rank whether that worked (one ``all_gather_object``): if any rank
+   failed or found non-finite weights, none writes, and the save fails;
 1. write this rank's shards with ``torch.distributed.checkpoint`` into the save's fresh
    ``data-<id>`` directory (rank 0 also writes ``.metadata``), fsync them and take their sizes
    and CRC-32s;
@@ -55,6 +56,7 @@ with, and each rank raises at its next step.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import io
 import sys
 import threading
@@ -75,8 +77,17 @@ if TYPE_CHECKING:
 
 Files = dict[str, dict[str, int]]  # file name -> {"size", "crc32"}
 Write = Callable[[Any, Any], Files]  # (staged state, process group or None) -> this rank's files
-Check = Callable[[Any], None]  # raises when the staged state must not be written (non-finite weights)
 Commit = Callable[[Files], None]  # every rank's files -> writes meta.pt and the commit record (rank 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveSteps:
+    """What the background thread runs for one save, in this order (the engine fills them in)."""
+
+    check: Callable[[Any], None]  # raises when the copy must not be written (non-finite weights)
+    prepare: Callable[[], None]  # makes the save's data directory (rank 0; the others' do nothing)
+    write: Write
+    commit: Commit
 
 # The background process group of each strategy: created once, by every rank, at its first save.
 _GROUPS: weakref.WeakKeyDictionary[Strategy, Any] = weakref.WeakKeyDictionary()
@@ -104,9 +115,7 @@ class PendingSave:
         path: Path,
         step: int,
         staging: Staging,
-        check: Check,
-        write: Write,
-        commit: Commit,
+        steps: SaveSteps,
         group: Any,
         rank: int,
         world_size: int,
@@ -116,9 +125,7 @@ class PendingSave:
         self._staging = staging  # its copy is released once written (or the save failed)
         self._guard: StepGuard | None = None  # the optimizers' wait for the copy (main thread)
         self._copy_waited = 0.0
-        self._check = check
-        self._write = write
-        self._commit = commit
+        self._steps: SaveSteps | None = steps  # dropped when done, with what they hold (meta.pt)
         self._group = group
         self._rank = rank
         self._world_size = world_size
@@ -206,7 +213,7 @@ class PendingSave:
         except BaseException as err:  # a bug here must still release the main thread
             causes = [_cause(err, self._rank)]
         self._failure = "; ".join(causes) if causes else None
-        self._check = self._write = self._commit = _spent  # drop what they hold (the pickled meta.pt)
+        self._steps = None
         if causes:
             self._agree_on_step()
         with self._lock:
@@ -218,14 +225,16 @@ class PendingSave:
         checkpoint_event("async.finished")
 
     def _write_and_commit(self) -> list[str]:
-        staging = self._staging
+        staging, steps = self._staging, self._steps
+        if steps is None:
+            raise RuntimeError("a background save writes and commits once")
         files: Files = {}
-        causes = self._copy(staging)
+        causes = self._copy(staging, steps)
         if causes:
             return causes
         try:
             checkpoint_event("async.writing")  # nothing read from the staged copy yet
-            files = self._write(staging.state, self._group)
+            files = steps.write(staging.state, self._group)
         except BaseException as err:  # DCP's CheckpointException is a BaseException
             causes = _causes(err, self._rank)
         finally:
@@ -245,7 +254,7 @@ class PendingSave:
                 every_file: Files = {}
                 for rank_files, _ in reports:
                     every_file.update(rank_files)
-                self._commit(every_file)
+                steps.commit(every_file)
             except BaseException as err:
                 commit_causes = _causes(err, 0)
         try:
@@ -255,10 +264,10 @@ class PendingSave:
             self._peers_reachable = False
             return [_cause(err, self._rank, "while learning whether rank 0 committed")]
 
-    def _copy(self, staging: Staging) -> list[str]:
-        """Step 0 of [Note: asynchronous commit]: this rank's copy, and every rank's outcome of it.
-        A rank whose copy failed cannot write, and DCP's collectives need every rank: so if any
-        failed, none writes."""
+    def _copy(self, staging: Staging, steps: SaveSteps) -> list[str]:
+        """Step 0 of [Note: asynchronous commit]: this rank's copy, its check, the data directory
+        (rank 0), and every rank's outcome of them. A rank whose copy failed cannot write, and
+        DCP's collectives need every rank: so if any failed, none writes."""
         causes: list[str] = []
         try:
             staging.copy()  # releases the optimizer steps waiting for it, copied or not
@@ -266,7 +275,8 @@ class PendingSave:
             causes = [_cause(err, self._rank, "while copying the state to host memory")]
         else:
             try:
-                self._check(staging.state)
+                steps.check(staging.state)
+                steps.prepare()
             except BaseException as err:
                 causes = [_cause(err, self._rank)]
         try:
@@ -307,10 +317,6 @@ class PendingSave:
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
-
-
-def _spent(*args: Any) -> Any:
-    raise RuntimeError("a background save writes and commits once")
 
 
 def _run_action(action: Callable[[], None]) -> None:
@@ -362,19 +368,17 @@ def start(
     path: Path,
     step: int,
     staging: Staging,
-    check: Check,
-    write: Write,
-    commit: Commit,
+    steps: SaveSteps,
 ) -> PendingSave:
-    """Hand ``staging`` to a background thread that finishes the copy, runs ``check`` on it,
-    writes and commits it; return at once. Until the copy is done, every optimizer waits at the
+    """Hand ``staging`` to a background thread that finishes the copy and runs ``steps``;
+    return at once. Until the copy is done, every optimizer waits at the
     start of its ``step`` (see [Note: staging off the training thread] in staging.py).
 
     The caller has waited for the previous save (:func:`wait`), so one staged copy exists at a time.
     """
     global _atexit_registered
     pending = PendingSave(
-        path, step, staging, check, write, commit, _group_for(strategy), strategy.global_rank, strategy.world_size
+        path, step, staging, steps, _group_for(strategy), strategy.global_rank, strategy.world_size
     )
     if staging.deferred:
         pending._guard = StepGuard(staging.copied)

@@ -270,20 +270,16 @@ def _save_sharded(
     record = _record_of(strategy, checkpoint, data_name)
     rank, no_dist = strategy.global_rank, not strategy.is_distributed
     if strategy.async_save:
-        staged, meta, data_name = _stage(strategy, state, checkpoint, path, prepare)
+        staged, meta, data_name = _stage(strategy, state, checkpoint, path)
         del state, model_state, optimizer_states  # only the copy goes on: training may change these
         record, data = dataclasses.replace(record, data=data_name), path / data_name
-        async_save.start(
-            strategy,
-            path,
-            record.global_step,
-            staged,
+        steps = async_save.SaveSteps(
             check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(strategy, staged["model"])),
+            prepare=(lambda: data.mkdir(parents=True)) if strategy.is_global_zero else lambda: None,
             write=lambda staged, group: _write_shards(staged, data, rank, group, no_dist),
-            commit=lambda files: _commit_sharded(
-                path, record, files, lambda target: _write_bytes(meta, target)
-            ),
+            commit=lambda files: _commit_sharded(path, record, files, lambda target: _write_bytes(meta, target)),
         )
+        async_save.start(strategy, path, record.global_step, staged, steps)
         return
     mine: dict[str, dict[str, int]] = {}
     failures: list[Failure] = []
@@ -328,18 +324,19 @@ def _names(path: Path, data_name: str) -> bool:
 
 
 def _stage(
-    strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path, prepare: Callable[[], str]
+    strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path
 ) -> tuple[Any, bytes, str]:
-    """A background save's copy (see [Note: staging off the training thread]), ``meta.pt`` and data
-    directory (rank 0), with one collective: a failure on any rank raises on every rank."""
+    """A background save's copy (see [Note: staging off the training thread]), ``meta.pt`` and the
+    name of its data directory (rank 0's; its thread makes it), with one collective: a failure on
+    any rank raises on every rank."""
     staged, meta, name, problem = None, b"", "", None
     try:
         defer = staging.changed_only_by_steps(strategy.module)
         staged = staging.stage(state, defer=defer, buffers=async_save.buffers_for(strategy))
         if strategy.is_global_zero:
             meta = async_save.serialize(checkpoint)
-            name = prepare()
-    except CheckpointError as err:  # the state's own types, the directory (a CheckpointSaveError)
+            name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
+    except CheckpointError as err:  # the state's own types
         problem = _portable(err) if strategy.is_distributed else err
     except Exception as err:  # pickling (hyperparameters, callback states), memory
         problem = CheckpointError(
