@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 import fullshard
 from ckpt_helpers import Net, assert_same_state, full_state, killed_at, make_data, run_single
 from conftest import check_ok, quiet_trainer, run_script
-from fullshard.checkpoint import async_save
+from fullshard.checkpoint import async_save, staging
 from fullshard.checkpoint.events import set_event_hook
 from fullshard.checkpoint.layout import RECORD_NAME
 from fullshard.checkpoint.tools import inspect
@@ -87,7 +87,8 @@ def _fail_writer(point: str) -> None:
 def test_stage_copies_every_tensor_and_counts_its_bytes() -> None:
     weight, step = torch.ones(3, 4), torch.tensor(5.0)
     state = {"model": {"w": weight}, "optimizers": {"0": {"w": {"step": step, "betas": (0.9, 0.99)}}}, "n": [1]}
-    staged, nbytes = async_save.stage(state)
+    staged = staging.stage(state)  # copies every tensor now: nothing deferred
+    staged, nbytes = staged.state, staged.nbytes
     weight.add_(1)
     step.add_(1)
     assert torch.equal(staged["model"]["w"], torch.ones(3, 4))
@@ -98,8 +99,8 @@ def test_stage_copies_every_tensor_and_counts_its_bytes() -> None:
 
 def test_stage_copies_only_the_view_of_a_larger_buffer() -> None:
     buffer = torch.zeros(100)
-    _, nbytes = async_save.stage({"shard": buffer[10:20]})  # as FSDP's shards are views of a padded buffer
-    assert nbytes == 10 * 4
+    staged = staging.stage({"shard": buffer[10:20]})  # as FSDP's shards are views of a padded buffer
+    assert staged.nbytes == 10 * 4
 
 
 def test_stage_refuses_tensors_it_cannot_copy_shard_by_shard() -> None:
@@ -113,7 +114,7 @@ def test_stage_refuses_tensors_it_cannot_copy_shard_by_shard() -> None:
         r"background save: it accepts plain tensors and DTensors \(FSDP2Strategy's state\)\. Save this model with "
         r"async_save=False",
     ):
-        async_save.stage(state)
+        staging.stage(state)
 
 
 # ----------------------------------------------------------------- one process, world size 1
@@ -152,10 +153,10 @@ def test_one_staged_copy_at_a_time_freed_once_written(tmp_path: Path) -> None:
 
     def count(point: str) -> None:
         if point == "async.staged":  # the new save's copy exists; the previous one must be gone
-            pending = async_save.unfinished()
-            live_copies.append(sum(p._state is not None for p in pending))
-            newest = [p for p in pending if p._state is not None]
-            staged_refs.append(weakref.ref(newest[0]._state["model"]["head.weight"]))
+            live_copies.append(sum(p._staging.state is not None for p in async_save.unfinished()))
+        if point == "async.copied":  # the writer thread copied the parameters
+            newest = [p._staging for p in async_save.unfinished() if p._staging.state is not None]
+            staged_refs.append(weakref.ref(newest[0].state["model"]["head.weight"]))
 
     set_event_hook(count)
     trainer = _trainer(tmp_path, max_steps=4, callbacks=[SaveAt(path, {1, 2, 3})])
@@ -343,6 +344,7 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     root = tmp_path_factory.mktemp("async_interrupted")
     runs = {kill: ["--save-at", "3,5", "--kill", f"{kill}:2"] for kill in REAL_KILLS}
     runs["enospc"] = ["--save-at", "3,4", "--fail", "1:2", "--max-steps", "8"]
+    runs["copy"] = ["--save-at", "3,4", "--fail-copy", "1:2", "--max-steps", "8"]
     with ThreadPoolExecutor(len(runs)) as pool:
         futures = {
             name: pool.submit(_job, root / name.replace(":", "_"), "--path", str(root / name.replace(":", "_") / "P"), *args)
@@ -382,6 +384,8 @@ def test_staging_holds_this_ranks_shard_only(straight: Path) -> None:
     saves = [next(s for s in log["saves"] if s["label"] == "step3") for log in _logs(straight)]
     for save in saves:
         assert save["staged"] == save["shard"]  # model + optimizer state of this rank, nothing more
+        # every parameter and the optimizer's state are copied by the writer thread, off training's
+        assert save["deferred"] == save["parameters"] + 1
         assert save["staged"] < 0.55 * save["whole"]
     # both shards together: the whole state, plus each rank's copy of AdamW's per-parameter step count
     assert sum(s["staged"] for s in saves) == saves[0]["whole"] + 8 * 4
@@ -430,10 +434,16 @@ def test_killed_background_write_leaves_the_previous_checkpoint(
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("run", "cause"),
+    [("enospc", "rank 1: OSError: [Errno 28]"), ("copy", "rank 1 while copying the state to host memory: MemoryError")],
+    ids=["write", "copy"],
+)
 def test_failed_write_raises_on_every_rank_at_the_same_step(
-    interrupted: dict[str, tuple[Path, Any]], tmp_path: Path
+    interrupted: dict[str, tuple[Path, Any]], tmp_path: Path, run: str, cause: str
 ) -> None:
-    out, result = interrupted["enospc"]
+    """A write, or the writer thread's copy of the state (staging.py), fails on rank 1."""
+    out, result = interrupted[run]
     assert result.returncode != 0
     errors = [log["errors"] for log in _logs(out)]
     assert [[(e["where"], e["type"]) for e in rank] for rank in errors] == [[("fit", "CheckpointError")]] * 2
@@ -441,7 +451,7 @@ def test_failed_write_raises_on_every_rank_at_the_same_step(
     assert len(steps) == 1 and 4 < steps.pop() <= 8  # one step for both, after the failed save of step 4
     for rank in errors:
         message = rank[0]["message"]
-        assert f"to '{out / 'P'}' at global step 4 failed: rank 1: OSError: [Errno 28]" in message
+        assert f"to '{out / 'P'}' at global step 4 failed: {cause}" in message
     report = inspect(out / "P", verify_checksums=True)
     assert (report.complete, report.verified, report.global_step) == (True, True, 3)
     assert run_single(tmp_path, fmt="sharded", max_steps=3, resume=out / "P")[0].global_step == 3

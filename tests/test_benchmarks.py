@@ -29,6 +29,7 @@ SCRIPTS = {
     "checkpoint": "benchmarks",
     "stuck_ranks": "benchmarks",
     "checkpoint_scale": "benchmarks",
+    "async_save": "benchmarks",
     "compile": "compile",
     "nonfinite_check": None,
     "_lightning_overhead": None,

@@ -4,10 +4,12 @@ used by tests/test_async_save.py. Each rank writes what it saw to ``OUT/rank<r>.
 python tests/scripts/async_save_job.py --out DIR --path CKPT --save-at 3,5 --max-steps 6
 python tests/scripts/async_save_job.py --out DIR --path CKPT --save-at 3,5 --kill 1:sharded.data_written:2
 python tests/scripts/async_save_job.py --out DIR --path CKPT --save-at 3,4 --fail 1:2 --max-steps 8
+python tests/scripts/async_save_job.py --out DIR --path CKPT --save-at 3,4 --fail-copy 1:2 --max-steps 8
 python tests/scripts/async_save_job.py --out DIR --path A --save-at 3 --sync-copy S --slow 1 --after-fit B
 
 --kill RANK:POINT:N  SIGKILL rank RANK the Nth time it reaches save point POINT
 --fail RANK:N        rank RANK's writer raises OSError(ENOSPC) in the Nth save
+--fail-copy RANK:N   rank RANK's copy of the state to host memory raises MemoryError in the Nth save
 --slow SECONDS       the first background save's writer sleeps that long (training goes on)
 --sync-copy PATH     at the first save step, also save synchronously to PATH and the full state
                      to OUT/reference.pt (before the background save, which then starts)
@@ -57,10 +59,11 @@ def write_log(out: Path) -> None:
 class Faults:
     """The event hook: records every save point reached, and slows, fails or kills as asked."""
 
-    def __init__(self, kill: str | None, fail: str | None, slow: float) -> None:
+    def __init__(self, kill: str | None, fail: str | None, slow: float, fail_copy: str | None = None) -> None:
         self.counts: dict[str, int] = {}
         self.kill = kill.split(":") if kill else None
         self.fail_save = int(fail.split(":")[1]) if fail and int(fail.split(":")[0]) == RANK else 0
+        self.fail_copy = int(fail_copy.split(":")[1]) if fail_copy and int(fail_copy.split(":")[0]) == RANK else 0
         self.slow = slow
         self.lock = threading.Lock()
 
@@ -75,6 +78,8 @@ class Faults:
             time.sleep(slow)
         if point == "sharded.data_written" and n == self.fail_save:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if point == "async.copying" and n == self.fail_copy:
+            raise MemoryError("cannot allocate the host copy")
 
 
 def shard_bytes(trainer: fullshard.Trainer) -> tuple[int, int]:
@@ -99,8 +104,11 @@ def save(trainer: fullshard.Trainer, path: str, label: str) -> None:
     trainer.save_checkpoint(path)
     pending = trainer.strategy.pending_checkpoint
     local, whole = shard_bytes(trainer)
+    deferred = pending._staging.deferred if pending else None  # values the writer thread copies
+    parameters = len(list(trainer.lightning_module.parameters()))
     LOG["saves"].append(
-        {"label": label, "step": step(), "staged": pending.staged_bytes if pending else None, "shard": local, "whole": whole}
+        {"label": label, "step": step(), "staged": pending.staged_bytes if pending else None, "shard": local,
+         "whole": whole, "deferred": deferred, "parameters": parameters}
     )
     LOG["events"].append([f"save_returned:{label}", 0, step(), "main", time.monotonic()])
 
@@ -170,6 +178,7 @@ def main() -> None:
     p.add_argument("--slow", type=float, default=0.0)
     p.add_argument("--kill", default=None)
     p.add_argument("--fail", default=None)
+    p.add_argument("--fail-copy", default=None)
     p.add_argument("--after-fit", default=None)
     p.add_argument("--model-checkpoint", default=None, help="also a ModelCheckpoint(every_n_train_steps=N)")
     args = p.parse_args()
@@ -177,7 +186,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     atexit.register(write_log, out)  # registered first, so it runs last: after the exit waited for saves
 
-    faults = Faults(args.kill, args.fail, args.slow)
+    faults = Faults(args.kill, args.fail, args.slow, args.fail_copy)
     set_event_hook(faults)
     fullshard.seed_everything(11)
     callbacks: list[Any] = [Saver(args, out)]

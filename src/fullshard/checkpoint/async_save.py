@@ -1,23 +1,31 @@
 """Sharded checkpoints written in the background: ``FSDP2Strategy(async_save=True)``.
 
 A sharded save (``fullshard.checkpoint.engine``, on every rank at the same point of the program)
-copies this rank's shards of the model and optimizer state into host memory (:func:`stage`) and
-pickles ``meta.pt`` (:func:`serialize`); :func:`start` hands them to a thread of this process and
-returns, and training goes on while the thread writes. :func:`wait` blocks until that thread is
-done: every save and load calls it first, the Trainer at the end of ``fit`` and when ``fit``
-fails, and an ``atexit`` function when the process exits. While a save is pending, the Trainer
-calls :meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and read,
-unless the save has failed.
+plans this rank's host copy of the model and optimizer state (:func:`fullshard.checkpoint.staging.stage`:
+buffers copied now, parameters and optimizer state only referenced) and pickles ``meta.pt``
+(:func:`serialize`); :func:`start` hands them to a thread of this process and returns, and
+training goes on while the thread copies the rest and writes. Until the copy is done, the
+optimizers wait at the start of their ``step`` ([Note: staging off the training thread] in
+staging.py). :func:`wait` blocks until the thread is done: every save and
+load calls it first, the Trainer at the end of ``fit`` and when ``fit`` fails, and an ``atexit``
+function when the process exits. While a save is pending, the Trainer calls
+:meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and read (and
+once, the removal of the optimizers' wait), unless the save has failed.
 
 [Note: asynchronous commit]
 The background thread of every rank runs the steps of a synchronous sharded save (see
 [Note: directory commit] in layout.py), on a gloo process group of its own (:func:`_group_for`) so
 that its collectives never interleave with the training collectives of the default group:
 
+0. copy the parameters and optimizer state to host memory, check the copy's parameters for NaN
+   and inf, make the save's ``data-<id>`` directory (rank 0; the main thread chose its name),
+   and exchange with every rank whether that worked (one ``all_gather_object``): if any rank
+   failed or found non-finite weights, none writes, and the save fails;
 1. write this rank's shards with ``torch.distributed.checkpoint`` into the save's fresh
-   ``data-<id>`` directory (rank 0 also writes ``.metadata``), fsync them and take their sizes
-   and CRC-32s;
-2. exchange with every rank what it wrote, or why it failed (one ``all_gather_object``);
+   ``data-<id>`` directory (rank 0 also writes ``.metadata``), fsync them, and write beside them
+   this rank's record of their sizes and CRC-32s (``fullshard.checkpoint.commit.write_shards``);
+2. exchange with every rank whether it failed, and why (one ``all_gather_object`` of a list that
+   is empty when all went well: no file names or checksums travel);
 3. if every rank succeeded, rank 0 writes ``meta.pt`` (pickled by the main thread when the save
    was called), fsyncs it and ``.metadata``, and renames the commit record into place; it then
    tells every rank whether that worked (one broadcast).
@@ -49,7 +57,7 @@ with, and each rank raises at its next step.
 from __future__ import annotations
 
 import atexit
-import copy
+import dataclasses
 import io
 import sys
 import threading
@@ -62,71 +70,35 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullshard.checkpoint.events import checkpoint_event
+from fullshard.checkpoint.staging import Staging, StagingBuffers, StepGuard
 from fullshard.errors import CheckpointError
 
 if TYPE_CHECKING:
     from fullshard.strategies.strategy import Strategy
 
-Files = dict[str, dict[str, int]]  # file name -> {"size", "crc32"}
-Write = Callable[[Any, Any], Files]  # (staged state, process group or None) -> this rank's files
-Commit = Callable[[Files], None]  # every rank's files -> writes meta.pt and the commit record (rank 0)
+Write = Callable[[Any, Any], None]  # (staged state, process group or None): this rank's shards and record
+Commit = Callable[[], None]  # once every rank wrote: meta.pt and the commit record (rank 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveSteps:
+    """What the background thread runs for one save, in this order (the engine fills them in)."""
+
+    check: Callable[[Any], None]  # raises when the copy must not be written (non-finite weights)
+    prepare: Callable[[], None]  # makes the save's data directory (rank 0; the others' do nothing)
+    write: Write
+    commit: Commit
 
 # The background process group of each strategy: created once, by every rank, at its first save.
 _GROUPS: weakref.WeakKeyDictionary[Strategy, Any] = weakref.WeakKeyDictionary()
+# The pinned host buffers each strategy's saves reuse (CUDA state only: see staging.py).
+_BUFFERS: weakref.WeakKeyDictionary[Strategy, StagingBuffers] = weakref.WeakKeyDictionary()
 # Saves whose thread is running or whose outcome no main thread has taken yet (atexit waits for them).
 _UNFINISHED: set[PendingSave] = set()
 _atexit_registered = False
 
 
 # -------------------------------------------------------------------------------------- staging
-def stage(state: Any, where: str = "state") -> tuple[Any, int]:
-    """A copy of ``state`` in host memory that training cannot change, and the bytes it holds.
-
-    Every tensor is copied (a ``DTensor``: its local shard, wrapped again with the same mesh and
-    placements so that ``torch.distributed.checkpoint`` records the same global layout); dicts,
-    lists and tuples are rebuilt; other values are deep-copied (optimizer steps kept as numbers).
-
-    Raises:
-        CheckpointError: a tensor of another type (FSDP1's ``ShardedTensor``), which cannot be
-            copied shard by shard without communication.
-    """
-    from torch.distributed.tensor import DTensor
-
-    nbytes = 0
-
-    def host_copy(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal nbytes
-        staged = tensor.detach().to("cpu", copy=True)
-        nbytes += staged.untyped_storage().nbytes()
-        return staged
-
-    def visit(value: Any, key: str) -> Any:
-        if isinstance(value, DTensor):
-            local = host_copy(value.to_local())
-            return DTensor.from_local(
-                local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
-            )
-        if isinstance(value, torch.Tensor):
-            if type(value) not in (torch.Tensor, torch.nn.Parameter):
-                raise CheckpointError(
-                    f"async_save=True cannot copy {key} ({type(value).__name__}) to host memory for a background "
-                    "save: it accepts plain tensors and DTensors (FSDP2Strategy's state). Save this model with "
-                    "async_save=False (FSDPStrategy, FSDP1, always saves synchronously), or train it with "
-                    "FSDP2Strategy(state_dict_type='sharded', async_save=True)."
-                )
-            return host_copy(value)
-        if isinstance(value, dict):
-            return {k: visit(v, f"{key}.{k}") for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            items = [visit(v, f"{key}[{i}]") for i, v in enumerate(value)]
-            return items if isinstance(value, list) else tuple(items)
-        return copy.deepcopy(value)
-
-    with torch.no_grad():
-        staged = visit(state, where)
-    return staged, nbytes
-
-
 def serialize(obj: Any) -> bytes:
     """``torch.save(obj)`` into memory: the state as it is now, whatever training changes next."""
     buffer = io.BytesIO()
@@ -142,19 +114,18 @@ class PendingSave:
         self,
         path: Path,
         step: int,
-        state: Any,
-        staged_bytes: int,
-        write: Write,
-        commit: Commit,
+        staging: Staging,
+        steps: SaveSteps,
         group: Any,
         rank: int,
         world_size: int,
     ) -> None:
         self.path = path
-        self.staged_bytes = staged_bytes  # this rank's host copy, until the files are written
-        self._state: Any = state
-        self._write = write
-        self._commit = commit
+        self.staged_bytes = staging.nbytes  # this rank's host copy, until the files are written
+        self._staging = staging  # its copy is released once written (or the save failed)
+        self._guard: StepGuard | None = None  # the optimizers' wait for the copy (main thread)
+        self._copy_waited = 0.0
+        self._steps: SaveSteps | None = steps  # dropped when done, with what they hold (meta.pt)
         self._group = group
         self._rank = rank
         self._world_size = world_size
@@ -177,15 +148,39 @@ class PendingSave:
         """Called by the host after each optimizer step (``step``: the steps taken). Raises the
         save's failure at the step every rank agreed on."""
         self._step = step
+        if self._guard is not None and self._guard.done():
+            self.wait_for_copy()  # returns at once; the optimizers step without looking from now on
         if self._hold:
             self._decided.wait()  # the threads are exchanging their steps: one small collective
             if step >= self._raise_at and not self._reported:
                 self._reported = True
                 raise self._error(f" (Raised on every process at global step {step}.)")
 
+    def wait_for_copy(self) -> None:
+        """Return once this rank's state is copied (or the copy failed): from then on training may
+        change parameters and optimizer state in place. No collective."""
+        guard = self._guard
+        if guard is not None:
+            guard.wait()
+            guard.remove()
+            self._guard = None
+            self._copy_waited += guard.waited_s
+
+    def _drop_guard(self) -> None:
+        """Let the optimizers step without waiting (the save never started)."""
+        if self._guard is not None:
+            self._guard.remove()
+            self._guard = None
+
+    @property
+    def copy_wait_s(self) -> float:
+        """Seconds the optimizer steps of this process waited for the copy so far."""
+        return self._copy_waited + (self._guard.waited_s if self._guard is not None else 0.0)
+
     def join(self) -> None:
         """Wait until the thread is done (the checkpoint committed, or the save failed)."""
         self._thread.join()
+        self.wait_for_copy()
 
     def raise_if_failed(self) -> None:
         """Raise the failure, once, if no step boundary raised it yet."""
@@ -218,7 +213,7 @@ class PendingSave:
         except BaseException as err:  # a bug here must still release the main thread
             causes = [_cause(err, self._rank)]
         self._failure = "; ".join(causes) if causes else None
-        self._write = self._commit = _spent  # drop what they hold (the pickled meta.pt) with the save
+        self._steps = None
         if causes:
             self._agree_on_step()
         with self._lock:
@@ -230,31 +225,32 @@ class PendingSave:
         checkpoint_event("async.finished")
 
     def _write_and_commit(self) -> list[str]:
-        files: Files = {}
-        causes: list[str] = []
+        staging, steps = self._staging, self._steps
+        if steps is None:
+            raise RuntimeError("a background save writes and commits once")
+        causes = self._copy(staging, steps)
+        if causes:
+            return causes
         try:
             checkpoint_event("async.writing")  # nothing read from the staged copy yet
-            files = self._write(self._state, self._group)
+            steps.write(staging.state, self._group)
         except BaseException as err:  # DCP's CheckpointException is a BaseException
             causes = _causes(err, self._rank)
         finally:
-            self._state = None  # the files hold it now, or the save failed: free the host copy
+            staging.release()  # the files hold it now, or the save failed: free the host copy
         checkpoint_event("async.written")
         try:
-            reports = self._all_gather((files, causes))
+            reports = self._all_gather(causes)
         except Exception as err:  # a peer died or timed out: there is nobody to agree with
             self._peers_reachable = False
             return [*causes, _cause(err, self._rank, "while exchanging results")]
-        causes = list(dict.fromkeys(c for _, rank_causes in reports for c in rank_causes))
+        causes = list(dict.fromkeys(c for rank_causes in reports for c in rank_causes))
         if causes:
             return causes
         commit_causes: list[str] = []
         if self._rank == 0:
             try:
-                every_file: Files = {}
-                for rank_files, _ in reports:
-                    every_file.update(rank_files)
-                self._commit(every_file)
+                steps.commit()
             except BaseException as err:
                 commit_causes = _causes(err, 0)
         try:
@@ -263,6 +259,31 @@ class PendingSave:
         except Exception as err:
             self._peers_reachable = False
             return [_cause(err, self._rank, "while learning whether rank 0 committed")]
+
+    def _copy(self, staging: Staging, steps: SaveSteps) -> list[str]:
+        """Step 0 of [Note: asynchronous commit]: this rank's copy, its check, the data directory
+        (rank 0), and every rank's outcome of them. A rank whose copy failed cannot write, and
+        DCP's collectives need every rank: so if any failed, none writes."""
+        causes: list[str] = []
+        try:
+            staging.copy()  # releases the optimizer steps waiting for it, copied or not
+        except BaseException as err:
+            causes = [_cause(err, self._rank, "while copying the state to host memory")]
+        else:
+            try:
+                steps.check(staging.state)
+                steps.prepare()
+            except BaseException as err:
+                causes = [_cause(err, self._rank)]
+        try:
+            reports = self._all_gather(causes)
+        except Exception as err:
+            self._peers_reachable = False
+            reports = [[*causes, _cause(err, self._rank, "while exchanging results")]]
+        causes = list(dict.fromkeys(c for rank_causes in reports for c in rank_causes))
+        if causes:
+            staging.release()
+        return causes
 
     def _agree_on_step(self) -> None:
         # [Note: failures surface at the same step on every rank]: _hold before reading _step
@@ -292,10 +313,6 @@ class PendingSave:
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
-
-
-def _spent(*args: Any) -> Any:
-    raise RuntimeError("a background save writes and commits once")
 
 
 def _run_action(action: Callable[[], None]) -> None:
@@ -335,24 +352,45 @@ def _group_for(strategy: Strategy) -> Any:
     return _GROUPS[strategy]
 
 
+def buffers_for(strategy: Strategy) -> StagingBuffers:
+    """The pinned host buffers that ``strategy``'s saves reuse for state on CUDA."""
+    if strategy not in _BUFFERS:
+        _BUFFERS[strategy] = StagingBuffers(pin=torch.cuda.is_available(), reuse=True)
+    return _BUFFERS[strategy]
+
+
 def start(
-    strategy: Strategy, path: Path, step: int, state: Any, staged_bytes: int, write: Write, commit: Commit
+    strategy: Strategy,
+    path: Path,
+    step: int,
+    staging: Staging,
+    steps: SaveSteps,
 ) -> PendingSave:
-    """Hand the staged ``state`` to a background thread that writes and commits it; return at once.
+    """Hand ``staging`` to a background thread that finishes the copy and runs ``steps``;
+    return at once. Until the copy is done, every optimizer waits at the
+    start of its ``step`` (see [Note: staging off the training thread] in staging.py).
 
     The caller has waited for the previous save (:func:`wait`), so one staged copy exists at a time.
     """
     global _atexit_registered
     pending = PendingSave(
-        path, step, state, staged_bytes, write, commit, _group_for(strategy), strategy.global_rank, strategy.world_size
+        path, step, staging, steps, _group_for(strategy), strategy.global_rank, strategy.world_size
     )
+    if staging.deferred:
+        pending._guard = StepGuard(staging.copied)
     if not _atexit_registered:
         # registered after the process group's teardown, so it runs before it (atexit is LIFO)
         atexit.register(_wait_at_exit)
         _atexit_registered = True
     _UNFINISHED.add(pending)
     strategy.pending_checkpoint = pending
-    checkpoint_event("async.staged")
+    try:
+        checkpoint_event("async.staged")
+    except BaseException:  # a test's hook: leave no save behind that nothing will ever run
+        _UNFINISHED.discard(pending)
+        strategy.pending_checkpoint = None
+        pending._drop_guard()
+        raise
     pending._thread.start()
     return pending
 

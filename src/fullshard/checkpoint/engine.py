@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import pickle
 import uuid
 import warnings
@@ -34,7 +35,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.optim import Optimizer
 
-from fullshard.checkpoint import async_save
+from fullshard.checkpoint import async_save, staging
 from fullshard.checkpoint.commit import (
     commit_sharded,
     names_data,
@@ -237,10 +238,12 @@ def _save_sharded(
         return name
 
     model_state, optimizer_states = strategy.get_state(optimizers, full=False)
-    # each rank checks its shards; before anything is written, every rank learns what all found
-    found = strategy.all_gather_object(nonfinite_parameters(strategy, model_state))
-    refuse_nonfinite(path, sorted({name for names in found for name in names}))
-    data_name = _decide(strategy, prepare)
+    data_name = ""  # a background save checks its copy and makes the directory in _stage
+    if not strategy.async_save:
+        # each rank checks its shards; before anything is written, every rank learns what all found
+        found = strategy.all_gather_object(nonfinite_parameters(strategy, model_state))
+        refuse_nonfinite(path, sorted({name for names in found for name in names}))
+        data_name = _decide(strategy, prepare)
     data = path / data_name
     tied = tied_parameters(strategy.module, model_state)
     if tied is not None:  # [Note: tied parameters stored once] in io.py: DCP gets each tensor once
@@ -254,17 +257,16 @@ def _save_sharded(
     record = record_of(strategy, checkpoint, data_name)
     rank, no_dist = strategy.global_rank, not strategy.is_distributed
     if strategy.async_save:
-        staged, staged_bytes, meta = _stage(strategy, state, checkpoint, path)
+        staged, meta, data_name = _stage(strategy, state, checkpoint, path)
         del state, model_state, optimizer_states  # only the copy goes on: training may change these
-        async_save.start(
-            strategy,
-            path,
-            record.global_step,
-            staged,
-            staged_bytes,
-            write=lambda staged, group: _write_in_background(staged, data, rank, group, no_dist),
-            commit=lambda _: commit_sharded(path, record, lambda target: write_bytes(meta, target)),
+        record, data = dataclasses.replace(record, data=data_name), path / data_name
+        steps = async_save.SaveSteps(
+            check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(strategy, staged["model"])),
+            prepare=(lambda: data.mkdir(parents=True)) if strategy.is_global_zero else lambda: None,
+            write=lambda staged, group: write_shards(staged, data, rank, group, no_dist),
+            commit=lambda: commit_sharded(path, record, lambda target: write_bytes(meta, target)),
         )
+        async_save.start(strategy, path, record.global_step, staged, steps)
         return
     failures: list[Failure] = []
     try:
@@ -296,41 +298,34 @@ def _save_sharded(
     _decide(strategy, commit)
 
 
-def _write_in_background(
-    state: dict[str, Any], data: Path, rank: int, group: Any, no_dist: bool
-) -> async_save.Files:
-    """:func:`write_shards` for a background save, whose exchange carries what this returns:
-    nothing, as each rank's checksums are in its record beside its shard."""
-    write_shards(state, data, rank, group, no_dist)
-    return {}
-
-
 def _stage(
     strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path
-) -> tuple[Any, int, bytes]:
-    """Copy this rank's tensors to host memory and (rank 0) pickle ``meta.pt``, for a background
-    save. A failure on any rank raises on every rank: none may go on alone into the writer's
-    collectives."""
-    staged: Any = None
-    staged_bytes, meta, problem = 0, b"", None
+) -> tuple[Any, bytes, str]:
+    """A background save's copy (see [Note: staging off the training thread]), ``meta.pt`` and the
+    name of its data directory (rank 0's; its thread makes it), with one collective: a failure on
+    any rank raises on every rank."""
+    staged, meta, name, problem = None, b"", "", None
     try:
-        staged, staged_bytes = async_save.stage(state)
+        defer = staging.changed_only_by_steps(strategy.module)
+        staged = staging.stage(state, defer=defer, buffers=async_save.buffers_for(strategy))
         if strategy.is_global_zero:
             meta = async_save.serialize(checkpoint)
-    except CheckpointError as err:  # the same on every rank: the state's own types
-        problem = str(err)
+            name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
+    except CheckpointError as err:  # the state's own types
+        problem = _portable(err) if strategy.is_distributed else err
     except Exception as err:  # pickling (hyperparameters, callback states), memory
-        problem = (
+        problem = CheckpointError(
             f"The checkpoint to {str(path)!r} could not be copied for the background save: rank "
             f"{strategy.global_rank}: {type(err).__name__}: {err}. Nothing was written; the checkpoint previously "
             "at that path, if any, is intact. Every entry but the tensors is pickled: keep hyperparameters and "
             "callback states to plain data (numbers, strings, lists, dicts), and host memory must hold a copy "
             "of this process's shard of the model and optimizer state."
         )
-    problems = [p for p in strategy.all_gather_object(problem) if p is not None]
+    outcomes = strategy.all_gather_object((problem, name))
+    problems = [p for p, _ in outcomes if p is not None]
     if problems:
-        raise CheckpointError(problems[0])
-    return staged, staged_bytes, meta
+        raise problems[0]
+    return staged, meta, outcomes[0][1]
 
 
 # --------------------------------------------------------------------------------------- load

@@ -13,12 +13,13 @@ removed) for sharded ones.
 
 A sharded save written in the background (``async_save``, see
 :mod:`fullshard.checkpoint.async_save`) signals ``"async.staged"`` in the calling thread (the
-state copied to host memory, the writer not started); then, in the writer thread,
-``"async.writing"`` (nothing read from the copy yet), ``"sharded.data_written"``,
-``"sharded.metadata_written"``, ``"async.written"`` (this rank's files written and fsynced, or
-its write failed; the ranks have not exchanged results yet), ``"sharded.before_commit"`` and
-``"sharded.after_commit"`` (rank 0 only, which commits), and ``"async.finished"`` once every
-rank knows the outcome.
+copy planned: buffers copied, the writer not started); then, in the writer thread,
+``"async.copying"`` (parameters and optimizer state not copied yet: the next optimizer step
+waits), ``"async.copied"``, ``"async.writing"`` (nothing read from the copy yet),
+``"sharded.data_written"``, ``"sharded.metadata_written"``, ``"async.written"`` (this rank's
+files written and fsynced, or its write failed; the ranks have not exchanged results yet),
+``"sharded.before_commit"`` and ``"sharded.after_commit"`` (rank 0 only, which commits), and
+``"async.finished"`` once every rank knows the outcome.
 """
 
 from __future__ import annotations

@@ -62,9 +62,9 @@ class FSDP2Strategy(FSDPStrategy):
             the setting changes nothing. A ``CPUOffloadPolicy`` is passed as given.
         mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy``, replacing what the
             Trainer's precision string would choose.
-        async_save: with ``state_dict_type="sharded"``, ``save_checkpoint`` returns once the state
-            is copied to host memory and the files are written in the background
-            (docs/fsdp/fsdp2.md, "Asynchronous checkpoints").
+        async_save: with ``state_dict_type="sharded"``, ``save_checkpoint`` returns at once; the
+            state is copied to host memory (the next optimizer step waits for the copy) and the
+            files are written in the background (docs/checkpoints.md, "Asynchronous checkpoints").
         **kwargs: passed to every ``fully_shard`` call (e.g. ``shard_placement_fn``).
     """
 

@@ -463,6 +463,7 @@ class Strategy:
         which is broadcast to the other ranks piece by piece (each rank keeps only its shards)."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
+        self.wait_for_checkpoint_copy()  # a background save may still be reading the tensors loaded into
         model = self._require_model()
         options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
         set_model_state_dict(model, model_state, options=options)
@@ -507,8 +508,9 @@ class Strategy:
 
         The format follows :attr:`state_dict_type`: ``"full"`` writes one file from rank 0,
         ``"sharded"`` one directory with a file per rank; both commit atomically. With
-        :attr:`async_save` it returns once the state is copied to host memory, and the files are
-        written and committed in the background (see :meth:`wait_for_checkpoint`).
+        :attr:`async_save` it returns at once: the state is copied to host memory (optimizer steps
+        wait for the copy: :meth:`wait_for_checkpoint_copy`), and the files are written and
+        committed in the background (see :meth:`wait_for_checkpoint`).
         """
         from fullshard.checkpoint import engine
 
@@ -559,6 +561,14 @@ class Strategy:
             from fullshard.checkpoint import async_save
 
             async_save.wait(self)
+
+    def wait_for_checkpoint_copy(self) -> None:
+        """Return once the checkpoint being written in the background (``async_save``), if any, has
+        copied this process's parameters and optimizer state; from then on they may be changed in
+        place. Optimizer steps, loads and saves wait by themselves; call it before changing them
+        any other way (docs/checkpoints.md, "Asynchronous checkpoints"). No communication."""
+        if self.pending_checkpoint is not None:
+            self.pending_checkpoint.wait_for_copy()
 
     def after_checkpoint_commit(self, action: Callable[[], None]) -> bool:
         """Run ``action`` on this rank once the checkpoint being written in the background is

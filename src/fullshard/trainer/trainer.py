@@ -424,9 +424,9 @@ class Trainer(TrainerProperties):
 
         Every process must call this (it gathers per-rank state); global rank 0 writes the file
         (or each process its shards, with ``state_dict_type="sharded"``). ``weights_only``: leave
-        out optimizer and scheduler states. With ``FSDP2Strategy(async_save=True)`` it returns once
-        the state is copied to host memory; the checkpoint is committed in the background, and
-        the next save, the end of ``fit`` or the process exit wait for it (docs/checkpoints.md).
+        out optimizer and scheduler states. With ``FSDP2Strategy(async_save=True)`` it returns at
+        once: the state is copied (the next optimizer step waits for that) and committed in the
+        background; the next save, the end of ``fit`` or the process exit wait (docs/checkpoints.md).
         """
         if self._module is None or self._strategy.module is None:
             raise RuntimeError(
