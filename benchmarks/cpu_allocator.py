@@ -218,7 +218,7 @@ def render_section(args: argparse.Namespace, results: dict[tuple[str, str], dict
         "docstring. Reproduce (rewrites this section):",
         "",
         "```",
-        f"python {args.command}",
+        args.command,
         "```",
         "",
         f"- Model: {args.depth} blocks of `Linear({args.width}, {args.width})` + ReLU, AdamW, batch"
