@@ -233,7 +233,15 @@ def run_job(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out = work / "result.json"
     ckpts = work / "checkpoints"
     ckpts.mkdir(parents=True)
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out), "--dir", str(ckpts)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--out",
+        str(out),
+        "--dir",
+        str(ckpts),
+    ]
     command += ["--pairs", str(args.pairs), "--depth", str(args.depth), "--width", str(args.width)]
     load = load_average()
     started = time.perf_counter()
@@ -267,9 +275,19 @@ def render(args: argparse.Namespace, result: dict[str, Any]) -> str:
     body = table(
         ["Per save (median of the rounds)", "sync", "async", "async, copied at the save"],
         [
-            ["Training thread blocked (in `save_checkpoint` + the next step's wait)", ms("sync"), ms("async"), ms("async_at_save")],
+            [
+                "Training thread blocked (in `save_checkpoint` + the next step's wait)",
+                ms("sync"),
+                ms("async"),
+                ms("async_at_save"),
+            ],
             ["... of it in `save_checkpoint`", ms("sync"), ms("async/in_call"), ms("async_at_save/in_call")],
-            ["... of it waiting in the next `optimizer.step()`", "", ms("async/waited"), ms("async_at_save/waited")],
+            [
+                "... of it waiting in the next `optimizer.step()`",
+                "",
+                ms("async/waited"),
+                ms("async_at_save/waited"),
+            ],
             ["The next training step, the copy beside it", "", ms("async/step"), ms("async_at_save/step")],
         ],
     )
