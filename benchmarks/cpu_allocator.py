@@ -264,8 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="fullshard-cpu-allocator-") as tmp:
         for wrapper in args.wrappers:
             for setting in args.settings:
-                if wrapper == "ddp" and setting not in ("glibc", "fixed", "glibc-thp"):
-                    continue  # DDP is the reference; its rows under the fixed threshold show that cost alone
+                if wrapper == "ddp" and setting not in ("glibc", "fixed", "glibc-thp", "fixed-thp"):
+                    continue  # DDP is the reference: glibc, the fixed threshold, and both with huge pages
                 results[(wrapper, setting)] = run_one(wrapper, setting, args, Path(tmp))
     section = render_section(args, results)
     print()

@@ -27,7 +27,7 @@ changes nothing on CPU: the parameters are in host memory already); ``fsdp2_shar
 The main table runs every configuration with fullshard's defaults; on CPU those include
 ``FSDPStrategy(cpu_mmap_threshold=128 * 1024)``, which holds glibc's mmap threshold fixed (see
 [Note: CPU memory under FSDP] in ``fullshard/strategies/cpu_memory.py``), and transparent huge
-pages for torch's large CPU tensors (``THP_MEM_ALLOC_ENABLE=1``, which ``import fullshard`` sets).
+pages for torch's large CPU tensors (``THP_MEM_ALLOC_ENABLE=1``, which the FSDP strategies set).
 A second table compares, for DDP and FULL_SHARD, the defaults with ``cpu_mmap_threshold=None``
 (glibc as it comes) and with ``THP_MEM_ALLOC_ENABLE=0`` (no huge pages: the default before).
 
@@ -494,7 +494,7 @@ Per-rank peak memory and speed of DDP and FSDP's sharding strategies, in 2 CPU p
   first free these buffers come from the heap, between long-lived shards and AdamW state, and
   the holes they leave stay resident, so with `cpu_mmap_threshold=None` the heap grows step
   after step. fullshard's default on CPU holds the threshold at 128 KiB, so every gathered
-  unit is a fresh mapping that the kernel faults in and zeroes. `import fullshard` sets
+  unit is a fresh mapping that the kernel faults in and zeroes. The FSDP strategies set
   `THP_MEM_ALLOC_ENABLE=1` (torch reads it at its first tensor of 2 MiB or more), so torch asks
   for transparent huge pages for such tensors and a unit takes a few dozen faults instead of
   thousands; with `THP_MEM_ALLOC_ENABLE=0` every 4 KiB is a fault (it needs

@@ -32,10 +32,18 @@ def _python(code: str, **env: str) -> str:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torch reads THP_MEM_ALLOC_ENABLE on Linux only")
-def test_import_asks_torch_for_huge_pages_unless_the_user_chose() -> None:
+def test_fsdp_strategies_ask_torch_for_huge_pages_unless_the_user_chose() -> None:
     read = "import os, fullshard; print(os.environ.get('THP_MEM_ALLOC_ENABLE'))"
-    assert _python(read) == "1"
-    assert _python(read, THP_MEM_ALLOC_ENABLE="0") == "0"
+    assert _python(read) == "None"  # importing changes nothing: DDP keeps torch's default
+    make = "from fullshard.strategies import {}; {}({})\n"
+    for strategy, args, expected in [
+        ("FSDPStrategy", "", "1"),
+        ("FSDP2Strategy", "", "1"),
+        ("FSDPStrategy", "cpu_mmap_threshold=None", "None"),  # glibc's heap: huge pages would cost time
+        ("DDPStrategy", "", "None"),
+    ]:
+        assert _python(make.format(strategy, strategy, args) + read) == expected, strategy
+    assert _python(make.format("FSDPStrategy", "FSDPStrategy", "") + read, THP_MEM_ALLOC_ENABLE="0") == "0"
 
 
 def test_kernel_mode_is_the_bracketed_word(tmp_path: Path) -> None:
@@ -79,9 +87,10 @@ def test_probe_tells_whether_torch_saw_the_setting_in_time() -> None:
         "fix_malloc_mmap_threshold(128 * 1024)\n"
         "print(huge_pages_problem())\n"
     )
-    assert _python("import torch\nimport fullshard\nx = torch.ones(4 << 20)\n" + probe) == "None"
-    late = _python("import torch\nx = torch.ones(4 << 20)\nimport fullshard\n" + probe)
-    assert "a CPU tensor of 2 MiB or more was made before `import fullshard`" in late
+    strategy = "import fullshard\nfullshard.strategies.FSDPStrategy()\n"
+    assert _python("import torch\n" + strategy + "x = torch.ones(4 << 20)\n" + probe) == "None"
+    late = _python("import torch\nx = torch.ones(4 << 20)\n" + strategy + probe)
+    assert "a CPU tensor of 2 MiB or more was made before the FSDP strategy was created" in late
 
 
 def test_setup_warns_once_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

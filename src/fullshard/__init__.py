@@ -10,14 +10,11 @@ import logging as _logging
 from fullshard.datamodule import DataModule, LightningDataModule
 from fullshard.module import LightningModule, Module
 from fullshard.seed import seed_everything
-from fullshard.strategies.cpu_memory import request_huge_pages as _request_huge_pages
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.early_stopping import EarlyStopping
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.trainer import Trainer
-
-_request_huge_pages()  # before the script makes large CPU tensors: see [Note: CPU memory under FSDP]
 
 __version__ = "0.1.0"
 __all__ = [

@@ -14,11 +14,16 @@ first touch, 4 KiB at a time, hundreds of thousands of faults per step on a 100M
 With transparent huge pages a fault maps 2 MiB, so the same step takes a few hundred times fewer
 faults. torch asks for them (``madvise(MADV_HUGEPAGE)`` on CPU tensors of 2 MiB or more) when
 ``THP_MEM_ALLOC_ENABLE=1`` is in the environment the first time it makes such a tensor; it reads the
-variable then, once. So :func:`request_huge_pages` sets it when fullshard is imported (unless it is
-set already: ``THP_MEM_ALLOC_ENABLE=0`` keeps torch's default), which is early enough in a script
-that imports fullshard before making large tensors. On CPU, the FSDP strategies check at setup
-(:func:`huge_pages_problem`) that torch's large tensors are in fact eligible for huge pages and say
-once why not, when they are not.
+variable then, once. So an FSDP strategy with a fixed threshold sets it when it is created
+(:func:`request_huge_pages`; not when it is set already: ``THP_MEM_ALLOC_ENABLE=0`` keeps torch's
+default), which is early enough when no tensor of 2 MiB or more exists yet: layers built in
+``configure_model`` or with ``empty_init``, and in every process fullshard's launcher starts, which
+inherit the variable. On CPU, the FSDP strategies check at setup (:func:`huge_pages_problem`) that
+torch's large tensors are in fact eligible for huge pages and say once why not, when they are not.
+
+Only FSDP asks: where large blocks come from glibc's heap (DDP, ``cpu_mmap_threshold=None``),
+huge pages do not save faults but cost time (benchmarks/cpu_allocator.py: DDP 13-43% more CPU
+per step), so a process that never creates an FSDP strategy keeps torch's default.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ def set_up_cpu_memory(threshold: int | None) -> None:
     if problem is not None:
         rank_zero_warn(
             f"FSDP on CPU maps every gathered unit afresh (cpu_mmap_threshold={threshold}), and without "
-            f"transparent huge pages each 4 KiB of it costs a page fault: {problem}. Import fullshard "
-            "before making large tensors, or start the processes with THP_MEM_ALLOC_ENABLE=1, for "
+            f"transparent huge pages each 4 KiB of it costs a page fault: {problem}. Create the Trainer "
+            "before making large tensors (build large layers in configure_model), or start the processes "
+            "with THP_MEM_ALLOC_ENABLE=1, for "
             "hundreds of times fewer faults (docs/fsdp/cpu.md); THP_MEM_ALLOC_ENABLE=0 turns this "
             "check off."
         )
@@ -101,7 +107,7 @@ def huge_pages_problem(setting: Path = THP_SETTING) -> str | None:
     if eligible is False:
         return (
             f"torch read {THP_VARIABLE} before fullshard set it: a CPU tensor of 2 MiB or more was made "
-            "before `import fullshard`"
+            "before the FSDP strategy was created"
         )
     return None
 

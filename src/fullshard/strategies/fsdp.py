@@ -28,7 +28,7 @@ from fullshard.policies import (
     resolve_policy,
 )
 from fullshard.precision import FSDPPrecision, Precision
-from fullshard.strategies.cpu_memory import set_up_cpu_memory
+from fullshard.strategies.cpu_memory import request_huge_pages, set_up_cpu_memory
 from fullshard.strategies.flat_params import flat_parameter_sizes
 from fullshard.strategies.fsdp_options import (
     parse_backward_prefetch,
@@ -91,8 +91,9 @@ class FSDPStrategy(ParallelStrategy):
             are mapped separately and returned to the system when freed, so gathered units do
             not stay resident (see [Note: CPU memory under FSDP]); None keeps glibc's adaptive
             default (faster, much more memory). Fresh mappings cost page faults, which
-            transparent huge pages make cheap: fullshard asks torch for them when imported, and
-            says once at setup when they are not in use.
+            transparent huge pages make cheap: with a threshold, the strategy asks torch for them
+            when created (``THP_MEM_ALLOC_ENABLE=1``), and says once at setup when they are not
+            in use.
         compile: ``torch.compile`` each FSDP unit's inner module in place, after wrapping (with no
             units, the module's ``forward``): True, False/None, or a dict of ``torch.compile``
             keyword arguments (docs/compile.md). The same as ``Trainer(compile=...)``; giving both
@@ -165,6 +166,8 @@ class FSDPStrategy(ParallelStrategy):
                 "128 * 1024) or None to keep glibc's default."
             )
         self.cpu_mmap_threshold = cpu_mmap_threshold
+        if cpu_mmap_threshold is not None:
+            request_huge_pages()  # now, before the model's large tensors: [Note: CPU memory under FSDP]
         self._compile_setting = self.compile = parse_compile(compile, type(self).__name__)
         self.fsdp_kwargs = self._check_fsdp_kwargs(kwargs)
         self.wrap_plan: WrapPlan | None = None
