@@ -33,17 +33,22 @@ def _python(code: str, **env: str) -> str:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torch reads THP_MEM_ALLOC_ENABLE on Linux only")
 def test_fsdp_strategies_ask_torch_for_huge_pages_unless_the_user_chose() -> None:
-    read = "import os, fullshard; print(os.environ.get('THP_MEM_ALLOC_ENABLE'))"
-    assert _python(read) == "None"  # importing changes nothing: DDP keeps torch's default
-    make = "from fullshard.strategies import {}; {}({})\n"
-    for strategy, args, expected in [
-        ("FSDPStrategy", "", "1"),
-        ("FSDP2Strategy", "", "1"),
-        ("FSDPStrategy", "cpu_mmap_threshold=None", "None"),  # glibc's heap: huge pages would cost time
-        ("DDPStrategy", "", "None"),
-    ]:
-        assert _python(make.format(strategy, strategy, args) + read) == expected, strategy
-    assert _python(make.format("FSDPStrategy", "FSDPStrategy", "") + read, THP_MEM_ALLOC_ENABLE="0") == "0"
+    script = """
+import os
+import fullshard
+from fullshard.strategies import DDPStrategy, FSDP2Strategy, FSDPStrategy
+seen = [os.environ.get("THP_MEM_ALLOC_ENABLE")]  # importing changes nothing: DDP keeps torch's default
+for make in (FSDPStrategy, FSDP2Strategy, lambda: FSDPStrategy(cpu_mmap_threshold=None), DDPStrategy):
+    os.environ.pop("THP_MEM_ALLOC_ENABLE", None)
+    make()
+    seen.append(os.environ.get("THP_MEM_ALLOC_ENABLE"))
+os.environ["THP_MEM_ALLOC_ENABLE"] = "0"  # the user's choice stays
+FSDPStrategy()
+seen.append(os.environ["THP_MEM_ALLOC_ENABLE"])
+print(seen)
+"""
+    # cpu_mmap_threshold=None: glibc's heap, where huge pages would cost time
+    assert _python(script) == str([None, "1", "1", None, None, "0"])
 
 
 def test_kernel_mode_is_the_bracketed_word(tmp_path: Path) -> None:
