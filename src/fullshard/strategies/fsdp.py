@@ -154,7 +154,7 @@ class FSDPStrategy(ParallelStrategy):
             raise MisconfigurationError(
                 f"device_mesh={device_mesh!r} must be a tuple of two positive ints: (replicas, shard_size)."
             )
-        self.device_mesh = device_mesh
+        self._mesh_setting = device_mesh  # as given; the DeviceMesh in use is device_mesh
         self.empty_init = empty_init
         if cpu_mmap_threshold is not None and (
             isinstance(cpu_mmap_threshold, bool)
@@ -254,7 +254,7 @@ class FSDPStrategy(ParallelStrategy):
         if (
             self.is_global_zero  # the same on every rank: said once
             and self.is_hybrid
-            and self.device_mesh is None
+            and self._mesh_setting is None
             and self.num_nodes == 1
             and "process_group" not in self.fsdp_kwargs
         ):
@@ -277,13 +277,22 @@ class FSDPStrategy(ParallelStrategy):
         return self._sharding_name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
     def _mesh_shape(self) -> tuple[int, int] | None:
-        if isinstance(self.device_mesh, tuple):
-            return self.device_mesh
-        if self.device_mesh is not None:
-            return tuple(self.device_mesh.shape)  # type: ignore[return-value]
+        if isinstance(self._mesh_setting, tuple):
+            return self._mesh_setting
+        if self._mesh_setting is not None:
+            return tuple(self._mesh_setting.shape)  # type: ignore[return-value]
         if self.is_hybrid and "process_group" not in self.fsdp_kwargs:
             return (self.num_nodes, self.num_processes)
         return None
+
+    @property
+    @override
+    def device_mesh(self) -> DeviceMesh | None:
+        """The mesh the model is sharded over once :meth:`setup_environment` ran (FSDP2 always has
+        one; FSDP1 for HYBRID_SHARD); before that, a ``DeviceMesh`` given as ``device_mesh=``."""
+        if self._mesh is not None:
+            return self._mesh
+        return None if isinstance(self._mesh_setting, tuple) else self._mesh_setting
 
     @property
     def shard_size(self) -> int:
@@ -300,14 +309,14 @@ class FSDPStrategy(ParallelStrategy):
             set_up_cpu_memory(self.cpu_mmap_threshold)
         shape = self._mesh_shape()
         if self.is_hybrid and shape is not None and self._mesh is None:
-            if isinstance(self.device_mesh, tuple) or self.device_mesh is None:
+            if isinstance(self._mesh_setting, tuple) or self._mesh_setting is None:
                 from torch.distributed.device_mesh import init_device_mesh
 
                 self._mesh = init_device_mesh(
                     self.root_device.type, shape, mesh_dim_names=("replicate", "shard")
                 )
             else:
-                self._mesh = self.device_mesh
+                self._mesh = self._mesh_setting
 
     # ----------------------------------------------------------------------- wrapping
     def _fsdp_kwargs(self, root: nn.Module | None = None) -> dict[str, Any]:

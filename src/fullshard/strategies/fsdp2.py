@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,10 +30,11 @@ from typing_extensions import override
 from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import FSDP2Precision, Precision
+from fullshard.strategies.dtensor_ops import dtensor_parameter_sizes, no_gradient_sync
 from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.fsdp_options import sharding_name
 from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
-from fullshard.strategies.parameter_sizes import ParameterSize, clean_parameter_name
+from fullshard.strategies.parameter_sizes import ParameterSize
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -192,8 +192,8 @@ class FSDP2Strategy(FSDPStrategy):
             from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
             shape = self._mesh_shape()
-            if isinstance(self.device_mesh, DeviceMesh):
-                self._mesh = self.device_mesh
+            if isinstance(self._mesh_setting, DeviceMesh):
+                self._mesh = self._mesh_setting
             elif shape is not None:
                 self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=("replicate", "shard"))
             else:
@@ -298,33 +298,12 @@ class FSDP2Strategy(FSDPStrategy):
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         if not enabled:
             return contextlib.nullcontext()
-        return _no_gradient_sync(self._require_model())
+        return no_gradient_sync(self._require_model())
 
     @override
     def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
         """A sharded parameter is a DTensor: its shape is the full one, its local tensor this rank's share."""
-        from torch.distributed.tensor import DTensor
-
-        return [
-            ParameterSize(
-                clean_parameter_name(name),
-                p.numel(),
-                p.to_local().numel() if isinstance(p, DTensor) else p.numel(),
-                p.requires_grad,
-                p.element_size(),
-            )
-            for name, p in module.named_parameters()
-        ]
-
-
-@contextlib.contextmanager
-def _no_gradient_sync(model: nn.Module) -> Iterator[None]:
-    """Accumulate gradients locally (no reduce-scatter) inside the context."""
-    model.set_requires_gradient_sync(False)  # type: ignore[operator]
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        return dtensor_parameter_sizes(module)
 
 
 def _holds_unit(module: nn.Module) -> bool:
