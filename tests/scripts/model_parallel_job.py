@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
+from fullshard.errors import MisconfigurationError
 from fullshard.strategies import FSDP2Strategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from fullshard.strategies.dtensor_ops import total_grad_norm
 
@@ -87,9 +88,10 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
-def parallelize(model: Transformer, mesh: Any) -> None:
+def parallelize(model: Transformer, mesh: Any, shard_root: bool = True) -> None:
     """Tensor parallel (with sequence parallel norms) over ``mesh["tensor_parallel"]``, then FSDP2
-    over ``mesh["data_parallel"]``: what a user writes in configure_model."""
+    over ``mesh["data_parallel"]``: what a user writes in configure_model (``shard_root=False``:
+    the mistake of leaving the root's own parameters out of FSDP)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -133,23 +135,25 @@ def parallelize(model: Transformer, mesh: Any) -> None:
     if dp_mesh.size() > 1:
         for layer in model.layers:
             fully_shard(layer, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+        if shard_root:
+            fully_shard(model, mesh=dp_mesh)
 
 
 class LlamaModule(fullshard.Module):
-    """``parallel``: parallelise over ``self.device_mesh`` in configure_model (model_parallel runs)."""
+    """``parallel``: parallelise over ``self.device_mesh`` in configure_model (model_parallel runs);
+    ``shard_root``: as for :func:`parallelize`."""
 
-    def __init__(self, parallel: bool = False) -> None:
+    def __init__(self, parallel: bool = False, shard_root: bool = True) -> None:
         super().__init__()
         self.model = Transformer()
-        self.parallel = parallel
+        self.parallel, self.shard_root = parallel, shard_root
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
         self.batches: list[list[int]] = []
 
     def configure_model(self) -> None:
         if self.parallel:
-            parallelize(self.model, self.device_mesh)
+            parallelize(self.model, self.device_mesh, self.shard_root)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         index, tokens = batch
@@ -204,10 +208,14 @@ def make_strategy(spec: dict[str, Any]) -> Any:
 def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
     """One fit: ``spec`` holds ``out``, ``strategy`` (with ``dp``/``tp`` for model_parallel),
     ``format``, ``max_steps``, ``resume``, ``save`` (a path written after fit), ``save_every``,
-    ``async``, ``clip``."""
+    ``async``, ``clip``, ``accelerator``; ``mistake``: "unsharded" (configure_model parallelises
+    nothing) or "root" (FSDP left off the root), whose error is written to ``out/error.txt``."""
     fullshard.seed_everything(7)
     out = Path(spec["out"])
-    module = LlamaModule(parallel=spec["strategy"] == "model_parallel")
+    mistake = spec.get("mistake")
+    module = LlamaModule(
+        parallel=spec["strategy"] == "model_parallel" and mistake != "unsharded", shard_root=mistake != "root"
+    )
     logged = Logged()
     callbacks: list[Any] = [logged]
     if spec.get("save_every"):
@@ -218,7 +226,7 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
         )
     dp = spec.get("dp", devices) if spec["strategy"] == "model_parallel" else devices
     trainer = fullshard.Trainer(
-        accelerator="cpu",
+        accelerator=spec.get("accelerator", "cpu"),
         devices=devices,
         strategy=make_strategy(spec),
         max_steps=spec.get("max_steps", 6),
@@ -231,6 +239,13 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
         default_root_dir=out,
     )
     loader = DataLoader(make_data(), batch_size=GLOBAL_BATCH // dp, shuffle=True)
+    if mistake is not None:
+        try:
+            trainer.fit(module, loader)
+        except MisconfigurationError as err:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "error.txt").write_text(str(err))
+        return trainer
     trainer.fit(module, loader, ckpt_path=spec.get("resume"))
     if spec.get("save"):
         trainer.save_checkpoint(spec["save"])

@@ -1,0 +1,298 @@
+"""ModelParallelStrategy (tensor parallel + FSDP2 on a 2-D mesh) on CPU with gloo: loss equal to
+one process on a 2x2 mesh and tensor-parallel only, data split over the data-parallel ranks only,
+and checkpoints that move between 2x2, 4x1 (fsdp2), 1x4, fsdp (FSDP1), one process and full files.
+
+Run: pytest tests/test_model_parallel.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fullshard
+from conftest import SCRIPTS, check_ok, run_script
+from fullshard.checkpoint import tools
+from fullshard.errors import MisconfigurationError
+from fullshard.strategies import STRATEGY_REGISTRY, ModelParallelStrategy
+
+sys.path.insert(0, str(SCRIPTS))
+import model_parallel_job as job
+
+# Tensor parallelism splits the matmuls and reductions between ranks, and FSDP2 sums gradients
+# in another order than one process's backward: float32 agrees to ~1e-6, not bitwise.
+FP32_TOL = {"rtol": 1e-5, "atol": 1e-6}
+STEPS, CLIP = 6, 0.5  # clip low enough to clip every step (norms ~0.6)
+
+
+@contextlib.contextmanager
+def _shared_dir(factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """``name``'s directory, the same for every xdist worker of this session; yields it under a
+    lock, so that a job whose results several workers read runs once (the first to come runs it,
+    writing ``done``; the others wait and find it)."""
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the workers' directories share this parent
+    root = base / f"model_parallel_{name}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(base / f"model_parallel_{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield root
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _jobs(root: Path, devices: int, runs: list[dict[str, Any]], timeout: float = 240) -> None:
+    """The ``runs`` (tests/scripts/model_parallel_job.py specs) in one job of ``devices``
+    processes, unless a worker of this session ran them already."""
+    if (root / "done").exists():
+        return
+    (root / "runs.json").write_text(json.dumps(runs))
+    check_ok(
+        run_script(
+            "model_parallel_job.py",
+            "--devices",
+            str(devices),
+            "--runs",
+            str(root / "runs.json"),
+            timeout=timeout,
+        )
+    )
+
+
+def _record(out: Path, rank: int) -> dict[str, Any]:
+    return json.loads((out / f"rank{rank}.json").read_text())
+
+
+def _final(out: Path) -> dict[str, Any]:
+    return torch.load(out / "final.pt", weights_only=False)  # type: ignore[no-any-return]
+
+
+def _assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Model weights and AdamW states bitwise equal."""
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for oa, ob in zip(a["optimizers"], b["optimizers"], strict=True):
+        assert oa["state"].keys() == ob["state"].keys()
+        for fqn, state in oa["state"].items():
+            for name, value in state.items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(ob["state"][fqn][name])), (
+                    fqn,
+                    name,
+                )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same model, data and steps in this process, one device, global batches whole."""
+    out = tmp_path_factory.mktemp("reference")
+    job.run({"out": str(out), "strategy": "single", "max_steps": STEPS, "clip": CLIP}, 1)
+    return {**_record(out, 0), "final": _final(out)}
+
+
+@pytest.fixture(scope="module")
+def two_d(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One job of 4 processes: a 2x2 run (async sharded checkpoints at steps 3 and 6), its resume
+    from step 3, and its step-6 checkpoint loaded at 2x2 (saved again as a full file), under fsdp2
+    (4x1), at 1x4 and under fsdp (FSDP1)."""
+    with _shared_dir(tmp_path_factory, "two_d") as root:
+        _two_d_runs(root)
+    return root
+
+
+def _two_d_runs(root: Path) -> None:
+    mid, last = root / "A/ckpts/epoch=0-step=3.ckpt", root / "A/ckpts/epoch=1-step=6.ckpt"
+    mp = {"strategy": "model_parallel", "max_steps": STEPS, "clip": CLIP}
+    runs = [
+        {**mp, "out": str(root / "A"), "dp": 2, "tp": 2, "save_every": 3, "async": True},
+        {**mp, "out": str(root / "resumed"), "dp": 2, "tp": 2, "resume": str(mid)},
+        {**mp, "out": str(root / "full"), "dp": 2, "tp": 2, "format": "full", "resume": str(last), "save": str(root / "full.ckpt")},
+        {"strategy": "fsdp2", "out": str(root / "fsdp2"), "max_steps": STEPS, "resume": str(last)},
+        {**mp, "out": str(root / "tp4"), "dp": 1, "tp": 4, "resume": str(last)},
+        {"strategy": "fsdp", "out": str(root / "fsdp"), "max_steps": STEPS, "resume": str(last)},
+        # last: its failure ends the job's other processes (rank 0 writes the error)
+        {**mp, "out": str(root / "root"), "dp": 2, "tp": 2, "mistake": "root"},
+    ]  # fmt: skip
+    _jobs(root, 4, runs)
+
+
+@pytest.fixture(scope="module")
+def tp_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One job of 2 processes: a 1x2 (tensor parallel only) run, then a model left unsharded."""
+    with _shared_dir(tmp_path_factory, "tp_only") as root:
+        _tp_only_runs(root)
+    return root
+
+
+def _tp_only_runs(root: Path) -> None:
+    runs = [
+        {"strategy": "model_parallel", "out": str(root / "tp2"), "dp": 1, "tp": 2, "max_steps": STEPS, "clip": CLIP},
+        {"strategy": "model_parallel", "out": str(root / "unsharded"), "dp": 1, "tp": 2, "mistake": "unsharded"},
+    ]  # fmt: skip
+    _jobs(root, 2, runs)
+
+
+def _assert_parity(out: Path, reference: dict[str, Any], dp: int, tp: int) -> None:
+    records = [_record(out, rank) for rank in range(dp * tp)]
+    for rank, record in enumerate(records):
+        assert record["dp_rank"] == rank // tp
+        # tensor-parallel peers compute the same loss from the same batch
+        assert record["losses"] == records[(rank // tp) * tp]["losses"]
+        torch.testing.assert_close(record["grad_norms"], reference["grad_norms"], **FP32_TOL)
+        logged = [step["loss_mean"] for step in record["logged"]]  # sync_dist: the mean over replicas
+        torch.testing.assert_close(logged, reference["losses"], **FP32_TOL)
+        # reduce_fx="sum" over the data replicas only: the global batch, not tp times it
+        assert [step["samples"] for step in record["logged"]] == [float(job.GLOBAL_BATCH)] * STEPS
+    per_replica = torch.tensor([records[r * tp]["losses"] for r in range(dp)])
+    torch.testing.assert_close(per_replica.mean(0).tolist(), reference["losses"], **FP32_TOL)
+    assert reference["grad_norms"][0] > CLIP  # so the clipping was exercised
+
+
+@pytest.mark.multiprocess
+def test_2x2_mesh_loss_and_grad_norm_equal_one_process(two_d: Path, reference: dict[str, Any]) -> None:
+    _assert_parity(two_d / "A", reference, dp=2, tp=2)
+
+
+@pytest.mark.multiprocess
+def test_tensor_parallel_only_loss_equals_one_process(tp_only: Path, reference: dict[str, Any]) -> None:
+    _assert_parity(tp_only / "tp2", reference, dp=1, tp=2)
+
+
+@pytest.mark.multiprocess
+def test_sampler_splits_data_over_data_parallel_ranks_only(two_d: Path, reference: dict[str, Any]) -> None:
+    records = [_record(two_d / "A", rank) for rank in range(4)]
+    assert [r["sampler"] for r in records] == [{"num_replicas": 2, "rank": rank // 2} for rank in range(4)]
+    assert records[0]["batches"] == records[1]["batches"] and records[2]["batches"] == records[3]["batches"]
+    for step, whole in enumerate(reference["batches"]):
+        first, second = records[0]["batches"][step], records[2]["batches"][step]
+        assert len(first) == len(second) == job.GLOBAL_BATCH // 2
+        assert sorted(first + second) == sorted(whole)  # the replicas split each global batch
+
+
+@pytest.mark.multiprocess
+def test_resume_at_the_same_layout_is_bitwise_identical(two_d: Path) -> None:
+    # 6 steps with async sharded saves at 3 and 6, against 3 + load + 3
+    for rank in range(4):
+        assert _record(two_d / "resumed", rank)["losses"] == _record(two_d / "A", rank)["losses"][3:]
+    _assert_same_state(_final(two_d / "resumed"), _final(two_d / "A"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", ["fsdp2", "tp4", "fsdp", "full"])
+def test_a_2x2_sharded_checkpoint_loads_at_other_layouts(two_d: Path, layout: str) -> None:
+    # fsdp2: 4x1 FSDP2 only; tp4: 1x4 tensor parallel only; fsdp: FSDP1 ShardedTensors; full: 2x2
+    # again, writing full checkpoints
+    _assert_same_state(_final(two_d / layout), _final(two_d / "A"))
+
+
+@pytest.mark.multiprocess
+def test_a_2x2_sharded_checkpoint_loads_in_one_process(two_d: Path, tmp_path: Path) -> None:
+    spec = {"out": str(tmp_path), "strategy": "single", "max_steps": STEPS}
+    trainer = job.run({**spec, "resume": str(two_d / "A/ckpts/epoch=1-step=6.ckpt")}, 1)
+    assert trainer.global_step == STEPS
+    _assert_same_state(_final(tmp_path), _final(two_d / "A"))
+
+
+@pytest.mark.multiprocess
+def test_a_full_checkpoint_from_2d_loads_into_the_plain_module(two_d: Path) -> None:
+    checkpoint = torch.load(two_d / "full.ckpt", weights_only=True)
+    assert checkpoint["world_size"] == 4 and checkpoint["data_parallel_size"] == 2
+    plain = job.LlamaModule()
+    plain.load_state_dict(checkpoint["state_dict"])  # strict: no wrapper prefixes, whole tensors
+    expected = _final(two_d / "A")["model"]
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
+@pytest.mark.multiprocess
+def test_consolidate_inspect_and_export_a_2d_checkpoint(two_d: Path, tmp_path: Path) -> None:
+    sharded, expected = two_d / "A/ckpts/epoch=1-step=6.ckpt", _final(two_d / "A")["model"]
+    found = tools.inspect(sharded, verify_checksums=True)
+    assert (found.format, found.complete, found.verified, found.world_size) == ("sharded", True, True, 4)
+    assert found.strategy == "model_parallel" and found.global_step == STEPS
+    shapes = {info.name: tuple(info.shape) for info in found.tensors}
+    assert shapes["model.model.layers.0.attention.wq.weight"] == (job.DIM, job.DIM)  # whole, not a shard
+    full = torch.load(tools.consolidate(sharded, tmp_path / "full.ckpt"), weights_only=True)
+    assert full["state_dict"].keys() == expected.keys()
+    for key, value in full["state_dict"].items():
+        assert torch.equal(value, expected[key]), key
+    exported = tools.load_exported(tools.export_safetensors(sharded, tmp_path / "model.safetensors"))
+    assert all(torch.equal(exported[key], expected[key]) for key in expected)
+
+
+@pytest.mark.multiprocess
+def test_a_model_configure_model_did_not_shard_is_refused(tp_only: Path, two_d: Path) -> None:
+    error = (tp_only / "unsharded" / "error.txt").read_text()
+    assert "ModelParallelStrategy does not shard models itself" in error
+    assert "parallelize_module(layer, self.device_mesh['tensor_parallel'], plan)" in error
+    error = (two_d / "root" / "error.txt").read_text()
+    assert "not sharded over the data-parallel mesh (model.tok_embeddings.weight" in error
+    assert "fully_shard(model, mesh=self.device_mesh['data_parallel']) to the root module" in error
+
+
+# ------------------------------------------------------------------------------ in this process
+def test_registered_as_model_parallel() -> None:
+    strategy = STRATEGY_REGISTRY.get("model_parallel")
+    assert isinstance(strategy, ModelParallelStrategy) and strategy.state_dict_type == "sharded"
+    assert ModelParallelStrategy(save_distributed_checkpoint=False).state_dict_type == "full"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"data_parallel_size": 0}, r"data_parallel_size=0 is invalid: pass a positive int .* or 'auto'"),
+        ({"tensor_parallel_size": "2"}, r"tensor_parallel_size='2' is invalid: pass a positive int"),
+        ({"tensor_parallel_size": True}, r"tensor_parallel_size=True is invalid"),
+        (
+            {"save_distributed_checkpoint": "yes"},
+            r"save_distributed_checkpoint='yes' must be True .* or False",
+        ),
+        (
+            {"save_distributed_checkpoint": False, "async_save": True},
+            r"async_save=True writes sharded checkpoints .* Pass save_distributed_checkpoint=True",
+        ),
+    ],
+)
+def test_bad_arguments_say_what_is_accepted(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(MisconfigurationError, match=match):
+        ModelParallelStrategy(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("dp", "tp", "said"),
+    [
+        (3, 2, r"data_parallel_size=3, tensor_parallel_size=2"),
+        (3, "auto", r"data_parallel_size=3, tensor_parallel_size='auto'"),
+        ("auto", 3, r"data_parallel_size='auto', tensor_parallel_size=3"),
+    ],
+)
+def test_sizes_that_do_not_cover_the_job_are_refused(tmp_path: Path, dp: Any, tp: Any, said: str) -> None:
+    with pytest.raises(
+        MisconfigurationError, match=said + r"\) cannot lay out the job's 4 processes.* equal 4"
+    ):
+        fullshard.Trainer(
+            accelerator="cpu", devices=4, strategy=ModelParallelStrategy(dp, tp), default_root_dir=tmp_path
+        )
+
+
+@pytest.mark.parametrize(
+    ("dp", "tp", "expected"), [("auto", "auto", (1, 4)), (2, "auto", (2, 2)), ("auto", 1, (4, 1))]
+)
+def test_auto_sizes(tmp_path: Path, dp: Any, tp: Any, expected: tuple[int, int]) -> None:
+    # "auto" as Lightning: tensor parallel inside the machine, data parallel across machines;
+    # one size given, the other fills the job
+    strategy = ModelParallelStrategy(dp, tp)
+    fullshard.Trainer(accelerator="cpu", devices=4, strategy=strategy, default_root_dir=tmp_path)
+    assert (strategy.data_parallel_size, strategy.tensor_parallel_size) == expected
+    assert strategy.distributed_sampler_kwargs == {"num_replicas": expected[0], "rank": 0}
