@@ -129,15 +129,22 @@ def _two_d_runs(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tp_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One job of 2 processes: a 1x2 (tensor parallel only) run, then a model left unsharded."""
+    """One job of 2 processes: 1x2 (tensor parallel only) runs, plain, in bf16-mixed, with
+    activation checkpointing and compiled; 2x1 with activation checkpointing; then a model left
+    unsharded."""
     with _shared_dir(tmp_path_factory, "tp_only") as root:
         _tp_only_runs(root)
     return root
 
 
 def _tp_only_runs(root: Path) -> None:
+    tp2 = {"strategy": "model_parallel", "dp": 1, "tp": 2, "max_steps": STEPS, "clip": CLIP}
     runs = [
         {"strategy": "model_parallel", "out": str(root / "tp2"), "dp": 1, "tp": 2, "max_steps": STEPS, "clip": CLIP},
+        {**tp2, "out": str(root / "bf16"), "precision": "bf16-mixed"},
+        {**tp2, "out": str(root / "checkpointing"), "checkpointing": True},
+        {**tp2, "out": str(root / "compile"), "compile": {"backend": "aot_eager"}},
+        {**tp2, "out": str(root / "dp2_checkpointing"), "dp": 2, "tp": 1, "checkpointing": True},
         {"strategy": "model_parallel", "out": str(root / "unsharded"), "dp": 1, "tp": 2, "mistake": "unsharded"},
     ]  # fmt: skip
     _jobs(root, 2, runs)
@@ -167,6 +174,25 @@ def test_2x2_mesh_loss_and_grad_norm_equal_one_process(two_d: Path, reference: d
 @pytest.mark.multiprocess
 def test_tensor_parallel_only_loss_equals_one_process(tp_only: Path, reference: dict[str, Any]) -> None:
     _assert_parity(tp_only / "tp2", reference, dp=1, tp=2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("run", "dp", "tp"), [("checkpointing", 1, 2), ("compile", 1, 2), ("dp2_checkpointing", 2, 1)]
+)
+def test_activation_checkpointing_and_compile_keep_the_loss(
+    tp_only: Path, reference: dict[str, Any], run: str, dp: int, tp: int
+) -> None:
+    # checkpoint_wrapper per block after TP and before FSDP (in configure_model); compile= with
+    # aot_eager (traces the same graphs as inductor without building kernels)
+    _assert_parity(tp_only / run, reference, dp=dp, tp=tp)
+
+
+@pytest.mark.multiprocess
+def test_bf16_mixed_stays_close(tp_only: Path, reference: dict[str, Any]) -> None:
+    losses = _record(tp_only / "bf16", 0)["losses"]
+    torch.testing.assert_close(losses, reference["losses"], rtol=2e-3, atol=0.0)
+    assert losses != reference["losses"]  # autocast did run in bfloat16
 
 
 @pytest.mark.multiprocess

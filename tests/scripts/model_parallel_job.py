@@ -88,11 +88,9 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
-def parallelize(model: Transformer, mesh: Any, shard_root: bool = True) -> None:
-    """Tensor parallel (with sequence parallel norms) over ``mesh["tensor_parallel"]``, then FSDP2
-    over ``mesh["data_parallel"]``: what a user writes in configure_model (``shard_root=False``:
-    the mistake of leaving the root's own parameters out of FSDP)."""
-    from torch.distributed.fsdp import fully_shard
+def tensor_parallel(model: Transformer, tp_mesh: Any) -> None:
+    """Tensor parallel, with sequence parallel norms, over ``tp_mesh``: what a user writes in
+    configure_model."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -102,7 +100,6 @@ def parallelize(model: Transformer, mesh: Any, shard_root: bool = True) -> None:
         parallelize_module,
     )
 
-    tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
     if tp_mesh.size() > 1:
         parallelize_module(
             model,
@@ -132,6 +129,13 @@ def parallelize(model: Transformer, mesh: Any, shard_root: bool = True) -> None:
                     "feed_forward.w3": ColwiseParallel(),
                 },
             )
+
+
+def data_parallel(model: Transformer, dp_mesh: Any, shard_root: bool = True) -> None:
+    """FSDP2 over ``dp_mesh``, a unit per block and the root (``shard_root=False``: the mistake of
+    leaving the root's own parameters out of FSDP)."""
+    from torch.distributed.fsdp import fully_shard
+
     if dp_mesh.size() > 1:
         for layer in model.layers:
             fully_shard(layer, mesh=dp_mesh)
@@ -141,19 +145,28 @@ def parallelize(model: Transformer, mesh: Any, shard_root: bool = True) -> None:
 
 class LlamaModule(fullshard.Module):
     """``parallel``: parallelise over ``self.device_mesh`` in configure_model (model_parallel runs);
-    ``shard_root``: as for :func:`parallelize`."""
+    ``shard_root``: as for :func:`data_parallel`; ``checkpointing``: every block recomputes its
+    activations in backward."""
 
-    def __init__(self, parallel: bool = False, shard_root: bool = True) -> None:
+    def __init__(self, parallel: bool = False, shard_root: bool = True, checkpointing: bool = False) -> None:
         super().__init__()
         self.model = Transformer()
-        self.parallel, self.shard_root = parallel, shard_root
+        self.parallel, self.shard_root, self.checkpointing = parallel, shard_root, checkpointing
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
         self.batches: list[list[int]] = []
 
     def configure_model(self) -> None:
+        mesh = self.device_mesh
         if self.parallel:
-            parallelize(self.model, self.device_mesh, self.shard_root)
+            tensor_parallel(self.model, mesh["tensor_parallel"])
+        if self.checkpointing:  # after TP, before FSDP, as torchtitan orders them
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+            for i, layer in enumerate(self.model.layers):
+                self.model.layers[i] = checkpoint_wrapper(layer)
+        if self.parallel:
+            data_parallel(self.model, mesh["data_parallel"], self.shard_root)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         index, tokens = batch
@@ -208,13 +221,16 @@ def make_strategy(spec: dict[str, Any]) -> Any:
 def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
     """One fit: ``spec`` holds ``out``, ``strategy`` (with ``dp``/``tp`` for model_parallel),
     ``format``, ``max_steps``, ``resume``, ``save`` (a path written after fit), ``save_every``,
-    ``async``, ``clip``, ``accelerator``; ``mistake``: "unsharded" (configure_model parallelises
+    ``async``, ``clip``, ``accelerator``, ``precision``, ``compile`` (``torch.compile`` keyword
+    arguments), ``checkpointing`` (activation checkpointing of every block); ``mistake``: "unsharded" (configure_model parallelises
     nothing) or "root" (FSDP left off the root), whose error is written to ``out/error.txt``."""
     fullshard.seed_everything(7)
     out = Path(spec["out"])
     mistake = spec.get("mistake")
     module = LlamaModule(
-        parallel=spec["strategy"] == "model_parallel" and mistake != "unsharded", shard_root=mistake != "root"
+        parallel=spec["strategy"] == "model_parallel" and mistake != "unsharded",
+        shard_root=mistake != "root",
+        checkpointing=spec.get("checkpointing", False),
     )
     logged = Logged()
     callbacks: list[Any] = [logged]
@@ -231,6 +247,8 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
         strategy=make_strategy(spec),
         max_steps=spec.get("max_steps", 6),
         gradient_clip_val=spec.get("clip"),
+        precision=spec.get("precision", "32-true"),
+        compile=spec.get("compile"),
         logger=False,
         enable_checkpointing=len(callbacks) > 1,
         enable_progress_bar=False,
