@@ -23,7 +23,7 @@ import fullshard
 from conftest import SCRIPTS, check_ok, run_script
 from fullshard.checkpoint import tools
 from fullshard.errors import MisconfigurationError
-from fullshard.strategies import STRATEGY_REGISTRY, ModelParallelStrategy
+from fullshard.strategies import STRATEGY_REGISTRY, FSDP2Strategy, ModelParallelStrategy
 
 sys.path.insert(0, str(SCRIPTS))
 import model_parallel_job as job
@@ -121,6 +121,10 @@ def _two_d_runs(root: Path) -> None:
         {"strategy": "fsdp2", "out": str(root / "fsdp2"), "max_steps": STEPS, "resume": str(last)},
         {**mp, "out": str(root / "tp4"), "dp": 1, "tp": 4, "resume": str(last)},
         {"strategy": "fsdp", "out": str(root / "fsdp"), "max_steps": STEPS, "resume": str(last)},
+        # FSDP2Strategy(tensor_parallel_size=2, tp_plan=...) with activation checkpointing: the same
+        # steps; then loading the 2x2 checkpoint
+        {**mp, "strategy": "fsdp2_tp", "out": str(root / "fsdp2_tp"), "tp": 2, "checkpointing": True},
+        {"strategy": "fsdp2_tp", "out": str(root / "fsdp2_tp_load"), "tp": 2, "max_steps": STEPS, "resume": str(last)},
         # last: its failure ends the job's other processes (rank 0 writes the error)
         {**mp, "out": str(root / "root"), "dp": 2, "tp": 2, "mistake": "root"},
     ]  # fmt: skip
@@ -169,6 +173,13 @@ def _assert_parity(out: Path, reference: dict[str, Any], dp: int, tp: int) -> No
 @pytest.mark.multiprocess
 def test_2x2_mesh_loss_and_grad_norm_equal_one_process(two_d: Path, reference: dict[str, Any]) -> None:
     _assert_parity(two_d / "A", reference, dp=2, tp=2)
+
+
+@pytest.mark.multiprocess
+def test_fsdp2_strategy_with_a_tp_plan_equals_one_process(two_d: Path, reference: dict[str, Any]) -> None:
+    # the strategy applies the plan over the TP pairs, checkpoints each block, shards over the DP pairs
+    _assert_parity(two_d / "fsdp2_tp", reference, dp=2, tp=2)
+    _assert_same_state(_final(two_d / "fsdp2_tp_load"), _final(two_d / "A"))  # and loads a 2x2 checkpoint
 
 
 @pytest.mark.multiprocess
@@ -322,3 +333,53 @@ def test_auto_sizes(tmp_path: Path, dp: Any, tp: Any, expected: tuple[int, int])
     fullshard.Trainer(accelerator="cpu", devices=4, strategy=strategy, default_root_dir=tmp_path)
     assert (strategy.data_parallel_size, strategy.tensor_parallel_size) == expected
     assert strategy.distributed_sampler_kwargs == {"num_replicas": expected[0], "rank": 0}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_with_nccl(tmp_path: Path, reference: dict[str, Any]) -> None:
+    # tensor parallel over the GPUs there are (at most 2; one GPU: a 1x1 mesh), NCCL, against
+    # the CPU reference (CUDA's kernels sum in another order: a looser tolerance)
+    devices = min(torch.cuda.device_count(), 2)
+    spec = {
+        "strategy": "model_parallel",
+        "dp": 1,
+        "tp": devices,
+        "max_steps": STEPS,
+        "clip": CLIP,
+        "accelerator": "cuda",
+    }
+    (tmp_path / "runs.json").write_text(json.dumps([{**spec, "out": str(tmp_path / "cuda")}]))
+    check_ok(
+        run_script("model_parallel_job.py", "--devices", str(devices), "--runs", str(tmp_path / "runs.json"))
+    )
+    losses = _record(tmp_path / "cuda", 0)["losses"]
+    torch.testing.assert_close(losses, reference["losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_fsdp2_tensor_parallel_arguments_and_wrap_plan() -> None:
+    plan = job.tp_plan("model.")
+    with pytest.raises(MisconfigurationError, match=r"tensor_parallel_size=2 needs tp_plan=: .* or 'auto'"):
+        FSDP2Strategy(tensor_parallel_size=2)
+    with pytest.raises(MisconfigurationError, match=r"tensor_parallel_size=0 is invalid: pass the number"):
+        FSDP2Strategy(tensor_parallel_size=0, tp_plan=plan)
+    with pytest.raises(MisconfigurationError, match=r"tp_plan= was given with tensor_parallel_size=1"):
+        FSDP2Strategy(tp_plan=plan)
+    with pytest.raises(
+        MisconfigurationError, match=r"tp_plan\['model.norm'\] is str, not a torch.distributed"
+    ):
+        FSDP2Strategy(tensor_parallel_size=2, tp_plan={"model.norm": "colwise"})
+    with pytest.raises(
+        MisconfigurationError, match=r"sharding_strategy='HYBRID_SHARD' and device_mesh= cannot"
+    ):
+        FSDP2Strategy(tensor_parallel_size=2, tp_plan=plan, sharding_strategy="HYBRID_SHARD")
+    # the memory estimate per process: each parameter split 2 ways by TP, then 2 ways by FSDP
+    model = job.LlamaModule()
+    tp = FSDP2Strategy(auto_wrap_policy={job.Block}, tensor_parallel_size=2, tp_plan=plan).plan(
+        model, world_size=4
+    )
+    alone = FSDP2Strategy(auto_wrap_policy={job.Block}).plan(model, world_size=4)
+    assert (tp.shard_size, tp.tensor_parallel_size) == (2, 2)
+    assert "FULL_SHARD over 2 of 4 rank(s) x tensor parallel 2" in tp.summary()
+    assert tp.estimate.optimizer == alone.estimate.optimizer  # sharded state: a quarter either way
+    assert tp.estimate.params < alone.estimate.params  # a unit is gathered within its TP slice only

@@ -88,47 +88,43 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
-def tensor_parallel(model: Transformer, tp_mesh: Any) -> None:
-    """Tensor parallel, with sequence parallel norms, over ``tp_mesh``: what a user writes in
-    configure_model."""
+def tp_plan(prefix: str = "") -> dict[str, Any]:
+    """torchtitan's Llama plan for :class:`Transformer` (its module names after ``prefix``), with
+    sequence parallel norms: the residual stream stays split along the sequence between blocks."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
-        parallelize_module,
     )
 
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        "layers.*.attention_norm": SequenceParallel(),
+        "layers.*.attention": gather,
+        "layers.*.attention.wq": ColwiseParallel(),
+        "layers.*.attention.wk": ColwiseParallel(),
+        "layers.*.attention.wv": ColwiseParallel(),
+        "layers.*.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.ffn_norm": SequenceParallel(),
+        "layers.*.feed_forward": gather,
+        "layers.*.feed_forward.w1": ColwiseParallel(),
+        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.feed_forward.w3": ColwiseParallel(),
+    }
+    return {prefix + name: style for name, style in plan.items()}
+
+
+def tensor_parallel(model: Transformer, tp_mesh: Any) -> None:
+    """:func:`tp_plan` over ``tp_mesh``: what a user writes in configure_model."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
     if tp_mesh.size() > 1:
-        parallelize_module(
-            model,
-            tp_mesh,
-            {
-                "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-                "norm": SequenceParallel(),
-                "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-            },
-        )
-        for layer in model.layers:
-            prepare = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-            parallelize_module(
-                layer,
-                tp_mesh,
-                {
-                    "attention_norm": SequenceParallel(),
-                    "attention": prepare,
-                    "attention.wq": ColwiseParallel(),
-                    "attention.wk": ColwiseParallel(),
-                    "attention.wv": ColwiseParallel(),
-                    "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-                    "ffn_norm": SequenceParallel(),
-                    "feed_forward": prepare,
-                    "feed_forward.w1": ColwiseParallel(),
-                    "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-                    "feed_forward.w3": ColwiseParallel(),
-                },
-            )
+        parallelize_module(model, tp_mesh, tp_plan())
 
 
 def data_parallel(model: Transformer, dp_mesh: Any, shard_root: bool = True) -> None:
@@ -213,6 +209,14 @@ def make_strategy(spec: dict[str, Any]) -> Any:
         )
     if name == "fsdp2":
         return FSDP2Strategy(auto_wrap_policy={Block}, state_dict_type=fmt)
+    if name == "fsdp2_tp":  # the strategy applies the plan, then its usual FSDP2 wrapping
+        return FSDP2Strategy(
+            auto_wrap_policy={Block},
+            state_dict_type=fmt,
+            tensor_parallel_size=spec["tp"],
+            tp_plan=tp_plan("model."),
+            activation_checkpointing_policy={Block} if spec.get("checkpointing") else None,
+        )
     if name == "fsdp":
         return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type=fmt)
     return SingleDeviceStrategy(state_dict_type=fmt)
@@ -230,7 +234,7 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
     module = LlamaModule(
         parallel=spec["strategy"] == "model_parallel" and mistake != "unsharded",
         shard_root=mistake != "root",
-        checkpointing=spec.get("checkpointing", False),
+        checkpointing=spec.get("checkpointing", False) and spec["strategy"] == "model_parallel",
     )
     logged = Logged()
     callbacks: list[Any] = [logged]
@@ -240,7 +244,9 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
                 dirpath=out / "ckpts", every_n_train_steps=spec["save_every"], save_top_k=-1
             )
         )
-    dp = spec.get("dp", devices) if spec["strategy"] == "model_parallel" else devices
+    dp = {"model_parallel": spec.get("dp"), "fsdp2_tp": devices // spec.get("tp", 1)}.get(
+        spec["strategy"]
+    ) or devices
     trainer = fullshard.Trainer(
         accelerator=spec.get("accelerator", "cpu"),
         devices=devices,

@@ -107,6 +107,9 @@ class FSDPStrategy(ParallelStrategy):
     """
 
     strategy_name = "fsdp"
+    #: processes each layer is split over by tensor parallelism before FSDP shards it: FSDP1 has
+    #: none; ``FSDP2Strategy(tensor_parallel_size=N)`` sets it
+    tensor_parallel_size: int = 1
 
     def __init__(
         self,
@@ -296,11 +299,11 @@ class FSDPStrategy(ParallelStrategy):
 
     @property
     def shard_size(self) -> int:
-        """How many processes one parameter is split over."""
+        """How many processes FSDP shards one parameter over (within its tensor-parallel slice, if any)."""
         if self._sharding_name == "NO_SHARD":
             return 1
         shape = self._mesh_shape()
-        return shape[1] if shape is not None else self.world_size
+        return shape[1] if shape is not None else self.world_size // self.tensor_parallel_size
 
     @override
     def setup_environment(self) -> None:
@@ -356,13 +359,14 @@ class FSDPStrategy(ParallelStrategy):
             optimizer_states_per_param: float32 optimizer values per parameter (Adam/AdamW: 2, SGD with momentum: 1).
         """
         world = world_size if world_size is not None else self.world_size
+        tp = self.tensor_parallel_size
         shard = (
             self.shard_size
             if world_size is None
             else (
                 1
                 if self._sharding_name == "NO_SHARD"
-                else (world // (self._mesh_shape() or (1, world))[0] if self.is_hybrid else world)
+                else (world // (self._mesh_shape() or (1, world))[0] if self.is_hybrid else world // tp)
             )
         )
         auto_wrap, checkpointing, found, notes = self._resolve_policies(model)
@@ -382,6 +386,7 @@ class FSDPStrategy(ParallelStrategy):
             else (self.mixed_precision.param_dtype or torch.float32),
             optimizer_states_per_param=optimizer_states_per_param,
             use_orig_params=bool(self.fsdp_kwargs.get("use_orig_params", True)),
+            tensor_parallel_size=tp,
         )
         plan.warnings[:0] = found
         plan.notes[:0] = notes
