@@ -1,13 +1,13 @@
 """python benchmarks/parallel_2d.py --write-docs
 
-2D parallel: per-process peak memory and step time of FSDP2 alone (4 x 1) against tensor parallel + FSDP2 (2 x 2) on the same 4 CPU processes.
+2D parallel: per-process peak memory and step time of FSDP2 alone (4 x 1) against tensor parallel + FSDP2 (2 x 2, both ways of asking for it) on the same 4 CPU processes.
 
 Run it from the repository root; without ``--write-docs`` it prints the table and leaves
 docs/benchmarks.md ("2D parallel") alone. One run alone::
 
     python benchmarks/parallel_2d.py --config tp2x2 --out /tmp/fullshard-2d
 
-It takes about 3 minutes on 2 idle cores and needs about 2 GB of memory.
+It takes about 4 minutes on 2 idle cores and needs about 2 GB of memory.
 
 Both configurations train the same Llama-style model (``--dim`` wide, ``--layers`` blocks of
 attention and a SwiGLU MLP 4 x as wide, RMSNorms, an embedding and an output layer over
@@ -18,7 +18,10 @@ each. ``fsdp2``: ``FSDP2Strategy`` with a unit per block (every process its own 
 ``configure_model`` applies torchtitan's Llama plan (column-wise q/k/v/w1/w3, row-wise o/w2,
 sequence parallel norms, a vocabulary-parallel embedding) over the tensor-parallel pairs, then
 ``fully_shard`` per block and on the root over the data-parallel pairs (2 replicas of
-``--global-batch / 2`` sequences, each computed by a pair of processes). Each configuration runs
+``--global-batch / 2`` sequences, each computed by a pair of processes). ``fsdp2_tp2``:
+``FSDP2Strategy(tensor_parallel_size=2, tp_plan=...)`` with the same plan, which the strategy
+applies before its usual FSDP2 wrapping (a unit per block): the same 2 x 2 layout, with a wrap
+plan. Each configuration runs
 as its own command (``--config``); the Trainer re-runs it for ranks 1-3; each rank writes its
 numbers to a JSON file in ``--out``.
 
@@ -29,9 +32,10 @@ peak memory
     when ``configure_model`` starts (after imports and the process group), as in "FSDP memory
     and speed"; the table shows the largest of the 4 processes.
 estimate
-    For fsdp2, the wrap plan's per-process estimate (parameters, gradients, optimizer state and
-    the largest gathered unit); ModelParallelStrategy makes no plan (the user shards in
-    ``configure_model``), so for both the table also shows each process's share of the model
+    For the FSDP2Strategy runs, the wrap plan's per-process estimate (parameters, gradients,
+    optimizer state and the largest gathered unit; under tensor parallelism each split as the
+    plan splits it); ModelParallelStrategy makes no plan (the user shards in ``configure_model``),
+    so for every run the table also shows each process's share of the model
     state as it is after setup: its local parameter elements x 16 bytes (float32 parameter,
     gradient and AdamW's two moments).
 step time
@@ -75,7 +79,11 @@ import fullshard
 
 SECTION = "## 2D parallel"
 WORLD_SIZE = 4
-CONFIGS = {"fsdp2": "FSDP2 alone (4 x 1)", "tp2x2": "TP + FSDP2 (2 x 2)"}
+CONFIGS = {
+    "fsdp2": "FSDP2 alone (4 x 1)",
+    "tp2x2": "model_parallel (2 x 2)",
+    "fsdp2_tp2": "fsdp2, tensor_parallel_size=2",
+}
 RUN_TIMEOUT_S = 600
 MIB = 1024 * 1024
 STATE_BYTES = 16  # float32 parameter + gradient + AdamW's exp_avg and exp_avg_sq
@@ -150,39 +158,43 @@ class Model(fullshard.Module):
         return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
 
-def _parallelize(model: Model, mesh: Any) -> None:
-    """torchtitan's Llama plan over ``mesh["tensor_parallel"]``, then FSDP2 over ``mesh["data_parallel"]``."""
-    from torch.distributed.fsdp import fully_shard
+def tp_plan() -> dict[str, Any]:
+    """torchtitan's Llama plan for :class:`Model`: column-wise q/k/v/w1/w3, row-wise o/w2,
+    sequence parallel norms, a vocabulary-parallel embedding."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
-        parallelize_module,
     )
 
-    tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-        },
-    )
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan: dict[str, Any] = {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        "blocks.*.attention_norm": SequenceParallel(),
+        "blocks.*.ffn_norm": SequenceParallel(),
+        "blocks.*.attention": gather,
+        "blocks.*.feed_forward": gather,
+        "blocks.*.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "blocks.*.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    plan.update({f"blocks.*.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
+    plan.update({f"blocks.*.feed_forward.{w}": ColwiseParallel() for w in ("w1", "w3")})
+    return plan
+
+
+def _parallelize(model: Model, mesh: Any) -> None:
+    """:func:`tp_plan` over ``mesh["tensor_parallel"]``, then FSDP2 over ``mesh["data_parallel"]``."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    parallelize_module(model, mesh["tensor_parallel"], tp_plan())
     for block in model.blocks:
-        plan: dict[str, Any] = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
-        plan.update({"attention": gather, "feed_forward": gather})
-        plan.update({f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
-        plan.update({f"feed_forward.{w}": ColwiseParallel() for w in ("w1", "w3")})
-        plan["attention.wo"] = RowwiseParallel(output_layouts=Shard(1))
-        plan["feed_forward.w2"] = RowwiseParallel(output_layouts=Shard(1))
-        parallelize_module(block, tp_mesh, plan)
-        fully_shard(block, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(block, mesh=mesh["data_parallel"])
+    fully_shard(model, mesh=mesh["data_parallel"])
 
 
 class Probe(fullshard.Callback):
@@ -203,8 +215,14 @@ def run_worker(args: argparse.Namespace) -> None:
     from fullshard.strategies import FSDP2Strategy, ModelParallelStrategy
 
     parallel = args.config == "tp2x2"
-    strategy: Any = ModelParallelStrategy(2, 2) if parallel else FSDP2Strategy(auto_wrap_policy={Block})
-    replicas = 2 if parallel else WORLD_SIZE
+    strategy: Any = {
+        "fsdp2": lambda: FSDP2Strategy(auto_wrap_policy={Block}),
+        "tp2x2": lambda: ModelParallelStrategy(2, 2),
+        "fsdp2_tp2": lambda: FSDP2Strategy(
+            auto_wrap_policy={Block}, tensor_parallel_size=2, tp_plan=tp_plan()
+        ),
+    }[args.config]()
+    replicas = WORLD_SIZE if args.config == "fsdp2" else 2
     steps = args.warmup + args.steps
     tokens = torch.randint(
         0, args.vocab, (steps * args.global_batch, args.seq + 1), generator=torch.Generator().manual_seed(0)
@@ -280,8 +298,8 @@ def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, l
         f"tokens, {args.global_batch} per step; AdamW; median of {args.steps} steps after {args.warmup}."
     )
     reading = (
-        f"2 x 2 against FSDP2 alone: peak memory {peak['tp2x2'] / peak['fsdp2']:.2f}x, step time "
-        f"{step['tp2x2'] / step['fsdp2']:.2f}x."
+        f"2 x 2 (model_parallel) against FSDP2 alone: peak memory {peak['tp2x2'] / peak['fsdp2']:.2f}x, step "
+        f"time {step['tp2x2'] / step['fsdp2']:.2f}x."
     )
     return "\n\n".join(
         [
@@ -293,7 +311,7 @@ def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, l
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
     parser.add_argument("--config", choices=sorted(CONFIGS), help="run one configuration (a worker)")
     parser.add_argument("--out", help="where a worker writes its JSON files")
@@ -305,6 +323,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--global-batch", type=int, default=8)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parse_args(parser, argv)
     if args.config is not None:
         if args.out is None:

@@ -370,6 +370,14 @@ def test_fsdp2_tensor_parallel_arguments_and_wrap_plan() -> None:
     ):
         FSDP2Strategy(tensor_parallel_size=2, tp_plan={"model.norm": "colwise"})
     with pytest.raises(
+        MisconfigurationError, match=r"tp_plan='colwise' is not a plan\. Pass a dict from module"
+    ):
+        FSDP2Strategy(tensor_parallel_size=2, tp_plan="colwise")
+    with pytest.raises(
+        MisconfigurationError, match=r"empty_init=True does not combine with tensor_parallel_size"
+    ):
+        FSDP2Strategy(tensor_parallel_size=2, tp_plan=plan, empty_init=True)
+    with pytest.raises(
         MisconfigurationError, match=r"sharding_strategy='HYBRID_SHARD' and device_mesh= cannot"
     ):
         FSDP2Strategy(tensor_parallel_size=2, tp_plan=plan, sharding_strategy="HYBRID_SHARD")

@@ -13,6 +13,7 @@ wrote them, and FSDP2 shards DTensors that are already split between the tensor-
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +54,11 @@ def check_tensor_parallel(tensor_parallel_size: Any, tp_plan: Any) -> int:
     if isinstance(tp_plan, str):
         if tp_plan != "auto":
             raise MisconfigurationError(f"tp_plan={tp_plan!r} is not a plan. {TP_PLAN_HINT}")
+        if importlib.util.find_spec("fullshard.strategies.tp_plan") is None:
+            raise MisconfigurationError(
+                "tp_plan='auto' reads a Hugging Face model's own plan through fullshard.strategies.tp_plan, which "
+                "this version of fullshard does not have yet. Pass the plan as a dict instead."
+            )
         return tensor_parallel_size
     if not isinstance(tp_plan, Mapping) or not tp_plan:
         raise MisconfigurationError(
