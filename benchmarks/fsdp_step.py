@@ -15,7 +15,7 @@ group, each segment with a fresh model: ``fullshard.Trainer.fit`` with the job's
 the loop (``DistributedDataParallel``, ``FullyShardedDataParallel(use_orig_params=True)`` or
 ``fully_shard`` on a 1-D CPU mesh; forward, loss, backward, step, ``zero_grad``). Neighbouring
 segments see about the same load, so the median of their step-time ratios is the figure to
-compare with the 1.03x target (see [Note: paired segments] in overhead.py).
+compare with the 1.03x target (see [Note: paired segments] in ``run_worker``).
 
 Jobs:
 
@@ -68,7 +68,17 @@ RUN_TIMEOUT_S = 600
 
 
 def run_worker(args: argparse.Namespace) -> None:
-    """Both sides of one job by turns, in the 2 processes fullshard's launcher starts."""
+    """Both sides of one job by turns, in the 2 processes fullshard's launcher starts; with
+    ``--profile``, one more fullshard segment under cProfile.
+
+    [Note: paired segments]
+    Separate runs of each configuration are tens of seconds apart, and on a shared 2-core
+    machine the load changes in between. Here one job (started by fullshard's launcher) trains
+    ``Trainer.fit`` and the hand-written loop by turns, on the same process group, each segment
+    with a fresh model (a second wrapper on the same parameters would reduce their
+    gradients twice). Neighbouring segments see about the same load, so the ratio of their
+    step times is less noisy than the ratio of separate runs. Start-up is not measured here.
+    """
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, DistributedSampler
@@ -157,7 +167,7 @@ def run_worker(args: argparse.Namespace) -> None:
 
     rank = fullshard_segment()  # starts rank 1, the process group and the allocator setting; not counted
     pairs = abba(args.segments, timed(fullshard_segment), timed(loop_segment))
-    own = profile_own_code(fullshard_segment, work.steps)
+    own = profile_own_code(fullshard_segment, work.steps) if args.profile else {}
     if rank == 0:
         Path(args.out).write_text(json.dumps({"pairs": pairs, "own": own, "torch": torch.__version__}))
 
@@ -295,6 +305,9 @@ def worker_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--root", required=True)
+    parser.add_argument(
+        "--profile", action=argparse.BooleanOptionalAction, default=True, help="profile one more segment"
+    )
     return parser
 
 

@@ -64,7 +64,7 @@ CPU per step
     comparable on a busy machine.
 per step, paired
     fullshard's time per step over the loop's, both run by turns in the same job (see
-    [Note: paired segments]); the median over ``--pairs`` neighbouring pairs of segments.
+    [Note: paired segments] in fsdp_step.py); the median over ``--pairs`` neighbouring pairs of segments.
     The least noisy per-step number on a shared machine.
 start-up
     Wall time from just before the command is started (before its interpreter imports
@@ -91,7 +91,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,7 +98,6 @@ from typing import TYPE_CHECKING, Any
 from _common import (
     HERE,
     REPO,
-    abba,
     cpu_model,
     heading_target,
     make_parser,
@@ -129,7 +127,7 @@ START_UP_TARGET_S = 1.0  # at most this many seconds more start-up than the loop
 FSDP_MMAP_THRESHOLD = 128 * 1024  # FSDPStrategy's default cpu_mmap_threshold
 FSDP_START_UP_TARGET_S = 0.2  # strategy="fsdp": at most this much more than the same loop under FSDP
 RUN_TIMEOUT_S = 300
-PAIRED_WARMUP = 10  # steps of each paired segment not timed (see [Note: paired segments])
+PAIRED_WARMUP = 10  # steps of each paired segment not timed (see [Note: paired segments] in fsdp_step.py)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,87 +365,6 @@ def run_fullshard_worker(
     )
 
 
-def run_paired_worker(args: argparse.Namespace, warmup: int) -> None:
-    """fullshard and the loop in the same 2 processes, in alternating segments of ``--steps``.
-
-    [Note: paired segments]
-    Separate runs of each configuration are tens of seconds apart, and on a shared 2-core
-    machine the load changes in between. Here one job (started by fullshard's launcher) trains
-    ``Trainer.fit`` and the hand-written loop by turns, on the same process group, each segment
-    with a fresh model (a second DDP wrapper on the same parameters would reduce their
-    gradients twice). Neighbouring segments see about the same load, so the ratio of their
-    step times is less noisy than the ratio of separate runs. Start-up is not measured here.
-    """
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    import fullshard
-
-    work = workload_from(args)
-    dataset = make_dataset(work)
-    marks: list[float] = []
-
-    class Model(fullshard.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = build_net(work)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            marks.append(time.perf_counter())
-            inputs, labels = batch
-            return F.cross_entropy(self.net(inputs), labels)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=work.lr)
-
-    def fullshard_segment() -> int:
-        trainer = fullshard.Trainer(
-            accelerator="cpu",
-            devices=WORLD_SIZE,
-            strategy="ddp",
-            max_steps=work.steps,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            default_root_dir=args.root,
-        )
-        trainer.fit(Model(), DataLoader(dataset, batch_size=work.batch_size, shuffle=True))
-        return trainer.global_rank
-
-    def loop_segment() -> None:
-        rank = torch.distributed.get_rank()
-        model = DistributedDataParallel(build_net(work))
-        optimizer = torch.optim.SGD(model.parameters(), lr=work.lr)
-        sampler = DistributedSampler(dataset, num_replicas=WORLD_SIZE, rank=rank, shuffle=True, seed=0)
-        for step, (inputs, labels) in enumerate(
-            DataLoader(dataset, batch_size=work.batch_size, sampler=sampler)
-        ):
-            if step == work.steps:
-                break
-            marks.append(time.perf_counter())
-            loss = F.cross_entropy(model(inputs), labels)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-    def timed(segment: Callable[[], object]) -> Callable[[], float]:
-        """The median time per step of one segment."""
-
-        def run() -> float:
-            marks.clear()
-            segment()
-            return statistics.median(b - a for a, b in itertools.pairwise(marks[warmup:]))
-
-        return run
-
-    rank = fullshard_segment()  # the first segment starts rank 1 and the process group; not counted
-    pairs = abba(args.segments, timed(fullshard_segment), timed(loop_segment))  # (fullshard, loop)
-    if rank == 0:
-        Path(args.out).write_text(json.dumps({"pairs": pairs}))
-
-
 # ---------------------------------------------------------------------------------------------
 # The driver.
 
@@ -589,10 +506,12 @@ def _run_once(config: Config, work: Workload, warmup: int, threads: int, workdir
 
 
 def run_paired(args: argparse.Namespace, workdir: Path) -> list[float]:
-    """fullshard/loop step-time ratios of neighbouring segments; see [Note: paired segments]."""
+    """fullshard/loop step-time ratios of neighbouring segments; see [Note: paired segments] in fsdp_step.py."""
     work = Workload(steps=args.pair_steps, batch_size=args.batch_size, hidden=args.hidden)
-    here = [sys.executable, str(Path(__file__).resolve()), "--worker", "paired"]
-    command = [*here, *_workload_args(work), "--segments", str(args.pairs)]
+    # fsdp_step.py's job "ddp" is this comparison: strategy="ddp" against the DDP loop.
+    job = [sys.executable, str(Path(__file__).with_name("fsdp_step.py")), "--worker", "--job", "ddp"]
+    command = [*job, *_workload_args(work), "--segments", str(args.pairs)]
+    command += ["--in-features", str(work.in_features), "--no-profile"]
     print(f"paired: {args.pairs} pairs of {args.pair_steps}-step segments in one job", flush=True)
     finished = _start_and_wait("paired", command, args.threads, workdir)
     ratios = [ours / loop for ours, loop in finished.result["pairs"]]
@@ -717,6 +636,30 @@ def render_phases(configs: list[Config], results: Results) -> str:
     return table(["configuration", *PHASES], rows)
 
 
+def start_up_pairs(results: Results) -> dict[str, list[float]]:
+    """For each fullshard configuration with its loop measured too: fullshard's start-up minus the
+    loop's, round by round of the interleaved repeats (runs of one round are minutes apart at
+    most, runs of different rounds much more)."""
+    pairs = {}
+    for name, runs in results.items():
+        if not name.startswith("fullshard"):
+            continue
+        wrapper = name.removeprefix("fullshard").removesuffix("-glibc-mmap").removesuffix("-defaults")
+        loop = results.get(f"loop{wrapper}")
+        if loop:
+            pairs[name] = [ours.start_up - base.start_up for ours, base in zip(runs, loop, strict=False)]
+    return pairs
+
+
+def render_start_up_pairs(configs: list[Config], results: Results) -> str:
+    labels = {c.name: c.label for c in configs}
+    parts = [
+        f"{labels[name]} {statistics.median(diffs):+.2f} s ({min(diffs):+.2f} to {max(diffs):+.2f})"
+        for name, diffs in start_up_pairs(results).items()
+    ]
+    return "; ".join(parts)
+
+
 def render_paired(ratios: list[float], steps: int) -> str:
     return ratio_summary(ratios, f"pairs of {steps}-step segments")
 
@@ -775,6 +718,11 @@ def render_section(
             " step follows rank 1's."
         ),
         render_phases(configs, results),
+        wrap(
+            "Start-up, paired: each fullshard run's start-up minus that of the loop under the same wrapper"
+            " in the same round of repeats, median (min to max): " + render_start_up_pairs(configs, results)
+            + ". Less moved by the machine's load than the difference of the medians above."
+        ),
     ]
     return "\n\n".join(parts) + "\n"
 
@@ -782,7 +730,7 @@ def render_section(
 def _verdict(results: Results, ratios: list[float]) -> str:
     if "fullshard" not in results:
         return ""
-    # The paired ratio, where measured, is the less noisy one; see [Note: paired segments].
+    # The paired ratio, where measured, is the less noisy one; see [Note: paired segments] in fsdp_step.py.
     if ratios:
         ratio = statistics.median(ratios)
     else:
@@ -841,6 +789,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(render_phases(configs, results))
     print()
+    print("start-up, paired round by round:", render_start_up_pairs(configs, results))
+    print()
     print(_verdict(results, ratios))
     if args.write_docs:
         write_section(render_section(args, configs, results, ratios))
@@ -859,11 +809,9 @@ def _worker_main(name: str, argv: list[str]) -> None:
         run_fullshard_worker(
             args, clock, defaults=False, strategy=strategy, glibc_mmap=name.endswith("-glibc-mmap")
         )
-    elif name == "paired":
-        run_paired_worker(args, warmup=PAIRED_WARMUP)
     else:
         raise SystemExit(
-            f"unknown worker {name!r}; use one of {', '.join(c.name for c in _configs())} or paired"
+            f"unknown worker {name!r}; use one of {', '.join(c.name for c in _configs())}"
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -88,3 +89,15 @@ def check_ok(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, (
         f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     )
+
+
+@pytest.fixture
+def captured(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Records of the fullshard loggers (they do not propagate to the root logger)."""
+    logger = logging.getLogger("fullshard")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="fullshard")
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)

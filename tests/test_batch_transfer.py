@@ -5,7 +5,6 @@ processes under DDP and FSDP: the porting script tests/porting/custom_batch.py."
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -182,16 +181,15 @@ class WithCallbacks(Plain):
 
 
 def test_configure_callbacks_replaces_the_same_type_and_keeps_checkpoints_last(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, captured: pytest.LogCaptureFixture
 ) -> None:
     checkpoint, early = ModelCheckpoint(dirpath=tmp_path), EarlyStopping(monitor="x")
     given = [Tagged("trainer"), checkpoint, early]
     module_cb, module_ckpt = SubTagged("module"), ModelCheckpoint(dirpath=tmp_path / "m")
-    with caplog.at_level(logging.INFO):
-        merged = attach_model_callbacks(given, WithCallbacks([module_cb, module_ckpt]))
+    merged = attach_model_callbacks(given, WithCallbacks([module_cb, module_ckpt]))
     # Lightning: a module callback replaces Trainer callbacks of its type or a parent type
     assert merged == [early, module_cb, module_ckpt]
-    assert "override existing callbacks passed to Trainer: ModelCheckpoint, Tagged" in caplog.text
+    assert "override existing callbacks passed to Trainer: ModelCheckpoint, Tagged" in captured.text
     single = Tagged("one")
     assert attach_model_callbacks(given, WithCallbacks(single)) == [early, single, checkpoint]
     assert attach_model_callbacks(given, WithCallbacks([])) is given

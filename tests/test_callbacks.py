@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import logging
 import math
 import os
 import warnings
@@ -715,18 +714,6 @@ def test_early_stopping_state(tmp_path: Path) -> None:
     assert (restored.wait_count, restored.patience, float(restored.best_score)) == (1, 1, 5.0)
     assert restored.stopping_reason is EarlyStoppingReason.PATIENCE_EXHAUSTED
     assert es.state_key == "EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"
-
-
-@pytest.fixture
-def captured(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """Records of the fullshard loggers (they do not propagate to the root logger)."""
-    logger = logging.getLogger("fullshard")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="fullshard")
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 def test_early_stopping_verbose_messages(tmp_path: Path, captured: pytest.LogCaptureFixture) -> None:

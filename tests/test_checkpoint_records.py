@@ -193,6 +193,9 @@ def test_two_ranks_commit_without_gathering_checksums(tmp_path: Path) -> None:
     for rank, log in enumerate(logs):
         # between the shards written and the commit, nothing but a flag and rank 0's answer
         assert log["gathers_in_commit"] == 0 and log["reductions_in_commit"] == 1, log
+        # every rank's RNG states go to rank 0 alone, which writes them into meta.pt
+        assert log["object_gathers"] == ([2] if rank == 0 else [None]), log
+        assert log["rng_states_saved"] == 2
         assert log["record"] == {"files": [".metadata", "meta.pt"], "rank_records": 2, "format_version": 2}
         assert log["own_record"] == [f"__{rank}_0.distcp"]
         assert log["format_1_same_state"] is True  # an old checkpoint loads at 2 ranks, exactly

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning_utilities.core.apply_func import apply_to_collection
+
+from fullshard.nested import apply_to_collection
 
 
 class _Transferable(ABC):  # noqa: B024  # no abstract methods: a structural check via __subclasshook__

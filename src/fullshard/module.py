@@ -295,7 +295,7 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Gather tensors (or collections of them) from every process: each tensor gets a new first
         dimension of size world size. A no-op stacking with one process."""
-        from lightning_utilities.core.apply_func import apply_to_collection
+        from fullshard.nested import apply_to_collection
 
         strategy = self.trainer.strategy
 

@@ -21,12 +21,12 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch
-from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError, did_you_mean
+from fullshard.nested import apply_to_collection
 
 PrecisionStr = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
 PRECISIONS: tuple[PrecisionStr, ...] = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 from typing import Any
 
 import torch
-from lightning_utilities.core.imports import RequirementCache
 
-_NUMPY = RequirementCache("numpy")
+_NUMPY = importlib.util.find_spec("numpy") is not None
 _seed: int | None = None
 
 

@@ -64,11 +64,11 @@ def main() -> None:
         enable_model_summary=False, enable_checkpointing=False, default_root_dir=out,
     )  # fmt: skip
     trainer.fit(Net(), DataLoader(make_data(), batch_size=8, shuffle=True))
-    log: dict[str, Any] = {"gathers_in_commit": 0, "reductions_in_commit": 0}
+    log: dict[str, Any] = {"gathers_in_commit": 0, "reductions_in_commit": 0, "object_gathers": []}
 
     # 1. the collectives of the commit
     in_commit = [False]
-    gather, reduce = strategy.all_gather_object, strategy.all_reduce
+    gather, reduce, gather_to_0 = strategy.all_gather_object, strategy.all_reduce, strategy.gather_object
 
     def counted_gather(obj: Any) -> Any:
         log["gathers_in_commit"] += in_commit[0]
@@ -78,7 +78,13 @@ def main() -> None:
         log["reductions_in_commit"] += in_commit[0]
         return reduce(*args, **kwargs)
 
+    def recorded_gather_to_0(obj: Any) -> Any:
+        gathered = gather_to_0(obj)
+        log["object_gathers"].append(None if gathered is None else len(gathered))
+        return gathered
+
     strategy.all_gather_object = counted_gather  # type: ignore[method-assign]
+    strategy.gather_object = recorded_gather_to_0  # type: ignore[method-assign]
     strategy.all_reduce = counted_reduce  # type: ignore[method-assign]
     set_event_hook(
         lambda point: in_commit.__setitem__(0, in_commit[0] or point == "sharded.metadata_written")
@@ -87,7 +93,9 @@ def main() -> None:
     trainer.save_checkpoint(a)
     set_event_hook(None)
     strategy.all_gather_object, strategy.all_reduce = gather, reduce  # type: ignore[method-assign]
+    strategy.gather_object = gather_to_0  # type: ignore[method-assign]
     saved = state(trainer)
+
 
     # 2. the records
     record = CommitRecord.read(a)
@@ -95,6 +103,8 @@ def main() -> None:
         "files": sorted(record.files), "rank_records": record.rank_records, "format_version": record.format_version
     }  # fmt: skip
     log["own_record"] = sorted(read_rank_record(a / record.data, RANK)[0])
+    meta = torch.load(a / record.data / "meta.pt", weights_only=True)
+    log["rng_states_saved"] = len(meta["rng_states"])
 
     # 3. format 1
     if RANK == 0:

@@ -8,6 +8,7 @@ copied from a cluster. ``torch.distributed.checkpoint`` is imported where it is 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -217,9 +218,7 @@ def inspect(path: str | Path, verify_checksums: bool = False, trust_checkpoint: 
 
 # ------------------------------------------------------------------------------------- export
 def _safetensors() -> Any:
-    from lightning_utilities.core.imports import RequirementCache
-
-    if not RequirementCache("safetensors"):
+    if importlib.util.find_spec("safetensors") is None:
         raise ModuleNotFoundError(
             "Exporting to safetensors needs the optional dependency safetensors: pip install safetensors "
             "(in a fullshard clone: pip install -e '.[safetensors]')."

@@ -390,6 +390,14 @@ class ParallelStrategy(Strategy):
         return gathered
 
     @override
+    def gather_object(self, obj: T) -> list[T] | None:
+        if not dist.is_initialized() or self.world_size == 1:
+            return [obj]
+        gathered: list[Any] | None = [None] * self.world_size if self.global_rank == 0 else None
+        dist.gather_object(obj, gathered, dst=0)
+        return gathered
+
+    @override
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if not dist.is_initialized() or self.world_size == 1:
             return decision

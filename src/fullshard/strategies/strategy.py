@@ -9,7 +9,8 @@
 4. :meth:`Strategy.setup_optimizer`: validate optimizers built after wrapping.
 5. Per step: :meth:`training_step`, :meth:`backward`, :meth:`clip_gradients_norm`,
    :meth:`optimizer_step`, and :meth:`no_backward_sync` for gradient accumulation.
-6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce`, :meth:`all_gather_object`.
+6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce`, :meth:`all_gather_object`,
+   :meth:`gather_object`.
 7. Checkpoints: :meth:`save_checkpoint`, :meth:`load_checkpoint`, and the model / optimizer
    state helpers; with background saves, :meth:`wait_for_checkpoint` (end of ``fit``) and
    :attr:`pending_checkpoint` (each optimizer step).
@@ -425,6 +426,11 @@ class Strategy:
 
     def all_gather_object(self, obj: T) -> list[T]:
         """Every rank's ``obj``, in rank order."""
+        return [obj]
+
+    def gather_object(self, obj: T) -> list[T] | None:
+        """Every rank's ``obj``, in rank order, on global rank 0; None on the other ranks (which
+        receive nothing, unlike :meth:`all_gather_object`)."""
         return [obj]
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:

@@ -8,9 +8,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from lightning_utilities.core.rank_zero import rank_zero_info
-
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import rank_zero_info
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar, Timer
 from fullshard.trainer.callbacks.timer import parse_duration

@@ -12,7 +12,7 @@ The layout (see DESIGN.md, checkpoint contract)::
       "grad_scaler": dict,
       "loops": {"epoch", "global_step", "batches_that_stepped", "batches_in_epoch", "samples_in_epoch",
                 "epoch_finished", "total_batch_idx", "data_seed"},
-      "callbacks": {state_key: state}, "rng_states": [one per rank], "hyper_parameters": dict,
+      "callbacks": {state_key: state}, "rng_states": [one per rank; on rank 0 only], "hyper_parameters": dict,
       "epoch": int, "global_step": int, "pytorch-lightning_version": str,   for Lightning's readers
       <DataModule class name>: its state_dict(), when not empty (as Lightning)
     }
@@ -62,7 +62,8 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
         "grad_scaler": strategy.precision.state_dict(),
         "loops": loops,
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
-        "rng_states": [_portable(s) for s in strategy.all_gather_object(rng_states())],
+        # Rank 0 writes the checkpoint's metadata: only it receives every rank's states.
+        "rng_states": [_portable(s) for s in strategy.gather_object(rng_states()) or []],
         "hyper_parameters": dict(getattr(module, "hparams", {})),
     }
     datamodule = trainer.datamodule

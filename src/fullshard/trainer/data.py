@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -52,6 +51,7 @@ from torch.utils.data import (
 )
 
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import seed_worker, seed_workers_requested
 
 
@@ -239,7 +239,7 @@ def prepare_dataloader(
                 f"{name} uses a custom sampler ({type(sampler).__name__}), which the Trainer keeps as is: "
                 "every process will read the samples it yields. Make it split the data by rank "
                 "(e.g. a DistributedSampler) so processes do not train on the same samples.",
-                stacklevel=3,
+                stacklevel=1,
             )
         own = sampler if isinstance(loader.batch_sampler, BatchSampler) else loader.batch_sampler
         return PreparedLoader(

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.optim import Optimizer
 
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import rank_zero_warn
 
 _INTERVALS = ("step", "epoch")
 _ACCEPTED = (

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
 from fullshard.module import Module
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.optimizers import parse_optimizers
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from torch.optim import Optimizer
 
 from fullshard.compile import parse_compile
@@ -26,6 +25,7 @@ from fullshard.launch import SpawnLauncher, select_cluster_environment
 from fullshard.module import Module
 from fullshard.precision import alias_warning
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
+from fullshard.rank_zero import rank_zero_info, rank_zero_warn, set_global_rank
 from fullshard.strategies import Strategy
 from fullshard.strategies.meta_init import init_user_layers
 from fullshard.trainer import arguments, checkpointing, nonfinite, preemption
@@ -249,16 +249,16 @@ class Trainer(TrainerProperties):
             compile=compile_config,
         )
         self._strategy.sync_batchnorm = sync_batchnorm
-        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # warnings before fit: rank 0 only
+        set_global_rank(self.global_rank)  # warnings before fit: rank 0 only
         if (note := alias_warning(precision)) is not None:
-            rank_zero_warn(note, stacklevel=5)
+            rank_zero_warn(note, stacklevel=2)
         if (
             self._accelerator == "cpu"
             and self._strategy.launcher is not None
             and not environment.creates_processes_externally  # this process starts the others
             and (note := more_processes_than_cores(len(device_list))) is not None
         ):
-            rank_zero_warn(note, stacklevel=5)
+            rank_zero_warn(note, stacklevel=2)
 
         self.callbacks = arguments.build_callbacks(
             callbacks, enable_checkpointing is not False, enable_progress_bar is not False, max_time
@@ -470,7 +470,7 @@ class Trainer(TrainerProperties):
         if stage == "fit" and self.world_size > 1 and self.is_global_zero:
             check_optimizers_early(self, model, sources)
         strategy.setup_environment()
-        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
+        set_global_rank(self.global_rank)
         self._stage = stage
         self._module = model
         self._datamodule = datamodule = sources.datamodule

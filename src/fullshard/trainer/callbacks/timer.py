@@ -34,9 +34,8 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from lightning_utilities.core.rank_zero import rank_zero_info
-
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import rank_zero_info
 from fullshard.trainer.callbacks.base import Callback
 
 if TYPE_CHECKING:

@@ -29,12 +29,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning_utilities.core.rank_zero import rank_zero_info
 
 from fullshard.errors import MisconfigurationError
 from fullshard.launch import stuck_ranks
 from fullshard.module import Module
-from fullshard.rank_zero import rank_zero_warn
+from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.seed import current_seed
 from fullshard.trainer import checkpointing, data_setup, nonfinite, preemption
 from fullshard.trainer.loggers import send_to_loggers
@@ -177,7 +176,7 @@ class FitLoop:
                     f"Resuming with the data order of the checkpoint (seed {progress.data_seed}), not of this run's "
                     f"seed ({loader.seed}), so that training goes on with the samples it would have seen. To "
                     "train on another order, start from the checkpoint's weights (ckpt_weights_only=True).",
-                    stacklevel=2,
+                    stacklevel=1,
                 )
             loader.reseed(progress.data_seed)
             progress.data_seed = None
@@ -314,7 +313,7 @@ class FitLoop:
                 f"{what}, fewer than Trainer(log_every_n_steps={trainer.log_every_n_steps}): step metrics are "
                 "logged every log_every_n_steps steps, so they will not reach the loggers (epoch metrics still "
                 "do). Pass a lower log_every_n_steps to see them.",
-                stacklevel=3,
+                stacklevel=1,
             )
 
     def run_epoch(self) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
-from lightning_utilities.core.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from typing_extensions import override
 
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
 from fullshard.trainer.data import PreparedLoader
 
