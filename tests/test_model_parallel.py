@@ -134,8 +134,8 @@ def _two_d_runs(root: Path) -> None:
 @pytest.fixture(scope="module")
 def tp_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One job of 2 processes: 1x2 (tensor parallel only) runs, plain, in bf16-mixed, with
-    activation checkpointing and compiled; 2x1 with activation checkpointing; then a model left
-    unsharded."""
+    activation checkpointing and compiled; 2x1 in bf16-true and with activation checkpointing;
+    then a model left unsharded."""
     with _shared_dir(tmp_path_factory, "tp_only") as root:
         _tp_only_runs(root)
     return root
@@ -146,6 +146,7 @@ def _tp_only_runs(root: Path) -> None:
     runs = [
         {"strategy": "model_parallel", "out": str(root / "tp2"), "dp": 1, "tp": 2, "max_steps": STEPS, "clip": CLIP},
         {**tp2, "out": str(root / "bf16"), "precision": "bf16-mixed"},
+        {**tp2, "out": str(root / "bf16_true"), "precision": "bf16-true", "dp": 2, "tp": 1},
         {**tp2, "out": str(root / "checkpointing"), "checkpointing": True},
         {**tp2, "out": str(root / "compile"), "compile": {"backend": "aot_eager"}},
         {**tp2, "out": str(root / "dp2_checkpointing"), "dp": 2, "tp": 1, "checkpointing": True},
@@ -200,10 +201,15 @@ def test_activation_checkpointing_and_compile_keep_the_loss(
 
 
 @pytest.mark.multiprocess
-def test_bf16_mixed_stays_close(tp_only: Path, reference: dict[str, Any]) -> None:
-    losses = _record(tp_only / "bf16", 0)["losses"]
+def test_bf16_precisions_stay_close(tp_only: Path, reference: dict[str, Any]) -> None:
+    losses = _record(tp_only / "bf16", 0)["losses"]  # 1 x 2, bf16-mixed
     torch.testing.assert_close(losses, reference["losses"], rtol=2e-3, atol=0.0)
     assert losses != reference["losses"]  # autocast did run in bfloat16
+    # 2 x 1, bf16-true: the module built in __init__ is cast (a bfloat16 loss has 8 bits of mantissa)
+    records = [_record(tp_only / "bf16_true", rank)["losses"] for rank in range(2)]
+    losses = torch.tensor(records).mean(0).tolist()
+    torch.testing.assert_close(losses, reference["losses"], rtol=2e-2, atol=0.0)
+    assert all(torch.tensor(r).to(torch.bfloat16).tolist() == r for r in records)
 
 
 @pytest.mark.multiprocess

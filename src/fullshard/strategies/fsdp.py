@@ -28,7 +28,7 @@ from fullshard.policies import (
     resolve_policy,
 )
 from fullshard.precision import FSDPPrecision, Precision
-from fullshard.strategies.cpu_memory import request_huge_pages, set_up_cpu_memory
+from fullshard.strategies.cpu_memory import check_mmap_threshold, request_huge_pages, set_up_cpu_memory
 from fullshard.strategies.flat_params import flat_parameter_sizes
 from fullshard.strategies.fsdp_options import (
     parse_backward_prefetch,
@@ -159,16 +159,7 @@ class FSDPStrategy(ParallelStrategy):
             )
         self._mesh_setting = device_mesh  # as given; the DeviceMesh in use is device_mesh
         self.empty_init = empty_init
-        if cpu_mmap_threshold is not None and (
-            isinstance(cpu_mmap_threshold, bool)
-            or not isinstance(cpu_mmap_threshold, int)
-            or cpu_mmap_threshold <= 0
-        ):
-            raise MisconfigurationError(
-                f"cpu_mmap_threshold={cpu_mmap_threshold!r} is invalid: use a size in bytes (int > 0, e.g. "
-                "128 * 1024) or None to keep glibc's default."
-            )
-        self.cpu_mmap_threshold = cpu_mmap_threshold
+        self.cpu_mmap_threshold = check_mmap_threshold(cpu_mmap_threshold)
         if cpu_mmap_threshold is not None:
             request_huge_pages()  # now, before the model's large tensors: [Note: CPU memory under FSDP]
         self._compile_setting = self.compile = parse_compile(compile, type(self).__name__)

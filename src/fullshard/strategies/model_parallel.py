@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
+from fullshard.strategies.cpu_memory import check_mmap_threshold, request_huge_pages, set_up_cpu_memory
 from fullshard.strategies.dtensor_ops import (
     clip_grad_norm_over_meshes,
     dtensor_parameter_sizes,
@@ -76,6 +77,9 @@ class ModelParallelStrategy(ParallelStrategy):
         async_save: with ``save_distributed_checkpoint=True``, checkpoints are written in the
             background (docs/checkpoints.md, "Asynchronous checkpoints").
         compile: ``torch.compile`` the module's forward after setup (as ``Trainer(compile=...)``).
+        cpu_mmap_threshold: on CPU, FSDP's gathered units are mapped afresh and returned when
+            freed, as under ``FSDPStrategy`` ([Note: CPU memory under FSDP]); None keeps glibc's
+            adaptive default.
         start_method, rank_agreement_timeout, stuck_rank_timeout: as for
             :class:`~fullshard.strategies.parallel.ParallelStrategy`.
     """
@@ -92,6 +96,7 @@ class ModelParallelStrategy(ParallelStrategy):
         *,
         async_save: bool = False,
         compile: bool | dict[str, Any] | None = None,
+        cpu_mmap_threshold: int | None = 128 * 1024,
         start_method: str = "popen",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
@@ -124,6 +129,9 @@ class ModelParallelStrategy(ParallelStrategy):
         self.save_distributed_checkpoint = save_distributed_checkpoint
         self.async_save = async_save
         self._compile_setting = self.compile = parse_compile(compile, type(self).__name__)
+        self.cpu_mmap_threshold = check_mmap_threshold(cpu_mmap_threshold)
+        if self.cpu_mmap_threshold is not None:
+            request_huge_pages()  # now, before the model's large tensors: [Note: CPU memory under FSDP]
         self._sizes: tuple[int, int] | None = None  # (data parallel, tensor parallel), once configured
         self._mesh: DeviceMesh | None = None
 
@@ -194,6 +202,8 @@ class ModelParallelStrategy(ParallelStrategy):
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
+        if self.root_device.type == "cpu":
+            set_up_cpu_memory(self.cpu_mmap_threshold)
         if self._mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
 
@@ -215,6 +225,7 @@ class ModelParallelStrategy(ParallelStrategy):
                 "ModelParallelStrategy does not initialise them: build the layers without torch.device('meta'), "
                 "or call to_empty(device=...) and reset_parameters() in configure_model after parallelising them."
             )
+        module = self.precision.convert_module(module)  # "-true": layers built outside configure_model
         if self.root_device.type != "cpu":
             module = module.to(self.root_device)  # layers configure_model left on the host
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
