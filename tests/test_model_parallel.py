@@ -24,6 +24,7 @@ from conftest import SCRIPTS, check_ok, run_script
 from fullshard.checkpoint import tools
 from fullshard.errors import MisconfigurationError
 from fullshard.strategies import STRATEGY_REGISTRY, FSDP2Strategy, ModelParallelStrategy
+from fullshard.strategies.tensor_parallel import parallelize
 
 sys.path.insert(0, str(SCRIPTS))
 import model_parallel_job as job
@@ -106,6 +107,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+def hf_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The Hugging Face-style model (tests/hf_llama.py) in this process, one device."""
+    out = tmp_path_factory.mktemp("hf_reference")
+    job.run({"out": str(out), "strategy": "single", "model": "hf", "max_steps": STEPS, "clip": CLIP}, 1)
+    return _record(out, 0)
+
+
+@pytest.fixture(scope="module")
 def two_d(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One job of 4 processes: a 2x2 run (async sharded checkpoints at steps 3 and 6), its resume
     from step 3, and its step-6 checkpoint loaded at 2x2 (saved again as a full file), under fsdp2
@@ -126,10 +135,10 @@ def _two_d_runs(root: Path) -> None:
         {"strategy": "fsdp2", "out": str(root / "fsdp2_more"), "max_steps": STEPS + MORE, "resume": str(last), "clip": CLIP},
         {**mp, "out": str(root / "tp4"), "dp": 1, "tp": 4, "resume": str(last)},
         {"strategy": "fsdp", "out": str(root / "fsdp"), "max_steps": STEPS, "resume": str(last)},
-        # FSDP2Strategy(tensor_parallel_size=2, tp_plan=...) with activation checkpointing: the same
-        # steps; then loading the 2x2 checkpoint
+        # FSDP2Strategy(tensor_parallel_size=2, tp_plan=...) with activation checkpointing: the same steps
         {**mp, "strategy": "fsdp2_tp", "out": str(root / "fsdp2_tp"), "tp": 2, "checkpointing": True},
-        {"strategy": "fsdp2_tp", "out": str(root / "fsdp2_tp_load"), "tp": 2, "max_steps": STEPS, "resume": str(last)},
+        # a Hugging Face-style model with its own plan: FSDP2Strategy(tensor_parallel_size=2, tp_plan="auto")
+        {**mp, "strategy": "fsdp2_tp", "model": "hf", "out": str(root / "hf_auto"), "tp": 2},
         # last: its failure ends the job's other processes (rank 0 writes the error)
         {**mp, "out": str(root / "root"), "dp": 2, "tp": 2, "mistake": "root"},
     ]  # fmt: skip
@@ -184,7 +193,13 @@ def test_2x2_mesh_loss_and_grad_norm_equal_one_process(two_d: Path, reference: d
 def test_fsdp2_strategy_with_a_tp_plan_equals_one_process(two_d: Path, reference: dict[str, Any]) -> None:
     # the strategy applies the plan over the TP pairs, checkpoints each block, shards over the DP pairs
     _assert_parity(two_d / "fsdp2_tp", reference, dp=2, tp=2)
-    _assert_same_state(_final(two_d / "fsdp2_tp_load"), _final(two_d / "A"))  # and loads a 2x2 checkpoint
+
+
+@pytest.mark.multiprocess
+def test_a_hugging_face_model_trains_by_its_own_plan(two_d: Path, hf_reference: dict[str, Any]) -> None:
+    # base_model_tp_plan / _tp_plan (colwise q/k/v/gate/up, rowwise o/down, vocabulary-split
+    # embedding, colwise_gather_output head), grouped-query attention, rotary embeddings: 2x2
+    _assert_parity(two_d / "hf_auto", hf_reference, dp=2, tp=2)
 
 
 @pytest.mark.multiprocess
@@ -387,9 +402,15 @@ def test_fsdp2_tensor_parallel_arguments_and_wrap_plan() -> None:
     with pytest.raises(MisconfigurationError, match=r"tp_plan= was given with tensor_parallel_size=1"):
         FSDP2Strategy(tp_plan=plan)
     with pytest.raises(
-        MisconfigurationError, match=r"tp_plan\['model.norm'\] is str, not a torch.distributed"
+        MisconfigurationError, match=r"tp_plan\['model.norm'\] is 'sideways', neither a torch"
     ):
-        FSDP2Strategy(tensor_parallel_size=2, tp_plan={"model.norm": "colwise"})
+        FSDP2Strategy(tensor_parallel_size=2, tp_plan={"model.norm": "sideways"})
+    FSDP2Strategy(tensor_parallel_size=2, tp_plan={"model.norm": "colwise"})  # transformers' style strings
+    # "auto" for a model without a Hugging Face plan: refused with the fix when the strategy applies it
+    with pytest.raises(
+        MisconfigurationError, match=r"tp_plan='auto' reads .* but LlamaModule has none\. Pass"
+    ):
+        parallelize(job.LlamaModule(), None, "auto")
     with pytest.raises(
         MisconfigurationError, match=r"tp_plan='colwise' is not a plan\. Pass a dict from module"
     ):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: hf_llama
+
 import fullshard
 from fullshard.errors import MisconfigurationError
 from fullshard.strategies import FSDP2Strategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from fullshard.strategies.dtensor_ops import total_grad_norm
+from hf_llama import LlamaDecoderLayer, TinyLlamaConfig, TinyLlamaForCausalLM
 
 DIM, HEADS, HIDDEN, VOCAB, SEQ, LAYERS = 16, 4, 32, 32, 8, 2
 GLOBAL_BATCH = 8
@@ -144,9 +148,12 @@ class LlamaModule(fullshard.Module):
     ``shard_root``: as for :func:`data_parallel`; ``checkpointing``: every block recomputes its
     activations in backward."""
 
-    def __init__(self, parallel: bool = False, shard_root: bool = True, checkpointing: bool = False) -> None:
+    def __init__(
+        self, parallel: bool = False, shard_root: bool = True, checkpointing: bool = False, hf: bool = False
+    ) -> None:
         super().__init__()
-        self.model = Transformer()
+        # hf: tests/hf_llama.py's model, written as transformers writes it, with its own TP plan
+        self.model: nn.Module = TinyLlamaForCausalLM(TinyLlamaConfig()) if hf else Transformer()
         self.parallel, self.shard_root, self.checkpointing = parallel, shard_root, checkpointing
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
@@ -167,7 +174,7 @@ class LlamaModule(fullshard.Module):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         index, tokens = batch
         logits = self.model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
         self.losses.append(float(loss.detach()))
         self.batches.append(index.tolist())
         self.log("loss_mean", loss, sync_dist=True)  # the mean over data replicas
@@ -210,12 +217,14 @@ def make_strategy(spec: dict[str, Any]) -> Any:
     if name == "fsdp2":
         return FSDP2Strategy(auto_wrap_policy={Block}, state_dict_type=fmt)
     if name == "fsdp2_tp":  # the strategy applies the plan, then its usual FSDP2 wrapping
+        hf = spec.get("model") == "hf"  # the Hugging Face model's own plan: tp_plan="auto"
+        block = LlamaDecoderLayer if hf else Block
         return FSDP2Strategy(
-            auto_wrap_policy={Block},
+            auto_wrap_policy={block},
             state_dict_type=fmt,
             tensor_parallel_size=spec["tp"],
-            tp_plan=tp_plan("model."),
-            activation_checkpointing_policy={Block} if spec.get("checkpointing") else None,
+            tp_plan="auto" if hf else tp_plan("model."),
+            activation_checkpointing_policy={block} if spec.get("checkpointing") else None,
         )
     if name == "fsdp":
         return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type=fmt)
@@ -227,7 +236,8 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
     ``format``, ``max_steps``, ``resume``, ``save`` (a path written after fit), ``save_every``,
     ``async``, ``clip``, ``accelerator``, ``precision``, ``compile`` (``torch.compile`` keyword
     arguments), ``checkpointing`` (activation checkpointing of every block); ``mistake``: "unsharded" (configure_model parallelises
-    nothing) or "root" (FSDP left off the root), whose error is written to ``out/error.txt``."""
+    nothing) or "root" (FSDP left off the root), whose error is written to ``out/error.txt``;
+    ``model``: "hf" for tests/hf_llama.py's model (under fsdp2_tp: its own plan, ``tp_plan="auto"``)."""
     fullshard.seed_everything(7)
     out = Path(spec["out"])
     mistake = spec.get("mistake")
@@ -235,6 +245,7 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
         parallel=spec["strategy"] == "model_parallel" and mistake != "unsharded",
         shard_root=mistake != "root",
         checkpointing=spec.get("checkpointing", False) and spec["strategy"] == "model_parallel",
+        hf=spec.get("model") == "hf",
     )
     logged = Logged()
     callbacks: list[Any] = [logged]

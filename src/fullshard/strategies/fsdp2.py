@@ -39,7 +39,7 @@ from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.fsdp_options import sharding_name
 from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
 from fullshard.strategies.parameter_sizes import ParameterSize
-from fullshard.strategies.tensor_parallel import apply_tp_plan, check_tensor_parallel
+from fullshard.strategies.tensor_parallel import check_tensor_parallel, parallelize
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -76,9 +76,10 @@ class FSDP2Strategy(FSDPStrategy):
             "tensor_parallel")`` mesh of ``world_size / N`` x N: ``tp_plan`` is applied over the
             tensor-parallel sub-mesh, then the model is sharded as usual over the data-parallel
             one (docs/fsdp/2d-parallel.md).
-        tp_plan: with ``tensor_parallel_size > 1``: a dict from module names (relative to the
-            ``fullshard.Module``; ``*`` matches one name part) to ``torch.distributed.tensor.parallel``
-            styles, as ``parallelize_module`` takes it; or ``"auto"``: a Hugging Face model's own plan.
+        tp_plan: with ``tensor_parallel_size > 1``: a dict from module-name patterns (relative to the
+            ``fullshard.Module``; ``*`` stands for one name part) to ``torch.distributed.tensor.parallel``
+            styles or style strings (``"colwise"``, ``"rowwise"``, ...); or ``"auto"``: the plan of the
+            Hugging Face model inside the module (docs/fsdp/tp-plans.md).
         **kwargs: passed to every ``fully_shard`` call (e.g. ``shard_placement_fn``).
     """
 
@@ -296,7 +297,7 @@ class FSDP2Strategy(FSDPStrategy):
         from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
         if self._mesh_2d is not None:
-            apply_tp_plan(module, self._mesh_2d["tensor_parallel"], self.tp_plan)
+            parallelize(module, self._mesh_2d["tensor_parallel"], self.tp_plan)
         manually_wrapped = self._manually_wrapped(module)
         auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
         if manually_wrapped and self.auto_wrap_policy is not None and self.is_global_zero:

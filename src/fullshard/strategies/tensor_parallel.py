@@ -13,7 +13,6 @@ wrote them, and FSDP2 shards DTensors that are already split between the tensor-
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,14 +21,17 @@ from torch import nn
 from fullshard.errors import MisconfigurationError
 
 TP_PLAN_HINT = (
-    "Pass a dict from module names (relative to your fullshard.Module; '*' matches one name part, e.g. "
-    "'model.layers.*.attention.wq') to torch.distributed.tensor.parallel styles (ColwiseParallel(), "
-    "RowwiseParallel(), SequenceParallel(), ...), or 'auto' for a Hugging Face model's own plan."
+    "Pass a dict from module-name patterns (relative to your fullshard.Module; '*' stands for one name part, e.g. "
+    "'model.layers.*.self_attn.q_proj') to torch.distributed.tensor.parallel styles (ColwiseParallel(), "
+    "RowwiseParallel(), SequenceParallel(), ...) or style strings ('colwise', 'rowwise', ...), or 'auto' for a "
+    "Hugging Face model's own plan (docs/fsdp/tp-plans.md)."
 )
 
 
 def check_tensor_parallel(tensor_parallel_size: Any, tp_plan: Any) -> int:
-    """``tensor_parallel_size`` as an int, after checking it and ``tp_plan`` against each other."""
+    """``tensor_parallel_size`` as an int, after checking it and ``tp_plan`` against each other.
+    What the plan names is checked against the model when it is applied
+    (:func:`~fullshard.strategies.tp_plan.resolve_tp_plan`)."""
     if (
         isinstance(tensor_parallel_size, bool)
         or not isinstance(tensor_parallel_size, int)
@@ -54,33 +56,30 @@ def check_tensor_parallel(tensor_parallel_size: Any, tp_plan: Any) -> int:
     if isinstance(tp_plan, str):
         if tp_plan != "auto":
             raise MisconfigurationError(f"tp_plan={tp_plan!r} is not a plan. {TP_PLAN_HINT}")
-        if importlib.util.find_spec("fullshard.strategies.tp_plan") is None:
-            raise MisconfigurationError(
-                "tp_plan='auto' reads a Hugging Face model's own plan through fullshard.strategies.tp_plan, which "
-                "this version of fullshard does not have yet. Pass the plan as a dict instead."
-            )
         return tensor_parallel_size
     if not isinstance(tp_plan, Mapping) or not tp_plan:
         raise MisconfigurationError(
             f"tp_plan must be a non-empty dict or 'auto', got {type(tp_plan).__name__}. {TP_PLAN_HINT}"
         )
-    from torch.distributed.tensor.parallel import ParallelStyle
+    from fullshard.strategies.tp_plan import ACCEPTED_STYLES
 
     for name, style in tp_plan.items():
+        if isinstance(style, str) and style in ACCEPTED_STYLES:
+            continue
+        from torch.distributed.tensor.parallel import ParallelStyle
+
         if not isinstance(name, str) or not isinstance(style, ParallelStyle):
             raise MisconfigurationError(
-                f"tp_plan[{name!r}] is {type(style).__name__}, not a torch.distributed.tensor.parallel style. {TP_PLAN_HINT}"
+                f"tp_plan[{name!r}] is {style!r}, neither a torch.distributed.tensor.parallel style nor one of "
+                f"{', '.join(map(repr, ACCEPTED_STYLES))}. {TP_PLAN_HINT}"
             )
     return tensor_parallel_size
 
 
-def apply_tp_plan(module: nn.Module, tp_mesh: Any, tp_plan: Any) -> None:
+def parallelize(module: nn.Module, tp_mesh: Any, tp_plan: Any) -> None:
     """Split ``module``'s layers over ``tp_mesh`` as ``tp_plan`` says (see [Note: FSDP2 with a
-    tensor-parallel plan]); ``"auto"``: the plan a Hugging Face model inside ``module`` carries."""
-    from torch.distributed.tensor.parallel import parallelize_module
+    tensor-parallel plan]): resolved against ``module`` and applied by
+    :mod:`fullshard.strategies.tp_plan` (``"auto"``: a Hugging Face model's own plan)."""
+    from fullshard.strategies.tp_plan import apply_tp_plan, resolve_tp_plan
 
-    if tp_plan == "auto":
-        from fullshard.strategies.tp_plan import resolve_tp_plan  # type: ignore[import-not-found,unused-ignore]
-
-        tp_plan = resolve_tp_plan(module, tp_plan)
-    parallelize_module(module, tp_mesh, dict(tp_plan))
+    apply_tp_plan(module, tp_mesh, resolve_tp_plan(module, tp_plan))
