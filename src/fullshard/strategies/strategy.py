@@ -9,7 +9,8 @@
 4. :meth:`Strategy.setup_optimizer`: validate optimizers built after wrapping.
 5. Per step: :meth:`training_step`, :meth:`backward`, :meth:`clip_gradients_norm`,
    :meth:`optimizer_step`, and :meth:`no_backward_sync` for gradient accumulation.
-6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce`, :meth:`all_gather_object`,
+6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce` (and
+   :meth:`all_reduce_data_parallel`, over the data replicas only), :meth:`all_gather_object`,
    :meth:`gather_object`.
 7. Checkpoints: :meth:`save_checkpoint`, :meth:`load_checkpoint`, and the model / optimizer
    state helpers; with background saves, :meth:`wait_for_checkpoint` (end of ``fit``) and
