@@ -201,6 +201,11 @@ class Probe(fullshard.Callback):
     def __init__(self) -> None:
         self.step_s: list[float] = []
         self.step_cpu_s: list[float] = []
+        self.setup_peak_kib = 0
+        self.first_step_peak_kib = 0
+
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        self.setup_peak_kib = peak_rss_kib()
 
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
         self._start, self._start_cpu = time.perf_counter(), time.process_time()
@@ -208,6 +213,8 @@ class Probe(fullshard.Callback):
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.step_s.append(time.perf_counter() - self._start)
         self.step_cpu_s.append(time.process_time() - self._start_cpu)
+        if len(self.step_s) == 1:
+            self.first_step_peak_kib = peak_rss_kib()
 
 
 def run_worker(args: argparse.Namespace) -> None:
@@ -248,6 +255,8 @@ def run_worker(args: argparse.Namespace) -> None:
         "config": args.config,
         "rank": trainer.global_rank,
         "added_peak_kib": peak_rss_kib() - model.baseline_kib,
+        "setup_peak_kib": probe.setup_peak_kib - model.baseline_kib,
+        "first_step_peak_kib": probe.first_step_peak_kib - model.baseline_kib,
         "state_bytes": model.state_bytes,
         "estimate_bytes": None if plan is None else plan.estimate.total,
         "numel": sum(p.numel() for p in model.parameters()),
@@ -285,6 +294,7 @@ def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, l
     rows = [
         ["Peak memory per process (MB)", *(f"{peak[n]:.0f}" for n in names)],
         ["Peak memory, ranks 0-3 (MB)", *(" / ".join(f"{r['added_peak_kib'] / 1024:.0f}" for r in results[n]) for n in names)],
+        ["Peak after setup / after the first step (MB)", *(f"{max(r['setup_peak_kib'] for r in results[n]) / 1024:.0f} / {max(r['first_step_peak_kib'] for r in results[n]) / 1024:.0f}" for n in names)],
         ["Model state per process after setup (MB)", *(f"{results[n][0]['state_bytes'] / MIB:.0f}" for n in names)],
         ["Wrap plan estimate (MB)", *("-" if results[n][0]["estimate_bytes"] is None else f"{results[n][0]['estimate_bytes'] / MIB:.0f}" for n in names)],
         ["Step time, rank 0 (s)", *(f"{step[n]:.2f}" for n in names)],

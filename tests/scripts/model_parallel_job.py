@@ -184,6 +184,11 @@ class LlamaModule(fullshard.Module):
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         self.grad_norms.append(float(total_grad_norm(self.parameters())))
 
+    def init_weights(self, module: nn.Module) -> None:
+        # the Trainer initialises layers configure_model builds, not those it parallelises: the
+        # weights of every layer here come from __init__
+        raise AssertionError(f"init_weights ran on {type(module).__name__}, which configure_model only split")
+
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=0.01)
 
