@@ -131,8 +131,7 @@ def _two_d_runs(root: Path) -> None:
         {**mp, "out": str(root / "A"), "dp": 2, "tp": 2, "save_every": 3, "async": True},
         {**mp, "out": str(root / "resumed"), "dp": 2, "tp": 2, "resume": str(mid)},
         {**mp, "out": str(root / "full"), "dp": 2, "tp": 2, "format": "full", "resume": str(last), "save": str(root / "full.ckpt")},
-        {"strategy": "fsdp2", "out": str(root / "fsdp2"), "max_steps": STEPS, "resume": str(last)},
-        {"strategy": "fsdp2", "out": str(root / "fsdp2_more"), "max_steps": STEPS + MORE, "resume": str(last), "clip": CLIP},
+        {"strategy": "fsdp2", "out": str(root / "fsdp2"), "max_steps": STEPS + MORE, "resume": str(last), "clip": CLIP},
         {**mp, "out": str(root / "tp4"), "dp": 1, "tp": 4, "resume": str(last)},
         {"strategy": "fsdp", "out": str(root / "fsdp"), "max_steps": STEPS, "resume": str(last)},
         # FSDP2Strategy(tensor_parallel_size=2, tp_plan=...) with activation checkpointing: the same steps
@@ -148,8 +147,7 @@ def _two_d_runs(root: Path) -> None:
 @pytest.fixture(scope="module")
 def tp_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One job of 2 processes: 1x2 (tensor parallel only) runs, plain, in bf16-mixed, compiled and
-    with activation checkpointing (with FSDP too: the fsdp2_tp run of ``two_d``); 2x1 in
-    bf16-true; then a model left unsharded."""
+    with activation checkpointing; 2x1 in bf16-true; then a model left unsharded."""
     with _shared_dir(tmp_path_factory, "tp_only") as root:
         _tp_only_runs(root)
     return root
@@ -191,7 +189,8 @@ def test_2x2_mesh_loss_and_grad_norm_equal_one_process(two_d: Path, reference: d
 
 @pytest.mark.multiprocess
 def test_fsdp2_strategy_with_a_tp_plan_equals_one_process(two_d: Path, reference: dict[str, Any]) -> None:
-    # the strategy applies the plan over the TP pairs, checkpoints each block, shards over the DP pairs
+    # the strategy applies the plan over the TP pairs, then activation checkpointing of each block
+    # (checkpoint_wrapper around tensor-parallel layers), then shards over the DP pairs
     _assert_parity(two_d / "fsdp2_tp", reference, dp=2, tp=2)
 
 
@@ -208,13 +207,14 @@ def test_tensor_parallel_only_loss_equals_one_process(tp_only: Path, reference: 
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("run", "dp", "tp"), [("compile", 1, 2), ("checkpointing", 1, 2)])
-def test_activation_checkpointing_and_compile_keep_the_loss(
-    tp_only: Path, reference: dict[str, Any], run: str, dp: int, tp: int
+@pytest.mark.parametrize("run", ["compile", "checkpointing"])
+def test_compile_and_activation_checkpointing_keep_the_loss(
+    tp_only: Path, reference: dict[str, Any], run: str
 ) -> None:
-    # checkpoint_wrapper per block after TP and before FSDP (in configure_model); compile= with
-    # aot_eager (traces the same graphs as inductor without building kernels)
-    _assert_parity(tp_only / run, reference, dp=dp, tp=tp)
+    # compile= with aot_eager (traces the same graphs as inductor without building kernels);
+    # checkpoint_wrapper per block after TP (in configure_model). Both at once fail in torch 2.13
+    # (docs/fsdp/2d-parallel.md)
+    _assert_parity(tp_only / run, reference, dp=1, tp=2)
 
 
 @pytest.mark.multiprocess
@@ -252,8 +252,8 @@ def test_resume_at_the_same_layout_is_bitwise_identical(two_d: Path) -> None:
 @pytest.mark.parametrize("layout", ["fsdp2", "tp4", "fsdp", "full"])
 def test_a_2x2_sharded_checkpoint_loads_at_other_layouts(two_d: Path, layout: str) -> None:
     # fsdp2: 4x1 FSDP2 only; tp4: 1x4 tensor parallel only; fsdp: FSDP1 ShardedTensors; full: 2x2
-    # again, writing full checkpoints
-    _assert_same_state(_final(two_d / layout), _final(two_d / "A"))
+    # again, writing full checkpoints. loaded.pt: the state when fit started, after the load
+    _assert_same_state(torch.load(two_d / layout / "loaded.pt", weights_only=False), _final(two_d / "A"))
 
 
 @pytest.mark.multiprocess
@@ -262,7 +262,7 @@ def test_training_goes_on_at_another_layout_where_2x2_left_off(
 ) -> None:
     # 2x2 wrote step 6 in the middle of epoch 1 (2 replicas of 4 sequences); 4x1 fsdp2 (4 of 2)
     # reads on from the same position of the epoch's order and trains as one process would
-    records = [_record(two_d / "fsdp2_more", rank) for rank in range(4)]
+    records = [_record(two_d / "fsdp2", rank) for rank in range(4)]
     for step, whole in enumerate(reference["more_batches"]):
         assert sorted(i for r in records for i in r["batches"][step]) == sorted(whole)
     losses = torch.tensor([r["losses"] for r in records]).mean(0).tolist()

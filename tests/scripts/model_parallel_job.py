@@ -205,6 +205,20 @@ class Logged(fullshard.Callback):
         self.values.append({k: float(v) for k, v in trainer.callback_metrics.items()})
 
 
+class Loaded(fullshard.Callback):
+    """Rank 0 writes the full model and optimizer states to ``path`` when fit starts: after a
+    checkpoint given as ``ckpt_path`` is loaded, before any step (collective)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        model_state, optimizer_states = trainer.strategy.get_state(trainer.optimizers, full=True)
+        if trainer.is_global_zero:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model_state, "optimizers": optimizer_states}, self.path)
+
+
 def make_data(n: int = 32) -> TensorDataset:
     g = torch.Generator().manual_seed(5)
     return TensorDataset(torch.arange(n), torch.randint(0, VOCAB, (n, SEQ + 1), generator=g))
@@ -254,6 +268,8 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
     )
     logged = Logged()
     callbacks: list[Any] = [logged]
+    if spec.get("resume"):  # the state as loaded: out/loaded.pt
+        callbacks.append(Loaded(out / "loaded.pt"))
     if spec.get("save_every"):
         callbacks.append(
             fullshard.ModelCheckpoint(
