@@ -39,7 +39,11 @@ from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.fsdp_options import sharding_name
 from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
 from fullshard.strategies.parameter_sizes import ParameterSize
-from fullshard.strategies.tensor_parallel import check_tensor_parallel, parallelize
+from fullshard.strategies.tensor_parallel import (
+    check_tensor_parallel,
+    parallelize,
+    refuse_compile_with_checkpointing,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -225,6 +229,10 @@ class FSDP2Strategy(FSDPStrategy):
     @override
     def configure(self, **kwargs: Any) -> None:
         super().configure(**kwargs)
+        if self.tensor_parallel_size > 1:
+            compiled = self.compile is not None and self.compile.enabled
+            checkpointed = self.activation_checkpointing_policy is not None
+            refuse_compile_with_checkpointing(checkpointed, compiled, "activation_checkpointing_policy")
         if self.world_size % self.tensor_parallel_size:
             raise MisconfigurationError(
                 f"tensor_parallel_size={self.tensor_parallel_size} does not divide the job's {self.world_size} "

@@ -35,6 +35,7 @@ from fullshard.strategies.dtensor_ops import (
 )
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 from fullshard.strategies.parameter_sizes import ParameterSize
+from fullshard.strategies.tensor_parallel import refuse_compile_with_checkpointing
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -224,6 +225,15 @@ class ModelParallelStrategy(ParallelStrategy):
                 f"{type(module).__name__} still has parameters on the meta device after configure_model(). "
                 "ModelParallelStrategy does not initialise them: build the layers without torch.device('meta'), "
                 "or call to_empty(device=...) and reset_parameters() in configure_model after parallelising them."
+            )
+        if self.tensor_parallel_size > 1:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+            checkpointed = any(isinstance(m, CheckpointWrapper) for m in module.modules())
+            refuse_compile_with_checkpointing(
+                checkpointed,
+                self.compile is not None and self.compile.enabled,
+                "checkpoint_wrapper in configure_model",
             )
         module = self.precision.convert_module(module)  # "-true": layers built outside configure_model
         if self.root_device.type != "cpu":

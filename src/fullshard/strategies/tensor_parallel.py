@@ -83,3 +83,15 @@ def parallelize(module: nn.Module, tp_mesh: Any, tp_plan: Any) -> None:
     from fullshard.strategies.tp_plan import apply_tp_plan, resolve_tp_plan
 
     apply_tp_plan(module, tp_mesh, resolve_tp_plan(module, tp_plan))
+
+
+def refuse_compile_with_checkpointing(checkpointed: bool, compiled: bool, where: str) -> None:
+    """Refuse ``compile=`` together with activation checkpointing of tensor-parallel layers, which
+    fails in torch 2.13 at the first backward with an error that does not say why (AOTAutograd:
+    "expected all tensors_saved_with_vc_check to be Tensors", a ``DeviceMesh`` among them)."""
+    if checkpointed and compiled:
+        raise MisconfigurationError(
+            f"compile= with activation checkpointing of tensor-parallel layers ({where}) fails in torch 2.13 at the "
+            "first backward (AOTAutograd saves a DeviceMesh among the tensors it checks). Use one of the two: "
+            "drop compile=, or the activation checkpointing."
+        )
