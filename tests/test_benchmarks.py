@@ -30,6 +30,7 @@ SCRIPTS = {
     "stuck_ranks": "benchmarks",
     "checkpoint_scale": "benchmarks",
     "async_save": "benchmarks",
+    "parallel_2d": "benchmarks",
     "compile": "compile",
     "nonfinite_check": None,
     "_lightning_overhead": None,

@@ -277,7 +277,7 @@ def test_custom_sampler_warns_when_the_world_size_changed(tmp_path: Path) -> Non
     assert [r[3] for r in same.seen] == [[12, 13, 14, 15], [16, 17, 18, 19]]  # replayed exactly
 
     checkpoint = torch.load(ckpt, weights_only=False)
-    checkpoint["world_size"] = 2  # as if 2 processes had written it
+    checkpoint["world_size"] = checkpoint["data_parallel_size"] = 2  # as if 2 processes had written it
     torch.save(checkpoint, tmp_path / "two.ckpt")
     message = (
         r"Resuming epoch 0 in its middle on 1 process\(es\) from a checkpoint written by 2: the training "
@@ -286,6 +286,10 @@ def test_custom_sampler_warns_when_the_world_size_changed(tmp_path: Path) -> Non
     )
     with pytest.warns(UserWarning, match=message):
         train(tmp_path / "c", max_steps=5, sampler=Forward(), resume=str(tmp_path / "two.ckpt"))
+    del checkpoint["data_parallel_size"]  # written before it was recorded: the processes are the replicas
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    with pytest.warns(UserWarning, match=message):
+        train(tmp_path / "d", max_steps=5, sampler=Forward(), resume=str(tmp_path / "old.ckpt"))
 
 
 def test_resume_under_another_seed_keeps_the_checkpoints_order(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from fullshard.module_hooks import DataHooks, ModelHooks, not_defined
 from fullshard.module_optimization import OptimizationHooks
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from typing_extensions import Self
 
     from fullshard.trainer.loggers import Logger
@@ -180,6 +181,16 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         for param in self.parameters():
             return param.device
         return torch.device("cpu")
+
+    @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The strategy's ``DeviceMesh`` (None without a Trainer, or under a strategy that has none).
+
+        Under ``strategy="model_parallel"`` it is the 2-D ``("data_parallel", "tensor_parallel")``
+        mesh, ready in :meth:`configure_model`, where the layers are parallelised over it (as with
+        Lightning's ``self.device_mesh``; docs/fsdp/2d-parallel.md).
+        """
+        return self._trainer.strategy.device_mesh if self._trainer is not None else None
 
     @property
     def global_rank(self) -> int:

@@ -292,6 +292,7 @@ class WrapPlan:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    tensor_parallel_size: int = 1  # processes each layer is split over before FSDP shards it
 
     @property
     def root_numel(self) -> int:
@@ -308,6 +309,7 @@ class WrapPlan:
         lines = [
             f"FSDP wrap plan: {len(self.units)} unit(s), {_fmt_count(self.total_numel)} parameters, "
             f"{self.sharding_strategy} over {self.shard_size} of {self.world_size} rank(s)"
+            + (f" x tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else "")
             + (", CPU offload" if self.cpu_offload else ""),
             f"  {'unit':<40} {'type':<28} {'params':>10}",
         ]
@@ -366,6 +368,7 @@ def estimate_memory(
     compute_bytes: int,
     optimizer_states_per_param: int,
     cpu_offload: bool,
+    tensor_parallel_size: int = 1,
 ) -> MemoryEstimate:
     """Device bytes per rank for parameters, gradients and optimizer state.
 
@@ -375,8 +378,13 @@ def estimate_memory(
     ``num_units``: how many units the model has (a single unit is never gathered twice).
     Optimizer state counts ``optimizer_states_per_param`` float32 values per parameter (Adam: 2).
     With CPU offload, sharded parameters, gradients and optimizer state live in host memory.
-    Activations are not included: they depend on the batch.
+    Activations are not included: they depend on the batch. ``tensor_parallel_size``: each
+    parameter is split that many ways before FSDP shards it, and gathered only within its
+    tensor-parallel slice (counted as if every parameter were split: the norms and biases that
+    are not are small).
     """
+    tp = max(tensor_parallel_size, 1)
+    total_numel, largest_unit_numel = -(-total_numel // tp), -(-largest_unit_numel // tp)
     n = max(shard_size, 1)
     if sharding_strategy == "NO_SHARD":
         params, grads = total_numel * param_bytes, total_numel * param_bytes
@@ -433,8 +441,10 @@ def build_plan(
     compute_dtype: torch.dtype,
     optimizer_states_per_param: int = 2,
     use_orig_params: bool = True,
+    tensor_parallel_size: int = 1,
 ) -> WrapPlan:
-    """Compute the :class:`WrapPlan` for ``model`` (policies already resolved)."""
+    """Compute the :class:`WrapPlan` for ``model`` (policies already resolved); ``shard_size``:
+    the FSDP shard group, within each of ``tensor_parallel_size`` tensor-parallel slices."""
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
     names = {m: n for n, m in model.named_modules()}
@@ -487,6 +497,7 @@ def build_plan(
         sharding_strategy=sharding_strategy,
         shard_size=shard_size,
         cpu_offload=cpu_offload,
+        tensor_parallel_size=tensor_parallel_size,
         **common,
     )  # type: ignore[arg-type]
     baseline = estimate_memory(
@@ -504,6 +515,7 @@ def build_plan(
         estimate,
         baseline,
         errors=plan_errors,
+        tensor_parallel_size=tensor_parallel_size,
     )
 
 

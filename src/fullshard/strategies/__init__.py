@@ -3,6 +3,7 @@
 from fullshard.strategies.ddp import DDPStrategy
 from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.fsdp2 import FSDP2Strategy
+from fullshard.strategies.model_parallel import ModelParallelStrategy
 from fullshard.strategies.parallel import ParallelStrategy
 from fullshard.strategies.registry import StrategyRegistry
 from fullshard.strategies.single_device import SingleDeviceStrategy
@@ -11,7 +12,13 @@ from fullshard.strategies.strategy import Strategy
 STRATEGY_REGISTRY = StrategyRegistry()
 """The registry ``Trainer(strategy="name")`` looks names up in."""
 
-for _strategy_class in (SingleDeviceStrategy, DDPStrategy, FSDPStrategy, FSDP2Strategy):
+for _strategy_class in (
+    SingleDeviceStrategy,
+    DDPStrategy,
+    FSDPStrategy,
+    FSDP2Strategy,
+    ModelParallelStrategy,
+):
     _strategy_class.register_strategies(STRATEGY_REGISTRY)
 STRATEGY_REGISTRY.load_entry_points()
 
@@ -20,6 +27,7 @@ __all__ = [
     "DDPStrategy",
     "FSDP2Strategy",
     "FSDPStrategy",
+    "ModelParallelStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
     "Strategy",

@@ -42,6 +42,18 @@ _M_MMAP_THRESHOLD = -3  # mallopt(3) parameter number in glibc's malloc.h
 _PROBE_BYTES = 6 * 1024 * 1024  # a tensor that holds at least one aligned 2 MiB page
 
 
+def check_mmap_threshold(threshold: object) -> int | None:
+    """``cpu_mmap_threshold`` as given to an FSDP strategy, checked: bytes (an int > 0) or None."""
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0):
+        from fullshard.errors import MisconfigurationError
+
+        raise MisconfigurationError(
+            f"cpu_mmap_threshold={threshold!r} is invalid: use a size in bytes (int > 0, e.g. "
+            "128 * 1024) or None to keep glibc's default."
+        )
+    return threshold
+
+
 def request_huge_pages() -> None:
     """Ask torch for transparent huge pages for large CPU tensors (Linux only), unless
     ``THP_MEM_ALLOC_ENABLE`` is set already; see [Note: CPU memory under FSDP]."""

@@ -28,7 +28,7 @@ from fullshard.policies import (
     resolve_policy,
 )
 from fullshard.precision import FSDPPrecision, Precision
-from fullshard.strategies.cpu_memory import request_huge_pages, set_up_cpu_memory
+from fullshard.strategies.cpu_memory import check_mmap_threshold, request_huge_pages, set_up_cpu_memory
 from fullshard.strategies.flat_params import flat_parameter_sizes
 from fullshard.strategies.fsdp_options import (
     parse_backward_prefetch,
@@ -107,6 +107,9 @@ class FSDPStrategy(ParallelStrategy):
     """
 
     strategy_name = "fsdp"
+    #: processes each layer is split over by tensor parallelism before FSDP shards it: FSDP1 has
+    #: none; ``FSDP2Strategy(tensor_parallel_size=N)`` sets it
+    tensor_parallel_size: int = 1
 
     def __init__(
         self,
@@ -154,18 +157,9 @@ class FSDPStrategy(ParallelStrategy):
             raise MisconfigurationError(
                 f"device_mesh={device_mesh!r} must be a tuple of two positive ints: (replicas, shard_size)."
             )
-        self.device_mesh = device_mesh
+        self._mesh_setting = device_mesh  # as given; the DeviceMesh in use is device_mesh
         self.empty_init = empty_init
-        if cpu_mmap_threshold is not None and (
-            isinstance(cpu_mmap_threshold, bool)
-            or not isinstance(cpu_mmap_threshold, int)
-            or cpu_mmap_threshold <= 0
-        ):
-            raise MisconfigurationError(
-                f"cpu_mmap_threshold={cpu_mmap_threshold!r} is invalid: use a size in bytes (int > 0, e.g. "
-                "128 * 1024) or None to keep glibc's default."
-            )
-        self.cpu_mmap_threshold = cpu_mmap_threshold
+        self.cpu_mmap_threshold = check_mmap_threshold(cpu_mmap_threshold)
         if cpu_mmap_threshold is not None:
             request_huge_pages()  # now, before the model's large tensors: [Note: CPU memory under FSDP]
         self._compile_setting = self.compile = parse_compile(compile, type(self).__name__)
@@ -254,7 +248,7 @@ class FSDPStrategy(ParallelStrategy):
         if (
             self.is_global_zero  # the same on every rank: said once
             and self.is_hybrid
-            and self.device_mesh is None
+            and self._mesh_setting is None
             and self.num_nodes == 1
             and "process_group" not in self.fsdp_kwargs
         ):
@@ -277,21 +271,30 @@ class FSDPStrategy(ParallelStrategy):
         return self._sharding_name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
     def _mesh_shape(self) -> tuple[int, int] | None:
-        if isinstance(self.device_mesh, tuple):
-            return self.device_mesh
-        if self.device_mesh is not None:
-            return tuple(self.device_mesh.shape)  # type: ignore[return-value]
+        if isinstance(self._mesh_setting, tuple):
+            return self._mesh_setting
+        if self._mesh_setting is not None:
+            return tuple(self._mesh_setting.shape)  # type: ignore[return-value]
         if self.is_hybrid and "process_group" not in self.fsdp_kwargs:
             return (self.num_nodes, self.num_processes)
         return None
 
     @property
+    @override
+    def device_mesh(self) -> DeviceMesh | None:
+        """The mesh the model is sharded over once :meth:`setup_environment` ran (FSDP2 always has
+        one; FSDP1 for HYBRID_SHARD); before that, a ``DeviceMesh`` given as ``device_mesh=``."""
+        if self._mesh is not None:
+            return self._mesh
+        return None if isinstance(self._mesh_setting, tuple) else self._mesh_setting
+
+    @property
     def shard_size(self) -> int:
-        """How many processes one parameter is split over."""
+        """How many processes FSDP shards one parameter over (within its tensor-parallel slice, if any)."""
         if self._sharding_name == "NO_SHARD":
             return 1
         shape = self._mesh_shape()
-        return shape[1] if shape is not None else self.world_size
+        return shape[1] if shape is not None else self.world_size // self.tensor_parallel_size
 
     @override
     def setup_environment(self) -> None:
@@ -300,14 +303,14 @@ class FSDPStrategy(ParallelStrategy):
             set_up_cpu_memory(self.cpu_mmap_threshold)
         shape = self._mesh_shape()
         if self.is_hybrid and shape is not None and self._mesh is None:
-            if isinstance(self.device_mesh, tuple) or self.device_mesh is None:
+            if isinstance(self._mesh_setting, tuple) or self._mesh_setting is None:
                 from torch.distributed.device_mesh import init_device_mesh
 
                 self._mesh = init_device_mesh(
                     self.root_device.type, shape, mesh_dim_names=("replicate", "shard")
                 )
             else:
-                self._mesh = self.device_mesh
+                self._mesh = self._mesh_setting
 
     # ----------------------------------------------------------------------- wrapping
     def _fsdp_kwargs(self, root: nn.Module | None = None) -> dict[str, Any]:
@@ -347,13 +350,14 @@ class FSDPStrategy(ParallelStrategy):
             optimizer_states_per_param: float32 optimizer values per parameter (Adam/AdamW: 2, SGD with momentum: 1).
         """
         world = world_size if world_size is not None else self.world_size
+        tp = self.tensor_parallel_size
         shard = (
             self.shard_size
             if world_size is None
             else (
                 1
                 if self._sharding_name == "NO_SHARD"
-                else (world // (self._mesh_shape() or (1, world))[0] if self.is_hybrid else world)
+                else (world // (self._mesh_shape() or (1, world))[0] if self.is_hybrid else world // tp)
             )
         )
         auto_wrap, checkpointing, found, notes = self._resolve_policies(model)
@@ -373,6 +377,7 @@ class FSDPStrategy(ParallelStrategy):
             else (self.mixed_precision.param_dtype or torch.float32),
             optimizer_states_per_param=optimizer_states_per_param,
             use_orig_params=bool(self.fsdp_kwargs.get("use_orig_params", True)),
+            tensor_parallel_size=tp,
         )
         plan.warnings[:0] = found
         plan.notes[:0] = notes

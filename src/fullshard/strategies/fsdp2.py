@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,12 +30,23 @@ from typing_extensions import override
 from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import FSDP2Precision, Precision
+from fullshard.strategies.dtensor_ops import (
+    clip_grad_norm_over_meshes,
+    dtensor_parameter_sizes,
+    no_gradient_sync,
+)
 from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.fsdp_options import sharding_name
 from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
-from fullshard.strategies.parameter_sizes import ParameterSize, clean_parameter_name
+from fullshard.strategies.parameter_sizes import ParameterSize
+from fullshard.strategies.tensor_parallel import (
+    check_tensor_parallel,
+    parallelize,
+    refuse_compile_with_checkpointing,
+)
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.optim import Optimizer
 
     from fullshard.strategies.registry import StrategyRegistry
@@ -65,13 +75,29 @@ class FSDP2Strategy(FSDPStrategy):
         async_save: with ``state_dict_type="sharded"``, ``save_checkpoint`` returns at once; the
             state is copied to host memory (the next optimizer step waits for the copy) and the
             files are written in the background (docs/checkpoints.md, "Asynchronous checkpoints").
+        tensor_parallel_size: processes one layer is split over (tensor parallelism); 1, the
+            default, splits none. With N > 1 the processes form a ``("data_parallel",
+            "tensor_parallel")`` mesh of ``world_size / N`` x N: ``tp_plan`` is applied over the
+            tensor-parallel sub-mesh, then the model is sharded as usual over the data-parallel
+            one (docs/fsdp/2d-parallel.md).
+        tp_plan: with ``tensor_parallel_size > 1``: a dict from module-name patterns (relative to the
+            ``fullshard.Module``; ``*`` stands for one name part) to ``torch.distributed.tensor.parallel``
+            styles or style strings (``"colwise"``, ``"rowwise"``, ...); or ``"auto"``: the plan of the
+            Hugging Face model inside the module (docs/fsdp/tp-plans.md).
         **kwargs: passed to every ``fully_shard`` call (e.g. ``shard_placement_fn``).
     """
 
     strategy_name = "fsdp2"
 
-    def __init__(self, *, async_save: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *, async_save: bool = False, tensor_parallel_size: int = 1, tp_plan: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
+        self.tensor_parallel_size = check_tensor_parallel(tensor_parallel_size, tp_plan)
+        self.tp_plan = tp_plan
+        self._mesh_2d: DeviceMesh | None = None  # ("data_parallel", "tensor_parallel") under tensor parallelism
+        if self.tensor_parallel_size > 1:
+            self._check_tensor_parallel_options()
         if not isinstance(async_save, bool):
             raise MisconfigurationError(f"async_save={async_save!r} must be True or False.")
         if async_save and self.state_dict_type != "sharded":
@@ -81,6 +107,21 @@ class FSDP2Strategy(FSDPStrategy):
                 "Pass state_dict_type='sharded' with async_save=True, or async_save=False."
             )
         self.async_save = async_save
+
+    def _check_tensor_parallel_options(self) -> None:
+        """What tensor parallelism does not combine with (see [Note: FSDP2 with a tensor-parallel plan])."""
+        if self._sharding_name in ("HYBRID_SHARD", "NO_SHARD") or self._mesh_setting is not None:
+            raise MisconfigurationError(
+                f"tensor_parallel_size={self.tensor_parallel_size} lays the processes out on a (data_parallel, "
+                f"tensor_parallel) mesh itself, so sharding_strategy={self._sharding_name!r} and device_mesh= cannot "
+                "choose another. Use FULL_SHARD or SHARD_GRAD_OP without device_mesh, or ModelParallelStrategy for "
+                "a layout of your own."
+            )
+        if self.empty_init:
+            raise MisconfigurationError(
+                "empty_init=True does not combine with tensor_parallel_size > 1 yet: the meta-device layers would "
+                "be split before they are initialised. Build the model with empty_init=False."
+            )
 
     @classmethod
     @override
@@ -186,14 +227,51 @@ class FSDP2Strategy(FSDPStrategy):
         return super()._mesh_shape()
 
     @override
+    def configure(self, **kwargs: Any) -> None:
+        super().configure(**kwargs)
+        if self.tensor_parallel_size > 1:
+            compiled = self.compile is not None and self.compile.enabled
+            checkpointed = self.activation_checkpointing_policy is not None
+            refuse_compile_with_checkpointing(checkpointed, compiled, "activation_checkpointing_policy")
+        if self.world_size % self.tensor_parallel_size:
+            raise MisconfigurationError(
+                f"tensor_parallel_size={self.tensor_parallel_size} does not divide the job's {self.world_size} "
+                f"processes (num_nodes={self.num_nodes} x devices={self.num_processes}). Use a divisor of "
+                f"{self.world_size}, such as the devices of one machine."
+            )
+
+    @property
+    @override
+    def data_parallel_size(self) -> int:
+        return self.world_size // self.tensor_parallel_size
+
+    @property
+    @override
+    def data_parallel_rank(self) -> int:
+        return self.global_rank // self.tensor_parallel_size
+
+    @property
+    @override
+    def device_mesh(self) -> DeviceMesh | None:
+        """The mesh FSDP2 shards over; under tensor parallelism the 2-D ``("data_parallel",
+        "tensor_parallel")`` one (FSDP2 shards over its ``"data_parallel"`` sub-mesh)."""
+        return self._mesh_2d if self._mesh_2d is not None else super().device_mesh
+
+    @override
     def setup_environment(self) -> None:
         super().setup_environment()
         if self._mesh is None:
             from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+            from fullshard.strategies.model_parallel import MESH_DIM_NAMES
+
             shape = self._mesh_shape()
-            if isinstance(self.device_mesh, DeviceMesh):
-                self._mesh = self.device_mesh
+            if self.tensor_parallel_size > 1:  # see [Note: FSDP2 with a tensor-parallel plan]
+                sizes = (self.data_parallel_size, self.tensor_parallel_size)
+                self._mesh_2d = init_device_mesh(self.root_device.type, sizes, mesh_dim_names=MESH_DIM_NAMES)
+                self._mesh = self._mesh_2d["data_parallel"]
+            elif isinstance(self._mesh_setting, DeviceMesh):
+                self._mesh = self._mesh_setting
             elif shape is not None:
                 self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=("replicate", "shard"))
             else:
@@ -226,6 +304,8 @@ class FSDP2Strategy(FSDPStrategy):
         """Shard ``module`` in place, unit by unit (see [Note: FSDP2 units, bottom-up])."""
         from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
+        if self._mesh_2d is not None:
+            parallelize(module, self._mesh_2d["tensor_parallel"], self.tp_plan)
         manually_wrapped = self._manually_wrapped(module)
         auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
         if manually_wrapped and self.auto_wrap_policy is not None and self.is_global_zero:
@@ -291,6 +371,8 @@ class FSDP2Strategy(FSDPStrategy):
 
         self.precision.unscale_gradients(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if self._mesh_2d is not None:  # parameters on several meshes: see the note there
+            return clip_grad_norm_over_meshes(params, max_norm, float(norm_type))
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
@@ -298,33 +380,12 @@ class FSDP2Strategy(FSDPStrategy):
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
         if not enabled:
             return contextlib.nullcontext()
-        return _no_gradient_sync(self._require_model())
+        return no_gradient_sync(self._require_model())
 
     @override
     def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
         """A sharded parameter is a DTensor: its shape is the full one, its local tensor this rank's share."""
-        from torch.distributed.tensor import DTensor
-
-        return [
-            ParameterSize(
-                clean_parameter_name(name),
-                p.numel(),
-                p.to_local().numel() if isinstance(p, DTensor) else p.numel(),
-                p.requires_grad,
-                p.element_size(),
-            )
-            for name, p in module.named_parameters()
-        ]
-
-
-@contextlib.contextmanager
-def _no_gradient_sync(model: nn.Module) -> Iterator[None]:
-    """Accumulate gradients locally (no reduce-scatter) inside the context."""
-    model.set_requires_gradient_sync(False)  # type: ignore[operator]
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        return dtensor_parameter_sizes(module)
 
 
 def _holds_unit(module: nn.Module) -> bool:

@@ -289,12 +289,15 @@ def init_user_layers(model: nn.Module, existing: set[int]) -> None:
     """Run the module's ``init_weights`` override on the layers ``configure_model`` built for real
     (``existing``: ids of the parameters there before; meta-device layers get it as FSDP
     materialises them, see [Note: exact meta-device initialisation]); layers sharded by hand
-    inside ``configure_model`` are left alone."""
+    inside ``configure_model`` are left alone: FSDP1's ``wrap()``, and ``fully_shard`` or
+    ``parallelize_module``, whose parameters are new ``DTensor`` objects holding the old values."""
     hook = user_init_of(model)
     if hook is None or any(p.is_meta for p in model.parameters()):
         return
     from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
 
     if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
         return
-    init_new_modules(model, hook, existing)
+    split = {id(p) for p in model.parameters() if isinstance(p, DTensor)}
+    init_new_modules(model, hook, existing | split)

@@ -364,15 +364,22 @@ class ParallelStrategy(Strategy):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         if not dist.is_initialized() or self.world_size == 1:
             return tensor
-        if op not in _REDUCE_OPS:
-            raise ValueError(f"Unknown reduce op {op!r}; use one of {', '.join(map(repr, _REDUCE_OPS))}.")
-        out = tensor.detach().clone()
-        if op == "mean" and not torch.is_floating_point(out):
-            out = out.float()
-        dist.all_reduce(out, op=_REDUCE_OPS[op])
-        if op == "mean":
-            out /= self.world_size
-        return out
+        return _all_reduce(tensor, op, None, self.world_size)
+
+    @override
+    def all_reduce_data_parallel(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        size = self.data_parallel_size
+        if size == self.world_size:
+            return self.all_reduce(tensor, op)
+        if not dist.is_initialized():
+            return tensor
+        mesh = self.device_mesh
+        if mesh is None or "data_parallel" not in (mesh.mesh_dim_names or ()):
+            raise RuntimeError(
+                f"{type(self).__name__} has {size} data replicas among {self.world_size} processes but no device "
+                "mesh with a 'data_parallel' dimension to reduce over."
+            )
+        return _all_reduce(tensor, op, mesh.get_group("data_parallel"), size)
 
     @override
     def all_gather_object(self, obj: T) -> list[T]:
@@ -444,6 +451,19 @@ class ParallelStrategy(Strategy):
             for name in [*rank_keys, f"{prefix}/count", f"{prefix}/done"]:
                 with contextlib.suppress(Exception):
                     store.delete_key(name)
+
+
+def _all_reduce(tensor: torch.Tensor, op: ReduceOp, group: Any, size: int) -> torch.Tensor:
+    """``tensor`` reduced by ``op`` over ``group`` (None: every process) of ``size`` processes."""
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"Unknown reduce op {op!r}; use one of {', '.join(map(repr, _REDUCE_OPS))}.")
+    out = tensor.detach().clone()
+    if op == "mean" and not torch.is_floating_point(out):
+        out = out.float()
+    dist.all_reduce(out, op=_REDUCE_OPS[op], group=group)
+    if op == "mean":
+        out /= size
+    return out
 
 
 def _default_store() -> Store:

@@ -9,7 +9,8 @@
 4. :meth:`Strategy.setup_optimizer`: validate optimizers built after wrapping.
 5. Per step: :meth:`training_step`, :meth:`backward`, :meth:`clip_gradients_norm`,
    :meth:`optimizer_step`, and :meth:`no_backward_sync` for gradient accumulation.
-6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce`, :meth:`all_gather_object`,
+6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce` (and
+   :meth:`all_reduce_data_parallel`, over the data replicas only), :meth:`all_gather_object`,
    :meth:`gather_object`.
 7. Checkpoints: :meth:`save_checkpoint`, :meth:`load_checkpoint`, and the model / optimizer
    state helpers; with background saves, :meth:`wait_for_checkpoint` (end of ``fit``) and
@@ -42,6 +43,7 @@ from fullshard.strategies.parameter_sizes import (
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.device_mesh import DeviceMesh
 
     from fullshard.checkpoint.async_save import PendingSave
     from fullshard.launch import ClusterEnvironment, Launcher
@@ -210,9 +212,34 @@ class Strategy:
         return self.devices[self.local_rank % len(self.devices)]
 
     @property
+    def device_mesh(self) -> DeviceMesh | None:
+        """The ``torch.distributed.device_mesh.DeviceMesh`` the model is laid out on, once
+        :meth:`setup_environment` built it; None for strategies that use none."""
+        return None
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which data replica this process is: the part of each global batch it reads.
+
+        [Note: data-parallel ranks]
+        Under data parallelism alone (DDP, FSDP) every process is a replica of its own, so this is
+        :attr:`global_rank` and :attr:`data_parallel_size` is :attr:`world_size`. Under tensor
+        parallelism the processes of one tensor-parallel group hold parts of one replica and must
+        see the same batch: the host splits data, and reduces what is logged across replicas,
+        by these two properties, never by the global rank and world size.
+        """
+        return self.global_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many data replicas the job has (see [Note: data-parallel ranks])."""
+        return self.world_size
+
+    @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
-        """How the host should split a map-style dataset: ``num_replicas`` and ``rank``."""
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
+        """How the host should split a map-style dataset: ``num_replicas`` and ``rank``, one part
+        per data replica (see [Note: data-parallel ranks])."""
+        return {"num_replicas": self.data_parallel_size, "rank": self.data_parallel_rank}
 
     def setup_environment(self) -> None:
         """Prepare the device (and, for distributed strategies, the process group)."""
@@ -392,6 +419,11 @@ class Strategy:
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         """Reduce ``tensor`` over all processes (returns a new tensor)."""
         return tensor
+
+    def all_reduce_data_parallel(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        """Reduce ``tensor`` over the data replicas only (``sync_dist`` logging): the processes of
+        one replica hold the same value, which must count once (see [Note: data-parallel ranks])."""
+        return self.all_reduce(tensor, op)
 
     def all_gather_object(self, obj: T) -> list[T]:
         """Every rank's ``obj``, in rank order."""

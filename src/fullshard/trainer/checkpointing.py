@@ -3,7 +3,8 @@
 The layout (see DESIGN.md, checkpoint contract)::
 
     {
-      "fullshard_version": str, "strategy": str, "world_size": int, "optimizer_count": int,
+      "fullshard_version": str, "strategy": str, "world_size": int, "data_parallel_size": int,
+      "optimizer_count": int,
       "optimizer_types": [class name of each optimizer]  (checked on resume; added by the engine)
       "state_dict": model state (full, unwrapped key names)          } full format only; the
       "optimizer_states": [one per optimizer]                         } sharded one keeps them in DCP
@@ -56,6 +57,7 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
         "fullshard_version": fullshard.__version__,
         "strategy": strategy.strategy_name or type(strategy).__name__,
         "world_size": strategy.world_size,
+        "data_parallel_size": strategy.data_parallel_size,
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "grad_scaler": strategy.precision.state_dict(),
         "loops": loops,
@@ -232,8 +234,10 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     if is_lightning_checkpoint(checkpoint):
         _warn_unused_callback_states(trainer, checkpoint)
     # loop progress is put back when the fit loop starts, after on_fit_start (as in Lightning),
-    # with the number of processes that wrote it (see [Note: resuming at another world size])
-    trainer.fit_loop.load_state_dict({"world_size": checkpoint.get("world_size"), **checkpoint["loops"]})
+    # with the number of data replicas that wrote it (see [Note: resuming at another world size]):
+    # the processes, in checkpoints written before tensor parallelism recorded it apart
+    replicas = checkpoint.get("data_parallel_size", checkpoint.get("world_size"))
+    trainer.fit_loop.load_state_dict({"world_size": replicas, **checkpoint["loops"]})
 
 
 def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:

@@ -29,7 +29,9 @@ batch since), so a second resume composes. With ``limit_train_batches`` the epoc
 at the limit in batches of this run: on another world size, to within about a batch of the
 samples the limit covers there. Loaders that are not resumable by index replay the epoch and
 skip the batches each process had read, which is exact only on as many processes as wrote the
-checkpoint; on another number they warn.
+checkpoint; on another number they warn. Under tensor parallelism ``N`` and ``M`` count data
+replicas, not processes ([Note: data-parallel ranks] in fullshard.strategies.strategy): a 2 x 2
+run's checkpoint resumes exactly on 4 processes of FSDP alone, which read 4 parts where it read 2.
 """
 
 from __future__ import annotations

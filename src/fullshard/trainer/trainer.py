@@ -276,7 +276,7 @@ class Trainer(TrainerProperties):
         self._module: Module | None = None
         self._datamodule: DataModule | None = None
         self._data: DataSources | None = None  # where the current call's loaders come from
-        self._metrics = MetricsCollector(self._strategy.all_reduce)
+        self._metrics = MetricsCollector(self._strategy.all_reduce_data_parallel)
         self._spawn_state: dict[str, torch.Tensor] = {}
         self.validate_loop = EvaluationLoop(self, self._metrics, "validate")
         self.test_loop = EvaluationLoop(self, self._metrics, "test")

@@ -1,0 +1,330 @@
+"""2D parallelism: tensor parallelism and FSDP2 on one ``("data_parallel", "tensor_parallel")`` mesh.
+
+``ModelParallelStrategy`` takes Lightning's arguments and works as Lightning's does: it starts
+the processes, builds the 2-D ``DeviceMesh`` and hands it to the user's ``configure_model`` as
+``self.device_mesh``, where the user parallelises the layers (``parallelize_module`` over
+``self.device_mesh["tensor_parallel"]``, ``fully_shard`` over ``self.device_mesh["data_parallel"]``).
+The strategy wraps nothing itself; it checks that the model came out sharded, and then trains,
+clips, reduces, logs and checkpoints it on that mesh (docs/fsdp/2d-parallel.md).
+
+[Note: the 2-D mesh layout]
+Ranks fill the mesh row by row: rank ``r`` is data replica ``r // tp`` and tensor-parallel rank
+``r % tp``. With ``tp`` processes per machine, one tensor-parallel group is one machine, so the
+per-layer all-gathers and reduce-scatters of tensor parallelism stay on the fast links inside it,
+and only FSDP's traffic (once per layer group and step) crosses machines. "auto" chooses exactly
+that: ``tensor_parallel_size`` = processes per machine, ``data_parallel_size`` = machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import nn
+from typing_extensions import override
+
+from fullshard.errors import MisconfigurationError
+from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
+from fullshard.strategies.cpu_memory import check_mmap_threshold, request_huge_pages, set_up_cpu_memory
+from fullshard.strategies.dtensor_ops import (
+    clip_grad_norm_over_meshes,
+    dtensor_parameter_sizes,
+    no_gradient_sync,
+)
+from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from fullshard.strategies.parameter_sizes import ParameterSize
+from fullshard.strategies.tensor_parallel import refuse_compile_with_checkpointing
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.optim import Optimizer
+
+    from fullshard.strategies.registry import StrategyRegistry
+
+MESH_DIM_NAMES = ("data_parallel", "tensor_parallel")
+_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+
+
+def _check_size(name: str, value: Any) -> int | Literal["auto"]:
+    if value == "auto" and isinstance(value, str):
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MisconfigurationError(
+            f"{name}={value!r} is invalid: pass a positive int (a number of processes) or 'auto' "
+            f"(tensor_parallel_size: the processes per machine; data_parallel_size: the number of machines). "
+            f"For example ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2) on 4 processes."
+        )
+    return value
+
+
+class ModelParallelStrategy(ParallelStrategy):
+    """Tensor parallelism and FSDP2 together, applied by the user in ``configure_model`` over
+    :attr:`device_mesh` (Lightning's ``ModelParallelStrategy``; its arguments mean the same).
+
+    Args:
+        data_parallel_size: processes in one tensor-parallel slice's data-parallel group, i.e. the
+            number of data replicas; ``"auto"``: the number of machines (``num_nodes``), or the
+            processes left over when ``tensor_parallel_size`` is given.
+        tensor_parallel_size: processes one layer is split over; ``"auto"``: the processes per
+            machine, or those left over when ``data_parallel_size`` is given. Their product must
+            be the number of processes.
+        save_distributed_checkpoint: True writes sharded checkpoints (a directory, a file per
+            process, loadable at any layout); False gathers full ones (one file, written by rank 0).
+        process_group_backend, timeout: as for
+            :class:`~fullshard.strategies.parallel.ParallelStrategy` (default: "gloo" on CPU,
+            "nccl" on CUDA; 30 minutes).
+        async_save: with ``save_distributed_checkpoint=True``, checkpoints are written in the
+            background (docs/checkpoints.md, "Asynchronous checkpoints").
+        compile: ``torch.compile`` the module's forward after setup (as ``Trainer(compile=...)``).
+        cpu_mmap_threshold: on CPU, FSDP's gathered units are mapped afresh and returned when
+            freed, as under ``FSDPStrategy`` ([Note: CPU memory under FSDP]); None keeps glibc's
+            adaptive default.
+        start_method, rank_agreement_timeout, stuck_rank_timeout: as for
+            :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+    """
+
+    strategy_name = "model_parallel"
+
+    def __init__(
+        self,
+        data_parallel_size: int | Literal["auto"] = "auto",
+        tensor_parallel_size: int | Literal["auto"] = "auto",
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = DEFAULT_TIMEOUT,
+        *,
+        async_save: bool = False,
+        compile: bool | dict[str, Any] | None = None,
+        cpu_mmap_threshold: int | None = 128 * 1024,
+        start_method: str = "popen",
+        rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
+        stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
+    ) -> None:
+        from fullshard.compile import parse_compile
+
+        if not isinstance(save_distributed_checkpoint, bool):
+            raise MisconfigurationError(
+                f"save_distributed_checkpoint={save_distributed_checkpoint!r} must be True (sharded checkpoints) "
+                "or False (full checkpoints, one file)."
+            )
+        if not isinstance(async_save, bool):
+            raise MisconfigurationError(f"async_save={async_save!r} must be True or False.")
+        if async_save and not save_distributed_checkpoint:
+            raise MisconfigurationError(
+                "async_save=True writes sharded checkpoints in the background, but save_distributed_checkpoint="
+                "False asks for full ones, which rank 0 gathers and writes itself. Pass "
+                "save_distributed_checkpoint=True with async_save=True, or async_save=False."
+            )
+        super().__init__(
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            state_dict_type="sharded" if save_distributed_checkpoint else "full",
+            rank_agreement_timeout=rank_agreement_timeout,
+            stuck_rank_timeout=stuck_rank_timeout,
+        )
+        self._data_parallel_setting = _check_size("data_parallel_size", data_parallel_size)
+        self._tensor_parallel_setting = _check_size("tensor_parallel_size", tensor_parallel_size)
+        self.save_distributed_checkpoint = save_distributed_checkpoint
+        self.async_save = async_save
+        self._compile_setting = self.compile = parse_compile(compile, type(self).__name__)
+        self.cpu_mmap_threshold = check_mmap_threshold(cpu_mmap_threshold)
+        if self.cpu_mmap_threshold is not None:
+            request_huge_pages()  # now, before the model's large tensors: [Note: CPU memory under FSDP]
+        self._sizes: tuple[int, int] | None = None  # (data parallel, tensor parallel), once configured
+        self._mesh: DeviceMesh | None = None
+
+    @classmethod
+    @override
+    def register_strategies(cls, registry: StrategyRegistry) -> None:
+        registry.register(
+            "model_parallel",
+            cls,
+            description="Tensor parallel + FSDP2 on a 2-D device mesh, applied in configure_model (CPU or CUDA).",
+        )
+
+    # ------------------------------------------------------------------------ configuration
+    @override
+    def configure(self, **kwargs: Any) -> None:
+        super().configure(**kwargs)
+        self._sizes = self._resolve_sizes()
+
+    def _resolve_sizes(self) -> tuple[int, int]:
+        """(data parallel, tensor parallel) sizes for this job; see [Note: the 2-D mesh layout]."""
+        dp, tp, world = self._data_parallel_setting, self._tensor_parallel_setting, self.world_size
+        if dp == "auto" and tp == "auto":
+            dp, tp = self.num_nodes, self.num_processes
+        elif dp == "auto":
+            assert tp != "auto"
+            dp = world // tp if world % tp == 0 else 0
+        elif tp == "auto":
+            tp = world // dp if world % dp == 0 else 0
+        if dp * tp != world:
+            given = f"data_parallel_size={self._data_parallel_setting!r}, tensor_parallel_size={self._tensor_parallel_setting!r}"
+            raise MisconfigurationError(
+                f"ModelParallelStrategy({given}) cannot lay out the job's {world} processes (num_nodes="
+                f"{self.num_nodes} x devices={self.num_processes}): data_parallel_size x tensor_parallel_size must "
+                f"equal {world}. Choose sizes whose product is {world} (e.g. data_parallel_size={self.num_nodes}, "
+                f"tensor_parallel_size={self.num_processes}), or leave one of them 'auto'."
+            )
+        return dp, tp
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Processes one layer is split over (known once the host configured the strategy)."""
+        return self._configured_sizes()[1]
+
+    @property
+    @override
+    def data_parallel_size(self) -> int:
+        return self._configured_sizes()[0]
+
+    @property
+    @override
+    def data_parallel_rank(self) -> int:
+        # rank r is replica r // tp: [Note: the 2-D mesh layout]
+        return self.global_rank // self.tensor_parallel_size
+
+    def _configured_sizes(self) -> tuple[int, int]:
+        if self._sizes is None:
+            raise RuntimeError(
+                "ModelParallelStrategy's mesh sizes are known once a Trainer has configured it (Trainer(strategy=...))."
+            )
+        return self._sizes
+
+    @property
+    @override
+    def device_mesh(self) -> DeviceMesh | None:
+        """The 2-D ``("data_parallel", "tensor_parallel")`` mesh, from :meth:`setup_environment` on."""
+        return self._mesh
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self.root_device.type == "cpu":
+            set_up_cpu_memory(self.cpu_mmap_threshold)
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(
+                self.root_device.type, self._configured_sizes(), mesh_dim_names=MESH_DIM_NAMES
+            )
+
+    # ----------------------------------------------------------------------- the model
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Check that ``configure_model`` parallelised ``module`` over :attr:`device_mesh`, and
+        run it as it is: the strategy wraps nothing itself."""
+        if module is self.module and self.model is not None:  # validate() after fit()
+            return self.model
+        self._check_sharded(module)
+        if any(t.is_meta for t in module.parameters()):
+            raise MisconfigurationError(
+                f"{type(module).__name__} still has parameters on the meta device after configure_model(). "
+                "ModelParallelStrategy does not initialise them: build the layers without torch.device('meta'), "
+                "or call to_empty(device=...) and reset_parameters() in configure_model after parallelising them."
+            )
+        if self.tensor_parallel_size > 1:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+            checkpointed = any(isinstance(m, CheckpointWrapper) for m in module.modules())
+            refuse_compile_with_checkpointing(
+                checkpointed,
+                self.compile is not None and self.compile.enabled,
+                "checkpoint_wrapper in configure_model",
+            )
+        module = self.precision.convert_module(module)  # "-true": layers built outside configure_model
+        if self.root_device.type != "cpu":
+            module = module.to(self.root_device)  # layers configure_model left on the host
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+        if isinstance(module, FSDPModule):
+            for method in _STEP_METHODS:  # see [Note: forward redirection] in strategy.py
+                if callable(getattr(module, method, None)):
+                    register_fsdp_forward_method(module, method)
+        self._param_shapes = {
+            k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)
+        }
+        self.module = self.model = module
+        self.compile_model(module)
+        return module
+
+    def _check_sharded(self, module: nn.Module) -> None:
+        """Refuse a model that ``configure_model`` left unparallelised, or whose replicas would
+        never exchange gradients (a parameter outside every ``fully_shard`` with several replicas)."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.tensor import DTensor
+
+        name = type(module).__name__
+        if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+            raise MisconfigurationError(
+                f"{name} holds torch.distributed.fsdp.FullyShardedDataParallel (FSDP1) modules; ModelParallelStrategy "
+                "works with FSDP2 only. In configure_model use torch.distributed.fsdp.fully_shard(layer, "
+                "mesh=self.device_mesh['data_parallel']), or train with strategy='fsdp'."
+            )
+        params = dict(module.named_parameters())
+        if self.world_size > 1 and params and not any(isinstance(p, DTensor) for p in params.values()):
+            raise MisconfigurationError(
+                f"ModelParallelStrategy does not shard models itself, and configure_model() of {name} left every "
+                "parameter a plain tensor. In configure_model apply parallelize_module(layer, "
+                "self.device_mesh['tensor_parallel'], plan) and fully_shard(layer, mesh=self.device_mesh['data_parallel']) "
+                "(docs/fsdp/2d-parallel.md), or use strategy='fsdp2', which shards the model for you."
+            )
+        if self.data_parallel_size > 1:
+            unsynced = [
+                n
+                for n, p in params.items()
+                if not (isinstance(p, DTensor) and "data_parallel" in (p.device_mesh.mesh_dim_names or ()))
+            ]
+            if unsynced:
+                listed = ", ".join(unsynced[:5]) + (
+                    f" and {len(unsynced) - 5} more" if len(unsynced) > 5 else ""
+                )
+                raise MisconfigurationError(
+                    f"{len(unsynced)} parameter(s) of {name} are not sharded over the data-parallel mesh ({listed}), so "
+                    f"the {self.data_parallel_size} data replicas would never exchange their gradients and would drift "
+                    "apart. In configure_model apply fully_shard(model, mesh=self.device_mesh['data_parallel']) to the "
+                    "root module as well (after its layers)."
+                )
+
+    @override
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        managed = {id(p) for p in self._require_model().parameters()}
+        if not any(id(p) in managed for group in optimizer.param_groups for p in group["params"]):
+            raise MisconfigurationError(
+                f"The {type(optimizer).__name__} references no parameter of the parallelised model, so it would train "
+                "nothing. Create optimizers in configure_optimizers() from self.parameters(): the Trainer calls it "
+                "after configure_model()."
+            )
+        return optimizer
+
+    # ---------------------------------------------------------------------------- steps
+    @override
+    def clip_gradients_norm(
+        self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip by the norm of the whole model's gradient, reduced over both mesh dimensions (see
+        [Note: a norm over several meshes] in fullshard.strategies.dtensor_ops)."""
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return clip_grad_norm_over_meshes(params, max_norm, float(norm_type))
+
+    @override
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        from torch.distributed.fsdp import FSDPModule
+
+        model = self._require_model()
+        if not enabled or not isinstance(model, FSDPModule):
+            return contextlib.nullcontext()
+        return no_gradient_sync(model)
+
+    @override
+    def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
+        return dtensor_parameter_sizes(module)
+
+    @override
+    def __repr__(self) -> str:
+        sizes = f"{self._sizes[0]}x{self._sizes[1]}" if self._sizes else "not configured"
+        return f"ModelParallelStrategy(mesh={sizes}, devices={[str(d) for d in self.devices]}, precision={self.precision})"
