@@ -7,6 +7,7 @@ in :mod:`fullshard.loggers`), so a script ports by changing its imports (docs/li
 
 import logging as _logging
 
+from fullshard import _startup  # noqa: F401  # first: [Note: torch's objects frozen at import]
 from fullshard.datamodule import DataModule, LightningDataModule
 from fullshard.module import LightningModule, Module
 from fullshard.seed import seed_everything
