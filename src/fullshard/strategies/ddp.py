@@ -12,8 +12,9 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
+from fullshard.strategies.forward_redirection import redirected_call
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
-from fullshard.strategies.strategy import NULL_CONTEXT, _redirected_call
+from fullshard.strategies.strategy import NULL_CONTEXT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -124,7 +125,7 @@ class DDPStrategy(ParallelStrategy):
 
         try:
             with self.precision.forward_context():
-                return _redirected_call(
+                return redirected_call(
                     model, self.module, "training_step", batch, batch_idx, after_step=no_reducer_after_step  # type: ignore[arg-type]
                 )
         finally:

@@ -3,7 +3,7 @@ clips and steps inside the root unit's forward needs.
 
 [Note: FSDP under manual optimization]
 The training step runs inside the root unit's forward (see [Note: forward redirection] in
-strategy.py), and under manual optimization the module calls backward (and steps) there. A
+forward_redirection.py), and under manual optimization the module calls backward (and steps) there. A
 unit's backward inside its own forward is refused (FSDP1) or leaves gradients unreduced (FSDP2),
 so the root unit must hold no parameter itself: every parameter must belong to a nested unit
 (``auto_wrap_policy``, e.g. the generator's and the discriminator's classes). FSDP1 also needs,

@@ -241,7 +241,7 @@ class ModelParallelStrategy(ParallelStrategy):
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
         if isinstance(module, FSDPModule):
-            for method in _STEP_METHODS:  # see [Note: forward redirection] in strategy.py
+            for method in _STEP_METHODS:  # see [Note: forward redirection] in forward_redirection.py
                 if callable(getattr(module, method, None)):
                     register_fsdp_forward_method(module, method)
         self._param_shapes = {

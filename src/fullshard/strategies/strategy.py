@@ -36,6 +36,7 @@ from fullshard.batch_transfer import BatchTransfer, move_data_to_device
 from fullshard.compile import CompileConfig, CompileUnit, apply_compile, resolve_compile
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
+from fullshard.strategies.forward_redirection import redirected_call
 from fullshard.strategies.parameter_sizes import (
     ParameterSize,
     unsharded_parameter_sizes,
@@ -53,45 +54,6 @@ T = TypeVar("T")
 NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one shared instance
 STATE_DICT_TYPES = ("full", "sharded")
 ReduceOp = Literal["sum", "mean", "max", "min"]
-# What wrappers insert into parameter names (FSDP1 units, activation checkpointing).
-def _redirected_call(
-    wrapper: nn.Module, module: nn.Module, method: str, *args: Any, after_step: Callable[[], None] | None = None
-) -> Any:
-    """Call ``module.<method>(*args)`` through ``wrapper.__call__`` (``after_step``: called when
-    the step method returned, before the wrapper's post-forward work).
-
-    [Note: forward redirection]
-    DDP and FSDP do their work (gradient-sync bookkeeping, all-gathers, resharding) around the
-    ``forward`` of the module they wrap, but the Trainer calls ``training_step``. So for one call
-    the wrapped module's ``forward`` is pointed at the step method, and the wrapper is called. The
-    original ``forward`` is put back before the step runs, so ``self(x)`` inside the step is the
-    user's forward. Wrapping the user's module directly (rather than a helper module around it)
-    keeps every state-dict key free of wrapper prefixes.
-    """
-    step = getattr(module, method)
-    had_instance_forward = "forward" in module.__dict__
-    original_forward = module.__dict__.get("forward")
-
-    def restore() -> None:
-        if had_instance_forward:
-            module.forward = original_forward  # type: ignore[method-assign,assignment]
-        else:
-            module.__dict__.pop("forward", None)
-
-    def forward(*step_args: Any) -> Any:
-        restore()
-        out = step(*step_args)
-        if after_step is not None:
-            after_step()
-        return out
-
-    module.forward = forward  # type: ignore[method-assign]
-    try:
-        return wrapper(*args)
-    finally:
-        restore()
-
-
 def _load_param_group_settings(optimizer: Optimizer, state: dict[str, Any]) -> None:
     """Put the saved hyperparameters (lr, momentum, ...) of each parameter group back."""
     saved_groups = state.get("param_groups", [])
@@ -332,7 +294,7 @@ class Strategy:
         with self.precision.forward_context():
             if model is self.module:
                 return model.training_step(batch, batch_idx)  # type: ignore[operator]
-            return _redirected_call(model, self.module, "training_step", batch, batch_idx)  # type: ignore[arg-type]
+            return redirected_call(model, self.module, "training_step", batch, batch_idx)  # type: ignore[arg-type]
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         """Run the user's ``validation_step`` through the wrapper, in the precision's context."""
@@ -345,7 +307,7 @@ class Strategy:
         with self.precision.forward_context():
             if model is self.module:
                 return getattr(model, method)(batch, batch_idx, *extra)
-            return _redirected_call(model, self.module, method, batch, batch_idx, *extra)  # type: ignore[arg-type]
+            return redirected_call(model, self.module, method, batch, batch_idx, *extra)  # type: ignore[arg-type]
 
     def backward(
         self, loss: torch.Tensor, *args: Any, backward: Callable[..., Any] | None = None, **kwargs: Any
