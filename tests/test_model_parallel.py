@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import fullshard
+from ckpt_helpers import assert_same_state
 from conftest import SCRIPTS, check_ok, run_script
 from fullshard.checkpoint import tools
 from fullshard.errors import MisconfigurationError
@@ -78,21 +79,6 @@ def _record(out: Path, rank: int) -> dict[str, Any]:
 
 def _final(out: Path) -> dict[str, Any]:
     return torch.load(out / "final.pt", weights_only=False)  # type: ignore[no-any-return]
-
-
-def _assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
-    """Model weights and AdamW states bitwise equal."""
-    assert a["model"].keys() == b["model"].keys()
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    for oa, ob in zip(a["optimizers"], b["optimizers"], strict=True):
-        assert oa["state"].keys() == ob["state"].keys()
-        for fqn, state in oa["state"].items():
-            for name, value in state.items():
-                assert torch.equal(torch.as_tensor(value), torch.as_tensor(ob["state"][fqn][name])), (
-                    fqn,
-                    name,
-                )
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +231,7 @@ def test_resume_at_the_same_layout_is_bitwise_identical(two_d: Path) -> None:
     # 6 steps with async sharded saves at 3 and 6, against 3 + load + 3
     for rank in range(4):
         assert _record(two_d / "resumed", rank)["losses"] == _record(two_d / "A", rank)["losses"][3:]
-    _assert_same_state(_final(two_d / "resumed"), _final(two_d / "A"))
+    assert_same_state(_final(two_d / "resumed"), _final(two_d / "A"))
 
 
 @pytest.mark.multiprocess
@@ -253,7 +239,7 @@ def test_resume_at_the_same_layout_is_bitwise_identical(two_d: Path) -> None:
 def test_a_2x2_sharded_checkpoint_loads_at_other_layouts(two_d: Path, layout: str) -> None:
     # fsdp2: 4x1 FSDP2 only; tp4: 1x4 tensor parallel only; fsdp: FSDP1 ShardedTensors; full: 2x2
     # again, writing full checkpoints. loaded.pt: the state when fit started, after the load
-    _assert_same_state(torch.load(two_d / layout / "loaded.pt", weights_only=False), _final(two_d / "A"))
+    assert_same_state(torch.load(two_d / layout / "loaded.pt", weights_only=False), _final(two_d / "A"))
 
 
 @pytest.mark.multiprocess
@@ -274,7 +260,7 @@ def test_a_2x2_sharded_checkpoint_loads_in_one_process(two_d: Path, tmp_path: Pa
     spec = {"out": str(tmp_path), "strategy": "single", "max_steps": STEPS}
     trainer = job.run({**spec, "resume": str(two_d / "A/ckpts/epoch=1-step=6.ckpt")}, 1)
     assert trainer.global_step == STEPS
-    _assert_same_state(_final(tmp_path), _final(two_d / "A"))
+    assert_same_state(_final(tmp_path), _final(two_d / "A"))
 
 
 @pytest.mark.multiprocess

@@ -45,7 +45,12 @@ from fullshard.strategies.manual_steps import (
 )
 from fullshard.strategies.meta_init import MetaInit, user_init_of
 from fullshard.strategies.module_aliases import add_alias_keys, detached, drop_alias_keys, find_aliases
-from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from fullshard.strategies.parallel import (
+    DEFAULT_RANK_AGREEMENT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    ParallelStrategy,
+    refuse_optimizer_outside,
+)
 from fullshard.strategies.parameter_sizes import ParameterSize
 
 if TYPE_CHECKING:
@@ -468,14 +473,9 @@ class FSDPStrategy(ParallelStrategy):
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        model = self._require_model()
-        managed = {id(p) for p in model.parameters()}
-        if not any(id(p) in managed for group in optimizer.param_groups for p in group["params"]):
-            raise MisconfigurationError(
-                f"The {type(optimizer).__name__} references no parameter of the FSDP-wrapped model, so it would "
-                "train nothing. Create optimizers in configure_optimizers() from self.parameters(): the "
-                "Trainer calls it after sharding. Do not build them in __init__ or before fit()."
-            )
+        refuse_optimizer_outside(
+            self._require_model(), optimizer, "FSDP-wrapped", "after sharding. Do not build them in __init__ or before fit()"
+        )
         return optimizer
 
     # ---------------------------------------------------------------------------- steps

@@ -33,7 +33,12 @@ from fullshard.strategies.dtensor_ops import (
     dtensor_parameter_sizes,
     no_gradient_sync,
 )
-from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from fullshard.strategies.parallel import (
+    DEFAULT_RANK_AGREEMENT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    ParallelStrategy,
+    refuse_optimizer_outside,
+)
 from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.strategies.tensor_parallel import refuse_compile_with_checkpointing
 
@@ -291,13 +296,7 @@ class ModelParallelStrategy(ParallelStrategy):
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        managed = {id(p) for p in self._require_model().parameters()}
-        if not any(id(p) in managed for group in optimizer.param_groups for p in group["params"]):
-            raise MisconfigurationError(
-                f"The {type(optimizer).__name__} references no parameter of the parallelised model, so it would train "
-                "nothing. Create optimizers in configure_optimizers() from self.parameters(): the Trainer calls it "
-                "after configure_model()."
-            )
+        refuse_optimizer_outside(self._require_model(), optimizer, "parallelised", "after configure_model()")
         return optimizer
 
     # ---------------------------------------------------------------------------- steps

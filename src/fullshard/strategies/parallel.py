@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.distributed_c10d import Store
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -451,6 +452,18 @@ class ParallelStrategy(Strategy):
             for name in [*rank_keys, f"{prefix}/count", f"{prefix}/done"]:
                 with contextlib.suppress(Exception):
                     store.delete_key(name)
+
+
+def refuse_optimizer_outside(model: nn.Module, optimizer: Optimizer, model_kind: str, built: str) -> None:
+    """Raise if ``optimizer`` holds none of ``model``'s parameters (it was built from the module
+    before the strategy replaced them); ``model_kind`` and ``built`` (when the Trainer calls
+    ``configure_optimizers``) complete the message."""
+    managed = {id(p) for p in model.parameters()}
+    if not any(id(p) in managed for group in optimizer.param_groups for p in group["params"]):
+        raise MisconfigurationError(
+            f"The {type(optimizer).__name__} references no parameter of the {model_kind} model, so it would train "
+            f"nothing. Create optimizers in configure_optimizers() from self.parameters(): the Trainer calls it {built}."
+        )
 
 
 def _all_reduce(tensor: torch.Tensor, op: ReduceOp, group: Any, size: int) -> torch.Tensor:
