@@ -2,7 +2,8 @@
 import block alone, must behave as they did under Lightning 2.6.6.
 
 Each script runs on 2 CPU processes under fullshard with ``ddp`` and with ``fsdp`` and is compared
-with what it recorded under Lightning with ``ddp`` (tests/porting/expected/<script>.json, written
+with what it recorded under Lightning with ``ddp`` (``model_parallel_tp``: ``model_parallel`` under
+both, a 1 x 2 tensor-parallel mesh; ``runner.RUN_WITH``) (tests/porting/expected/<script>.json, written
 by tests/porting/regenerate.py): per rank, the hooks called on the module, the datamodule and a
 recording callback, in order and with their arguments; the epoch and step each hook saw; the
 metrics at fixed points; named values; and the script's own checks, which compare the results
@@ -40,14 +41,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "porting"))
 from hooks import NOT_CALLED_BY_FULLSHARD
-from runner import SCRIPTS, load_expected, run_port
+from runner import SCRIPTS, load_expected, run_port, run_with
 
 import forkserver
 
 pytestmark = pytest.mark.multiprocess
 
-STRATEGIES = ("ddp", "fsdp")
-CASES = [pytest.param(script, strategy, id=f"{script}-{strategy}") for script in SCRIPTS for strategy in STRATEGIES]
+CASES = [pytest.param(script, strategy, id=f"{script}-{strategy}") for script in SCRIPTS for strategy in run_with(script)]
 TOLERANCE = 1e-4
 _RUNS: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {}
 

@@ -7,7 +7,9 @@ this with a Python that has it, e.g. a throwaway virtual environment:
     python3 -m venv /tmp/lvenv && /tmp/lvenv/bin/pip install lightning==2.6.6 torch
     python tests/porting/regenerate.py --python /tmp/lvenv/bin/python [script ...]
 
-Lightning refuses FSDP on CPU, so every script is recorded with ``--strategy ddp``. A script whose
+Lightning refuses FSDP on CPU, so the scripts are recorded with ``--strategy ddp``, except those
+``runner.RECORDED_WITH`` names (``model_parallel_tp``: Lightning's ``ModelParallelStrategy``, which
+runs on CPU with gloo). A script whose
 own checks fail under Lightning is a bug in the script: nothing is written for it then.
 """
 
@@ -20,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from runner import EXPECTED, SCRIPTS, run_port
+from runner import EXPECTED, SCRIPTS, recorded_with, run_port
 
 
 def _versions(python: str) -> dict[str, str]:
@@ -41,7 +43,7 @@ def main() -> int:
     failed = []
     for script in args.scripts or SCRIPTS:
         with tempfile.TemporaryDirectory() as tmp:
-            result, record = run_port(script, "lightning", "ddp", Path(tmp), python=args.python)
+            result, record = run_port(script, "lightning", recorded_with(script), Path(tmp), python=args.python)
         problems = [] if result.returncode == 0 else [f"exit {result.returncode}"]
         for rank, data in enumerate(record["ranks"]):
             if data is None:

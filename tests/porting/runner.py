@@ -29,7 +29,22 @@ SCRIPTS = (
     "gan_manual",
     "warmup_optimizer_step",
     "metrics_writer_multi_val",
+    "model_parallel_tp",
 )
+# The strategy a script is recorded with under Lightning (regenerate.py) and the strategies it
+# runs with under fullshard (tests/test_porting.py); the rest: Lightning "ddp", fullshard ddp
+# and fsdp (Lightning refuses FSDP on CPU).
+RECORDED_WITH = {"model_parallel_tp": "model_parallel"}
+RUN_WITH = {"model_parallel_tp": ("model_parallel",)}
+
+
+def recorded_with(script: str) -> str:
+    return RECORDED_WITH.get(script, "ddp")
+
+
+def run_with(script: str) -> tuple[str, ...]:
+    return RUN_WITH.get(script, ("ddp", "fsdp"))
+
 # Variables a launcher sets for the processes it starts; a run must not inherit them.
 _LAUNCH_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
