@@ -23,7 +23,7 @@ from conftest import check_ok, quiet_trainer, run_script
 from fullshard.errors import MisconfigurationError
 from fullshard.policies import keep_tied_together, normalize_policy
 from fullshard.strategies import FSDPStrategy
-from fullshard.strategies.meta_init import MetaInit, parameters_on_meta
+from fullshard.strategies.meta_init import MetaInit, ShardedMetaInit, parameters_on_meta
 from hf_patterns import Block, LMModule, RMSNorm, TinyLM, token_data
 
 
@@ -166,6 +166,54 @@ def test_mixed_dtypes_in_one_unit() -> None:
     errors = _plan(model, auto_wrap_policy={Block}).errors  # type: ignore[attr-defined]
     assert len(errors) == 1 and "unit (root) (TinyLM) holds parameters of 2 dtypes" in errors[0]
     assert "torch.bfloat16: norm.weight" in errors[0]
+
+
+# ------------------------------------------ initialised after sharding (tensor parallelism): one process
+# The sharded case runs in tests/test_model_parallel.py (2x2 mesh: weights bitwise equal to eager).
+def _materialise_after_sharding(model: nn.Module) -> nn.Module:
+    ShardedMetaInit(model, torch.device("cpu"), None, "ModelParallelStrategy")()
+    return model
+
+
+def test_initialised_after_sharding_equals_eager_bitwise() -> None:
+    # children first, as the constructors ran: the same random numbers in the same order;
+    # nn.MultiheadAttention's init writes into its child out_proj (bias zeroed) on the whole tensor
+    build = lambda: nn.Sequential(nn.Linear(8, 8), nn.MultiheadAttention(8, 2), nn.LayerNorm(8))  # noqa: E731
+    torch.manual_seed(3)
+    eager = build()
+    with torch.device("meta"):
+        lazy = build()
+    keep = nn.Linear(8, 8)  # built for real: left as it is
+    lazy.append(keep)
+    before = keep.weight.detach().clone()
+    torch.manual_seed(3)
+    _materialise_after_sharding(lazy)
+    for (name, got), (_, want) in zip(lazy[:3].state_dict().items(), eager.state_dict().items(), strict=True):
+        assert torch.equal(got, want), name
+    assert torch.equal(keep.weight, before)
+
+
+def test_initialised_after_sharding_keeps_ties_buffers_and_the_models_init() -> None:
+    torch.manual_seed(0)
+    eager = TinyLM()
+    with parameters_on_meta():
+        lazy = TinyLM()
+    _materialise_after_sharding(lazy)
+    assert lazy.lm_head.weight is lazy.embed.weight
+    assert not any(t.is_meta for t in [*lazy.parameters(), *lazy.buffers()])
+    _assert_same_init(lazy.state_dict(), eager.state_dict())  # HF-style _init_weights ran
+
+
+def test_initialised_after_sharding_names_what_nothing_initialised() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), RMSNorm(4))
+    with pytest.raises(MisconfigurationError, match=r"ModelParallelStrategy found the model on the meta device, and "
+                       r"nothing initialised 1\.weight\. .*reset_parameters"):
+        _materialise_after_sharding(model)
+    with torch.device("meta"):
+        model = nn.BatchNorm1d(4)
+    with pytest.raises(MisconfigurationError, match=r"num_batches_tracked \(torch\.int64\) is on the meta device"):
+        _materialise_after_sharding(model)
 
 
 # ---------------------------------------------------------------- two processes, FSDP, gloo

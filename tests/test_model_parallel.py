@@ -104,7 +104,8 @@ def hf_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def two_d(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One job of 4 processes: a 2x2 run (async sharded checkpoints at steps 3 and 6), its resume
     from step 3, and its step-6 checkpoint loaded at 2x2 (saved again as a full file), under fsdp2
-    (4x1), at 1x4 and under fsdp (FSDP1)."""
+    (4x1), at 1x4 and under fsdp (FSDP1); FSDP2Strategy with a plan; and three models built on the
+    meta device beside their eager twins."""
     with _shared_dir(tmp_path_factory, "two_d") as root:
         _two_d_runs(root)
     return root
@@ -114,16 +115,21 @@ def _two_d_runs(root: Path) -> None:
     mid, last = root / "A/ckpts/epoch=0-step=3.ckpt", root / "A/ckpts/epoch=1-step=6.ckpt"
     mp = {"strategy": "model_parallel", "max_steps": STEPS, "clip": CLIP}
     runs = [
-        {**mp, "out": str(root / "A"), "dp": 2, "tp": 2, "save_every": 3, "async": True},
+        {**mp, "out": str(root / "A"), "dp": 2, "tp": 2, "save_every": 3, "async": True, "record_init": True},
         {**mp, "out": str(root / "resumed"), "dp": 2, "tp": 2, "resume": str(mid)},
         {**mp, "out": str(root / "full"), "dp": 2, "tp": 2, "format": "full", "resume": str(last), "save": str(root / "full.ckpt")},
         {"strategy": "fsdp2", "out": str(root / "fsdp2"), "max_steps": STEPS + MORE, "resume": str(last), "clip": CLIP},
         {**mp, "out": str(root / "tp4"), "dp": 1, "tp": 4, "resume": str(last)},
         {"strategy": "fsdp", "out": str(root / "fsdp"), "max_steps": STEPS, "resume": str(last)},
         # FSDP2Strategy(tensor_parallel_size=2, tp_plan=...) with activation checkpointing: the same steps
-        {**mp, "strategy": "fsdp2_tp", "out": str(root / "fsdp2_tp"), "tp": 2, "checkpointing": True},
+        {**mp, "strategy": "fsdp2_tp", "out": str(root / "fsdp2_tp"), "tp": 2, "checkpointing": True, "record_init": True},
         # a Hugging Face-style model with its own plan: FSDP2Strategy(tensor_parallel_size=2, tp_plan="auto")
-        {**mp, "strategy": "fsdp2_tp", "model": "hf", "out": str(root / "hf_auto"), "tp": 2},
+        {**mp, "strategy": "fsdp2_tp", "model": "hf", "out": str(root / "hf_auto"), "tp": 2, "record_init": True},
+        # the same three built on the meta device (configure_model under torch.device("meta"), or
+        # empty_init=True), split and sharded, then initialised
+        {**mp, "out": str(root / "A_meta"), "dp": 2, "tp": 2, "lazy": True, "meta_device": True, "record_init": True},
+        {**mp, "strategy": "fsdp2_tp", "out": str(root / "fsdp2_tp_meta"), "tp": 2, "checkpointing": True, "lazy": True, "empty_init": True, "record_init": True},
+        {**mp, "strategy": "fsdp2_tp", "model": "hf", "out": str(root / "hf_auto_meta"), "tp": 2, "lazy": True, "empty_init": True, "record_init": True},
         # last: its failure ends the job's other processes (rank 0 writes the error)
         {**mp, "out": str(root / "root"), "dp": 2, "tp": 2, "mistake": "root"},
     ]  # fmt: skip
@@ -185,6 +191,23 @@ def test_a_hugging_face_model_trains_by_its_own_plan(two_d: Path, hf_reference: 
     # base_model_tp_plan / _tp_plan (colwise q/k/v/gate/up, rowwise o/down, vocabulary-split
     # embedding, colwise_gather_output head), grouped-query attention, rotary embeddings: 2x2
     _assert_parity(two_d / "hf_auto", hf_reference, dp=2, tp=2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("eager", ["A", "fsdp2_tp", "hf_auto"])
+def test_meta_device_init_after_sharding_equals_eager_init_bitwise(two_d: Path, eager: str) -> None:
+    # A: ModelParallelStrategy, configure_model builds under torch.device("meta") and splits;
+    # fsdp2_tp: FSDP2Strategy(tensor_parallel_size=2, empty_init=True); hf_auto: the same with
+    # tp_plan="auto" on the Hugging Face-style model (a rotary buffer, init_weights setting its
+    # norms). Each parameter is initialised whole, children first as the constructors ran, and
+    # split after: the weights training starts from, and then the losses, are eager's bit for bit.
+    meta = f"{eager}_meta"
+    got, want = (torch.load(two_d / run / "init.pt", weights_only=False)["model"] for run in (meta, eager))
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    for rank in range(4):
+        assert _record(two_d / meta, rank)["losses"] == _record(two_d / eager, rank)["losses"]
 
 
 @pytest.mark.multiprocess
@@ -401,10 +424,6 @@ def test_fsdp2_tensor_parallel_arguments_and_wrap_plan() -> None:
         MisconfigurationError, match=r"tp_plan='colwise' is not a plan\. Pass a dict from module"
     ):
         FSDP2Strategy(tensor_parallel_size=2, tp_plan="colwise")
-    with pytest.raises(
-        MisconfigurationError, match=r"empty_init=True does not combine with tensor_parallel_size"
-    ):
-        FSDP2Strategy(tensor_parallel_size=2, tp_plan=plan, empty_init=True)
     with pytest.raises(
         MisconfigurationError, match=r"sharding_strategy='HYBRID_SHARD' and device_mesh= cannot"
     ):

@@ -16,6 +16,7 @@ an output layer; torchtitan's plan for Llama, shrunk.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.strategies import FSDP2Strategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from fullshard.strategies.dtensor_ops import total_grad_norm
 from hf_llama import LlamaDecoderLayer, TinyLlamaConfig, TinyLlamaForCausalLM
+from hf_patterns import RMSNorm
 
 DIM, HEADS, HIDDEN, VOCAB, SEQ, LAYERS = 16, 4, 32, 32, 8, 2
 GLOBAL_BATCH = 8
@@ -149,17 +151,31 @@ class LlamaModule(fullshard.Module):
     activations in backward."""
 
     def __init__(
-        self, parallel: bool = False, shard_root: bool = True, checkpointing: bool = False, hf: bool = False
+        self,
+        parallel: bool = False,
+        shard_root: bool = True,
+        checkpointing: bool = False,
+        hf: bool = False,
+        lazy: bool = False,
+        meta_device: bool = False,
     ) -> None:
         super().__init__()
-        # hf: tests/hf_llama.py's model, written as transformers writes it, with its own TP plan
-        self.model: nn.Module = TinyLlamaForCausalLM(TinyLlamaConfig()) if hf else Transformer()
+        self.hf, self.lazy, self.meta_device = hf, lazy, meta_device
+        if not lazy:  # lazy: built in configure_model (meta_device: under torch.device("meta"))
+            self.model: nn.Module = self._build()
         self.parallel, self.shard_root, self.checkpointing = parallel, shard_root, checkpointing
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
         self.batches: list[list[int]] = []
 
+    def _build(self) -> nn.Module:
+        # hf: tests/hf_llama.py's model, written as transformers writes it, with its own TP plan
+        return TinyLlamaForCausalLM(TinyLlamaConfig()) if self.hf else Transformer()
+
     def configure_model(self) -> None:
+        if self.lazy and not hasattr(self, "model"):
+            with torch.device("meta") if self.meta_device else contextlib.nullcontext():
+                self.model = self._build()
         mesh = self.device_mesh
         if self.parallel:
             tensor_parallel(self.model, mesh["tensor_parallel"])
@@ -186,7 +202,11 @@ class LlamaModule(fullshard.Module):
 
     def init_weights(self, module: nn.Module) -> None:
         # the Trainer initialises layers configure_model builds, not those it parallelises: the
-        # weights of every layer here come from __init__
+        # weights of every layer here come from __init__ (or, lazy, from the layers' own init)
+        if self.lazy:  # what a user adds for the meta device: hf_llama's norms set their weight in __init__ only
+            if isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+            return
         raise AssertionError(f"init_weights ran on {type(module).__name__}, which configure_model only split")
 
     def configure_optimizers(self) -> Any:
@@ -207,13 +227,16 @@ class Logged(fullshard.Callback):
 
 class Loaded(fullshard.Callback):
     """Rank 0 writes the full model and optimizer states to ``path`` when fit starts: after a
-    checkpoint given as ``ckpt_path`` is loaded, before any step (collective)."""
+    checkpoint given as ``ckpt_path`` is loaded, before any step (collective). ``model_only``:
+    the model's alone (torch fills an optimizer state that is still empty by a step with zero
+    gradients, which would shift AdamW's step count for the run)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, model_only: bool = False) -> None:
+        self.path, self.model_only = path, model_only
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        model_state, optimizer_states = trainer.strategy.get_state(trainer.optimizers, full=True)
+        optimizers = [] if self.model_only else trainer.optimizers
+        model_state, optimizer_states = trainer.strategy.get_state(optimizers, full=True)
         if trainer.is_global_zero:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"model": model_state, "optimizers": optimizer_states}, self.path)
@@ -234,7 +257,7 @@ def make_strategy(spec: dict[str, Any]) -> Any:
             async_save=spec.get("async", False),
         )
     if name == "fsdp2":
-        return FSDP2Strategy(auto_wrap_policy={Block}, state_dict_type=fmt)
+        return FSDP2Strategy(auto_wrap_policy={Block}, state_dict_type=fmt, empty_init=spec.get("empty_init", False))
     if name == "fsdp2_tp":  # the strategy applies the plan, then its usual FSDP2 wrapping
         hf = spec.get("model") == "hf"  # the Hugging Face model's own plan: tp_plan="auto"
         block = LlamaDecoderLayer if hf else Block
@@ -244,6 +267,7 @@ def make_strategy(spec: dict[str, Any]) -> Any:
             tensor_parallel_size=spec["tp"],
             tp_plan="auto" if hf else tp_plan("model."),
             activation_checkpointing_policy={block} if spec.get("checkpointing") else None,
+            empty_init=spec.get("empty_init", False),
         )
     if name == "fsdp":
         return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type=fmt)
@@ -256,7 +280,10 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
     ``async``, ``clip``, ``accelerator``, ``precision``, ``compile`` (``torch.compile`` keyword
     arguments), ``checkpointing`` (activation checkpointing of every block); ``mistake``: "unsharded" (configure_model parallelises
     nothing) or "root" (FSDP left off the root), whose error is written to ``out/error.txt``;
-    ``model``: "hf" for tests/hf_llama.py's model (under fsdp2_tp: its own plan, ``tp_plan="auto"``)."""
+    ``model``: "hf" for tests/hf_llama.py's model (under fsdp2_tp: its own plan, ``tp_plan="auto"``);
+    ``lazy``: the model is built in configure_model, ``meta_device``: under ``torch.device("meta")``,
+    ``empty_init``: the fsdp2 strategies' option; ``record_init``: the full state at fit start to
+    ``out/init.pt``."""
     fullshard.seed_everything(7)
     out = Path(spec["out"])
     mistake = spec.get("mistake")
@@ -265,11 +292,15 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
         shard_root=mistake != "root",
         checkpointing=spec.get("checkpointing", False) and spec["strategy"] == "model_parallel",
         hf=spec.get("model") == "hf",
+        lazy=spec.get("lazy", False),
+        meta_device=spec.get("meta_device", False),
     )
     logged = Logged()
     callbacks: list[Any] = [logged]
     if spec.get("resume"):  # the state as loaded: out/loaded.pt
         callbacks.append(Loaded(out / "loaded.pt"))
+    if spec.get("record_init"):  # the state training starts from: out/init.pt
+        callbacks.append(Loaded(out / "init.pt", model_only=True))
     if spec.get("save_every"):
         callbacks.append(
             fullshard.ModelCheckpoint(
@@ -288,7 +319,7 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
         precision=spec.get("precision", "32-true"),
         compile=spec.get("compile"),
         logger=False,
-        enable_checkpointing=len(callbacks) > 1,
+        enable_checkpointing=bool(spec.get("save_every")),
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=callbacks,

@@ -37,7 +37,7 @@ from fullshard.strategies.dtensor_ops import (
 )
 from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.fsdp_options import sharding_name
-from fullshard.strategies.meta_init import MetaInit, children_first, user_init_of
+from fullshard.strategies.meta_init import MetaInit, ShardedMetaInit, children_first, user_init_of
 from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.strategies.tensor_parallel import (
     check_tensor_parallel,
@@ -116,11 +116,6 @@ class FSDP2Strategy(FSDPStrategy):
                 f"tensor_parallel) mesh itself, so sharding_strategy={self._sharding_name!r} and device_mesh= cannot "
                 "choose another. Use FULL_SHARD or SHARD_GRAD_OP without device_mesh, or ModelParallelStrategy for "
                 "a layout of your own."
-            )
-        if self.empty_init:
-            raise MisconfigurationError(
-                "empty_init=True does not combine with tensor_parallel_size > 1 yet: the meta-device layers would "
-                "be split before they are initialised. Build the model with empty_init=False."
             )
 
     @classmethod
@@ -319,14 +314,17 @@ class FSDP2Strategy(FSDPStrategy):
         chosen = set(selected)
         units = [wrappers.get(m, m) for m in children_first(list(module.modules())) if m in chosen and m is not module]
         kwargs = self._fully_shard_kwargs()
-        init = MetaInit(self.root_device, module, user_init_of(module)) if self.empty_init else None
+        # under tensor parallelism the plan split the meta-device layers already, so they are
+        # initialised once sharded: [Note: initialising a model sharded on the meta device]
+        per_unit = self.empty_init and self._mesh_2d is None
+        init = MetaInit(self.root_device, module, user_init_of(module)) if per_unit else None
         for unit in units:
             if init is not None:
                 init(unit)
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward, **kwargs)
         if init is not None:
             init(module)
-        elif any(t.is_meta for t in module.parameters()):
+        elif not self.empty_init and any(t.is_meta for t in module.parameters()):
             raise MisconfigurationError(
                 "The model has parameters on the meta device but FSDP2Strategy(empty_init=False) does not "
                 "initialise them. Pass empty_init=True, or build the model without torch.device('meta')."
@@ -335,6 +333,8 @@ class FSDP2Strategy(FSDPStrategy):
         # unless nothing is resharded anyway
         root_reshard = None if self.reshard_after_forward is True else self.reshard_after_forward
         fully_shard(module, reshard_after_forward=root_reshard, **kwargs)
+        if self.empty_init and not per_unit:
+            ShardedMetaInit(module, self.root_device, user_init_of(module), "FSDP2Strategy(empty_init=True)")()
         for method in _STEP_METHODS:  # see [Note: forward redirection]
             if callable(getattr(module, method, None)):
                 register_fsdp_forward_method(module, method)

@@ -158,19 +158,12 @@ class MetaInit:
                 if reset is not None:
                     reset()
             for m in order:  # 2. a Hugging Face model's _init_weights, as post_init applies it
-                hook = self._model_init(m)
+                hook = _model_init(m, self.ancestors)
                 if hook is not None:
                     hook(m)
             if self.user_init is not None:  # 3. the user's Module.init_weights
                 for m in order:
                     self.user_init(m)
-
-    def _model_init(self, module: nn.Module) -> InitHook | None:
-        for owner in [module, *self.ancestors.get(module, [])]:
-            hook = getattr(owner, "_init_weights", None)
-            if callable(hook):
-                return hook  # type: ignore[no-any-return]
-        return None
 
     def _check(self, pending: list[nn.Module]) -> None:
         missing = []
@@ -190,6 +183,15 @@ class MetaInit:
     def _qualified(self, module: nn.Module, name: str) -> str:
         prefix = self.names.get(module, "")
         return f"{prefix}.{name}" if prefix else name
+
+
+def _model_init(module: nn.Module, ancestors: dict[nn.Module, list[nn.Module]]) -> InitHook | None:
+    """The HF-style ``_init_weights`` of ``module`` or of its nearest ancestor that has one."""
+    for owner in [module, *ancestors.get(module, [])]:
+        hook = getattr(owner, "_init_weights", None)
+        if callable(hook):
+            return hook  # type: ignore[no-any-return]
+    return None
 
 
 def _has_nan(tensor: torch.Tensor, chunk: int = 1 << 20) -> bool:
@@ -265,7 +267,6 @@ def children_first(unit: list[nn.Module]) -> list[nn.Module]:
     return order
 
 
-
 def user_init_of(root: nn.Module | None) -> InitHook | None:
     """``root.init_weights`` when ``root`` is a :class:`fullshard.Module` that overrides it."""
     from fullshard.module import Module
@@ -301,3 +302,161 @@ def init_user_layers(model: nn.Module, existing: set[int]) -> None:
         return
     split = {id(p) for p in model.parameters() if isinstance(p, DTensor)}
     init_new_modules(model, hook, existing | split)
+
+
+# ------------------------------------------------------------------- models sharded on the meta device
+class ShardedMetaInit:
+    """Initialise the meta-device parameters and buffers of a model that was split (tensor
+    parallelism) and sharded (FSDP2) while still on the meta device.
+
+    [Note: initialising a model sharded on the meta device]
+    Under tensor parallelism the layers are split before anything is initialised (the plan, or
+    the user's ``configure_model``, runs on the meta model), so the unit-by-unit
+    :class:`MetaInit` cannot run before sharding. Initialising the ``DTensor`` shards in place,
+    as ``to_empty()`` followed by ``reset_parameters()`` does, is also wrong on CPU: torch has no
+    DTensor random-number tracker there, so every shard of a parameter draws the same numbers
+    and the weight is one block repeated. Instead, module by module (children first, as the
+    constructors ran), each meta parameter gets its *whole* tensor for a moment: the module's
+    ``reset_parameters()``, the nearest HF-style ``_init_weights`` and the user's
+    ``init_weights`` run on whole tensors, exactly as on one device, and then each rank keeps its
+    part of rank 0's tensor (``distribute_tensor`` with the parameter's own mesh and placements).
+    A whole tensor lives until its parent module's turn, so a parent's init can still write into
+    its children (``nn.MultiheadAttention`` zeroes its ``out_proj.bias``); a process holds at most
+    one module's children whole at a time, never the model. Buffers are not sharded: they are
+    allocated and initialised where they are. Tensors that were real stay as they were, and
+    everything allocated is NaN-filled first, so that what no init reached is named.
+
+    Args:
+        root: the model, split and sharded.
+        device: where this rank's shards are allocated.
+        user_init: the user's ``Module.init_weights`` when overridden, called per module last.
+        owner: what built the model on the meta device, for the error message.
+    """
+
+    def __init__(self, root: nn.Module, device: torch.device, user_init: InitHook | None, owner: str) -> None:
+        self.root, self.device, self.user_init, self.owner = root, device, user_init, owner
+        self.ancestors = _ancestors(root)
+        self.names = {m: n for n, m in root.named_modules(remove_duplicate=False)}
+        self._whole: dict[int, nn.Parameter] = {}  # a parameter's id -> its whole tensor, during its init
+        self._holders: dict[int, int] = {}  # a parameter's id -> modules holding it not finished yet
+        self._missing: list[str] = []
+
+    def __call__(self) -> None:
+        pending = {m: names for m in self.root.modules() if (names := _meta_names(m))}
+        if not pending:
+            return
+        shared: dict[int, list[tuple[nn.Module, str]]] = {}  # a parameter's id -> where it is held
+        for module, names in pending.items():
+            for name in names:
+                if name in module._parameters:
+                    shared.setdefault(id(module._parameters[name]), []).append((module, name))
+        # this rank's shards, allocated (FSDP2 re-points its sharded parameters as in to_empty());
+        # real tensors stay as they are
+        self.root._apply(lambda t: torch.empty_like(t, device=self.device) if t.is_meta else t)
+        for holders in shared.values():  # a plain parameter comes back as one new tensor per module
+            (first, first_name), *others = holders
+            param = first._parameters[first_name]
+            for module, name in others:
+                module._parameters[name] = param
+            self._holders[id(param)] = len(holders)
+        waiting: dict[nn.Module, list[tuple[nn.Module, str, nn.Parameter]]] = {}  # parent -> children's
+        with torch.no_grad():
+            for module in children_first(list(self.root.modules())):
+                names = pending.get(module, [])
+                whole = [(module, n, self._lend_whole(module, n)) for n in names if n in module._parameters]
+                buffers = [n for n in names if n in module._buffers]
+                for name in buffers:
+                    self._fill_buffer(module, name)
+                if names:
+                    self._initialise(module)
+                for name in buffers:
+                    buffer = module._buffers[name]
+                    if buffer is not None and _has_nan(_local(buffer)):
+                        self._missing.append(self._qualified(module, name))
+                for held in waiting.pop(module, []):  # the children's turn is over with their parent's
+                    self._finish(*held)
+                parents = self.ancestors.get(module)
+                if parents:
+                    waiting.setdefault(parents[0], []).extend(whole)
+                else:
+                    for held in whole:
+                        self._finish(*held)
+        if self._missing:
+            shown = ", ".join(self._missing[:8]) + (
+                f" and {len(self._missing) - 8} more" if len(self._missing) > 8 else ""
+            )
+            raise MisconfigurationError(
+                f"{self.owner} found the model on the meta device, and nothing initialised {shown}. Give the module a "
+                "reset_parameters(), give the model an HF-style _init_weights(module), or override "
+                "init_weights(module) on your fullshard.Module to set them; or build those layers off the meta device."
+            )
+
+    def _lend_whole(self, module: nn.Module, name: str) -> nn.Parameter:
+        """Put the whole (NaN-filled) tensor of ``module.<name>`` in its place; returns the shard."""
+        param = module._parameters[name]
+        assert param is not None
+        whole = self._whole.get(id(param))
+        if whole is None:
+            if not (param.is_floating_point() or param.is_complex()):
+                raise MisconfigurationError(
+                    f"The parameter {self._qualified(module, name)} ({param.dtype}) is on the meta device, and only "
+                    "floating-point parameters can be initialised there. Build it off the meta device."
+                )
+            full = torch.full(param.shape, float("nan"), dtype=param.dtype, device=self.device)
+            whole = self._whole[id(param)] = nn.Parameter(full, requires_grad=param.requires_grad)
+        module._parameters[name] = whole
+        return param
+
+    def _fill_buffer(self, module: nn.Module, name: str) -> None:
+        buffer = module._buffers[name]
+        assert buffer is not None
+        if not (buffer.is_floating_point() or buffer.is_complex()):
+            raise MisconfigurationError(
+                f"The buffer {self._qualified(module, name)} ({buffer.dtype}) is on the meta device, so its values "
+                "are lost and cannot be checked after initialisation. Build the layer that owns it off the meta "
+                "device (buffers are small), or register it in reset_parameters()."
+            )
+        buffer.fill_(float("nan"))
+
+    def _initialise(self, module: nn.Module) -> None:
+        reset = _reset_of(module)
+        if reset is not None:
+            reset()
+        hook = _model_init(module, self.ancestors)
+        if hook is not None:
+            hook(module)
+        if self.user_init is not None:
+            self.user_init(module)
+
+    def _finish(self, module: nn.Module, name: str, shard: nn.Parameter) -> None:
+        """Put the shard back; once every module holding it is done, keep this rank's part of the
+        whole tensor (rank 0's, so that every rank agrees)."""
+        module._parameters[name] = shard
+        self._holders[id(shard)] -= 1
+        if self._holders[id(shard)]:
+            return
+        whole = self._whole.pop(id(shard)).detach()
+        if _has_nan(whole):
+            self._missing.append(self._qualified(module, name))
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if isinstance(shard, DTensor):
+            shard.to_local().copy_(distribute_tensor(whole, shard.device_mesh, shard.placements).to_local())
+        else:
+            shard.copy_(whole)
+
+    def _qualified(self, module: nn.Module, name: str) -> str:
+        prefix = self.names.get(module, "")
+        return f"{prefix}.{name}" if prefix else name
+
+
+def _meta_names(module: nn.Module) -> list[str]:
+    """Names of ``module``'s own parameters and buffers on the meta device."""
+    own = [*module._parameters.items(), *module._buffers.items()]
+    return [name for name, t in own if t is not None and t.is_meta]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -33,6 +33,7 @@ from fullshard.strategies.dtensor_ops import (
     dtensor_parameter_sizes,
     no_gradient_sync,
 )
+from fullshard.strategies.meta_init import ShardedMetaInit, user_init_of
 from fullshard.strategies.parallel import (
     DEFAULT_RANK_AGREEMENT_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -225,12 +226,9 @@ class ModelParallelStrategy(ParallelStrategy):
         if module is self.module and self.model is not None:  # validate() after fit()
             return self.model
         self._check_sharded(module)
-        if any(t.is_meta for t in module.parameters()):
-            raise MisconfigurationError(
-                f"{type(module).__name__} still has parameters on the meta device after configure_model(). "
-                "ModelParallelStrategy does not initialise them: build the layers without torch.device('meta'), "
-                "or call to_empty(device=...) and reset_parameters() in configure_model after parallelising them."
-            )
+        # layers configure_model built on the meta device and split: [Note: initialising a model
+        # sharded on the meta device]
+        ShardedMetaInit(module, self.root_device, user_init_of(module), "ModelParallelStrategy")()
         if self.tensor_parallel_size > 1:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
