@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
+import fullshard
 from ckpt_helpers import assert_same_state, full_state, killed_at, run_scenarios, run_single
-from conftest import check_ok, run_script
+from conftest import check_ok, quiet_trainer, run_script
 from fullshard.checkpoint.tools import inspect
 
 pytestmark = pytest.mark.multiprocess
@@ -211,3 +213,51 @@ def test_killed_after_commit_keeps_the_new_checkpoint(previous: dict[str, Path],
     assert len(list(path.glob("data-*"))) == 2  # the old data was not yet removed ...
     run_single(tmp_path, fmt="sharded", max_steps=6, resume=path, save=path)
     assert len(list(path.glob("data-*"))) == 1  # ... and the next save cleans it up
+
+
+class _Regression(fullshard.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        self.losses.append(float(loss))
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=0.1)
+
+
+class _SaveAtStart(fullshard.Callback):
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        trainer.save_checkpoint(trainer.default_root_dir + "/start.ckpt")
+
+
+def test_a_checkpoint_saved_before_the_first_step_leaves_the_run_as_it_was(tmp_path: Path) -> None:
+    # torch's state-dict API fills an empty optimizer state with a zero-gradient step; AdamW's
+    # step count was then one ahead, and the second step's loss differed
+    def losses(callbacks: list[Any], ckpt_path: Path | None = None) -> list[float]:
+        fullshard.seed_everything(0)
+        module = _Regression()
+        data = DataLoader(TensorDataset(torch.randn(12, 4), torch.randn(12, 1)), batch_size=4)
+        quiet_trainer(tmp_path, max_steps=3, callbacks=callbacks).fit(module, data, ckpt_path=ckpt_path)
+        return module.losses
+
+    uninterrupted = losses([])
+    assert losses([_SaveAtStart()]) == uninterrupted
+    # ... and a run resumed from that checkpoint is the same run too (AdamW's step count included)
+    assert losses([], ckpt_path=tmp_path / "start.ckpt") == uninterrupted
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_a_sharded_checkpoint_saved_before_the_first_step_resumes_the_same_run(
+    strategy: str, tmp_path: Path
+) -> None:
+    # DCP loads into a template of the optimizer's state: the checkpoint has none for AdamW before
+    # its first step, and FSDP1's planner looked for an "optimizers" key of its own
+    check_ok(run_script("unstepped_save_job.py", "--strategy", strategy, "--out", str(tmp_path)))
+    runs = json.loads((tmp_path / "losses.json").read_text())
+    assert runs["saved"] == runs["uninterrupted"]
+    assert runs["resumed"] == runs["uninterrupted"]

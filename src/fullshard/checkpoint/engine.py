@@ -422,7 +422,7 @@ def _load_sharded(
 ) -> dict[str, Any]:
     expected = strategy.full_shapes()  # on every rank, as in _load_full
 
-    def read() -> tuple[CommitRecord, dict[str, Any]]:
+    def read() -> tuple[CommitRecord, dict[str, Any], set[int]]:
         record = CommitRecord.read(path)
         data = path / record.data
         # every file the record lists there, at its size (format 2: the two parsed here; the
@@ -437,7 +437,10 @@ def _load_sharded(
                 raise damaged_sharded(path, problems, UNVERIFIED_HINT)
         meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
         check_meta(meta, path, optimizers, check, meta.get("optimizer_param_groups"))
-        saved = {k[len("model.") :]: v for k, v in _dcp_shapes(data, trust).items() if k.startswith("model.")}
+        shapes = _dcp_shapes(data, trust)
+        saved = {k[len("model.") :]: v for k, v in shapes.items() if k.startswith("model.")}
+        # an optimizer saved before its first step has no tensors ([Note: unstepped optimizers])
+        stepped = {i for i in range(len(optimizers)) if any(k.startswith(f"optimizers.{i}.") for k in shapes)}
         restore_tied(saved, meta.get(TIED_KEY))
         # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
         missing = sorted(set(expected) - set(saved))
@@ -449,16 +452,18 @@ def _load_sharded(
         ]
         if missing or unexpected or mismatched:
             raise StateDictMismatchError(missing, unexpected, mismatched)
-        return record, meta
+        return record, meta, stepped
 
-    record, meta = _decide(strategy, read)
+    record, meta, stepped = _decide(strategy, read)
     check_shares(strategy, path, record, verify)
-    model_state, optimizer_states = strategy.get_state(optimizers, full=False)
+    model_state, optimizer_states = strategy.get_state(optimizers, full=False, to_load=True)
     # the aliases are not in the DCP files: read the canonical tensors, then hand each alias its
     # canonical one ([Note: tied parameters stored once] in io.py)
     tied = {a: c for a, c in meta.get(TIED_KEY, {}).items() if a in model_state and c in model_state}
     model_state = {k: v for k, v in model_state.items() if k not in tied}
-    state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
+    state: dict[str, Any] = {"model": model_state}
+    if stepped:  # no empty "optimizers": DCP's FSDP1 planner would look for it as a key of its own
+        state["optimizers"] = {str(i): optimizer_states[i]["state"] for i in sorted(stepped)}
     data = path / record.data
     reader = _agreed(strategy, lambda: SafeReader(data, trust))
     with untrusted_raised():
@@ -471,7 +476,8 @@ def _load_sharded(
     restore_tied(state["model"], tied)
     groups = meta.pop("optimizer_param_groups")
     optimizer_states = [
-        {"state": state["optimizers"][str(i)], "param_groups": groups[i]} for i in range(len(optimizers))
+        {"state": state.get("optimizers", {}).get(str(i), {}), "param_groups": groups[i]}
+        for i in range(len(optimizers))
     ]
     strategy.set_state(state["model"], optimizer_states, optimizers, full=False, from_rank0=False)
     return meta

@@ -525,11 +525,11 @@ class FSDPStrategy(ParallelStrategy):
     # ------------------------------------------------------------------------- checkpoints
     @override
     def get_state(
-        self, optimizers: Sequence[Optimizer], *, full: bool
+        self, optimizers: Sequence[Optimizer], *, full: bool, to_load: bool = False
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         aliases = find_aliases(self._require_model(), torch_fsdp().FullyShardedDataParallel)
         with detached(aliases):  # see [Note: a module wrapped by hand and kept under its old name]
-            model_state, optimizer_states = super().get_state(optimizers, full=full)
+            model_state, optimizer_states = super().get_state(optimizers, full=full, to_load=to_load)
         return add_alias_keys(model_state, aliases), optimizer_states
 
     @override

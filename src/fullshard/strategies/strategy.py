@@ -435,20 +435,35 @@ class Strategy:
 
     # ----------------------------------------------------------------------------- checkpoints
     def get_state(
-        self, optimizers: Sequence[Optimizer], *, full: bool
+        self, optimizers: Sequence[Optimizer], *, full: bool, to_load: bool = False
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Model and optimizer states keyed by the module's own parameter names.
 
         ``full``: whole tensors (gathered under FSDP) rather than each rank's shards.
+        ``to_load``: the states are a template that a sharded load reads into, so an optimizer that
+        has not stepped yet gets torch's initial state (every tensor a saved one may hold); to save,
+        such an optimizer's state is empty (see [Note: unstepped optimizers]).
         """
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         model = self._require_model()
         options = self._state_dict_options(full=full)
-        return (
-            get_model_state_dict(model, options=options),
-            [get_optimizer_state_dict(model, optimizer, options=options) for optimizer in optimizers],
-        )
+        model_state = get_model_state_dict(model, options=options)
+        # [Note: unstepped optimizers]
+        # torch fills an optimizer state that is still empty by a step with zero gradients: AdamW's
+        # step count would then be one ahead both in a run that saves before its first step and in
+        # a run resumed from that checkpoint. So the filled state is dropped from the optimizer
+        # again, and saved empty, as plain SGD's is: a load restores the groups' settings only.
+        optimizer_states = []
+        for optimizer in optimizers:
+            unstepped = not optimizer.state
+            state = get_optimizer_state_dict(model, optimizer, options=options)
+            if unstepped:
+                optimizer.state.clear()
+                if not to_load:
+                    state = {**state, "state": {}}
+            optimizer_states.append(state)
+        return model_state, optimizer_states
 
     def set_state(
         self,
@@ -467,9 +482,10 @@ class Strategy:
         model = self._require_model()
         options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
         set_model_state_dict(model, model_state, options=options)
-        # An optimizer without per-parameter state (plain SGD): torch's loader needs a state tensor
-        # to find the device and fails ("Expected device to be set"), and there is nothing but the
-        # groups' hyperparameters to restore anyway. With from_rank0 only rank 0 knows which.
+        # An optimizer without per-parameter state (plain SGD, or one saved before its first step:
+        # [Note: unstepped optimizers]): torch's loader needs a state tensor to find the device and
+        # fails ("Expected device to be set"), and there is nothing but the groups' hyperparameters
+        # to restore anyway. With from_rank0 only rank 0 knows which.
         groups_only = [None if state.get("state") else state.get("param_groups", []) for state in optimizer_states]
         if from_rank0 and optimizers:
             groups_only = self.broadcast(groups_only)
