@@ -30,7 +30,10 @@ What is measured:
 peak memory
     Each process's peak resident set size at the end of ``fit``, minus its resident set size
     when ``configure_model`` starts (after imports and the process group), as in "FSDP memory
-    and speed"; the table shows the largest of the 4 processes.
+    and speed"; the table shows the largest of the 4 processes. Every configuration imports
+    ``torch.distributed.tensor`` before that baseline: the import alone adds about 40 MB (sympy,
+    through DTensor's shape propagation), and a configuration that happened to import it later
+    (``ModelParallelStrategy``'s ``configure_model``) would count it as the model's.
 estimate
     For the FSDP2Strategy runs, the wrap plan's per-process estimate (parameters, gradients,
     optimizer state and the largest gathered unit; under tensor parallelism each split as the
@@ -219,6 +222,8 @@ class Probe(fullshard.Callback):
 
 def run_worker(args: argparse.Namespace) -> None:
     """Train ``args.config`` on this rank (rank 0 also starts ranks 1-3) and write its JSON file."""
+    import torch.distributed.tensor  # before the baseline in every configuration: see "peak memory"
+
     from fullshard.strategies import FSDP2Strategy, ModelParallelStrategy
 
     parallel = args.config == "tp2x2"
