@@ -720,7 +720,8 @@ def render_section(
         render_phases(configs, results),
         wrap(
             "Start-up, paired: each fullshard run's start-up minus that of the loop under the same wrapper"
-            " in the same round of repeats, median (min to max): " + render_start_up_pairs(configs, results)
+            " in the same round of repeats, median (min to max): "
+            + render_start_up_pairs(configs, results)
             + ". Less moved by the machine's load than the difference of the medians above."
         ),
     ]
@@ -810,9 +811,7 @@ def _worker_main(name: str, argv: list[str]) -> None:
             args, clock, defaults=False, strategy=strategy, glibc_mmap=name.endswith("-glibc-mmap")
         )
     else:
-        raise SystemExit(
-            f"unknown worker {name!r}; use one of {', '.join(c.name for c in _configs())}"
-        )
+        raise SystemExit(f"unknown worker {name!r}; use one of {', '.join(c.name for c in _configs())}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """A complete fullshard training script: a small regressor on synthetic data.
 
-    python examples/regressor.py                 # 2 CPU processes with DDP
-    python examples/regressor.py --devices 1     # one process
-    python examples/regressor.py --resume last   # continue from the newest checkpoint
+python examples/regressor.py                 # 2 CPU processes with DDP
+python examples/regressor.py --devices 1     # one process
+python examples/regressor.py --resume last   # continue from the newest checkpoint
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ class Regressor(fullshard.Module):
     def __init__(self, hidden: int = 64, lr: float = 1e-2) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+        )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -56,7 +58,11 @@ def main() -> None:
     # a fixed folder, so that a later run finds "last" there (by default checkpoints go into the
     # logger's folder of this run: <root>/fullshard_logs/version_N/checkpoints, as in Lightning)
     checkpoints = fullshard.ModelCheckpoint(
-        dirpath=Path(args.root_dir) / "checkpoints", monitor="val_loss", mode="min", save_top_k=2, save_last=True
+        dirpath=Path(args.root_dir) / "checkpoints",
+        monitor="val_loss",
+        mode="min",
+        save_top_k=2,
+        save_last=True,
     )
     trainer = fullshard.Trainer(
         accelerator="cpu",
@@ -66,9 +72,15 @@ def main() -> None:
         default_root_dir=args.root_dir,
         log_every_n_steps=10,
     )
-    trainer.fit(Regressor(), DataLoader(train, batch_size=64, shuffle=True), DataLoader(val, batch_size=128),
-                ckpt_path=args.resume)
-    trainer.print(f"best checkpoint: {checkpoints.best_model_path} (val_loss {checkpoints.best_model_score:.4f})")
+    trainer.fit(
+        Regressor(),
+        DataLoader(train, batch_size=64, shuffle=True),
+        DataLoader(val, batch_size=128),
+        ckpt_path=args.resume,
+    )
+    trainer.print(
+        f"best checkpoint: {checkpoints.best_model_path} (val_loss {checkpoints.best_model_score:.4f})"
+    )
 
 
 if __name__ == "__main__":

@@ -51,7 +51,9 @@ def _no_hook() -> Iterator[None]:
     set_event_hook(None)
 
 
-def _trainer(root: Path, max_steps: int, callbacks: list[Any] | None = None, **kwargs: Any) -> fullshard.Trainer:
+def _trainer(
+    root: Path, max_steps: int, callbacks: list[Any] | None = None, **kwargs: Any
+) -> fullshard.Trainer:
     strategy = SingleDeviceStrategy(state_dict_type="sharded")
     strategy.async_save = True  # what FSDP2Strategy(async_save=True) switches on, here in one process
     return quiet_trainer(root, strategy=strategy, max_steps=max_steps, callbacks=callbacks or [], **kwargs)  # type: ignore[no-any-return]
@@ -67,7 +69,9 @@ class SaveAt(fullshard.Callback):
     def __init__(self, path: Path, steps: set[int], then: Callable[[Any], None] | None = None) -> None:
         self.path, self.steps, self.then = path, steps, then
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step in self.steps:
             trainer.save_checkpoint(self.path)
         if self.then is not None:
@@ -86,7 +90,11 @@ def _fail_writer(point: str) -> None:
 # ----------------------------------------------------------------------------- staging, unit
 def test_stage_copies_every_tensor_and_counts_its_bytes() -> None:
     weight, step = torch.ones(3, 4), torch.tensor(5.0)
-    state = {"model": {"w": weight}, "optimizers": {"0": {"w": {"step": step, "betas": (0.9, 0.99)}}}, "n": [1]}
+    state = {
+        "model": {"w": weight},
+        "optimizers": {"0": {"w": {"step": step, "betas": (0.9, 0.99)}}},
+        "n": [1],
+    }
     staged = staging.stage(state)  # copies every tensor now: nothing deferred
     staged, nbytes = staged.state, staged.nbytes
     weight.add_(1)
@@ -164,10 +172,15 @@ def test_one_staged_copy_at_a_time_freed_once_written(tmp_path: Path) -> None:
     assert live_copies == [1, 1, 1]
     assert [ref() for ref in staged_refs] == [None, None, None]  # freed when its files were written
     model_state, optimizer_states = trainer.strategy.get_state(trainer.optimizers, full=False)
-    tensors = [*model_state.values(), *(v for s in optimizer_states for p in s["state"].values() for v in p.values())]
+    tensors = [
+        *model_state.values(),
+        *(v for s in optimizer_states for p in s["state"].values() for v in p.values()),
+    ]
     trainer.save_checkpoint(path)
     assert trainer.strategy.pending_checkpoint is not None
-    assert trainer.strategy.pending_checkpoint.staged_bytes == sum(t.numel() * t.element_size() for t in tensors)
+    assert trainer.strategy.pending_checkpoint.staged_bytes == sum(
+        t.numel() * t.element_size() for t in tensors
+    )
     trainer.strategy.wait_for_checkpoint()
 
 
@@ -211,7 +224,9 @@ def test_failure_surfaces_at_the_end_of_fit_and_the_next_save_works(tmp_path: Pa
     first = json.loads((path / RECORD_NAME).read_text())["data"]
     set_event_hook(_fail_writer)
     trainer.save_checkpoint(path)  # at step 3; fails in the background
-    with pytest.raises(CheckpointError, match=rf"to '{path}' at global step 3 failed: rank 0: {ENOSPC}\. Nothing"):
+    with pytest.raises(
+        CheckpointError, match=rf"to '{path}' at global step 3 failed: rank 0: {ENOSPC}\. Nothing"
+    ):
         trainer.save_checkpoint(path)  # the next save raises it, before writing anything
     set_event_hook(None)
     trainer.save_checkpoint(path)
@@ -223,7 +238,9 @@ def test_failure_surfaces_at_the_end_of_fit_and_the_next_save_works(tmp_path: Pa
     # a save at the last step whose write fails: no optimizer step follows, fit's end raises it
     set_event_hook(_fail_writer)
     trainer = _trainer(tmp_path, max_steps=2, callbacks=[SaveAt(tmp_path / "other", {2})])
-    with pytest.raises(CheckpointError, match=rf"at global step 2 failed: rank 0: {ENOSPC}\. Nothing of it was committed"):
+    with pytest.raises(
+        CheckpointError, match=rf"at global step 2 failed: rank 0: {ENOSPC}\. Nothing of it was committed"
+    ):
         trainer.fit(Net(), _loader())
 
 
@@ -282,7 +299,10 @@ def test_an_error_in_fit_lets_the_save_in_flight_finish(tmp_path: Path, write_fa
     reported = [str(w.message) for w in caught if "written in the background" in str(w.message)]
     if write_fails:  # its own failure is reported beside the run's error, which goes on
         assert len(reported) == 1
-        assert re.search(rf"at global step 2 failed: rank 0: {ENOSPC}\..*\(The run itself failed with RuntimeError\.\)", reported[0])
+        assert re.search(
+            rf"at global step 2 failed: rank 0: {ENOSPC}\..*\(The run itself failed with RuntimeError\.\)",
+            reported[0],
+        )
         assert not path.exists() or inspect(path).complete is False
     else:
         assert reported == []
@@ -347,7 +367,9 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     runs["copy"] = ["--save-at", "3,4", "--fail-copy", "1:2", "--max-steps", "8"]
     with ThreadPoolExecutor(len(runs)) as pool:
         futures = {
-            name: pool.submit(_job, root / name.replace(":", "_"), "--path", str(root / name.replace(":", "_") / "P"), *args)
+            name: pool.submit(
+                _job, root / name.replace(":", "_"), "--path", str(root / name.replace(":", "_") / "P"), *args
+            )
             for name, args in runs.items()
         }
         return {name: (root / name.replace(":", "_"), future.result()) for name, future in futures.items()}
@@ -361,7 +383,9 @@ def test_background_save_equals_a_synchronous_one(straight: Path, tmp_path: Path
         trainer, _ = run_single(tmp_path / name, fmt="sharded", max_steps=3, resume=straight / name)
         states[name] = full_state(trainer)
         assert_same_state(states[name], reference)
-    resumed = [run_single(tmp_path / f"{n}6", fmt="sharded", max_steps=6, resume=straight / n)[1] for n in "AS"]
+    resumed = [
+        run_single(tmp_path / f"{n}6", fmt="sharded", max_steps=6, resume=straight / n)[1] for n in "AS"
+    ]
     for a, s in zip(resumed[0].state_dict().values(), resumed[1].state_dict().values(), strict=True):
         assert torch.equal(a, s)
 
@@ -396,7 +420,10 @@ def test_failure_after_fit_is_raised_at_the_next_save_on_every_rank(straight: Pa
     path = straight / "B"
     for log in _logs(straight):
         assert [(e["where"], e["type"]) for e in log["errors"]] == [("next_save", "CheckpointError")]
-        assert f"to '{path}' at global step 10 failed: rank 0: OSError: [Errno 28]" in log["errors"][0]["message"]
+        assert (
+            f"to '{path}' at global step 10 failed: rank 0: OSError: [Errno 28]"
+            in log["errors"][0]["message"]
+        )
         (_, before), (_, after) = log["inspections"]
         assert before == after and before["complete"] and before["verified"]  # the previous one untouched
 
@@ -436,7 +463,10 @@ def test_killed_background_write_leaves_the_previous_checkpoint(
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("run", "cause"),
-    [("enospc", "rank 1: OSError: [Errno 28]"), ("copy", "rank 1 while copying the state to host memory: MemoryError")],
+    [
+        ("enospc", "rank 1: OSError: [Errno 28]"),
+        ("copy", "rank 1 while copying the state to host memory: MemoryError"),
+    ],
     ids=["write", "copy"],
 )
 def test_failed_write_raises_on_every_rank_at_the_same_step(

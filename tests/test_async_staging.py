@@ -101,7 +101,9 @@ class SaveAndWatch(fullshard.Callback):
         for optimizer in trainer.optimizers:
             optimizer.register_step_post_hook(lambda *args: self.note("step"))
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step == SAVE_AT and not self.expected:
             self.expected.update(copy.deepcopy(full_state(trainer)))
             trainer.save_checkpoint(self.path, weights_only=self.weights_only)
@@ -268,7 +270,9 @@ def test_a_failed_copy_raises_at_the_next_optimizer_step(tmp_path: Path) -> None
             decided.set()
 
     class SaveAt(fullshard.Callback):
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             if trainer.global_step in (2, 3):
                 trainer.save_checkpoint(path)
             if trainer.global_step == 3:  # let the thread fail and decide before step 4: no race in the test
@@ -326,7 +330,9 @@ def test_a_directory_that_cannot_be_made_fails_the_background_save(tmp_path: Pat
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging buffers are for state on a CUDA device")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="pinned staging buffers are for state on a CUDA device"
+)
 def test_pinned_buffers_are_reused_by_the_next_save_on_cuda(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
     copies: list[tuple[set[int], bool]] = []
@@ -337,18 +343,25 @@ def test_pinned_buffers_are_reused_by_the_next_save_on_cuda(tmp_path: Path) -> N
             state = pending._staging.state
             moments = [v for s in state["optimizers"].values() for p in s.values() for v in p.values()]
             # the parameters and AdamW's moments (its step counts are CPU tensors)
-            tensors = [*state["model"].values(), *(v for v in moments if isinstance(v, torch.Tensor) and v.dim())]
+            tensors = [
+                *state["model"].values(),
+                *(v for v in moments if isinstance(v, torch.Tensor) and v.dim()),
+            ]
             copies.append(({t.data_ptr() for t in tensors}, all(t.is_pinned() for t in tensors)))
 
     class SaveAt(fullshard.Callback):
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             if trainer.global_step in (2, 3):
                 trainer.save_checkpoint(path)
 
     set_event_hook(hook)
     strategy = SingleDeviceStrategy(state_dict_type="sharded")
     strategy.async_save = True
-    trainer = quiet_trainer(tmp_path, accelerator="cuda", strategy=strategy, max_steps=4, callbacks=[SaveAt()])
+    trainer = quiet_trainer(
+        tmp_path, accelerator="cuda", strategy=strategy, max_steps=4, callbacks=[SaveAt()]
+    )
     trainer.fit(Net(), _loader())
     assert len(copies) == 2 and copies[0][1] and copies[1][1]  # pinned
     assert copies[0][0] == copies[1][0]  # the second save copied into the first one's buffers

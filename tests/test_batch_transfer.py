@@ -153,10 +153,17 @@ class Data(fullshard.LightningDataModule):
 
 def test_a_datamodules_hook_wins_over_the_modules(tmp_path: Path) -> None:
     model = Hooked()
-    with pytest.warns(UserWarning, match="overridden `on_before_batch_transfer` in both the Module and the DataModule"):
+    with pytest.warns(
+        UserWarning, match="overridden `on_before_batch_transfer` in both the Module and the DataModule"
+    ):
         quiet_trainer(tmp_path, max_epochs=1).fit(model, datamodule=Data())
-    assert ("before", "0") not in model.calls and ("transfer", "cpu") in model.calls  # the others: the module's
-    assert torch.equal(model.seen[0][1][0], torch.full((4, 2), 10.0)) and torch.equal(model.seen[0][1][1], torch.ones(4))
+    assert ("before", "0") not in model.calls and (
+        "transfer",
+        "cpu",
+    ) in model.calls  # the others: the module's
+    assert torch.equal(model.seen[0][1][0], torch.full((4, 2), 10.0)) and torch.equal(
+        model.seen[0][1][1], torch.ones(4)
+    )
 
 
 # ------------------------------------------------------------------- configure_callbacks
@@ -193,7 +200,9 @@ def test_configure_callbacks_replaces_the_same_type_and_keeps_checkpoints_last(
     single = Tagged("one")
     assert attach_model_callbacks(given, WithCallbacks(single)) == [early, single, checkpoint]
     assert attach_model_callbacks(given, WithCallbacks([])) is given
-    with pytest.raises(MisconfigurationError, match=r"configure_callbacks\(\) returned a str; return a fullshard Callback"):
+    with pytest.raises(
+        MisconfigurationError, match=r"configure_callbacks\(\) returned a str; return a fullshard Callback"
+    ):
         attach_model_callbacks(given, WithCallbacks(["x"]))
 
 

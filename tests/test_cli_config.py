@@ -87,7 +87,9 @@ def test_fit_from_a_yaml_config_with_a_command_line_override(tmp_path: Path) -> 
 
 
 def test_print_config_is_complete_and_loads_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = _write(tmp_path / "run.yaml", {"trainer": {"max_epochs": 3, "strategy": "fsdp"}, "model": {"hidden": 7}})
+    config = _write(
+        tmp_path / "run.yaml", {"trainer": {"max_epochs": 3, "strategy": "fsdp"}, "model": {"hidden": 7}}
+    )
     with pytest.raises(SystemExit) as exit_info:
         _cli("fit", "--config", str(config), "--print_config")
     assert exit_info.value.code == 0
@@ -96,7 +98,9 @@ def test_print_config_is_complete_and_loads_back(tmp_path: Path, capsys: pytest.
     assert printed.startswith(f"# fullshard=={fullshard.__version__}")
     # every argument is spelled out, the file's and the defaults
     assert document["trainer"]["max_epochs"] == 3 and document["trainer"]["strategy"] == "fsdp"
-    assert {"accumulate_grad_batches", "precision", "callbacks", "preemption_signals"} <= set(document["trainer"])
+    assert {"accumulate_grad_batches", "precision", "callbacks", "preemption_signals"} <= set(
+        document["trainer"]
+    )
     assert document["model"] == {"hidden": 7, "lr": 0.1}
     assert {"seed_everything", "ckpt_path", "optimizer", "lr_scheduler", "ckpt_weights_only"} <= set(document)
     (tmp_path / "printed.yaml").write_text(printed)
@@ -106,9 +110,17 @@ def test_print_config_is_complete_and_loads_back(tmp_path: Path, capsys: pytest.
 
 
 # ---------------------------------------------------------------------------------- strategies
-@pytest.mark.parametrize(("name", "cls"), [("fsdp", FSDPStrategy), ("fsdp2", FSDP2Strategy), ("ddp", DDPStrategy), ("auto", SingleDeviceStrategy)])
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [("fsdp", FSDPStrategy), ("fsdp2", FSDP2Strategy), ("ddp", DDPStrategy), ("auto", SingleDeviceStrategy)],
+)
 def test_strategy_by_registry_name(name: str, cls: type, tmp_path: Path) -> None:
-    cli = _cli(f"--trainer.strategy={name}", *_quiet(tmp_path), f"--trainer.devices={1 if name == 'auto' else 2}", run=False)
+    cli = _cli(
+        f"--trainer.strategy={name}",
+        *_quiet(tmp_path),
+        f"--trainer.devices={1 if name == 'auto' else 2}",
+        run=False,
+    )
     assert type(cli.trainer.strategy) is cls
 
 
@@ -126,7 +138,9 @@ def test_strategy_as_class_path_with_policies_by_class_name(tmp_path: Path) -> N
     cli = _cli("--config", str(config), *_quiet(tmp_path), "--trainer.devices=2", run=False)
     strategy = cli.trainer.strategy
     assert type(strategy) is FSDPStrategy
-    assert strategy.auto_wrap_policy is not None and strategy.auto_wrap_policy.classes == frozenset({"torch.nn.Linear"})
+    assert strategy.auto_wrap_policy is not None and strategy.auto_wrap_policy.classes == frozenset(
+        {"torch.nn.Linear"}
+    )
     assert strategy.activation_checkpointing_policy is not None
     assert strategy.activation_checkpointing_policy.classes == frozenset({"Tanh"})
     assert strategy.state_dict_type == "sharded"
@@ -138,17 +152,23 @@ def test_strategy_options_on_the_command_line(tmp_path: Path) -> None:
     assert type(cli.trainer.strategy) is FSDP2Strategy and cli.trainer.strategy.async_save is True
 
 
-def test_a_strategy_class_that_is_not_a_strategy_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_strategy_class_that_is_not_a_strategy_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = _write(tmp_path / "run.yaml", {"trainer": {"strategy": {"class_path": "torch.nn.Linear"}}})
     err = _error(capsys, "--config", str(config), *_quiet(tmp_path), run=False)
     assert 'Parser key "trainer.strategy"' in err and "torch.nn.Linear" in err and "Strategy" in err
     # a bare word is a registry name
-    with pytest.raises(StrategyRegistryError, match=r"Unknown strategy 'torch.nn.Linear'.*Available strategies: ddp"):
+    with pytest.raises(
+        StrategyRegistryError, match=r"Unknown strategy 'torch.nn.Linear'.*Available strategies: ddp"
+    ):
         _cli("--trainer.strategy=torch.nn.Linear", *_quiet(tmp_path), run=False)
 
 
 def test_an_unknown_strategy_name_lists_the_registered_ones(tmp_path: Path) -> None:
-    with pytest.raises(StrategyRegistryError, match=r"Unknown strategy 'fsdq'.*Did you mean 'fsdp'.*Available strategies"):
+    with pytest.raises(
+        StrategyRegistryError, match=r"Unknown strategy 'fsdq'.*Did you mean 'fsdp'.*Available strategies"
+    ):
         _cli("--trainer.strategy=fsdq", *_quiet(tmp_path), "--trainer.devices=2", run=False)
 
 
@@ -161,20 +181,29 @@ def test_strategy_from_config_forms() -> None:
     assert built.auto_wrap_policy.classes == frozenset({"torch.nn.TransformerEncoderLayer"})
     mmengine_style = strategy_from_config({"type": "fsdp", "state_dict_type": "sharded"})
     assert type(mmengine_style) is FSDPStrategy and mmengine_style.state_dict_type == "sharded"
-    by_class_name = strategy_from_config({"type": "FSDP2Strategy", "activation_checkpointing_policy": ["Block"]})
+    by_class_name = strategy_from_config(
+        {"type": "FSDP2Strategy", "activation_checkpointing_policy": ["Block"]}
+    )
     assert type(by_class_name) is FSDP2Strategy
-    lightning_path = strategy_from_config({"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {}})
+    lightning_path = strategy_from_config(
+        {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {}}
+    )
     assert type(lightning_path) is DDPStrategy
     assert strategy_from_config(mmengine_style) is mmengine_style
 
 
 def test_strategy_from_config_errors() -> None:
-    with pytest.raises(ValueError, match=r"strategy type 'fsdq' is neither a registered name nor a class of fullshard.strategies\. Did you mean 'fsdp'.*classes: DDPStrategy"):
+    with pytest.raises(
+        ValueError,
+        match=r"strategy type 'fsdq' is neither a registered name nor a class of fullshard.strategies\. Did you mean 'fsdp'.*classes: DDPStrategy",
+    ):
         strategy_from_config({"type": "fsdq"})
     with pytest.raises(ValueError, match=r"needs 'class_path' \(with 'init_args'\) or 'type'"):
         strategy_from_config({"name": "fsdp"})
     with pytest.raises(ValueError, match=r"built a Linear, which is not a fullshard.strategies.Strategy"):
-        strategy_from_config({"class_path": "torch.nn.Linear", "init_args": {"in_features": 1, "out_features": 1}})
+        strategy_from_config(
+            {"class_path": "torch.nn.Linear", "init_args": {"in_features": 1, "out_features": 1}}
+        )
     with pytest.raises(ValueError, match=r"got int \(3\); give a registry name"):
         strategy_from_config(3)
     with pytest.raises(StrategyRegistryError, match="Available strategies"):
@@ -187,15 +216,26 @@ def test_instantiate_class_matches_lightnings_signature() -> None:
     params = [torch.nn.Parameter(torch.zeros(2))]
     optimizer = instantiate_class(params, {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.5}})
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.param_groups[0]["lr"] == 0.5
-    scheduler = instantiate_class((optimizer,), {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 2}})
+    scheduler = instantiate_class(
+        (optimizer,), {"class_path": "torch.optim.lr_scheduler.StepLR", "init_args": {"step_size": 2}}
+    )
     assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR)
-    checkpoint = instantiate_class((), {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "x"}})
+    checkpoint = instantiate_class(
+        (), {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "x"}}
+    )
     assert isinstance(checkpoint, ModelCheckpoint) and checkpoint.monitor == "x"
-    with pytest.raises(ValueError, match=r"class_path='torch.optim.Adamm': module 'torch.optim' has no 'Adamm'. Did you mean 'Adam'"):
+    with pytest.raises(
+        ValueError,
+        match=r"class_path='torch.optim.Adamm': module 'torch.optim' has no 'Adamm'. Did you mean 'Adam'",
+    ):
         instantiate_class(params, {"class_path": "torch.optim.Adamm"})
-    with pytest.raises(ValueError, match=r"class_path='AdamW' is not a dotted path: give the module and the name"):
+    with pytest.raises(
+        ValueError, match=r"class_path='AdamW' is not a dotted path: give the module and the name"
+    ):
         instantiate_class(params, {"class_path": "AdamW"})
-    with pytest.raises(ValueError, match=r"class_path='no_such_pkg.Thing': cannot import module 'no_such_pkg'"):
+    with pytest.raises(
+        ValueError, match=r"class_path='no_such_pkg.Thing': cannot import module 'no_such_pkg'"
+    ):
         instantiate_class(params, {"class_path": "no_such_pkg.Thing"})
     with pytest.raises(ValueError, match=r"expects a mapping \{'class_path'"):
         instantiate_class(params, {"init_args": {}})
@@ -205,11 +245,22 @@ def test_instantiate_class_matches_lightnings_signature() -> None:
 
 # ------------------------------------------------------------------------- Lightning class paths
 def test_lightning_class_paths_map_to_fullshard() -> None:
-    assert lightning_class_path("lightning.pytorch.callbacks.ModelCheckpoint") == "fullshard.callbacks.ModelCheckpoint"
-    assert lightning_class_path("pytorch_lightning.callbacks.EarlyStopping") == "fullshard.callbacks.EarlyStopping"
+    assert (
+        lightning_class_path("lightning.pytorch.callbacks.ModelCheckpoint")
+        == "fullshard.callbacks.ModelCheckpoint"
+    )
+    assert (
+        lightning_class_path("pytorch_lightning.callbacks.EarlyStopping")
+        == "fullshard.callbacks.EarlyStopping"
+    )
     assert lightning_class_path("lightning.pytorch.loggers.CSVLogger") == "fullshard.loggers.CSVLogger"
-    assert lightning_class_path("lightning.pytorch.strategies.FSDPStrategy") == "fullshard.strategies.FSDPStrategy"
-    assert lightning_class_path("lightning.pytorch.cli.ReduceLROnPlateau") == "fullshard.cli.ReduceLROnPlateau"
+    assert (
+        lightning_class_path("lightning.pytorch.strategies.FSDPStrategy")
+        == "fullshard.strategies.FSDPStrategy"
+    )
+    assert (
+        lightning_class_path("lightning.pytorch.cli.ReduceLROnPlateau") == "fullshard.cli.ReduceLROnPlateau"
+    )
     assert lightning_class_path("lightning.pytorch.LightningModule") == "fullshard.LightningModule"
     assert lightning_class_path("torch.optim.AdamW") == "torch.optim.AdamW"
     with pytest.raises(ValueError, match=(
@@ -217,7 +268,9 @@ def test_lightning_class_paths_map_to_fullshard() -> None:
         r"counterpart of in `fullshard.callbacks`\. .*Classes there: BasePredictionWriter, Callback, EarlyStopping"
     )):  # fmt: skip
         lightning_class_path("lightning.pytorch.callbacks.StochasticWeightAveraging")
-    with pytest.raises(ValueError, match=r"'lightning.pytorch.tuner.Tuner' names a Lightning class .* in fullshard\."):
+    with pytest.raises(
+        ValueError, match=r"'lightning.pytorch.tuner.Tuner' names a Lightning class .* in fullshard\."
+    ):
         lightning_class_path("lightning.pytorch.tuner.Tuner")
 
 
@@ -225,18 +278,36 @@ def test_from_lightning_drops_only_what_means_the_default() -> None:
     document = {"trainer": {"precision": None, "plugins": None, "barebones": False, "enable_autolog_hparams": True,
                             "max_epochs": None, "logger": None}, "weights_only": None}  # fmt: skip
     assert from_lightning(document, subcommand="fit") == {"trainer": {"max_epochs": None, "logger": None}}
-    with pytest.raises(ValueError, match=r"trainer.plugins: Trainer\(plugins=\['x'\]\) is a Lightning option that fullshard does not support"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.plugins: Trainer\(plugins=\['x'\]\) is a Lightning option that fullshard does not support",
+    ):
         from_lightning({"trainer": {"plugins": ["x"]}})
-    with pytest.raises(ValueError, match=r"trainer.max_epoch: Trainer\(\) got an unexpected keyword argument 'max_epoch'. Did you mean 'max_epochs'"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.max_epoch: Trainer\(\) got an unexpected keyword argument 'max_epoch'. Did you mean 'max_epochs'",
+    ):
         from_lightning({"trainer": {"max_epoch": 3}})
-    with pytest.raises(ValueError, match=r"fit got weights_only=False, a Lightning argument that fullshard's fit does not take: .*pass trust_checkpoint: true"):
+    with pytest.raises(
+        ValueError,
+        match=r"fit got weights_only=False, a Lightning argument that fullshard's fit does not take: .*pass trust_checkpoint: true",
+    ):
         from_lightning({"fit": {"weights_only": False}})
-    with pytest.raises(ValueError, match=r"Trainer got enable_autolog_hparams=False, a Lightning argument .*: remove it"):
+    with pytest.raises(
+        ValueError, match=r"Trainer got enable_autolog_hparams=False, a Lightning argument .*: remove it"
+    ):
         from_lightning({"trainer": {"enable_autolog_hparams": False}})
     with pytest.raises(ValueError, match=r"CSVLogger got prefix='run', a Lightning argument"):
-        from_lightning({"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"prefix": "run"}}})
-    with pytest.raises(ValueError, match=r"ModelCheckpoint got monitr='x', which fullshard's ModelCheckpoint does not take\. Did you mean 'monitor'"):
-        from_lightning({"c": {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitr": "x"}}})
+        from_lightning(
+            {"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"prefix": "run"}}}
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"ModelCheckpoint got monitr='x', which fullshard's ModelCheckpoint does not take\. Did you mean 'monitor'",
+    ):
+        from_lightning(
+            {"c": {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitr": "x"}}}
+        )
     renamed = from_lightning({"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
                                          "init_args": {"save_dir": "x", "flush_logs_every_n_steps": 5}}})  # fmt: skip
     assert renamed["logger"]["init_args"] == {"save_dir": "x", "flush_every_n_steps": 5}
@@ -287,22 +358,42 @@ def test_an_unknown_key_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_a_bad_class_path_says_what_was_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _error(capsys, "fit", "--trainer.callbacks+=fullshard.callbacks.ModelCheckpointt", *_quiet(tmp_path))
+    err = _error(
+        capsys, "fit", "--trainer.callbacks+=fullshard.callbacks.ModelCheckpointt", *_quiet(tmp_path)
+    )
     assert "fullshard.callbacks.ModelCheckpointt" in err
 
 
-def test_an_unknown_lightning_class_in_a_config_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = _write(tmp_path / "run.yaml", {"trainer": {"callbacks": [
-        {"class_path": "lightning.pytorch.callbacks.StochasticWeightAveraging", "init_args": {"swa_lrs": 0.01}}]}})
+def test_an_unknown_lightning_class_in_a_config_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _write(
+        tmp_path / "run.yaml",
+        {
+            "trainer": {
+                "callbacks": [
+                    {
+                        "class_path": "lightning.pytorch.callbacks.StochasticWeightAveraging",
+                        "init_args": {"swa_lrs": 0.01},
+                    }
+                ]
+            }
+        },
+    )
     err = _error(capsys, "fit", "--config", str(config), *_quiet(tmp_path))
     assert "'lightning.pytorch.callbacks.StochasticWeightAveraging' names a Lightning class" in err
     assert "Classes there: BasePredictionWriter, Callback, EarlyStopping" in err and "run.yaml" in err
 
 
-def test_a_lightning_only_trainer_option_that_is_on_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_lightning_only_trainer_option_that_is_on_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = _write(tmp_path / "run.yaml", {"trainer": {"barebones": True}})
     err = _error(capsys, "fit", "--config", str(config), *_quiet(tmp_path))
-    assert "trainer.barebones: Trainer(barebones=True) is a Lightning option that fullshard does not support" in err
+    assert (
+        "trainer.barebones: Trainer(barebones=True) is a Lightning option that fullshard does not support"
+        in err
+    )
     assert "lean already" in err
 
 
@@ -315,7 +406,10 @@ def test_jsonargparse_missing_says_how_to_install(tmp_path: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
-    assert "ImportError: fullshard.cli.LightningCLI needs jsonargparse, which is not installed: pip install 'fullshard[cli]'" in result.stderr
+    assert (
+        "ImportError: fullshard.cli.LightningCLI needs jsonargparse, which is not installed: pip install 'fullshard[cli]'"
+        in result.stderr
+    )
 
 
 # ------------------------------------------------------------------------------- subcommands
@@ -325,7 +419,9 @@ def test_validate_test_predict_with_ckpt_path(tmp_path: Path) -> None:
     best = fit.trainer.checkpoint_callback.best_model_path
     assert best and Path(best).exists()
     expected = Model(hidden=4)
-    expected.load_state_dict({k.removeprefix("model."): v for k, v in torch.load(best, weights_only=False)["state_dict"].items()})
+    expected.load_state_dict(
+        {k.removeprefix("model."): v for k, v in torch.load(best, weights_only=False)["state_dict"].items()}
+    )
     x, y = Data()._data(2).tensors
     with torch.no_grad():
         test_loss = float(torch.nn.functional.mse_loss(expected(x), y))
@@ -345,17 +441,27 @@ def test_validate_test_predict_with_ckpt_path(tmp_path: Path) -> None:
     assert torch.allclose(torch.cat(out), predictions, atol=1e-6)
 
 
-def test_subcommand_arguments_come_from_the_trainer_methods(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_subcommand_arguments_come_from_the_trainer_methods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         _cli("test", "--help")
     help_text = capsys.readouterr().out
     assert "--ckpt_path" in help_text and "--ckpt_verify" in help_text and "--verbose" in help_text
-    assert "--trainer.strategy" in help_text and "--model.hidden" in help_text and "--data.batch_size" in help_text
+    assert (
+        "--trainer.strategy" in help_text
+        and "--model.hidden" in help_text
+        and "--data.batch_size" in help_text
+    )
 
 
 def test_run_false_builds_without_running(tmp_path: Path) -> None:
     cli = _cli("--trainer.max_epochs=4", "--model.lr=0.3", "--data.n=16", *_quiet(tmp_path), run=False)
-    assert isinstance(cli.trainer, fullshard.Trainer) and isinstance(cli.model, Model) and isinstance(cli.datamodule, Data)
+    assert (
+        isinstance(cli.trainer, fullshard.Trainer)
+        and isinstance(cli.model, Model)
+        and isinstance(cli.datamodule, Data)
+    )
     assert cli.subcommand is None and cli.model.hparams["lr"] == 0.3 and cli.datamodule.n == 16
     assert cli.trainer.max_epochs == 4 and cli.trainer.global_step == 0
     assert not any(tmp_path.iterdir())  # nothing ran, nothing written
@@ -371,7 +477,11 @@ def test_args_as_a_dict_and_trainer_defaults(tmp_path: Path) -> None:
         trainer_defaults={"max_epochs": 5, "callbacks": [marker], "accelerator": "cpu", "devices": 1},
         args={"model": {"hidden": 3}, "trainer": {"default_root_dir": str(tmp_path), "limit_val_batches": 2}},
     )  # fmt: skip
-    assert cli.model.hparams["hidden"] == 3 and cli.trainer.max_epochs == 5 and cli.trainer.limit_val_batches == 2
+    assert (
+        cli.model.hparams["hidden"] == 3
+        and cli.trainer.max_epochs == 5
+        and cli.trainer.limit_val_batches == 2
+    )
     assert marker in cli.trainer.callbacks
     assert any(isinstance(c, SaveConfigCallback) for c in cli.trainer.callbacks)
 
@@ -387,12 +497,16 @@ def test_subclass_mode_model_and_data(tmp_path: Path) -> None:
 def test_no_classes_given_means_any_chosen_by_class_path(tmp_path: Path) -> None:
     cli = LightningCLI(args=["--model=cli_train.WideModel", "--model.hidden=5", *_quiet(tmp_path)], run=False)
     assert type(cli.model) is WideModel and cli.model.hparams["hidden"] == 5 and cli.datamodule is None
-    cli = LightningCLI(args=["--model=cli_train.Model", "--data=cli_train.Data", "--data.n=4", *_quiet(tmp_path)], run=False)
+    cli = LightningCLI(
+        args=["--model=cli_train.Model", "--data=cli_train.Data", "--data.n=4", *_quiet(tmp_path)], run=False
+    )
     assert type(cli.model) is Model and isinstance(cli.datamodule, Data) and cli.datamodule.n == 4
 
 
 def test_automatic_optimizer_and_lr_scheduler(tmp_path: Path) -> None:
-    with pytest.warns(UserWarning, match=r"Model.configure_optimizers is replaced by the optimizer given with --optimizer"):
+    with pytest.warns(
+        UserWarning, match=r"Model.configure_optimizers is replaced by the optimizer given with --optimizer"
+    ):
         cli = _cli("fit", "--optimizer=torch.optim.AdamW", "--optimizer.lr=0.01", "--optimizer.weight_decay=0.5",
                    "--lr_scheduler=torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size=1",
                    "--lr_scheduler.gamma=0.5", "--trainer.max_epochs=2", "--trainer.logger=false", *_quiet(tmp_path))  # fmt: skip
@@ -453,11 +567,26 @@ def test_parser_hooks_before_and_after_fit(tmp_path: Path) -> None:
 def test_default_config_files_written_by_lightning_are_translated_too(tmp_path: Path) -> None:
     """Default config files reach jsonargparse by another path than --config ([Note: where configs
     are translated] in fullshard/cli/lightning_cli.py)."""
-    defaults = _write(tmp_path / "defaults.yaml", {"trainer": {"profiler": None, "max_epochs": 3, "callbacks": [
-        {"class_path": "lightning.pytorch.callbacks.EarlyStopping", "init_args": {"monitor": "val_loss"}}]}})
+    defaults = _write(
+        tmp_path / "defaults.yaml",
+        {
+            "trainer": {
+                "profiler": None,
+                "max_epochs": 3,
+                "callbacks": [
+                    {
+                        "class_path": "lightning.pytorch.callbacks.EarlyStopping",
+                        "init_args": {"monitor": "val_loss"},
+                    }
+                ],
+            }
+        },
+    )
     cli = _cli(*_quiet(tmp_path), run=False, parser_kwargs={"default_config_files": [str(defaults)]})
     assert cli.trainer.max_epochs == 3
-    assert any(isinstance(c, fullshard.EarlyStopping) and c.monitor == "val_loss" for c in cli.trainer.callbacks)
+    assert any(
+        isinstance(c, fullshard.EarlyStopping) and c.monitor == "val_loss" for c in cli.trainer.callbacks
+    )
 
 
 def test_parser_kwargs_per_subcommand(tmp_path: Path) -> None:
@@ -472,7 +601,10 @@ def test_only_fullshard_classes_get_class_argument_groups(tmp_path: Path) -> Non
         def add_arguments_to_parser(self, parser: Any) -> None:
             parser.add_lightning_class_args(torch.nn.Linear, "layer")
 
-    with pytest.raises(MisconfigurationError, match=r"Cannot add arguments from <class 'torch.nn.modules.linear.Linear'>: give a subclass of fullshard's Trainer, Module"):
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"Cannot add arguments from <class 'torch.nn.modules.linear.Linear'>: give a subclass of fullshard's Trainer, Module",
+    ):
         MyCLI(Model, Data, args=_quiet(tmp_path), run=False)
 
 
@@ -482,7 +614,10 @@ def test_one_automatic_optimizer_at_most(tmp_path: Path) -> None:
             parser.add_optimizer_args(torch.optim.SGD, nested_key="opt_a")
             parser.add_optimizer_args(torch.optim.Adam, nested_key="opt_b")
 
-    with pytest.raises(MisconfigurationError, match=r"at most one optimizer and one LR scheduler itself, but the groups \['opt_a', 'opt_b'\]"):
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"at most one optimizer and one LR scheduler itself, but the groups \['opt_a', 'opt_b'\]",
+    ):
         TwoOptimizers(Model, Data, args=["--opt_a.lr=0.1", *_quiet(tmp_path)], run=False)
 
 
@@ -491,14 +626,22 @@ def test_a_callback_group_is_always_added(tmp_path: Path) -> None:
         def add_arguments_to_parser(self, parser: Any) -> None:
             parser.add_lightning_class_args(fullshard.EarlyStopping, "early_stopping")
 
-    cli = WithStopper(Model, Data, args=["--early_stopping.monitor=val_loss", "--early_stopping.patience=4", *_quiet(tmp_path)], run=False)
+    cli = WithStopper(
+        Model,
+        Data,
+        args=["--early_stopping.monitor=val_loss", "--early_stopping.patience=4", *_quiet(tmp_path)],
+        run=False,
+    )
     stopper = next(c for c in cli.trainer.callbacks if isinstance(c, fullshard.EarlyStopping))
     assert stopper.patience == 4
 
 
 def test_args_and_a_command_line_together_warn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "argv", ["train.py", "fit", "--trainer.max_epochs=9"])
-    with pytest.warns(UserWarning, match=r"LightningCLI got args=.* and reads those, not the command line's \['fit', '--trainer.max_epochs=9'\]"):
+    with pytest.warns(
+        UserWarning,
+        match=r"LightningCLI got args=.* and reads those, not the command line's \['fit', '--trainer.max_epochs=9'\]",
+    ):
         cli = _cli(*_quiet(tmp_path), run=False)
     assert cli.trainer.max_epochs != 9
 
@@ -510,7 +653,10 @@ def test_save_config_refuses_to_overwrite_unless_asked(tmp_path: Path) -> None:
     _cli(*args)
     saved = tmp_path / "fullshard_logs" / "run" / "config.yaml"
     assert yaml.safe_load(saved.read_text())["trainer"]["max_epochs"] == 1
-    with pytest.raises(RuntimeError, match=r"SaveConfigCallback expected .*config.yaml to not exist.*save_config_kwargs=\{'overwrite': True\}"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"SaveConfigCallback expected .*config.yaml to not exist.*save_config_kwargs=\{'overwrite': True\}",
+    ):
         _cli(*args)
     _cli(*args[:1], "--trainer.max_epochs=2", *args[2:], save_config_kwargs={"overwrite": True})
     assert yaml.safe_load(saved.read_text())["trainer"]["max_epochs"] == 2
@@ -518,7 +664,9 @@ def test_save_config_refuses_to_overwrite_unless_asked(tmp_path: Path) -> None:
 
 
 def test_save_to_log_dir_false_needs_an_override() -> None:
-    with pytest.raises(ValueError, match=r"save_to_log_dir=False\) saves nothing: subclass it and override save_config"):
+    with pytest.raises(
+        ValueError, match=r"save_to_log_dir=False\) saves nothing: subclass it and override save_config"
+    ):
         SaveConfigCallback(None, None, save_to_log_dir=False)  # type: ignore[arg-type]
 
 
@@ -537,7 +685,9 @@ def test_two_process_fsdp_run_of_a_cli_script(tmp_path: Path) -> None:
                         "--trainer.devices", "2", cwd=tmp_path, env={"CLI_TRAIN_REPORT": "1"}, timeout=240)  # fmt: skip
     check_ok(result)
     reports = [json.loads((tmp_path / f"rank{r}-fit.json").read_text()) for r in range(2)]
-    assert [r["world_size"] for r in reports] == [2, 2] and {r["strategy"] for r in reports} == {"FSDPStrategy"}
+    assert [r["world_size"] for r in reports] == [2, 2] and {r["strategy"] for r in reports} == {
+        "FSDPStrategy"
+    }
     # 32 samples, 4 per batch per rank: 4 steps an epoch
     assert [r["global_step"] for r in reports] == [8, 8]
     assert reports[0]["metrics"]["val_loss"] == pytest.approx(reports[1]["metrics"]["val_loss"])
@@ -550,5 +700,8 @@ def test_two_process_fsdp_run_of_a_cli_script(tmp_path: Path) -> None:
                       f"--trainer.default_root_dir={tmp_path / 'test'}", "--ckpt_path", str(next((tmp_path / "ckpt").iterdir())),
                       cwd=tmp_path, env={"CLI_TRAIN_REPORT": "1"}, timeout=240)  # fmt: skip
     check_ok(test)
-    losses = [json.loads((tmp_path / "test" / f"rank{r}-test.json").read_text())["metrics"]["test_loss"] for r in range(2)]
+    losses = [
+        json.loads((tmp_path / "test" / f"rank{r}-test.json").read_text())["metrics"]["test_loss"]
+        for r in range(2)
+    ]
     assert losses[0] == pytest.approx(losses[1])

@@ -295,7 +295,8 @@ def test_fsdp_bf16_mixed_trains_like_eager_bf16(multi: Path) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
-    "name", ["compiled", "compiled_ac", "whole", "bf16", "accumulate", "shard_grad_op", "manual", "ddp", "fsdp2"]
+    "name",
+    ["compiled", "compiled_ac", "whole", "bf16", "accumulate", "shard_grad_op", "manual", "ddp", "fsdp2"],
 )
 def test_no_recompiles_after_the_first_step(multi: Path, name: str) -> None:
     result = _read(multi, name)[1]

@@ -97,7 +97,8 @@ def test_bad_strategy_arguments() -> None:
     ):
         DDPStrategy(process_group_backend="glue")
     with pytest.raises(
-        MisconfigurationError, match=r"start_method='threads' is not supported. Use one of 'popen', 'spawn', 'fork'"
+        MisconfigurationError,
+        match=r"start_method='threads' is not supported. Use one of 'popen', 'spawn', 'fork'",
     ):
         DDPStrategy(start_method="threads")
     with pytest.raises(MisconfigurationError, match=r"timeout must be a datetime\.timedelta, got int"):
@@ -179,7 +180,9 @@ def test_missing_hooks_and_bad_step_output(tmp_path: Path) -> None:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     # found before any process starts (a multi-process fit would start none)
-    with pytest.raises(MisconfigurationError, match=r"Trainer.fit\(\) needs NoStep.training_step\(batch, batch_idx\)"):
+    with pytest.raises(
+        MisconfigurationError, match=r"Trainer.fit\(\) needs NoStep.training_step\(batch, batch_idx\)"
+    ):
         _trainer(tmp_path, max_steps=1).fit(NoStep(), DataLoader(make_data()))
 
     class BadOutput(MLP):
@@ -334,7 +337,9 @@ def test_missing_optional_packages_say_how_to_install_them(
     ):
         loggers.TensorBoardLogger(tmp_path)
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "safetensors" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "safetensors" else find_spec(name, *a)
+    )
     with pytest.raises(
         ModuleNotFoundError,
         match=r"safetensors: pip install safetensors \(in a fullshard clone: pip install -e '\.\[safetensors\]'\)",

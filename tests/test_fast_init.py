@@ -88,7 +88,9 @@ def test_uninitialised_parameters_are_named() -> None:
 
     with parameters_on_meta():
         model = Bare()
-    with pytest.raises(MisconfigurationError, match=r"nothing initialised norm\.weight \(RMSNorm\).*reset_parameters"):
+    with pytest.raises(
+        MisconfigurationError, match=r"nothing initialised norm\.weight \(RMSNorm\).*reset_parameters"
+    ):
         _materialise(model)
 
 
@@ -99,7 +101,9 @@ def test_pretrained_weights_under_empty_init_are_refused() -> None:
     loaded._is_hf_initialized = True  # type: ignore[attr-defined]
     with parameters_on_meta():
         layer = nn.Linear(4, 4)  # built afresh: fine
-        with pytest.raises(MisconfigurationError, match=r"loaded pretrained weights \(Linear\.weight.*Use empty_init=False"):
+        with pytest.raises(
+            MisconfigurationError, match=r"loaded pretrained weights \(Linear\.weight.*Use empty_init=False"
+        ):
             layer.weight = loaded
     assert layer.weight.is_meta
 
@@ -107,7 +111,9 @@ def test_pretrained_weights_under_empty_init_are_refused() -> None:
 def test_meta_integer_buffer_is_refused() -> None:
     with torch.device("meta"):
         model = nn.BatchNorm1d(4)
-    with pytest.raises(MisconfigurationError, match=r"num_batches_tracked \(torch\.int64\) is on the meta device"):
+    with pytest.raises(
+        MisconfigurationError, match=r"num_batches_tracked \(torch\.int64\) is on the meta device"
+    ):
         _materialise(model)
 
 
@@ -155,7 +161,9 @@ def test_frozen_and_trainable_in_one_unit_without_orig_params() -> None:
         block.qkv.requires_grad_(False)
     message = _plan(model, auto_wrap_policy={Block}, use_orig_params=False).errors  # type: ignore[attr-defined]
     assert len(message) == 3
-    assert "unit blocks.0 (Block) mixes frozen parameters (blocks.0.qkv.weight, blocks.0.qkv.bias)" in message[0]
+    assert (
+        "unit blocks.0 (Block) mixes frozen parameters (blocks.0.qkv.weight, blocks.0.qkv.bias)" in message[0]
+    )
     assert "use_orig_params=True" in message[0]
     assert not _plan(model, auto_wrap_policy={Block}).errors  # type: ignore[attr-defined]
 
@@ -207,12 +215,17 @@ def test_initialised_after_sharding_keeps_ties_buffers_and_the_models_init() -> 
 def test_initialised_after_sharding_names_what_nothing_initialised() -> None:
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(4, 4), RMSNorm(4))
-    with pytest.raises(MisconfigurationError, match=r"ModelParallelStrategy found the model on the meta device, and "
-                       r"nothing initialised 1\.weight\. .*reset_parameters"):
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"ModelParallelStrategy found the model on the meta device, and "
+        r"nothing initialised 1\.weight\. .*reset_parameters",
+    ):
         _materialise_after_sharding(model)
     with torch.device("meta"):
         model = nn.BatchNorm1d(4)
-    with pytest.raises(MisconfigurationError, match=r"num_batches_tracked \(torch\.int64\) is on the meta device"):
+    with pytest.raises(
+        MisconfigurationError, match=r"num_batches_tracked \(torch\.int64\) is on the meta device"
+    ):
         _materialise_after_sharding(model)
 
 
@@ -220,7 +233,9 @@ def test_initialised_after_sharding_names_what_nothing_initialised() -> None:
 @pytest.fixture(scope="module")
 def fast_init_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fast_init")
-    check_ok(run_script("fast_init_job.py", "--out", str(out), "--policy", "blocks+embedding", "--scaled-init"))
+    check_ok(
+        run_script("fast_init_job.py", "--out", str(out), "--policy", "blocks+embedding", "--scaled-init")
+    )
     return out
 
 

@@ -175,13 +175,17 @@ def test_optimizer_without_sharded_parameters(tmp_path: Path) -> None:
 def manual_wrap_single(tmp_path_factory: pytest.TempPathFactory) -> Path:
     single = tmp_path_factory.mktemp("guide_single")
     check_ok(
-        run_script("guide_manual_wrap.py", "--out", str(single), "--devices", "1", "--strategy", "single_device")
+        run_script(
+            "guide_manual_wrap.py", "--out", str(single), "--devices", "1", "--strategy", "single_device"
+        )
     )
     return single
 
 
 @pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
-def test_the_guides_manual_wrapping_flow(tmp_path: Path, manual_wrap_single: Path, state_dict_type: str) -> None:
+def test_the_guides_manual_wrapping_flow(
+    tmp_path: Path, manual_wrap_single: Path, state_dict_type: str
+) -> None:
     """Lightning's guide, "Manual wrapping" (its class verbatim): a wrapped layer stays reachable
     under its old name too, which is one module under two names, not a tie; it trains like one
     process, and its checkpoints hold whole tensors under both names and resume."""

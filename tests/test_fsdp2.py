@@ -69,7 +69,18 @@ def _assert_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "name",
-    ["full", "grad_op", "no_shard", "reshard_int", "full+ac", "cpu_offload", "names", "callable", "torch_policy", "no_policy"],
+    [
+        "full",
+        "grad_op",
+        "no_shard",
+        "reshard_int",
+        "full+ac",
+        "cpu_offload",
+        "names",
+        "callable",
+        "torch_policy",
+        "no_policy",
+    ],
 )
 def test_parity_with_single_process(runs: Path, reference: dict[str, torch.Tensor], name: str) -> None:
     args = RUNS[name]
@@ -163,13 +174,25 @@ def test_registered_names() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"sharding_strategy": "HYBRID_SHARD_ZERO2"}, MisconfigurationError, "'HYBRID_SHARD_ZERO2' is not a sharding strategy of FSDP2. Use one of 'FULL_SHARD'"),
+        (
+            {"sharding_strategy": "HYBRID_SHARD_ZERO2"},
+            MisconfigurationError,
+            "'HYBRID_SHARD_ZERO2' is not a sharding strategy of FSDP2. Use one of 'FULL_SHARD'",
+        ),
         ({"sharding_strategy": 0}, MisconfigurationError, "must be a positive int"),
-        ({"mixed_precision": "bf16"}, TypeError, "must be a torch.distributed.fsdp.MixedPrecisionPolicy, got str"),
+        (
+            {"mixed_precision": "bf16"},
+            TypeError,
+            "must be a torch.distributed.fsdp.MixedPrecisionPolicy, got str",
+        ),
         ({"cpu_offload": "yes"}, TypeError, "cannot be used with FSDP2: pass True, False"),
         ({"use_orig_params": False}, MisconfigurationError, "use_orig_params is an FSDP1 option"),
         ({"mesh": None}, MisconfigurationError, "mesh is set by FSDP2Strategy itself"),
-        ({"async_save": True}, MisconfigurationError, "async_save=True writes sharded checkpoints in the background, but state_dict_type='full'"),
+        (
+            {"async_save": True},
+            MisconfigurationError,
+            "async_save=True writes sharded checkpoints in the background, but state_dict_type='full'",
+        ),
         ({"auto_wrap_policy": 3}, TypeError, "auto_wrap_policy"),
     ],
 )
@@ -190,7 +213,9 @@ def test_fsdp1_mixed_precision_is_refused_with_the_fsdp2_type() -> None:
 def test_one_cpu_process_is_refused(tmp_path: Path) -> None:
     import fullshard
 
-    with pytest.raises(MisconfigurationError, match=r"strategy='fsdp2' with a single CPU process shards nothing"):
+    with pytest.raises(
+        MisconfigurationError, match=r"strategy='fsdp2' with a single CPU process shards nothing"
+    ):
         fullshard.Trainer(accelerator="cpu", devices=1, strategy="fsdp2", default_root_dir=tmp_path)
 
 
@@ -198,7 +223,9 @@ def test_mesh_that_does_not_cover_the_processes_is_refused(tmp_path: Path) -> No
     import fullshard
 
     strategy = FSDP2Strategy(sharding_strategy="HYBRID_SHARD", device_mesh=(2, 2))
-    with pytest.raises(MisconfigurationError, match=r"device_mesh=\(2, 2\) covers 4 processes, but the job has 2"):
+    with pytest.raises(
+        MisconfigurationError, match=r"device_mesh=\(2, 2\) covers 4 processes, but the job has 2"
+    ):
         fullshard.Trainer(accelerator="cpu", devices=2, strategy=strategy, default_root_dir=tmp_path)
 
 

@@ -87,9 +87,7 @@ def test_plan_warns_about_unmatched_policy_and_tied_parameters() -> None:
     plan = FSDPStrategy(auto_wrap_policy={nn.Embedding, Block}).plan(Tied(), world_size=2)
     # the policy would split the tie: the plan keeps it in one unit and says so (not a warning)
     assert not plan.warnings
-    assert any(
-        "tied parameters embed.weight, head.weight are kept in one unit" in n for n in plan.notes
-    )
+    assert any("tied parameters embed.weight, head.weight are kept in one unit" in n for n in plan.notes)
     assert not any(u.name == "embed" for u in plan.units)
     assert plan.total_numel == 500 + 3 * 130  # the shared weight counts once
 
@@ -184,7 +182,11 @@ def test_policy_forms_select_the_same_modules() -> None:
             r"device_mesh must be a \(replicas, shard_size\) tuple or a DeviceMesh, got list",
         ),
         ({"param_init_fn": print}, MisconfigurationError, r"param_init_fn is set by FSDPStrategy itself"),
-        ({"cpu_mmap_threshold": 0}, MisconfigurationError, r"cpu_mmap_threshold=0 is invalid: use a size in bytes"),
+        (
+            {"cpu_mmap_threshold": 0},
+            MisconfigurationError,
+            r"cpu_mmap_threshold=0 is invalid: use a size in bytes",
+        ),
         (
             {"backward_prefetch": "sometimes"},
             MisconfigurationError,

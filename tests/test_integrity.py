@@ -561,14 +561,18 @@ def test_nonfinite_loss_skip_skips_the_step_as_a_none_loss_does(
     assert all(torch.equal(skipped.state_dict()[k], v) for k, v in none.state_dict().items())
 
 
-def test_nonfinite_loss_with_the_check_off_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_nonfinite_loss_with_the_check_off_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """on_nonfinite_loss=None trains on, but not silently: one warning, at the first NaN (a
     monitored ModelCheckpoint never improves on a NaN metric, so nothing else would say it)."""
     trainer, _ = _fit(tmp_path, lambda: NaNAt({2, 4}), on_nonfinite_loss=None)
     assert trainer.global_step == 6  # not stopped, not skipped
     said = [r.getMessage() for r in caplog.records if "on_nonfinite_loss=None" in r.getMessage()]
     assert len(said) == 1, said
-    assert said[0].startswith("The training loss was nan at epoch 0, batch 2, and Trainer(on_nonfinite_loss=None)")
+    assert said[0].startswith(
+        "The training loss was nan at epoch 0, batch 2, and Trainer(on_nonfinite_loss=None)"
+    )
 
 
 def test_nonfinite_check_off_reads_a_device_window_at_logging_steps() -> None:

@@ -603,10 +603,16 @@ def _spawned_failure() -> None:
     dist.all_reduce(total)  # rank 0 waits here for rank 1, which never comes
 
 
-def _spawned_sum_and_state(scale: float, weights: torch.Tensor) -> tuple[tuple[float, torch.Tensor, bool], dict[str, Any]]:
+def _spawned_sum_and_state(
+    scale: float, weights: torch.Tensor
+) -> tuple[tuple[float, torch.Tensor, bool], dict[str, Any]]:
     """What the Trainer's function returns under spawn: its value, and the state rank 0 sends back."""
     value = _spawned_sum(scale, weights)
-    return value, {"pid": os.getpid(), "local_rank": int(os.environ["LOCAL_RANK"]), "weights": torch.arange(3.0)}
+    return value, {
+        "pid": os.getpid(),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "weights": torch.arange(3.0),
+    }
 
 
 @pytest.mark.multiprocess

@@ -103,7 +103,9 @@ def test_epoch_end_logs_reach_monitors_and_loggers_at_once(tmp_path: Path) -> No
     assert trainer.logged_metrics["train_epoch_end_epoch"] == 1.0  # the last epoch's value arrives
     rows = list(csv.DictReader(next(tmp_path.glob("fullshard_logs/version_0/metrics.csv")).open()))
     # logged at Lightning's steps (the epoch's last step, 0-based); the sanity run is not logged
-    assert [(int(r["step"]), float(r["val_epoch_end_step"])) for r in rows if r.get("val_epoch_end_step")] == [
+    assert [
+        (int(r["step"]), float(r["val_epoch_end_step"])) for r in rows if r.get("val_epoch_end_step")
+    ] == [
         (5, 6.0),
         (11, 12.0),
     ]
@@ -259,14 +261,18 @@ def test_trainer_properties(tmp_path: Path) -> None:
 def test_deterministic_sets_torch(tmp_path: Path) -> None:
     before = torch.are_deterministic_algorithms_enabled()
     try:
-        quiet_trainer(tmp_path, max_steps=1, deterministic=True).fit(Recorder(), DataLoader(make_data(), batch_size=16))
+        quiet_trainer(tmp_path, max_steps=1, deterministic=True).fit(
+            Recorder(), DataLoader(make_data(), batch_size=16)
+        )
         assert torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(before)
 
 
 def test_errors_before_any_process_starts(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match=r"unexpected keyword argument 'max_epoch'. Did you mean 'max_epochs'"):
+    with pytest.raises(
+        TypeError, match=r"unexpected keyword argument 'max_epoch'. Did you mean 'max_epochs'"
+    ):
         fullshard.Trainer(max_epoch=3)
     with pytest.raises(MisconfigurationError, match=r"Trainer\(plugins=\['x'\]\) is a Lightning option"):
         fullshard.Trainer(plugins=["x"])
@@ -274,7 +280,10 @@ def test_errors_before_any_process_starts(tmp_path: Path) -> None:
     trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
 
     # a 2-process Trainer: each error below comes at once, with no process started
-    with pytest.raises(MisconfigurationError, match=r"train_dataloaders must be a torch.utils.data.DataLoader, got TensorDataset"):
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"train_dataloaders must be a torch.utils.data.DataLoader, got TensorDataset",
+    ):
         trainer.fit(Recorder(), make_data())
     with pytest.raises(MisconfigurationError, match=r"Trainer.test\(\) needs MLP.test_step"):
         trainer.test(MLP(), DataLoader(make_data()))
@@ -284,8 +293,12 @@ def test_errors_before_any_process_starts(tmp_path: Path) -> None:
     class Manual(Recorder):
         automatic_optimization = False
 
-    accumulating = fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, accumulate_grad_batches=2)
-    with pytest.raises(MisconfigurationError, match=r"accumulate_grad_batches=2\) accumulates in automatic optimization only"):
+    accumulating = fullshard.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", logger=False, accumulate_grad_batches=2
+    )
+    with pytest.raises(
+        MisconfigurationError, match=r"accumulate_grad_batches=2\) accumulates in automatic optimization only"
+    ):
         accumulating.fit(Manual(), DataLoader(make_data()))
 
     class CustomStep(Recorder):
@@ -301,7 +314,9 @@ def test_log_in_epoch_hook_with_on_step_is_refused(tmp_path: Path) -> None:
         def on_train_epoch_end(self) -> None:
             self.log("x", 1.0, on_step=True)
 
-    with pytest.raises(MisconfigurationError, match=r"log\('x', on_step=True\) was called in an epoch-level hook"):
+    with pytest.raises(
+        MisconfigurationError, match=r"log\('x', on_step=True\) was called in an epoch-level hook"
+    ):
         quiet_trainer(tmp_path, max_epochs=1).fit(Bad(), DataLoader(make_data(), batch_size=16))
     assert math.isfinite(1.0)
 
@@ -317,7 +332,11 @@ def test_validation_loss_is_the_same_on_1_2_and_3_processes(tmp_path: Path) -> N
         expected = float(F.mse_loss(Fixed().layer(data.tensors[0]).squeeze(-1), data.tensors[1]))
     for devices, strategy in ((1, "ddp"), (2, "fsdp"), (3, "ddp")):
         out = tmp_path / f"{devices}.json"
-        check_ok(run_script("val_weighting.py", "--out", str(out), "--devices", str(devices), "--strategy", strategy))
+        check_ok(
+            run_script(
+                "val_weighting.py", "--out", str(out), "--devices", str(devices), "--strategy", strategy
+            )
+        )
         # each batch weighs its size (the short last batch less), so the mean is the dataset's
         assert json.loads(out.read_text())["val_loss"] == pytest.approx(expected, rel=1e-6), devices
 

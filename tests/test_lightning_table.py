@@ -106,7 +106,9 @@ class _Usage:
                         self.imported.update(node.module.split("."))
                     self.imported.update(p for a in node.names for p in a.name.split("."))
                 elif isinstance(node, ast.Dict):
-                    self.dict_keys.update(k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+                    self.dict_keys.update(
+                        k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                    )
         self.recorded: set[tuple[str, str]] = set()
         for path in EXPECTED.glob("*.json"):
             for rank in json.loads(path.read_text())["ranks"]:
@@ -136,15 +138,17 @@ def _usage() -> _Usage:
 
 @cache
 def _trainer_attributes() -> frozenset[str]:
-    trainer = fullshard.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                                enable_progress_bar=False)
+    trainer = fullshard.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
     return frozenset(dir(trainer))
 
 
 def _parameters(function: Any) -> set[str]:
     """Explicit parameters (not ``**kwargs``) of ``function``."""
     return {
-        name for name, p in inspect.signature(function).parameters.items()
+        name
+        for name, p in inspect.signature(function).parameters.items()
         if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     }
 
@@ -177,7 +181,9 @@ def _parse(ident: str) -> tuple[str, tuple[str, ...]]:
         match = re.fullmatch(pattern, ident)
         if match:
             return kind, match.groups() if kind != "import" else (ident,)
-    raise AssertionError(f"docs/lightning.md: {ident!r} is in none of the forms this test knows (see its docstring)")
+    raise AssertionError(
+        f"docs/lightning.md: {ident!r} is in none of the forms this test knows (see its docstring)"
+    )
 
 
 def _resolve(dotted: str) -> Any:
@@ -250,7 +256,11 @@ def _exercised(ident: str) -> str | None:
     elif kind == "callback":
         ok = ("C", parts[0]) in use.recorded
     elif kind == "datamodule":
-        ok = ("D", parts[0]) in use.recorded if parts[0] in {**DATAMODULE_HOOKS, **STEP_METHODS} else parts[0] in use.attributes
+        ok = (
+            ("D", parts[0]) in use.recorded
+            if parts[0] in {**DATAMODULE_HOOKS, **STEP_METHODS}
+            else parts[0] in use.attributes
+        )
     elif kind == "class_arg":
         ok = use.called(parts[1], parts[2])
     elif kind == "class_attr":
@@ -270,11 +280,18 @@ def test_every_row_has_a_known_status_and_a_name() -> None:
     assert len(ROWS) >= 60
     for feature, ids, status in ROWS:
         assert status.startswith(STATUSES), f"{feature}: status {status!r} is not one of {STATUSES}"
-        assert ids or status.startswith("not supported:"), f"{feature}: only 'not supported' rows may name nothing"
+        assert ids or status.startswith("not supported:"), (
+            f"{feature}: only 'not supported' rows may name nothing"
+        )
 
 
 def test_ported_rows_exist_in_fullshard_and_are_exercised_by_the_porting_scripts() -> None:
-    problems = [f"{feature}: {why}" for feature, ident in _ids("ported") for why in (_exists(ident), _exercised(ident)) if why]
+    problems = [
+        f"{feature}: {why}"
+        for feature, ident in _ids("ported")
+        for why in (_exists(ident), _exercised(ident))
+        if why
+    ]
     assert not problems, "rows marked ported that are not:\n" + "\n".join(problems)
 
 
@@ -285,7 +302,9 @@ def test_differs_rows_exist_in_fullshard() -> None:
 
 def test_ported_hooks_are_compared_not_normalised_away() -> None:
     ported = {parts[0] for _, ident in _ids("ported") for kind, parts in [_parse(ident)] if kind == "module"}
-    assert not ported & set(NOT_CALLED_BY_FULLSHARD), "hooks marked ported but dropped by tests/porting/hooks.py"
+    assert not ported & set(NOT_CALLED_BY_FULLSHARD), (
+        "hooks marked ported but dropped by tests/porting/hooks.py"
+    )
 
 
 def _unsupported_module_names() -> set[str]:
@@ -306,14 +325,18 @@ def test_not_supported_rows_are_absent_from_fullshard() -> None:
     for feature, ident in _ids("not supported:"):
         kind, parts = _parse(ident)
         if kind == "module" and parts[0] in dir(fullshard.LightningModule):
-            problems.append(f"{feature}: fullshard.LightningModule has {parts[0]}: mark the row ported (and drop it from NOT_CALLED_BY_FULLSHARD)")
+            problems.append(
+                f"{feature}: fullshard.LightningModule has {parts[0]}: mark the row ported (and drop it from NOT_CALLED_BY_FULLSHARD)"
+            )
         if kind == "datamodule" and parts[0] in dir(fullshard.LightningDataModule):
             problems.append(f"{feature}: fullshard.LightningDataModule has {parts[0]}")
         if kind == "trainer_arg":
             if parts[0] in _parameters(fullshard.Trainer.__init__):
                 problems.append(f"{feature}: Trainer takes {parts[0]}=")
             with pytest.raises(MisconfigurationError, match=parts[0]):
-                fullshard.Trainer(accelerator="cpu", devices=1, logger=False, **{parts[0]: ast.literal_eval(parts[1])})
+                fullshard.Trainer(
+                    accelerator="cpu", devices=1, logger=False, **{parts[0]: ast.literal_eval(parts[1])}
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -327,9 +350,15 @@ def test_hooks_not_called_by_fullshard_are_the_tables_not_supported_hooks() -> N
 
 def test_every_lightning_hook_has_a_row() -> None:
     named = {ident for _, ids, _ in ROWS for ident in ids}
-    missing = [f"LightningModule.{h}" for h in {**MODULE_HOOKS, **STEP_METHODS} if f"LightningModule.{h}" not in named]
+    missing = [
+        f"LightningModule.{h}"
+        for h in {**MODULE_HOOKS, **STEP_METHODS}
+        if f"LightningModule.{h}" not in named
+    ]
     missing += [f"Callback.{h}" for h in CALLBACK_HOOKS if f"Callback.{h}" not in named]
-    missing += [f"LightningDataModule.{h}" for h in DATAMODULE_HOOKS if f"LightningDataModule.{h}" not in named]
+    missing += [
+        f"LightningDataModule.{h}" for h in DATAMODULE_HOOKS if f"LightningDataModule.{h}" not in named
+    ]
     assert not missing, f"hooks without a row in docs/lightning.md: {missing}"
 
 
@@ -364,7 +393,9 @@ def test_a_module_defining_an_unsupported_hook_is_warned(tmp_path: Path) -> None
 
 def test_hook_order_block_is_the_recorded_order() -> None:
     text = DOC.read_text()
-    block = text.split("<!-- hook-order:start -->\n```text\n", 1)[1].split("```\n<!-- hook-order:end -->", 1)[0]
+    block = text.split("<!-- hook-order:start -->\n```text\n", 1)[1].split("```\n<!-- hook-order:end -->", 1)[
+        0
+    ]
     assert block == documented_order(), (
         "the hook order in docs/lightning.md is not the recorded one; paste `python tests/porting/order.py` into it"
     )

@@ -126,7 +126,10 @@ def test_tensorboard_logger_without_tensorboard_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(loggers, "_TENSORBOARD_AVAILABLE", False)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install tensorboard` \(in a fullshard clone: `pip install -e '\.\[tensorboard\]'`\)"):
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"pip install tensorboard` \(in a fullshard clone: `pip install -e '\.\[tensorboard\]'`\)",
+    ):
         TensorBoardLogger(tmp_path)
 
 
@@ -153,8 +156,14 @@ def test_tensorboard_logger_writes_an_event_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "said"),
     [
-        ({"max_epochs": 1}, r"The training epoch has 12 optimizer step\(s\), fewer than Trainer\(log_every_n_steps=50\)"),
-        ({"max_steps": 3, "log_every_n_steps": 10}, r"This run has 3 optimizer step\(s\) left \(max_steps=3\), fewer than"),
+        (
+            {"max_epochs": 1},
+            r"The training epoch has 12 optimizer step\(s\), fewer than Trainer\(log_every_n_steps=50\)",
+        ),
+        (
+            {"max_steps": 3, "log_every_n_steps": 10},
+            r"This run has 3 optimizer step\(s\) left \(max_steps=3\), fewer than",
+        ),
         ({"max_steps": 3, "log_every_n_steps": 3}, None),
         ({"max_steps": 3, "logger": False}, None),
         ({"max_steps": 3, "iterable": True}, r"This run has 3 optimizer step\(s\) left"),

@@ -26,7 +26,9 @@ LOOP_KEYS = {"epoch", "global_step", "batches_that_stepped", "batches_in_epoch",
 
 def test_progress_state_round_trips() -> None:
     # manual optimization: several optimizer steps (global_step) per batch that stepped
-    progress = Progress(epoch=2, global_step=7, batches_in_epoch=3, batches_that_stepped=4, total_batch_idx=15)
+    progress = Progress(
+        epoch=2, global_step=7, batches_in_epoch=3, batches_that_stepped=4, total_batch_idx=15
+    )
     state = progress.state_dict(samples_in_epoch=48, data_seed=5)
     assert set(state) == LOOP_KEYS
     restored = Progress()
@@ -37,7 +39,9 @@ def test_progress_state_round_trips() -> None:
     assert restored.saved_position.world_size == 2
     # an epoch cut short is saved at its cut, not at the epoch training moved on to
     progress.resume_point = (1, 4, 32)
-    assert progress.state_dict(None, 5)["epoch"] == 1 and progress.state_dict(None, 5)["batches_in_epoch"] == 4
+    assert (
+        progress.state_dict(None, 5)["epoch"] == 1 and progress.state_dict(None, 5)["batches_in_epoch"] == 4
+    )
 
 
 def test_trainer_counters_are_the_fit_loops_progress(tmp_path: Path) -> None:
@@ -46,7 +50,10 @@ def test_trainer_counters_are_the_fit_loops_progress(tmp_path: Path) -> None:
     progress = trainer.fit_loop.progress
     assert (trainer.global_step, trainer.current_epoch) == (progress.global_step, progress.epoch) == (5, 2)
     assert trainer.logger_step == progress.batches_that_stepped == 5
-    assert progress.total_batch_idx == 5 and trainer.num_training_batches == trainer.fit_loop.num_training_batches
+    assert (
+        progress.total_batch_idx == 5
+        and trainer.num_training_batches == trainer.fit_loop.num_training_batches
+    )
     trainer.save_checkpoint(tmp_path / "a.ckpt")
     saved = torch.load(tmp_path / "a.ckpt", weights_only=True)["loops"]
     assert saved == trainer.fit_loop.state_dict()

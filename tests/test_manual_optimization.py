@@ -28,7 +28,9 @@ from manual_opt_job import CLIP, GAN, LR_D, LR_G, d_loss, losses, make_data
 from reference import global_batches
 
 
-def reference(world_size: int, epochs: int, accumulate: int = 1, *, shuffle: bool = True) -> dict[str, torch.Tensor]:
+def reference(
+    world_size: int, epochs: int, accumulate: int = 1, *, shuffle: bool = True
+) -> dict[str, torch.Tensor]:
     """The GAN of manual_opt_job.py in one process of plain PyTorch, on the union of the ranks' batches."""
     torch.manual_seed(11)
     gan = GAN(accumulate)
@@ -121,7 +123,10 @@ class Probe(GAN):
 
     def configure_optimizers(self) -> Any:
         opt_g, opt_d = super().configure_optimizers()
-        step = {"scheduler": torch.optim.lr_scheduler.StepLR(opt_g, step_size=1, gamma=0.5), "interval": "step"}
+        step = {
+            "scheduler": torch.optim.lr_scheduler.StepLR(opt_g, step_size=1, gamma=0.5),
+            "interval": "step",
+        }
         plateau = {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt_d), "interval": "epoch"}
         return [{"optimizer": opt_g, "lr_scheduler": step}, {"optimizer": opt_d, "lr_scheduler": plateau}]
 
@@ -145,7 +150,9 @@ def test_optimizers_are_wrapped_and_schedulers_left_to_the_module(tmp_path: Path
     ("returns", "expected"),
     [("loss", ["loss"]), ("dict", ["extra", "loss"]), (None, [])],
 )
-def test_training_step_outputs_reach_on_train_batch_end(tmp_path: Path, returns: Any, expected: list[str]) -> None:
+def test_training_step_outputs_reach_on_train_batch_end(
+    tmp_path: Path, returns: Any, expected: list[str]
+) -> None:
     model = Probe(returns)
     quiet_trainer(tmp_path, max_steps=2).fit(model, loader())
     assert [sorted(o) for o in model.outputs] == [expected]
@@ -154,7 +161,9 @@ def test_training_step_outputs_reach_on_train_batch_end(tmp_path: Path, returns:
 
 
 def test_a_training_step_returning_something_else_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(MisconfigurationError, match="under manual optimization it must return a tensor, a dict, or None"):
+    with pytest.raises(
+        MisconfigurationError, match="under manual optimization it must return a tensor, a dict, or None"
+    ):
         quiet_trainer(tmp_path, max_steps=2).fit(Probe(returns=1.5), loader())
 
 
@@ -163,7 +172,9 @@ def test_step_with_a_closure_that_is_not_callable_is_refused(tmp_path: Path) -> 
         def training_step(self, batch: Any, batch_idx: int) -> None:
             self.optimizers()[0].step(closure=3)
 
-    with pytest.raises(MisconfigurationError, match=r"optimizer.step\(closure=...\) got a int, which is not callable"):
+    with pytest.raises(
+        MisconfigurationError, match=r"optimizer.step\(closure=...\) got a int, which is not callable"
+    ):
         quiet_trainer(tmp_path, max_steps=1).fit(Bad(), loader())
 
 
@@ -193,11 +204,19 @@ def test_toggle_optimizer_switches_requires_grad_and_restores_it(tmp_path: Path)
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"gradient_clip_val": 0.5}, r"Trainer\(gradient_clip_val=0.5\) clips in automatic optimization only"),
-        ({"accumulate_grad_batches": 2}, r"Trainer\(accumulate_grad_batches=2\) accumulates in automatic optimization only"),
+        (
+            {"gradient_clip_val": 0.5},
+            r"Trainer\(gradient_clip_val=0.5\) clips in automatic optimization only",
+        ),
+        (
+            {"accumulate_grad_batches": 2},
+            r"Trainer\(accumulate_grad_batches=2\) accumulates in automatic optimization only",
+        ),
     ],
 )
-def test_trainer_clipping_and_accumulation_are_refused(tmp_path: Path, options: dict[str, Any], message: str) -> None:
+def test_trainer_clipping_and_accumulation_are_refused(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
     with pytest.raises(MisconfigurationError, match=message):
         quiet_trainer(tmp_path, max_steps=1, **options).fit(GAN(), loader())
 
@@ -213,19 +232,26 @@ def test_manual_backward_needs_manual_optimization(tmp_path: Path) -> None:
             self.manual_backward(loss)
             return loss
 
-    with pytest.raises(MisconfigurationError, match=r"Automatic.manual_backward\(\) is for manual optimization"):
+    with pytest.raises(
+        MisconfigurationError, match=r"Automatic.manual_backward\(\) is for manual optimization"
+    ):
         quiet_trainer(tmp_path, max_steps=1).fit(Automatic(), loader())
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"gradient_clip_val": 0.1, "gradient_clip_algorithm": "sideways"}, MisconfigurationError,
-         "gradient_clip_algorithm='sideways' is invalid: use 'norm' or 'value'"),
+        (
+            {"gradient_clip_val": 0.1, "gradient_clip_algorithm": "sideways"},
+            MisconfigurationError,
+            "gradient_clip_algorithm='sideways' is invalid: use 'norm' or 'value'",
+        ),
         ({"gradient_clip_val": "0.1"}, TypeError, "gradient_clip_val must be an int or a float, got '0.1'"),
     ],
 )
-def test_clip_gradients_checks_its_arguments(tmp_path: Path, kwargs: dict[str, Any], error: type, message: str) -> None:
+def test_clip_gradients_checks_its_arguments(
+    tmp_path: Path, kwargs: dict[str, Any], error: type, message: str
+) -> None:
     class Clip(GAN):
         def training_step(self, batch: Any, batch_idx: int) -> None:
             opt_g, _ = self.optimizers()
@@ -288,7 +314,10 @@ def test_gan_on_two_processes(tmp_path: Path, strategy: str) -> None:
         assert result["accumulated_step"] == 2 * 2 * 2
         assert_close(result["accumulated"], reference(2, 2, accumulate=2))
     if strategy != "ddp":
-        assert "under manual optimization (automatic_optimization = False) needs every parameter in a nested" in result["refused"]
+        assert (
+            "under manual optimization (automatic_optimization = False) needs every parameter in a nested"
+            in result["refused"]
+        )
         assert "the root unit holds generator.0.weight" in result["refused"]
 
 

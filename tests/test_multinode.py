@@ -25,7 +25,10 @@ from fullshard.checkpoint.tools import consolidate
 from proc_helpers import Processes, clean_env, free_port, torchrun
 
 JOB = str(SCRIPTS / "multinode_job.py")
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # multi-node jobs that restart: -m "not slow" skips them
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.slow,
+]  # multi-node jobs that restart: -m "not slow" skips them
 
 
 def rank_records(out: Path, tag: str, world_size: int) -> list[dict[str, Any]]:

@@ -58,8 +58,12 @@ class Recorded(Net):
         self.calls.append(("training_step", batch_idx))
         return super().training_step(batch, batch_idx)
 
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
-        self.calls.append(("optimizer_step", epoch, batch_idx, type(optimizer).__name__, callable(optimizer_closure)))
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        self.calls.append(
+            ("optimizer_step", epoch, batch_idx, type(optimizer).__name__, callable(optimizer_closure))
+        )
         assert isinstance(optimizer, LightningOptimizer)
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
 
@@ -74,7 +78,9 @@ class Recorded(Net):
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         self.calls.append(("on_before_optimizer_step",))
 
-    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None) -> None:
+    def configure_gradient_clipping(
+        self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+    ) -> None:
         self.calls.append(("configure_gradient_clipping", gradient_clip_val, gradient_clip_algorithm))
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
@@ -90,13 +96,21 @@ class Recorded(Net):
 
 def test_each_hook_is_called_with_its_arguments_in_lightnings_order(tmp_path: Path) -> None:
     model = Recorded()
-    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=4, accumulate_grad_batches=2, gradient_clip_val=0.5)
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, limit_train_batches=4, accumulate_grad_batches=2, gradient_clip_val=0.5
+    )
     trainer.fit(model, loader())
     names = [call[0] for call in model.calls]
     window = [
-        "training_step", "optimizer_zero_grad", "backward",  # the first micro-batch: no optimizer_step
-        "optimizer_step", "training_step", "backward",  # the closure runs inside optimizer_step
-        "on_before_optimizer_step", "configure_gradient_clipping", "lr_scheduler_step",
+        "training_step",
+        "optimizer_zero_grad",
+        "backward",  # the first micro-batch: no optimizer_step
+        "optimizer_step",
+        "training_step",
+        "backward",  # the closure runs inside optimizer_step
+        "on_before_optimizer_step",
+        "configure_gradient_clipping",
+        "lr_scheduler_step",
     ]
     assert names == window * 2
     assert model.calls[1] == ("optimizer_zero_grad", 0, 0, "SGD")
@@ -151,7 +165,9 @@ def test_a_warmup_in_optimizer_step_matches_plain_pytorch(tmp_path: Path) -> Non
     lrs: list[float] = []
 
     class WarmUp(Net):
-        def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        def optimizer_step(
+            self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+        ) -> None:
             if self.trainer.global_step < WARMUP:
                 for group in optimizer.param_groups:
                     group["lr"] = LR * (self.trainer.global_step + 1) / WARMUP
@@ -163,12 +179,16 @@ def test_a_warmup_in_optimizer_step_matches_plain_pytorch(tmp_path: Path) -> Non
     assert lrs == pytest.approx([LR / 3, 2 * LR / 3, LR] + [LR] * 5)
     for key, value in train_plain(warmup=True, clip=None).items():
         torch.testing.assert_close(model.state_dict()[key], value)
-    assert not any(torch.equal(model.state_dict()[k], v) for k, v in train_plain(warmup=False, clip=None).items())
+    assert not any(
+        torch.equal(model.state_dict()[k], v) for k, v in train_plain(warmup=False, clip=None).items()
+    )
 
 
 def test_configure_gradient_clipping_by_default_clips_as_the_trainer_does(tmp_path: Path) -> None:
     class Default(Net):
-        def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None) -> None:
+        def configure_gradient_clipping(
+            self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+        ) -> None:
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     model = Default()
@@ -179,7 +199,9 @@ def test_configure_gradient_clipping_by_default_clips_as_the_trainer_does(tmp_pa
 
 def test_a_custom_clipping_hook_replaces_the_trainers(tmp_path: Path) -> None:
     class NoClip(Net):
-        def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None) -> None:
+        def configure_gradient_clipping(
+            self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+        ) -> None:
             pass  # the Trainer's gradient_clip_val is left unused
 
     model = NoClip()
@@ -225,7 +247,10 @@ def test_a_non_torch_scheduler_is_stepped_by_lr_scheduler_step(tmp_path: Path) -
 
 
 def test_a_non_torch_scheduler_without_lr_scheduler_step_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(MisconfigurationError, match=r"The LR scheduler EpochDecay does not follow torch's LRScheduler API.*Override Timm.lr_scheduler_step"):
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"The LR scheduler EpochDecay does not follow torch's LRScheduler API.*Override Timm.lr_scheduler_step",
+    ):
         quiet_trainer(tmp_path, max_epochs=1).fit(Timm(), loader())
 
 
@@ -241,7 +266,10 @@ def test_lr_scheduler_step_gets_the_monitored_metric_of_a_plateau_scheduler(tmp_
         def configure_optimizers(self) -> Any:
             optimizer = super().configure_optimizers()
             scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "train_loss_epoch"}}
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "monitor": "train_loss_epoch"},
+            }
 
         def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
             metrics.append(metric)

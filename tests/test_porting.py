@@ -47,7 +47,11 @@ import forkserver
 
 pytestmark = pytest.mark.multiprocess
 
-CASES = [pytest.param(script, strategy, id=f"{script}-{strategy}") for script in SCRIPTS for strategy in run_with(script)]
+CASES = [
+    pytest.param(script, strategy, id=f"{script}-{strategy}")
+    for script in SCRIPTS
+    for strategy in run_with(script)
+]
 TOLERANCE = 1e-4
 _RUNS: dict[tuple[str, str], tuple[Any, dict[str, Any]]] = {}
 
@@ -115,7 +119,9 @@ def test_runs_and_passes_its_own_checks(script: str, strategy: str, run_case: An
             continue
         if data["error"]:
             problems.append(f"rank {rank} raised:\n{data['error']}")
-        problems += [f"rank {rank}: check failed: {name}: {detail}" for name, ok, detail in data["checks"] if not ok]
+        problems += [
+            f"rank {rank}: check failed: {name}: {detail}" for name, ok, detail in data["checks"] if not ok
+        ]
     expected = load_expected(script)
     for rank, (want, got) in enumerate(zip(expected["ranks"], record["ranks"], strict=True)):
         if got is not None and [c[0] for c in want["checks"]] != [c[0] for c in got["checks"]]:
@@ -168,8 +174,12 @@ def test_metrics_match_lightning(script: str, strategy: str, run_case: Any) -> N
             problems.append(f"rank {rank}: snapshot points differ\n{_diff(want_points, got_points)}")
             continue
         for w, g in zip(want["metrics"], got["metrics"], strict=True):
-            _compare({k: v for k, v in w.items() if k != "point"}, {k: v for k, v in g.items() if k != "point"},
-                     f"rank {rank} at {w['point']}", problems)
+            _compare(
+                {k: v for k, v in w.items() if k != "point"},
+                {k: v for k, v in g.items() if k != "point"},
+                f"rank {rank} at {w['point']}",
+                problems,
+            )
     assert not problems, "\n".join(problems[:60])
 
 

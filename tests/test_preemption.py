@@ -57,7 +57,11 @@ CASES = [
 
 @pytest.mark.multiprocess
 @pytest.mark.slow  # a preempted job and its requeued run: -m "not slow" skips them locally
-@pytest.mark.parametrize(("strategy", "fmt", "rank", "twice"), CASES, ids=[f"{s}-{f}-rank{r}{'-twice' if t else ''}" for s, f, r, t in CASES])
+@pytest.mark.parametrize(
+    ("strategy", "fmt", "rank", "twice"),
+    CASES,
+    ids=[f"{s}-{f}-rank{r}{'-twice' if t else ''}" for s, f, r, t in CASES],
+)
 def test_preempted_run_resumes_exactly(
     straight: dict[tuple[str, str], Path], tmp_path: Path, strategy: str, fmt: str, rank: int, twice: bool
 ) -> None:
@@ -73,7 +77,9 @@ def test_preempted_run_resumes_exactly(
     assert 4 < len(before) < MAX_STEPS  # stopped after the signal, before the end
     check_ok(_job(tmp_path, *args, "--resume", "--tag", "_resumed"))
     for r in (0, 1):
-        assert _losses(tmp_path, "", r) + _losses(tmp_path, "_resumed", r) == _losses(reference, "", r), f"rank {r}"
+        assert _losses(tmp_path, "", r) + _losses(tmp_path, "_resumed", r) == _losses(reference, "", r), (
+            f"rank {r}"
+        )
     final, expected = torch.load(tmp_path / "final.pt"), torch.load(reference / "final.pt")
     assert final["global_step"] == expected["global_step"] == MAX_STEPS
     for key, value in expected["model"].items():
@@ -87,7 +93,9 @@ def test_preemption_while_every_step_is_skipped(tmp_path: Path, skip: str) -> No
     on_nonfinite_loss="skip"): the signal still saves at a boundary the ranks agree on and ends
     the job, instead of being noted and ignored until SIGKILL."""
     out = tmp_path / "run"
-    job = _job(out, "--strategy", "fsdp", "--skip", skip, "--signal-rank", "1", "--signal-step", "3", signalled=True)
+    job = _job(
+        out, "--strategy", "fsdp", "--skip", skip, "--signal-rank", "1", "--signal-step", "3", signalled=True
+    )
     assert job.returncode == 128 + signal.SIGTERM, job.stdout + job.stderr
     assert "SIGTERM received; saved" in job.stdout
     batches = len(_losses(out, "", 0))
@@ -153,5 +161,7 @@ def test_bad_signals_are_refused(value: object, match: str, tmp_path: Path) -> N
 def test_off_means_no_handler(tmp_path: Path) -> None:
     idle = Preemption((), requeue=False)
     assert not idle.requested
-    trainer = fullshard.Trainer(accelerator="cpu", devices=1, preemption_signals=None, default_root_dir=tmp_path)
+    trainer = fullshard.Trainer(
+        accelerator="cpu", devices=1, preemption_signals=None, default_root_dir=tmp_path
+    )
     assert trainer._preemption_signals == ()

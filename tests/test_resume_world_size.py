@@ -133,7 +133,9 @@ def test_shards_from_the_start_are_distributed_samplers(length: int, world: int)
         expected = distributed_sampler(2, shuffle, rank, world, length)
         order = epoch_order(2, shuffle, length)
         assert shard_indices(order, 0, rank, world) == expected, (shuffle, rank)
-        ours = ResumableDistributedSampler(range(length), num_replicas=world, rank=rank, shuffle=shuffle, seed=SEED)
+        ours = ResumableDistributedSampler(
+            range(length), num_replicas=world, rank=rank, shuffle=shuffle, seed=SEED
+        )
         ours.set_epoch(2)
         assert ours.epoch_order() == order and list(ours) == expected and len(ours) == len(expected)
 
@@ -299,8 +301,12 @@ def test_resume_under_another_seed_keeps_the_checkpoints_order(tmp_path: Path) -
     steps_per_epoch = -(-LENGTH // BATCH)
     train(tmp_path / "a", max_steps=5, shuffle=True, save=str(ckpt))
     assert loops_of(ckpt)["data_seed"] == SEED
-    with pytest.warns(UserWarning, match=rf"data order of the checkpoint \(seed {SEED}\), not of this run's seed \(99\)"):
-        _, resumed = train(tmp_path / "b", max_steps=steps_per_epoch + 3, shuffle=True, resume=str(ckpt), seed=99)
+    with pytest.warns(
+        UserWarning, match=rf"data order of the checkpoint \(seed {SEED}\), not of this run's seed \(99\)"
+    ):
+        _, resumed = train(
+            tmp_path / "b", max_steps=steps_per_epoch + 3, shuffle=True, resume=str(ckpt), seed=99
+        )
     order = epoch_order(0, shuffle=True)
     assert [r[3] for r in in_epoch(resumed.seen, 0)] == rest_of_epoch(order, 5 * BATCH, 0, 1, drop_last=False)
     assert [r[3] for r in in_epoch(resumed.seen, 1)] == uninterrupted(1, True, 0, 1, drop_last=False)[:3]

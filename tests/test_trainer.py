@@ -85,7 +85,9 @@ def test_gradient_clipping_by_norm_and_value(tmp_path: Path) -> None:
     class _MaxGrad(fullshard.Callback):
         peak = 0.0
 
-        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             _MaxGrad.peak = max(_MaxGrad.peak, max(float(p.grad.abs().max()) for p in module.parameters()))
 
     _trainer(

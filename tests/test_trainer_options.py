@@ -96,7 +96,9 @@ def test_max_time_adds_a_timer_and_lifts_the_epoch_limit(tmp_path: Path) -> None
 def test_max_time_stops_saves_last_and_resumes_the_elapsed_time(tmp_path: Path) -> None:
     data = DataLoader(TensorDataset(torch.randn(400, 4)), batch_size=2)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
-    trainer = quiet_trainer(tmp_path, max_time={"milliseconds": 300}, callbacks=[ckpt], enable_checkpointing=True)
+    trainer = quiet_trainer(
+        tmp_path, max_time={"milliseconds": 300}, callbacks=[ckpt], enable_checkpointing=True
+    )
     model = Net(sleep=0.02)
     trainer.fit(model, data)
     steps = trainer.global_step
@@ -132,7 +134,9 @@ def test_max_time_stops_every_rank_at_the_same_step_and_resumes(tmp_path: Path) 
 
 # ------------------------------------------------------------------------------ profilers
 class Noop(Callback):
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.wrapped = "training_step" in vars(trainer.strategy)
 
 
@@ -141,7 +145,9 @@ def test_simple_profiler_writes_lightnings_actions_to_the_log_dir(tmp_path: Path
     trainer = quiet_trainer(tmp_path, max_epochs=2, profiler="simple", callbacks=[noop])
     trainer.fit(Net())
     report = (tmp_path / "fit-profiler.txt").read_text()
-    rows = {line.split("|")[1].strip(): line.split("|") for line in report.splitlines() if line.startswith("|  ")}
+    rows = {
+        line.split("|")[1].strip(): line.split("|") for line in report.splitlines() if line.startswith("|  ")
+    }
     assert report.startswith("FIT Profiler Report")
     assert int(rows["[Strategy]SingleDeviceStrategy.training_step"][3]) == 16  # 8 batches x 2 epochs
     assert int(rows["[Strategy]SingleDeviceStrategy.backward"][3]) == 16
@@ -169,7 +175,9 @@ def test_simple_profiler_file_name_and_user_actions(tmp_path: Path) -> None:
             with self.trainer.profiler.profile("my_action"):
                 return super().training_step(batch, batch_idx)
 
-    trainer = quiet_trainer(tmp_path, max_epochs=1, profiler=SimpleProfiler(dirpath=tmp_path / "p", filename="perf"))
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, profiler=SimpleProfiler(dirpath=tmp_path / "p", filename="perf")
+    )
     trainer.fit(Timed())
     report = (tmp_path / "p" / "fit-perf.txt").read_text()
     assert "my_action" in report and "Mean duration (s)" in report
@@ -196,7 +204,10 @@ def test_pytorch_profiler_writes_a_chrome_trace(tmp_path: Path) -> None:
 
 
 def test_a_bad_profiler_lists_the_choices() -> None:
-    with pytest.raises(MisconfigurationError, match=r"profiler='fast' is invalid: use None, one of \['advanced', 'pytorch', 'simple'\]"):
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"profiler='fast' is invalid: use None, one of \['advanced', 'pytorch', 'simple'\]",
+    ):
         fullshard.Trainer(accelerator="cpu", devices=1, profiler="fast")
 
 
@@ -225,13 +236,19 @@ def _syncbn_reference(per_rank: bool) -> dict[str, torch.Tensor]:
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_sync_batchnorm_equals_one_batchnorm_over_the_global_batch(tmp_path: Path, strategy: str) -> None:
-    check_ok(run_script("options_job.py", "--out", str(tmp_path), "--mode", "syncbn", "--strategy", strategy, timeout=240))
+    check_ok(
+        run_script(
+            "options_job.py", "--out", str(tmp_path), "--mode", "syncbn", "--strategy", strategy, timeout=240
+        )
+    )
     saved = torch.load(tmp_path / "syncbn.pt", weights_only=False)
     assert saved["kinds"] == ["CPUSyncBatchNorm1d"]
     state, synced, apart = saved["state"], _syncbn_reference(False), _syncbn_reference(True)
     for key, value in synced.items():
         assert torch.allclose(state[key].float(), value.float(), atol=1e-5), key
-    assert not torch.allclose(state["net.1.running_var"], apart["net.1.running_var"], atol=1e-3)  # the test can fail
+    assert not torch.allclose(
+        state["net.1.running_var"], apart["net.1.running_var"], atol=1e-3
+    )  # the test can fail
     assert not torch.allclose(state["net.0.weight"], apart["net.0.weight"], atol=1e-5)
     # profiler="simple" in the same job: every rank writes its own report
     assert (tmp_path / "fit-profiler-0.txt").exists() and (tmp_path / "fit-profiler-1.txt").exists()
@@ -271,8 +288,10 @@ def test_overfit_batches_uses_the_same_unshuffled_batches_each_epoch(tmp_path: P
             dict(max_epochs=5, reload_dataloaders_every_n_epochs=2),
             [("val", 0), ("train", 0), ("train", 2), ("val", 2), ("train", 4), ("val", 4)],
         ),
-        (dict(max_epochs=3, reload_dataloaders_every_n_epochs=1), [
-            ("val", 0), ("train", 0), ("train", 1), ("val", 1), ("train", 2), ("val", 2)]),
+        (
+            dict(max_epochs=3, reload_dataloaders_every_n_epochs=1),
+            [("val", 0), ("train", 0), ("train", 1), ("val", 1), ("train", 2), ("val", 2)],
+        ),
         (dict(max_epochs=3), [("val", 0), ("train", 0)]),
     ],
 )
@@ -298,5 +317,7 @@ def test_reload_dataloaders_counts_from_the_resumed_epoch(tmp_path: Path) -> Non
 
 
 def test_bad_reload_value_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(MisconfigurationError, match=r"reload_dataloaders_every_n_epochs=-1 is invalid: use an int >= 0"):
+    with pytest.raises(
+        MisconfigurationError, match=r"reload_dataloaders_every_n_epochs=-1 is invalid: use an int >= 0"
+    ):
         quiet_trainer(tmp_path, reload_dataloaders_every_n_epochs=-1)

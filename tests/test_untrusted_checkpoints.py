@@ -309,7 +309,8 @@ def test_damaged_pickle_is_corrupt_not_untrusted(saved: dict[str, Path]) -> None
             load_torch_file(io.BytesIO(bytes(damaged)), "c.ckpt")
         except CorruptCheckpointError as err:
             assert re.search(
-                r"is damaged or not a checkpoint \(torch\.load\(weights_only=True\) refused its pickle", str(err)
+                r"is damaged or not a checkpoint \(torch\.load\(weights_only=True\) refused its pickle",
+                str(err),
             )
             return
         except Exception:

@@ -36,7 +36,9 @@ def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
     non_blocking = device.type != "cpu"
 
     def move(data: Any) -> Any:
-        moved = data.to(device, non_blocking=non_blocking) if isinstance(data, torch.Tensor) else data.to(device)
+        moved = (
+            data.to(device, non_blocking=non_blocking) if isinstance(data, torch.Tensor) else data.to(device)
+        )
         return data if moved is None else moved
 
     return apply_to_collection(batch, dtype=_Transferable, function=move)

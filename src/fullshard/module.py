@@ -97,15 +97,17 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         (under several processes every rank must skip the same batch; see docs/lightning.md).
         """
         raise not_defined(
-            self, "training_step(batch, batch_idx)", "the Trainer needs it to compute a loss. Override it "
-            "and return the loss tensor."
+            self,
+            "training_step(batch, batch_idx)",
+            "the Trainer needs it to compute a loss. Override it and return the loss tensor.",
         )
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         """Evaluate one validation batch; log metrics with :meth:`log`."""
         raise not_defined(
-            self, "validation_step(batch, batch_idx)", "but validation data was given. Override "
-            "validation_step, or pass no validation dataloaders."
+            self,
+            "validation_step(batch, batch_idx)",
+            "but validation data was given. Override validation_step, or pass no validation dataloaders.",
         )
 
     def test_step(self, batch: Any, batch_idx: int) -> Any:
@@ -126,8 +128,10 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         model, so ``self.parameters()`` are the parameters that will be trained.
         """
         raise not_defined(
-            self, "configure_optimizers()", "the Trainer needs an optimizer. Override it, e.g. "
-            "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
+            self,
+            "configure_optimizers()",
+            "the Trainer needs an optimizer. Override it, e.g. "
+            "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`.",
         )
 
     def configure_model(self) -> None:
@@ -320,9 +324,7 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         caller = frame.f_back if frame is not None else None
         ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         if caller is not None and not values:
-            self._hparams.update(
-                {k: v for k, v in init_arguments(caller, names).items() if k not in ignored}
-            )
+            self._hparams.update({k: v for k, v in init_arguments(caller, names).items() if k not in ignored})
         self._hparams.update(values)
 
     @classmethod

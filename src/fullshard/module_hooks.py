@@ -85,7 +85,9 @@ class ModelHooks(_ModuleBase):
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Called before ``validation_step``."""
 
-    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """Called after ``validation_step`` with what it returned."""
 
     def on_test_start(self) -> None:

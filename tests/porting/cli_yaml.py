@@ -149,7 +149,12 @@ def weights(path: str) -> dict:
 
 def main(args):
     root = args.out / "work"
-    common = ["--config", str(CONFIG), f"--trainer.strategy={args.strategy}", f"--trainer.default_root_dir={root}"]
+    common = [
+        "--config",
+        str(CONFIG),
+        f"--trainer.strategy={args.strategy}",
+        f"--trainer.default_root_dir={root}",
+    ]
 
     mark("cli fit")
     cli = CLI(Model, Data, args=["fit", *common], trainer_defaults={"callbacks": [Recorder()]})
@@ -162,24 +167,38 @@ def main(args):
     value("best_model_path", Path(checkpoint.best_model_path).name)
     value("log_dir", os.path.relpath(Path(trainer.log_dir).resolve(), args.out.resolve()))
     saved = yaml.safe_load(Path(trainer.log_dir, "config.yaml").read_text())
-    check("config.yaml in the log directory holds the run's configuration",
-          saved["seed_everything"] == SEED and saved["model"]["hidden"] == 6 and saved["trainer"]["max_epochs"] == EPOCHS,
-          {k: saved.get(k) for k in ("seed_everything", "model")})
+    check(
+        "config.yaml in the log directory holds the run's configuration",
+        saved["seed_everything"] == SEED
+        and saved["model"]["hidden"] == 6
+        and saved["trainer"]["max_epochs"] == EPOCHS,
+        {k: saved.get(k) for k in ("seed_everything", "model")},
+    )
     expected = reference(cli.datamodule.train_set, trainer.world_size)
     trainer.save_checkpoint(root / "final.ckpt")
-    check("final weights equal one-process training", *state_close(weights(str(root / "final.ckpt")), expected))
+    check(
+        "final weights equal one-process training", *state_close(weights(str(root / "final.ckpt")), expected)
+    )
     best = checkpoint.best_model_path
 
     mark("cli test")
-    cli = CLI(Model, Data, args=["test", *common, f"--ckpt_path={best}"], trainer_defaults={"callbacks": [Recorder()]})
+    cli = CLI(
+        Model,
+        Data,
+        args=["test", *common, f"--ckpt_path={best}"],
+        trainer_defaults={"callbacks": [Recorder()]},
+    )
     net = make_net(6)
     net.load_state_dict(weights(best))
     with torch.no_grad():
         x, y = cli.datamodule.test_set.tensors
         test_loss = float(F.mse_loss(net(x), y))
     value("test_loss", cli.trainer.callback_metrics["test_loss"])
-    check("test --ckpt_path gives the best weights' loss on the whole test set",
-          close(cli.trainer.callback_metrics["test_loss"], test_loss), (cli.trainer.callback_metrics, test_loss))
+    check(
+        "test --ckpt_path gives the best weights' loss on the whole test set",
+        close(cli.trainer.callback_metrics["test_loss"], test_loss),
+        (cli.trainer.callback_metrics, test_loss),
+    )
 
     mark("run=False")
     cli = CLI(Model, Data, args=common, run=False, save_config_callback=None)
@@ -191,7 +210,11 @@ def main(args):
     mine = rank_indices(16, world, rank, shuffle=False, seed=SEED, epoch=0)
     with torch.no_grad():
         wanted = net(cli.datamodule.test_set.tensors[0][mine])
-    check("predict() with the best weights predicts this rank's share", close(torch.cat(predictions), wanted), len(predictions))
+    check(
+        "predict() with the best weights predicts this rank's share",
+        close(torch.cat(predictions), wanted),
+        len(predictions),
+    )
 
 
 if __name__ == "__main__":

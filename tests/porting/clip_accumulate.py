@@ -82,7 +82,11 @@ def reference(train: TensorDataset, world_size: int) -> tuple[dict, list[float]]
     x, y = train.tensors
     norms = []
     for epoch in range(EPOCHS):
-        batches = list(global_batches(len(train), BATCH, world_size, shuffle=True, seed=SEED, epoch=epoch, limit=LIMIT_TRAIN))
+        batches = list(
+            global_batches(
+                len(train), BATCH, world_size, shuffle=True, seed=SEED, epoch=epoch, limit=LIMIT_TRAIN
+            )
+        )
         for i, idx in enumerate(batches):
             (F.mse_loss(model(x[idx]), y[idx]) / ACCUMULATE).backward()
             if (i + 1) % ACCUMULATE == 0 or i + 1 == len(batches):
@@ -136,7 +140,11 @@ def main(args):
         model_ref.load_state_dict(weights)
         expected = mean_loss(model_ref, F.mse_loss, val.tensors, slice(0, 16))
         got = float(trainer.callback_metrics["val_loss"])
-        check("val_loss is the final weights' loss on the first 16 validation samples", close(got, expected), (got, expected))
+        check(
+            "val_loss is the final weights' loss on the first 16 validation samples",
+            close(got, expected),
+            (got, expected),
+        )
 
 
 if __name__ == "__main__":

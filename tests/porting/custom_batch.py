@@ -149,7 +149,10 @@ def main(args):
     ours = [cb for cb in trainer.callbacks if isinstance(cb, Recorder | Counter | ModelCheckpoint)]
     value("callbacks", [getattr(cb, "owner", type(cb).__name__) for cb in ours])
     timers = [cb for cb in trainer.callbacks if isinstance(cb, Timer)]
-    check("a Timer came with max_time, and measured the training", len(timers) == 1 and 0 < timers[0].time_elapsed("train") < 3600)
+    check(
+        "a Timer came with max_time, and measured the training",
+        len(timers) == 1 and 0 < timers[0].time_elapsed("train") < 3600,
+    )
     check("every batch moved to cpu through Batch.to", set(MOVES) == {"cpu"}, sorted(set(MOVES)))
 
     # the same training in one process, with the hooks' transforms

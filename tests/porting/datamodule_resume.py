@@ -105,7 +105,10 @@ class Linear(RecordModuleHooks, L.LightningModule):
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
-        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, self.hparams.gamma)}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, self.hparams.gamma),
+        }
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["note"] = {"saved_at_epoch": self.current_epoch}
@@ -188,8 +191,11 @@ def main(args):
     value("last_model_path", Path(checkpoint.last_model_path).name)
     value("datamodule_setups", data.setups)
     check("the callback's state was restored and went on", recorder.batches == EPOCHS * 3, recorder.batches)
-    check("on_load_checkpoint saw the entry on_save_checkpoint added",
-          model.loaded_note == {"saved_at_epoch": FIRST_EPOCHS - 1}, model.loaded_note)
+    check(
+        "on_load_checkpoint saw the entry on_save_checkpoint added",
+        model.loaded_note == {"saved_at_epoch": FIRST_EPOCHS - 1},
+        model.loaded_note,
+    )
 
     mark("validate")
     results = trainer.validate(model, datamodule=data)
@@ -197,12 +203,22 @@ def main(args):
     value("validate_results", results)
 
     restored = Linear.load_from_checkpoint(checkpoint.last_model_path)
-    check("load_from_checkpoint keeps the hyperparameters", restored.hparams.gamma == 0.7, dict(restored.hparams))
+    check(
+        "load_from_checkpoint keeps the hyperparameters",
+        restored.hparams.gamma == 0.7,
+        dict(restored.hparams),
+    )
     weights = reference(data.train_set, trainer.world_size)
-    check("resumed weights equal 4 uninterrupted epochs in one process", *state_close(restored.state_dict(), weights))
+    check(
+        "resumed weights equal 4 uninterrupted epochs in one process",
+        *state_close(restored.state_dict(), weights),
+    )
     expected = mean_loss(restored, F.mse_loss, data.val_set.tensors)
-    check("validate() gives the final weights' loss on the whole validation set",
-          close(results[0]["val_loss"], expected), (results[0], expected))
+    check(
+        "validate() gives the final weights' loss on the whole validation set",
+        close(results[0]["val_loss"], expected),
+        (results[0], expected),
+    )
 
 
 if __name__ == "__main__":

@@ -132,7 +132,11 @@ def main(args):
     train, val, test = make_data(64, 1), make_data(32, 2), make_data(32, 3)
     best_score = BestScore()
     checkpoint = ModelCheckpoint(
-        dirpath=root / "ckpts", filename="{epoch}-{val_score:.2f}", monitor="val_score", mode="min", save_top_k=2
+        dirpath=root / "ckpts",
+        filename="{epoch}-{val_score:.2f}",
+        monitor="val_score",
+        mode="min",
+        save_top_k=2,
     )
     trainer = L.Trainer(
         accelerator="cpu",
@@ -141,7 +145,12 @@ def main(args):
         max_epochs=10,
         min_epochs=2,
         check_val_every_n_epoch=2,
-        callbacks=[Recorder(), best_score, checkpoint, EarlyStopping(monitor="val_score", mode="min", patience=1)],
+        callbacks=[
+            Recorder(),
+            best_score,
+            checkpoint,
+            EarlyStopping(monitor="val_score", mode="min", patience=1),
+        ],
         logger=False,
         enable_progress_bar=False,
         default_root_dir=root,
@@ -155,8 +164,11 @@ def main(args):
     value("best_model", Path(trainer.checkpoint_callback.best_model_path).name)
     value("best_model_score", trainer.checkpoint_callback.best_model_score)
     value("kept_checkpoints", sorted(p.name for p in (root / "ckpts").iterdir()))
-    check("the custom callback saw 3 validations, best 0.5", (best_score.validations, best_score.best) == (3, 0.5),
-          (best_score.validations, best_score.best))
+    check(
+        "the custom callback saw 3 validations, best 0.5",
+        (best_score.validations, best_score.best) == (3, 0.5),
+        (best_score.validations, best_score.best),
+    )
 
     mark("test")
     results = trainer.test(model, DataLoader(test, batch_size=BATCH), ckpt_path="best")
@@ -170,9 +182,11 @@ def main(args):
     check("load_from_checkpoint keeps the hyperparameters", best.hparams.hidden == 32, dict(best.hparams))
     best.eval()
     test_loss, test_acc = evaluate(best, test)
-    check("test metrics are the best weights' on the whole test set",
-          close(results[0]["test_loss"], test_loss) and close(results[0]["test_acc"], test_acc),
-          (results[0], test_loss, test_acc))
+    check(
+        "test metrics are the best weights' on the whole test set",
+        close(results[0]["test_loss"], test_loss) and close(results[0]["test_acc"], test_acc),
+        (results[0], test_loss, test_acc),
+    )
     mine = rank_indices(len(test), trainer.world_size, trainer.global_rank, shuffle=False, seed=SEED, epoch=0)
     with torch.no_grad():
         expected = best(test.tensors[0][mine]).softmax(-1)

@@ -58,7 +58,9 @@ class Model(RecordModuleHooks, L.LightningModule):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         loss = F.mse_loss(self(x), y)
-        self.log_dict({"val_loss": loss, "val_abs": (self(x) - y).abs().mean()}, sync_dist=True, batch_size=len(x))
+        self.log_dict(
+            {"val_loss": loss, "val_abs": (self(x) - y).abs().mean()}, sync_dist=True, batch_size=len(x)
+        )
         return {"val_loss": loss}
 
     def test_step(self, batch, batch_idx):
@@ -118,8 +120,11 @@ def main(args):
     value("fast_dev_run_epoch", trainer.current_epoch)
     value("fast_dev_run_predictions", len(predictions))
     value("fast_dev_run_num_val_batches", trainer.num_val_batches)
-    check("fast_dev_run wrote no logs and no checkpoints", not root.exists() or not any(root.iterdir()),
-          sorted(p.name for p in root.iterdir()) if root.exists() else [])
+    check(
+        "fast_dev_run wrote no logs and no checkpoints",
+        not root.exists() or not any(root.iterdir()),
+        sorted(p.name for p in root.iterdir()) if root.exists() else [],
+    )
 
     trainer = L.Trainer(
         accelerator="cpu",
@@ -160,10 +165,21 @@ def main(args):
         test_loss = float(F.mse_loss(reference(tx[:16]), ty[:16]))
         mine = rank_indices(32, world, rank, shuffle=False, seed=SEED, epoch=0)[: 3 * BATCH]
         expected = reference(tx[mine])
-    check("validate() with limit_val_batches=1 gives the loss of 1 batch per rank", close(val[0]["val_loss"], val_loss), (val, val_loss))
-    check("test() with limit_test_batches=2 gives the loss of 2 batches per rank", close(test[0]["test_loss"], test_loss), (test, test_loss))
-    check("predict() with limit_predict_batches=3 predicts 3 batches of this rank's share",
-          len(predictions) == 3 and close(torch.cat(predictions), expected), len(predictions))
+    check(
+        "validate() with limit_val_batches=1 gives the loss of 1 batch per rank",
+        close(val[0]["val_loss"], val_loss),
+        (val, val_loss),
+    )
+    check(
+        "test() with limit_test_batches=2 gives the loss of 2 batches per rank",
+        close(test[0]["test_loss"], test_loss),
+        (test, test_loss),
+    )
+    check(
+        "predict() with limit_predict_batches=3 predicts 3 batches of this rank's share",
+        len(predictions) == 3 and close(torch.cat(predictions), expected),
+        len(predictions),
+    )
 
 
 if __name__ == "__main__":

@@ -171,7 +171,11 @@ def main(args):
         check("the generator's gradients were clipped (norm above the limit)", min(norms) > CLIP, norms)
         saved = torch.load(root / "final.ckpt", map_location="cpu", weights_only=False)
         check("final weights equal one-process training", *state_close(saved["state_dict"], weights))
-        check("the checkpoint holds both optimizers' states", len(saved["optimizer_states"]) == 2, len(saved["optimizer_states"]))
+        check(
+            "the checkpoint holds both optimizers' states",
+            len(saved["optimizer_states"]) == 2,
+            len(saved["optimizer_states"]),
+        )
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ class Classifier(RecordModuleHooks, L.LightningModule):
         logits = self(x)
         loss = F.cross_entropy(logits, y)
         self.log("loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
-        self.log("max_logit", logits.abs().max(), on_step=False, on_epoch=True, reduce_fx="max", sync_dist=True)
+        self.log(
+            "max_logit", logits.abs().max(), on_step=False, on_epoch=True, reduce_fx="max", sync_dist=True
+        )
         self.log("samples", float(len(x)), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True)
         self.log("step_in_step", float(self.global_step), on_step=True, on_epoch=False)
         self.train_losses.append(loss.detach())
@@ -75,7 +77,13 @@ class Classifier(RecordModuleHooks, L.LightningModule):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         logits = self(x)
-        self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True, batch_size=len(x), prog_bar=True)
+        self.log(
+            "val_acc",
+            (logits.argmax(-1) == y).float().mean(),
+            sync_dist=True,
+            batch_size=len(x),
+            prog_bar=True,
+        )
         self.val_outputs.append({"pred": logits.argmax(-1), "y": y})
         return logits
 
@@ -127,16 +135,31 @@ def main(args):
     metrics = trainer.callback_metrics
     value("progress_bar_names", sorted(trainer.progress_bar_metrics))
     # the epoch cut short by max_steps still ends (on_train_epoch_end runs) and is counted
-    check("max_steps stops in the middle of the second epoch", (trainer.global_step, trainer.current_epoch) == (MAX_STEPS, 2),
-          (trainer.global_step, trainer.current_epoch))
+    check(
+        "max_steps stops in the middle of the second epoch",
+        (trainer.global_step, trainer.current_epoch) == (MAX_STEPS, 2),
+        (trainer.global_step, trainer.current_epoch),
+    )
     epoch_end = [m for m in RECORD.metrics if m["point"].startswith("on_train_epoch_end")]
     first = epoch_end[0]["callback_metrics"] if epoch_end else {}
-    check("reduce_fx='sum' with sync_dist adds every sample of the first epoch", first.get("samples") == 64.0, first.get("samples"))
-    later = next((m["callback_metrics"] for m in RECORD.metrics if "gathered_loss" in m["callback_metrics"]), {})
-    check("all_gather of the first epoch's losses averages to its loss_epoch",
-          close(later.get("gathered_loss", 0.0), first.get("loss_epoch", 1.0)), (later.get("gathered_loss"), first.get("loss_epoch")))
-    check("val_acc (sync_dist) equals the accuracy of the gathered predictions",
-          close(metrics["val_acc"], metrics["val_acc_gathered"]), (float(metrics["val_acc"]), float(metrics["val_acc_gathered"])))
+    check(
+        "reduce_fx='sum' with sync_dist adds every sample of the first epoch",
+        first.get("samples") == 64.0,
+        first.get("samples"),
+    )
+    later = next(
+        (m["callback_metrics"] for m in RECORD.metrics if "gathered_loss" in m["callback_metrics"]), {}
+    )
+    check(
+        "all_gather of the first epoch's losses averages to its loss_epoch",
+        close(later.get("gathered_loss", 0.0), first.get("loss_epoch", 1.0)),
+        (later.get("gathered_loss"), first.get("loss_epoch")),
+    )
+    check(
+        "val_acc (sync_dist) equals the accuracy of the gathered predictions",
+        close(metrics["val_acc"], metrics["val_acc_gathered"]),
+        (float(metrics["val_acc"]), float(metrics["val_acc_gathered"])),
+    )
 
     mark("validate")
     results = trainer.validate(model, DataLoader(val, batch_size=BATCH))
@@ -145,13 +168,22 @@ def main(args):
     trainer.save_checkpoint(root / "final.ckpt")
     state = torch.load(root / "final.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     reference = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
-    reference.load_state_dict({"0.weight": state["encoder.0.weight"], "0.bias": state["encoder.0.bias"],
-                               "2.weight": state["head.weight"], "2.bias": state["head.bias"]})
+    reference.load_state_dict(
+        {
+            "0.weight": state["encoder.0.weight"],
+            "0.bias": state["encoder.0.bias"],
+            "2.weight": state["head.weight"],
+            "2.bias": state["head.bias"],
+        }
+    )
     x, y = val.tensors
     with torch.no_grad():
         acc = float((reference(x).argmax(-1) == y).float().mean())
-    check("validate() after fit gives the final weights' accuracy on the whole validation set",
-          close(results[0]["val_acc"], acc), (results[0]["val_acc"], acc))
+    check(
+        "validate() after fit gives the final weights' accuracy on the whole validation set",
+        close(results[0]["val_acc"], acc),
+        (results[0]["val_acc"], acc),
+    )
 
 
 if __name__ == "__main__":

@@ -70,7 +70,9 @@ class Classifier(RecordModuleHooks, L.LightningModule):
         self.val_acc[dataloader_idx](logits, y)
         self.log("val_acc", self.val_acc[dataloader_idx])
         self.log("val_loss", F.cross_entropy(logits, y), sync_dist=True)
-        self.log(f"val_batches_{dataloader_idx}", float(batch_idx + 1), reduce_fx="max", add_dataloader_idx=False)
+        self.log(
+            f"val_batches_{dataloader_idx}", float(batch_idx + 1), reduce_fx="max", add_dataloader_idx=False
+        )
 
     def test_step(self, batch, batch_idx):
         x, y = batch
@@ -88,7 +90,10 @@ class Classifier(RecordModuleHooks, L.LightningModule):
 class Recorder(RecordCallbackHooks, Callback):
     def on_validation_end(self, trainer, pl_module):
         snapshot("on_validation_end", trainer)
-        value(f"num_val_batches_{'sanity' if trainer.sanity_checking else trainer.current_epoch}", trainer.num_val_batches)
+        value(
+            f"num_val_batches_{'sanity' if trainer.sanity_checking else trainer.current_epoch}",
+            trainer.num_val_batches,
+        )
         if trainer.sanity_checking:
             value("num_sanity_val_batches", trainer.num_sanity_val_batches)
 
@@ -104,7 +109,9 @@ class Writer(BasePredictionWriter):
         self.out = out
         self.epoch = None
 
-    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ):
         path = self.out / f"pred_{dataloader_idx}_{trainer.global_rank}_{batch_idx}.pt"
         torch.save({"indices": list(batch_indices), "prediction": prediction}, path)
 
@@ -163,35 +170,65 @@ def main(args):
     )
     model = Classifier()
     mark("fit")
-    trainer.fit(model, DataLoader(train, batch_size=BATCH, shuffle=True), [DataLoader(val_a, batch_size=BATCH), DataLoader(val_b, batch_size=BATCH)])
+    trainer.fit(
+        model,
+        DataLoader(train, batch_size=BATCH, shuffle=True),
+        [DataLoader(val_a, batch_size=BATCH), DataLoader(val_b, batch_size=BATCH)],
+    )
     mark("after fit")
     fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 
     ref, train_accs = reference(train, trainer.world_size)
-    check("train_acc_epoch is the accuracy of the last epoch's training predictions",
-          close(fit_metrics["train_acc_epoch"], train_accs[-1]), (fit_metrics["train_acc_epoch"], train_accs))
+    check(
+        "train_acc_epoch is the accuracy of the last epoch's training predictions",
+        close(fit_metrics["train_acc_epoch"], train_accs[-1]),
+        (fit_metrics["train_acc_epoch"], train_accs),
+    )
     # limit_val_batches=2 per dataloader: the first 2 batches of each rank, the first 32 samples together
     for i, data in enumerate((val_a, val_b)):
         expected = acc_of(ref, data, slice(0, 32))
         got = fit_metrics[f"val_acc/dataloader_idx_{i}"]
-        check(f"val_acc of dataloader {i} is the final weights' on its first 32 samples", close(got, expected), (got, expected))
-        check(f"val_batches_{i} is logged without a suffix", fit_metrics.get(f"val_batches_{i}") == 2.0, fit_metrics)
+        check(
+            f"val_acc of dataloader {i} is the final weights' on its first 32 samples",
+            close(got, expected),
+            (got, expected),
+        )
+        check(
+            f"val_batches_{i} is logged without a suffix",
+            fit_metrics.get(f"val_batches_{i}") == 2.0,
+            fit_metrics,
+        )
 
     mark("validate")
-    results = trainer.validate(model, [DataLoader(val_a, batch_size=BATCH), DataLoader(val_b, batch_size=BATCH)], verbose=False)
+    results = trainer.validate(
+        model, [DataLoader(val_a, batch_size=BATCH), DataLoader(val_b, batch_size=BATCH)], verbose=False
+    )
     value("validate_results", results)
-    check("validate returns one dict per dataloader", [sorted(r) for r in results] == [
-        ["val_acc/dataloader_idx_0", "val_batches_0", "val_loss/dataloader_idx_0"],
-        ["val_acc/dataloader_idx_1", "val_batches_1", "val_loss/dataloader_idx_1"],
-    ], results)
+    check(
+        "validate returns one dict per dataloader",
+        [sorted(r) for r in results]
+        == [
+            ["val_acc/dataloader_idx_0", "val_batches_0", "val_loss/dataloader_idx_0"],
+            ["val_acc/dataloader_idx_1", "val_batches_1", "val_loss/dataloader_idx_1"],
+        ],
+        results,
+    )
 
     mark("test")
     tested = trainer.test(model, DataLoader(test, batch_size=BATCH), verbose=False)
     value("test_results", tested)
-    check("test_acc is the final weights' on the whole test set", close(tested[0]["test_acc"], acc_of(ref, test)), tested)
+    check(
+        "test_acc is the final weights' on the whole test set",
+        close(tested[0]["test_acc"], acc_of(ref, test)),
+        tested,
+    )
 
     mark("predict")
-    returned = trainer.predict(model, [DataLoader(test, batch_size=BATCH), DataLoader(val_a, batch_size=BATCH)], return_predictions=False)
+    returned = trainer.predict(
+        model,
+        [DataLoader(test, batch_size=BATCH), DataLoader(val_a, batch_size=BATCH)],
+        return_predictions=False,
+    )
     mark("after predict")
     check("predict(return_predictions=False) returns None", returned is None, type(returned))
     value("num_predict_batches", trainer.num_predict_batches)
@@ -204,11 +241,16 @@ def main(args):
         written = [torch.load(root / "preds" / f"pred_{i}_{rank}_{b}.pt") for b in range(lengths[i])]
         got_indices = [j for w in written for j in w["indices"]]
         check(f"batch_indices of dataloader {i} are this rank's samples", got_indices == mine, got_indices)
-        check(f"the epoch's batch_indices of dataloader {i} are the batches'", [j for b in indices[i] for j in b] == mine)
+        check(
+            f"the epoch's batch_indices of dataloader {i} are the batches'",
+            [j for b in indices[i] for j in b] == mine,
+        )
         with torch.no_grad():
             expected = ref(data.tensors[0][mine]).softmax(-1)
         got = torch.cat([w["prediction"] for w in written])
-        check(f"written predictions of dataloader {i} are the final weights'", close(got, expected), got.shape)
+        check(
+            f"written predictions of dataloader {i} are the final weights'", close(got, expected), got.shape
+        )
 
 
 if __name__ == "__main__":

@@ -56,12 +56,16 @@ class TinyLM(RecordModuleHooks, L.LightningModule):
 
     def configure_model(self):
         tp_mesh, dp_mesh = self.device_mesh["tensor_parallel"], self.device_mesh["data_parallel"]
-        parallelize_module(self, tp_mesh, {
-            "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-            "w1": ColwiseParallel(),
-            "w2": RowwiseParallel(),
-            "head": ColwiseParallel(output_layouts=Replicate()),
-        })
+        parallelize_module(
+            self,
+            tp_mesh,
+            {
+                "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+                "w1": ColwiseParallel(),
+                "w2": RowwiseParallel(),
+                "head": ColwiseParallel(output_layouts=Replicate()),
+            },
+        )
         fully_shard(self, mesh=dp_mesh)
 
     def forward(self, tokens):
@@ -89,12 +93,18 @@ class Recorder(RecordCallbackHooks, Callback):
 def plain_model() -> nn.Module:
     """TinyLM's layers as a plain module (the same parameter names), for the reference."""
     model = nn.Module()
-    model.embed, model.w1, model.w2 = nn.Embedding(VOCAB, DIM), nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+    model.embed, model.w1, model.w2 = (
+        nn.Embedding(VOCAB, DIM),
+        nn.Linear(DIM, 4 * DIM),
+        nn.Linear(4 * DIM, DIM),
+    )
     model.head = nn.Linear(DIM, VOCAB, bias=False)
     return model
 
 
-def reference(data: TensorDataset, init: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[float], list[float]]:
+def reference(
+    data: TensorDataset, init: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], list[float], list[float]]:
     """One process: the same batches (one data replica: each step reads BATCH samples), clip, step."""
     model = plain_model()
     model.load_state_dict(init)
@@ -146,7 +156,9 @@ def main(args):
     check("losses equal one-process training", close(model.losses, losses), (model.losses, losses))
     check("final weights equal one-process training", *state_close(final, weights))
     logged = float(trainer.callback_metrics["train_loss"])
-    check("train_loss (sync_dist mean) is the last step's loss", close(logged, losses[-1]), (logged, losses[-1]))
+    check(
+        "train_loss (sync_dist mean) is the last step's loss", close(logged, losses[-1]), (logged, losses[-1])
+    )
 
 
 if __name__ == "__main__":

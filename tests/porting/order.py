@@ -17,20 +17,51 @@ from runner import load_expected
 # (title, script, first event, last event): the passage runs from the first event starting with
 # the first text to the next event starting with the last text, both included, in rank 0's record.
 SECTIONS = (
-    ("fit: setup, sanity check, the first training batch", "plateau_param_groups", "S fit", "M on_train_batch_end"),
-    ("an epoch ends: validation, epoch-end hooks, the scheduler steps", "plateau_param_groups",
-     "C on_train_batch_end(batch_idx=3", "M on_train_epoch_start"),
-    ("accumulate_grad_batches=4, gradient_clip_val: a micro-batch without a step", "clip_accumulate",
-     "C on_train_batch_start(batch_idx=1", "M on_train_batch_end(batch_idx=1"),
-    ("... and the micro-batch that steps", "clip_accumulate",
-     "C on_train_batch_start(batch_idx=3", "M on_train_batch_end(batch_idx=3"),
-    ("ModelCheckpoint saves in on_validation_end", "early_stop_test_predict",
-     "C on_validation_end", "M on_validation_end"),
+    (
+        "fit: setup, sanity check, the first training batch",
+        "plateau_param_groups",
+        "S fit",
+        "M on_train_batch_end",
+    ),
+    (
+        "an epoch ends: validation, epoch-end hooks, the scheduler steps",
+        "plateau_param_groups",
+        "C on_train_batch_end(batch_idx=3",
+        "M on_train_epoch_start",
+    ),
+    (
+        "accumulate_grad_batches=4, gradient_clip_val: a micro-batch without a step",
+        "clip_accumulate",
+        "C on_train_batch_start(batch_idx=1",
+        "M on_train_batch_end(batch_idx=1",
+    ),
+    (
+        "... and the micro-batch that steps",
+        "clip_accumulate",
+        "C on_train_batch_start(batch_idx=3",
+        "M on_train_batch_end(batch_idx=3",
+    ),
+    (
+        "ModelCheckpoint saves in on_validation_end",
+        "early_stop_test_predict",
+        "C on_validation_end",
+        "M on_validation_end",
+    ),
     ("fit ends", "plateau_param_groups", "C on_train_end", "M teardown"),
-    ('a DataModule; fit(ckpt_path="last") resumes', "datamodule_resume", "S resume from last", "M on_train_epoch_start"),
+    (
+        'a DataModule; fit(ckpt_path="last") resumes',
+        "datamodule_resume",
+        "S resume from last",
+        "M on_train_epoch_start",
+    ),
     ('test(ckpt_path="best")', "early_stop_test_predict", "S test", "M teardown(stage=test)"),
     ('predict(ckpt_path="best")', "early_stop_test_predict", "S predict", "M teardown(stage=predict)"),
-    ("validate() with the module's own val_dataloader", "fast_dev_run", "S validate limit 1", "M teardown(stage=validate)"),
+    (
+        "validate() with the module's own val_dataloader",
+        "fast_dev_run",
+        "S validate limit 1",
+        "M teardown(stage=validate)",
+    ),
 )
 _SKIP_FIRST = {"C on_validation_end": "C on_train_start"}  # start after the sanity check's
 
@@ -45,7 +76,11 @@ def _index(events: list[str], prefix: str, start: int = 0) -> int:
 def _line(event: str, state: str) -> str:
     event = re.sub(r", x0=[-0-9.e]+|x0=[-0-9.e]+, ?", "", event).replace("()", "")
     who, _, rest = event.partition(" ")
-    note = "    # Lightning only: not called by fullshard" if who == "M" and rest.split("(")[0] in NOT_CALLED_BY_FULLSHARD else ""
+    note = (
+        "    # Lightning only: not called by fullshard"
+        if who == "M" and rest.split("(")[0] in NOT_CALLED_BY_FULLSHARD
+        else ""
+    )
     return f"  {state:8} {event}{note}"
 
 

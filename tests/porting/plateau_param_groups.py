@@ -92,7 +92,12 @@ class Regressor(RecordModuleHooks, L.LightningModule):
         optimizer, scheduler = make_optimizer(self)
         return {
             "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss", "interval": "epoch", "frequency": 1},
+            "lr_scheduler": {
+                "scheduler": scheduler,
+                "monitor": "val_loss",
+                "interval": "epoch",
+                "frequency": 1,
+            },
         }
 
 
@@ -158,14 +163,24 @@ def main(args):
         weights, last_epoch_loss, val_loss = reference(train, val, trainer.world_size)
         saved = torch.load(root / "final.ckpt", map_location="cpu", weights_only=False)["state_dict"]
         check("final weights equal one-process training", *state_close(saved, weights))
-        check("val_loss is the final weights' loss on the whole validation set",
-              close(trainer.callback_metrics["val_loss"], val_loss), (float(trainer.callback_metrics["val_loss"]), val_loss))
-        check("train_loss_epoch is the mean loss of the last epoch",
-              close(logged.get("train_loss_epoch", float("nan")), last_epoch_loss), (logged.get("train_loss_epoch"), last_epoch_loss))
+        check(
+            "val_loss is the final weights' loss on the whole validation set",
+            close(trainer.callback_metrics["val_loss"], val_loss),
+            (float(trainer.callback_metrics["val_loss"]), val_loss),
+        )
+        check(
+            "train_loss_epoch is the mean loss of the last epoch",
+            close(logged.get("train_loss_epoch", float("nan")), last_epoch_loss),
+            (logged.get("train_loss_epoch"), last_epoch_loss),
+        )
     base = (0.1, 0.05)
     expected = [[lr * 0.5 ** max(0, e - 1) for lr in base] for e in range(EPOCHS)]
     seen = [RECORD.values.get(f"lrs_epoch{e}") for e in range(EPOCHS)]
-    check("plateau halves both groups' LRs after every epoch from the second", close(seen, expected) if None not in seen else False, seen)
+    check(
+        "plateau halves both groups' LRs after every epoch from the second",
+        close(seen, expected) if None not in seen else False,
+        seen,
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,12 @@ from hooks import (
 )
 
 FRAMEWORK = os.environ.get("PORT_FRAMEWORK", "fullshard")
-_BATCH_START = {"on_train_batch_start", "on_validation_batch_start", "on_test_batch_start", "on_predict_batch_start"}
+_BATCH_START = {
+    "on_train_batch_start",
+    "on_validation_batch_start",
+    "on_test_batch_start",
+    "on_predict_batch_start",
+}
 
 
 class _Record:
@@ -126,7 +131,9 @@ def _state(trainer: Any) -> str:
         return "-"
 
 
-def _record_call(who: str, hook: str, trainer: Any, params: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _record_call(
+    who: str, hook: str, trainer: Any, params: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     bound = dict(zip(params, args, strict=False))
     bound.update(kwargs)
     summary = _summary(hook, bound)
@@ -155,12 +162,16 @@ def _fallback(hook: str, args: tuple[Any, ...]) -> Any:
     return None
 
 
-def _install_defaults(mixin: type, who: str, hooks: dict[str, tuple[str, ...]], with_trainer_args: bool) -> None:
+def _install_defaults(
+    mixin: type, who: str, hooks: dict[str, tuple[str, ...]], with_trainer_args: bool
+) -> None:
     for name, params in hooks.items():
         if FRAMEWORK == "fullshard" and who == "M" and name in NOT_CALLED_BY_FULLSHARD:
             continue  # see [Note: hooks fullshard does not call] in hooks.py
 
-        def default(self: Any, *args: Any, __name: str = name, __params: tuple[str, ...] = params, **kwargs: Any) -> Any:
+        def default(
+            self: Any, *args: Any, __name: str = name, __params: tuple[str, ...] = params, **kwargs: Any
+        ) -> Any:
             takes_trainer = with_trainer_args and __name not in CALLBACK_NO_TRAINER
             if not (_ACTIVE and _ACTIVE[-1] == __name):
                 trainer = _callback_trainer(args) if takes_trainer else _owner_trainer(self)
@@ -189,7 +200,14 @@ def _wrap_defined(cls: type, who: str, hooks: dict[str, tuple[str, ...]], with_t
             continue
 
         @functools.wraps(fn)
-        def wrapper(self: Any, *args: Any, __fn: Any = fn, __name: str = name, __params: tuple[str, ...] = params, **kwargs: Any) -> Any:
+        def wrapper(
+            self: Any,
+            *args: Any,
+            __fn: Any = fn,
+            __name: str = name,
+            __params: tuple[str, ...] = params,
+            **kwargs: Any,
+        ) -> Any:
             takes_trainer = with_trainer_args and __name not in CALLBACK_NO_TRAINER
             trainer = _callback_trainer(args) if takes_trainer else _owner_trainer(self)
             _record_call(who, __name, trainer, __params, args[2:] if takes_trainer else args, kwargs)

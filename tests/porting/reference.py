@@ -26,14 +26,23 @@ def rank_indices(n: int, world_size: int, rank: int, *, shuffle: bool, seed: int
 
 
 def global_batches(
-    n: int, batch_size: int, world_size: int, *, shuffle: bool, seed: int, epoch: int, limit: int | None = None
+    n: int,
+    batch_size: int,
+    world_size: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    limit: int | None = None,
 ) -> Iterator[list[int]]:
     """Per step, the union of the samples every rank reads (each rank reads ``batch_size``).
 
     With equal batch sizes, averaging the gradients of the ranks' mean losses (DDP, FSDP) equals
     the gradient of the mean loss over this union in one process.
     """
-    per_rank = [rank_indices(n, world_size, r, shuffle=shuffle, seed=seed, epoch=epoch) for r in range(world_size)]
+    per_rank = [
+        rank_indices(n, world_size, r, shuffle=shuffle, seed=seed, epoch=epoch) for r in range(world_size)
+    ]
     steps = math.ceil(len(per_rank[0]) / batch_size)
     if limit is not None:
         steps = min(steps, limit)
@@ -41,7 +50,9 @@ def global_batches(
         yield [idx for r in range(world_size) for idx in per_rank[r][i * batch_size : (i + 1) * batch_size]]
 
 
-def mean_loss(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence[torch.Tensor], indices: Any = None) -> float:
+def mean_loss(
+    model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequence[torch.Tensor], indices: Any = None
+) -> float:
     """``loss_fn(model(x), y)`` over the whole of ``data`` (or ``indices`` of it), in one process."""
     x, y = data[0], data[1]
     if indices is not None:
@@ -50,7 +61,9 @@ def mean_loss(model: nn.Module, loss_fn: Callable[..., torch.Tensor], data: Sequ
         return float(loss_fn(model(x), y))
 
 
-def state_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float = 1e-5) -> tuple[bool, str]:
+def state_close(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float = 1e-5
+) -> tuple[bool, str]:
     """Whether two state dicts hold the same keys and values within ``tol``; and the worst key."""
     if set(a) != set(b):
         return False, f"keys differ: {sorted(set(a) ^ set(b))}"

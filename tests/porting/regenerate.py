@@ -31,7 +31,9 @@ def _versions(python: str) -> dict[str, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--python", default="/tmp/lvenv/bin/python", help="a Python with lightning installed")
     parser.add_argument("scripts", nargs="*", help=f"some of {', '.join(SCRIPTS)} (default: all)")
     args = parser.parse_args()
@@ -43,18 +45,28 @@ def main() -> int:
     failed = []
     for script in args.scripts or SCRIPTS:
         with tempfile.TemporaryDirectory() as tmp:
-            result, record = run_port(script, "lightning", recorded_with(script), Path(tmp), python=args.python)
+            result, record = run_port(
+                script, "lightning", recorded_with(script), Path(tmp), python=args.python
+            )
         problems = [] if result.returncode == 0 else [f"exit {result.returncode}"]
         for rank, data in enumerate(record["ranks"]):
             if data is None:
                 problems.append(f"rank {rank} wrote no record")
                 continue
-            problems += [f"rank {rank}: check failed: {name} ({detail})" for name, ok, detail in data["checks"] if not ok]
+            problems += [
+                f"rank {rank}: check failed: {name} ({detail})"
+                for name, ok, detail in data["checks"]
+                if not ok
+            ]
             if data["error"]:
                 problems.append(f"rank {rank}: {data['error']}")
         if problems:
             failed.append(script)
-            print(f"{script}: NOT written\n  " + "\n  ".join(problems) + f"\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+            print(
+                f"{script}: NOT written\n  "
+                + "\n  ".join(problems)
+                + f"\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
             continue
         record.update(versions)
         (EXPECTED / f"{script}.json").write_text(json.dumps(record, indent=1) + "\n")

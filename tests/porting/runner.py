@@ -45,6 +45,7 @@ def recorded_with(script: str) -> str:
 def run_with(script: str) -> tuple[str, ...]:
     return RUN_WITH.get(script, ("ddp", "fsdp"))
 
+
 # Variables a launcher sets for the processes it starts; a run must not inherit them.
 _LAUNCH_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
@@ -78,7 +79,13 @@ def run_port(
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         ranks.append(json.loads(path.read_text()) if path.exists() else None)
-    record = {"script": script, "framework": framework, "strategy": strategy, "returncode": result.returncode, "ranks": ranks}
+    record = {
+        "script": script,
+        "framework": framework,
+        "strategy": strategy,
+        "returncode": result.returncode,
+        "ranks": ranks,
+    }
     return result, record
 
 

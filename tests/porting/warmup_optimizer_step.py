@@ -92,7 +92,10 @@ class Net(RecordModuleHooks, L.LightningModule):
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=LR, momentum=0.5)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": EpochDecay(optimizer, DECAY), "interval": "epoch"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": EpochDecay(optimizer, DECAY), "interval": "epoch"},
+        }
 
 
 class Recorder(RecordCallbackHooks, Callback):
@@ -166,7 +169,11 @@ def main(args):
         check("warm-up and decay rates equal plain PyTorch's", close(recorder.lrs, lrs), (recorder.lrs, lrs))
         saved = torch.load(root / "final.ckpt", map_location="cpu", weights_only=False)
         check("final weights equal one-process training", *state_close(saved["state_dict"], weights))
-        check("the scheduler's state is in the checkpoint", saved["lr_schedulers"][0]["last_epoch"] == EPOCHS, saved["lr_schedulers"])
+        check(
+            "the scheduler's state is in the checkpoint",
+            saved["lr_schedulers"][0]["last_epoch"] == EPOCHS,
+            saved["lr_schedulers"],
+        )
 
 
 if __name__ == "__main__":

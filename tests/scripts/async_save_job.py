@@ -63,7 +63,9 @@ class Faults:
         self.counts: dict[str, int] = {}
         self.kill = kill.split(":") if kill else None
         self.fail_save = int(fail.split(":")[1]) if fail and int(fail.split(":")[0]) == RANK else 0
-        self.fail_copy = int(fail_copy.split(":")[1]) if fail_copy and int(fail_copy.split(":")[0]) == RANK else 0
+        self.fail_copy = (
+            int(fail_copy.split(":")[1]) if fail_copy and int(fail_copy.split(":")[0]) == RANK else 0
+        )
         self.slow = slow
         self.lock = threading.Lock()
 
@@ -87,7 +89,10 @@ def shard_bytes(trainer: fullshard.Trainer) -> tuple[int, int]:
     from torch.distributed.tensor import DTensor
 
     model_state, optimizer_states = trainer.strategy.get_state(trainer.optimizers, full=False)
-    tensors = [*model_state.values(), *(v for s in optimizer_states for p in s["state"].values() for v in p.values())]
+    tensors = [
+        *model_state.values(),
+        *(v for s in optimizer_states for p in s["state"].values() for v in p.values()),
+    ]
     local = whole = 0
     for t in tensors:
         if isinstance(t, DTensor):
@@ -107,8 +112,15 @@ def save(trainer: fullshard.Trainer, path: str, label: str) -> None:
     deferred = pending._staging.deferred if pending else None  # values the writer thread copies
     parameters = len(list(trainer.lightning_module.parameters()))
     LOG["saves"].append(
-        {"label": label, "step": step(), "staged": pending.staged_bytes if pending else None, "shard": local,
-         "whole": whole, "deferred": deferred, "parameters": parameters}
+        {
+            "label": label,
+            "step": step(),
+            "staged": pending.staged_bytes if pending else None,
+            "shard": local,
+            "whole": whole,
+            "deferred": deferred,
+            "parameters": parameters,
+        }
     )
     LOG["events"].append([f"save_returned:{label}", 0, step(), "main", time.monotonic()])
 
@@ -116,7 +128,12 @@ def save(trainer: fullshard.Trainer, path: str, label: str) -> None:
 def inspection(path: str) -> dict[str, Any]:
     report = inspect(path, verify_checksums=True)
     record = json.loads((Path(path) / "fullshard-checkpoint.json").read_text())
-    return {"complete": report.complete, "verified": report.verified, "global_step": report.global_step, "data": record["data"]}
+    return {
+        "complete": report.complete,
+        "verified": report.verified,
+        "global_step": report.global_step,
+        "data": record["data"],
+    }
 
 
 def record_error(err: BaseException, where: str) -> None:
@@ -129,7 +146,9 @@ class Saver(fullshard.Callback):
         self.out = out
         self.at = [int(s) for s in args.save_at.split(",") if s]
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step not in self.at:
             return
         if self.args.sync_copy and trainer.global_step == self.at[0]:
@@ -192,7 +211,9 @@ def main() -> None:
     callbacks: list[Any] = [Saver(args, out)]
     if args.model_checkpoint:
         callbacks.append(
-            fullshard.ModelCheckpoint(dirpath=out / "mc", every_n_train_steps=int(args.model_checkpoint), save_top_k=1)
+            fullshard.ModelCheckpoint(
+                dirpath=out / "mc", every_n_train_steps=int(args.model_checkpoint), save_top_k=1
+            )
         )
     trainer = fullshard.Trainer(
         accelerator="cpu",

@@ -101,8 +101,12 @@ class ReportingCLI(LightningCLI):
         trainer = self.trainer
         root = Path(trainer.default_root_dir)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        data = {"global_step": trainer.global_step, "world_size": trainer.world_size, "metrics": metrics,
-                "strategy": type(trainer.strategy).__name__}
+        data = {
+            "global_step": trainer.global_step,
+            "world_size": trainer.world_size,
+            "metrics": metrics,
+            "strategy": type(trainer.strategy).__name__,
+        }
         (root / f"rank{trainer.global_rank}-{stage}.json").write_text(json.dumps(data))
 
     def after_fit(self) -> None:

@@ -35,7 +35,9 @@ POLICIES: dict[str, Any] = {
 
 def tied_on_this_rank(module: nn.Module) -> bool:
     embed = next(m for m in module.modules() if isinstance(m, nn.Embedding))
-    head = next(m for m in module.modules() if isinstance(m, nn.Linear) and m.out_features == embed.num_embeddings)
+    head = next(
+        m for m in module.modules() if isinstance(m, nn.Linear) and m.out_features == embed.num_embeddings
+    )
     return head.weight is embed.weight
 
 
@@ -74,7 +76,11 @@ def run(mode: str, args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save({k: v.detach().clone() for k, v in init.items()}, out / "init.pt")
         torch.save(torch.cat(logits), out / "logits.pt")  # type: ignore[arg-type]
-        result = {"tied": ties, "notes": plan.notes if plan else [], "units": [u.name for u in plan.units] if plan else []}
+        result = {
+            "tied": ties,
+            "notes": plan.notes if plan else [],
+            "units": [u.name for u in plan.units] if plan else [],
+        }
         (out / "result.json").write_text(json.dumps(result))
 
 

@@ -37,6 +37,8 @@ class MyModel(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.model.parameters())
+
+
 # ---- end of the guide's code
 
 
@@ -60,7 +62,9 @@ def fit(args: argparse.Namespace, max_steps: int, ckpt_path: Path | None = None)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
-        strategy=FSDPStrategy(state_dict_type=args.state_dict_type) if args.strategy == "fsdp" else args.strategy,
+        strategy=FSDPStrategy(state_dict_type=args.state_dict_type)
+        if args.strategy == "fsdp"
+        else args.strategy,
         precision=args.precision,
         max_steps=max_steps,
         enable_progress_bar=False,

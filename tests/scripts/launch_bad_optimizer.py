@@ -26,5 +26,7 @@ class NoOptimizer(fullshard.Module):
 
 
 if __name__ == "__main__":
-    trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False)
+    trainer = fullshard.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False
+    )
     trainer.fit(NoOptimizer(), DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2))

@@ -98,7 +98,9 @@ def make_strategy(name: str) -> Any:
     return FSDPStrategy(auto_wrap_policy=units) if name == "fsdp" else FSDP2Strategy(auto_wrap_policy=units)
 
 
-def fit(strategy: str, out: Path, epochs: int, accumulate: int = 1, ckpt: Path | None = None) -> fullshard.Trainer:
+def fit(
+    strategy: str, out: Path, epochs: int, accumulate: int = 1, ckpt: Path | None = None
+) -> fullshard.Trainer:
     fullshard.seed_everything(11)
     trainer = fullshard.Trainer(
         accelerator="cpu",
@@ -138,8 +140,14 @@ def main() -> None:
     if args.strategy != "ddp":  # the root unit holding parameters: refused when fit starts
         cls = FSDPStrategy if args.strategy == "fsdp" else FSDP2Strategy
         trainer = fullshard.Trainer(
-            accelerator="cpu", devices=2, strategy=cls(), max_epochs=1, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            accelerator="cpu",
+            devices=2,
+            strategy=cls(),
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
         )
         try:
             trainer.fit(GAN(), DataLoader(make_data(), batch_size=8))

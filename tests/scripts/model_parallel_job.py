@@ -203,7 +203,9 @@ class LlamaModule(fullshard.Module):
     def init_weights(self, module: nn.Module) -> None:
         # the Trainer initialises layers configure_model builds, not those it parallelises: the
         # weights of every layer here come from __init__ (or, lazy, from the layers' own init)
-        if self.lazy:  # what a user adds for the meta device: hf_llama's norms set their weight in __init__ only
+        if (
+            self.lazy
+        ):  # what a user adds for the meta device: hf_llama's norms set their weight in __init__ only
             if isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
             return
@@ -257,7 +259,9 @@ def make_strategy(spec: dict[str, Any]) -> Any:
             async_save=spec.get("async", False),
         )
     if name == "fsdp2":
-        return FSDP2Strategy(auto_wrap_policy={Block}, state_dict_type=fmt, empty_init=spec.get("empty_init", False))
+        return FSDP2Strategy(
+            auto_wrap_policy={Block}, state_dict_type=fmt, empty_init=spec.get("empty_init", False)
+        )
     if name == "fsdp2_tp":  # the strategy applies the plan, then its usual FSDP2 wrapping
         hf = spec.get("model") == "hf"  # the Hugging Face model's own plan: tp_plan="auto"
         block = LlamaDecoderLayer if hf else Block

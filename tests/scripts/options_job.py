@@ -78,7 +78,9 @@ def trainer(out: Path, strategy: str, **kwargs: Any) -> fullshard.Trainer:
 
 def run_syncbn(out: Path, strategy: str) -> None:
     model = BNNet()
-    t = trainer(out, strategy, max_steps=STEPS, enable_checkpointing=False, sync_batchnorm=True, profiler="simple")
+    t = trainer(
+        out, strategy, max_steps=STEPS, enable_checkpointing=False, sync_batchnorm=True, profiler="simple"
+    )
     t.fit(model, DataLoader(syncbn_data(), batch_size=BATCH))
     state = {k: v.detach().clone() for k, v in t.strategy.module_state_dict().items()}
     kinds = sorted({type(m).__name__ for m in model.modules() if "BatchNorm" in type(m).__name__})

@@ -69,8 +69,12 @@ def main() -> None:
     p.add_argument("--twice", action="store_true", help="signal again while the checkpoint is saved")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--tag", default="", help="suffix of the losses files")
-    p.add_argument("--skip", choices=["none", "return-none", "nonfinite"], default="none",
-                   help="skip every optimizer step: training_step returns None, or a NaN loss with on_nonfinite_loss='skip'")
+    p.add_argument(
+        "--skip",
+        choices=["none", "return-none", "nonfinite"],
+        default="none",
+        help="skip every optimizer step: training_step returns None, or a NaN loss with on_nonfinite_loss='skip'",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,6 @@ def main() -> None:
     strategy.gather_object = gather_to_0  # type: ignore[method-assign]
     saved = state(trainer)
 
-
     # 2. the records
     record = CommitRecord.read(a)
     log["record"] = {

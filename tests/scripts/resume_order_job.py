@@ -46,7 +46,9 @@ class Recorder(fullshard.Module):
         return self.layer(x).pow(2).mean()
 
     def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=self.momentum)  # 0: no per-parameter state
+        return torch.optim.SGD(
+            self.parameters(), lr=0.01, momentum=self.momentum
+        )  # 0: no per-parameter state
 
 
 def train(

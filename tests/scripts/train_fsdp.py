@@ -124,7 +124,9 @@ def run_options() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--registry-name", default=None)
     p.add_argument("--bad-optimizer", action="store_true", help="build the optimizer before fit")
-    p.add_argument("--freeze", action="store_true", help="freeze blocks.0.fc (its unit keeps a trainable norm)")
+    p.add_argument(
+        "--freeze", action="store_true", help="freeze blocks.0.fc (its unit keeps a trainable norm)"
+    )
     return p
 
 

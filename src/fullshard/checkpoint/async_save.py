@@ -89,6 +89,7 @@ class SaveSteps:
     write: Write
     commit: Commit
 
+
 # The background process group of each strategy: created once, by every rank, at its first save.
 _GROUPS: weakref.WeakKeyDictionary[Strategy, Any] = weakref.WeakKeyDictionary()
 # The pinned host buffers each strategy's saves reuse (CUDA state only: see staging.py).

@@ -153,7 +153,12 @@ class Staging:
         if isinstance(value, DTensor):
             local = self._host_copy(value.to_local(), counted)
             return DTensor.from_local(
-                local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+                local,
+                value.device_mesh,
+                value.placements,
+                run_check=False,
+                shape=value.shape,
+                stride=value.stride(),
             )
         if isinstance(value, torch.Tensor):
             if type(value) not in (torch.Tensor, torch.nn.Parameter):

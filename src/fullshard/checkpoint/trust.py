@@ -193,7 +193,9 @@ def refused_names(source: Any, err: Exception) -> list[str]:
     )
 
 
-def untrusted_error(path: str | Path, found: Sequence[str], *, what: str = "file") -> UntrustedCheckpointError:
+def untrusted_error(
+    path: str | Path, found: Sequence[str], *, what: str = "file"
+) -> UntrustedCheckpointError:
     """The error of a checkpoint file refused by [Note: loading without running code].
 
     ``found``: what it names that is not admitted (globals, or a class torch would not build);

@@ -119,8 +119,9 @@ def _takes_any_keyword(cls: Any) -> bool:
         return False
 
 
-def _fit_arguments(owner: str, known: Mapping[str, inspect.Parameter], values: Mapping[str, Any], *,
-                   open_ended: bool = False) -> dict[str, Any]:
+def _fit_arguments(
+    owner: str, known: Mapping[str, inspect.Parameter], values: Mapping[str, Any], *, open_ended: bool = False
+) -> dict[str, Any]:
     """``values`` with the Lightning-only arguments of ``owner`` dropped or renamed (item 2 of
     [Note: Lightning configs]); ``open_ended``: ``owner`` takes ``**kwargs``, which keep the rest."""
     out: dict[str, Any] = {}
@@ -133,7 +134,10 @@ def _fit_arguments(owner: str, known: Mapping[str, inspect.Parameter], values: M
             continue
         elif (owner, key) in _LIGHTNING_DEFAULTS:
             if value != _LIGHTNING_DEFAULTS[owner, key]:
-                instead = _INSTEAD.get(key, f"remove it (its Lightning default, {_LIGHTNING_DEFAULTS[owner, key]!r}, is what fullshard does)")
+                instead = _INSTEAD.get(
+                    key,
+                    f"remove it (its Lightning default, {_LIGHTNING_DEFAULTS[owner, key]!r}, is what fullshard does)",
+                )
                 raise ValueError(
                     f"{owner} got {key}={value!r}, a Lightning argument that fullshard's {owner} does not "
                     f"take: {instead}. See docs/cli.md, 'Configs written by Lightning'."
@@ -237,7 +241,9 @@ def _import(class_path: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"class_path={class_path!r}: cannot import module {module_name!r} ({err}).") from None
+        raise ValueError(
+            f"class_path={class_path!r}: cannot import module {module_name!r} ({err})."
+        ) from None
     try:
         return getattr(module, name)
     except AttributeError:

@@ -75,7 +75,9 @@ class LightningArgumentParser(ArgumentParser):
     ) -> None:
         """Arguments as jsonargparse's ``ArgumentParser``; ``default_env=True`` also reads
         ``FULLSHARD_TRAINER__MAX_EPOCHS``-style environment variables."""
-        super().__init__(*args, description=description, env_prefix=env_prefix, default_env=default_env, **kwargs)
+        super().__init__(
+            *args, description=description, env_prefix=env_prefix, default_env=default_env, **kwargs
+        )
         self.callback_keys: list[str] = []
         self.optimizer_groups: dict[str, tuple[type | tuple[type, ...], str]] = {}
         self.lr_scheduler_groups: dict[str, tuple[type | tuple[type, ...], str]] = {}
@@ -96,11 +98,15 @@ class LightningArgumentParser(ArgumentParser):
         Raises:
             MisconfigurationError: ``lightning_class`` is none of those.
         """
-        if isinstance(lightning_class, type) and issubclass(lightning_class, Trainer | Module | DataModule | Callback):
+        if isinstance(lightning_class, type) and issubclass(
+            lightning_class, Trainer | Module | DataModule | Callback
+        ):
             if issubclass(lightning_class, Callback):
                 self.callback_keys.append(nested_key)
             if subclass_mode:
-                self.add_subclass_arguments(lightning_class, nested_key, fail_untyped=False, required=required)
+                self.add_subclass_arguments(
+                    lightning_class, nested_key, fail_untyped=False, required=required
+                )
                 return [nested_key]
             return list(
                 self.add_class_arguments(
@@ -120,7 +126,9 @@ class LightningArgumentParser(ArgumentParser):
 
     def add_optimizer_args(
         self,
-        optimizer_class: type[torch.optim.Optimizer] | tuple[type[torch.optim.Optimizer], ...] = (torch.optim.Optimizer,),
+        optimizer_class: type[torch.optim.Optimizer] | tuple[type[torch.optim.Optimizer], ...] = (
+            torch.optim.Optimizer,
+        ),
         nested_key: str = "optimizer",
         link_to: str = "AUTOMATIC",
     ) -> None:
@@ -160,7 +168,9 @@ class LightningArgumentParser(ArgumentParser):
         document = get_loader(self.parser_mode)(content)
         if isinstance(document, Mapping):
             try:
-                translated = from_lightning(document, trainer_class=self.trainer_class, subcommand=self.subcommand)
+                translated = from_lightning(
+                    document, trainer_class=self.trainer_class, subcommand=self.subcommand
+                )
             except ValueError as err:
                 raise TypeError(f"{err}{f' (in {os.fspath(path)})' if path else ''}") from None
             if translated != document:
@@ -229,7 +239,9 @@ class SaveConfigCallback(Callback):
                     )
             if trainer.is_global_zero:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile)
+                self.parser.save(
+                    self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile
+                )
         if trainer.is_global_zero:
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
@@ -251,7 +263,13 @@ class _AutomaticOptimizers:
     ``--lr_scheduler``. It builds them when the Trainer asks, from the parameters the module has
     then (sharded ones under FSDP: fullshard calls ``configure_optimizers`` after wrapping)."""
 
-    def __init__(self, cli: type[LightningCLI], module: Module, optimizer: dict[str, Any], lr_scheduler: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        cli: type[LightningCLI],
+        module: Module,
+        optimizer: dict[str, Any],
+        lr_scheduler: dict[str, Any] | None,
+    ) -> None:
         self.cli, self.module, self.optimizer, self.lr_scheduler = cli, module, optimizer, lr_scheduler
 
     def __call__(self) -> Any:
@@ -345,11 +363,16 @@ class LightningCLI:
         parser = self.parser_class(**kwargs)
         parser.trainer_class = self.trainer_class
         parser.add_argument(
-            "-c", "--config", action=ActionConfigFile, help="Path to a configuration file in json or yaml format."
+            "-c",
+            "--config",
+            action=ActionConfigFile,
+            help="Path to a configuration file in json or yaml format.",
         )
         return parser
 
-    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subcommand_kwargs: dict[str, Any]) -> None:
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subcommand_kwargs: dict[str, Any]
+    ) -> None:
         """Build ``self.parser``: with a subparser per subcommand, or (``run=False``) without."""
         self.parser = self.init_parser(**main_kwargs)
         self._subcommand_parsers: dict[str, LightningArgumentParser] = {}
@@ -475,7 +498,13 @@ class LightningCLI:
         extra = [self._get(self.config_init, key) for key in parser.callback_keys]
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         callbacks = config.get("callbacks")
-        callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+        callbacks = (
+            []
+            if callbacks is None
+            else list(callbacks)
+            if isinstance(callbacks, list | tuple)
+            else [callbacks]
+        )
         callbacks += extra
         default = self.trainer_defaults.get("callbacks", [])
         callbacks += default if isinstance(default, list | tuple) else [default]
@@ -489,16 +518,23 @@ class LightningCLI:
         return self.trainer_class(**config)
 
     @staticmethod
-    def configure_optimizers(module: Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None) -> Any:
+    def configure_optimizers(
+        module: Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None
+    ) -> Any:
         """What the module's ``configure_optimizers`` returns when ``--optimizer`` is given:
         override to change it (a ``ReduceLROnPlateau`` is stepped with its ``monitor``)."""
         if lr_scheduler is None:
             return optimizer
         if isinstance(lr_scheduler, ReduceLROnPlateau):
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "monitor": lr_scheduler.monitor}}
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": lr_scheduler, "monitor": lr_scheduler.monitor},
+            }
         return {"optimizer": optimizer, "lr_scheduler": lr_scheduler}
 
-    def _automatic(self, groups: Mapping[str, tuple[type | tuple[type, ...], str]], base: type | tuple[type, ...]) -> list[str]:
+    def _automatic(
+        self, groups: Mapping[str, tuple[type | tuple[type, ...], str]], base: type | tuple[type, ...]
+    ) -> list[str]:
         bases = base if isinstance(base, tuple) else (base,)
         found = []
         for key, (declared, link_to) in groups.items():
@@ -523,19 +559,24 @@ class LightningCLI:
             )
         if not optimizers:
             return
-        optimizer_init = self._class_init(parser.optimizer_groups[optimizers[0]][0], self._get(self.config_init, optimizers[0]))
+        optimizer_init = self._class_init(
+            parser.optimizer_groups[optimizers[0]][0], self._get(self.config_init, optimizers[0])
+        )
         if not optimizer_init:
             return  # the groups exist, but no optimizer was given: the module's own configure_optimizers
         scheduler_init = None
         if schedulers:
-            scheduler_init = self._class_init(parser.lr_scheduler_groups[schedulers[0]][0], self._get(self.config_init, schedulers[0]))
+            scheduler_init = self._class_init(
+                parser.lr_scheduler_groups[schedulers[0]][0], self._get(self.config_init, schedulers[0])
+            )
         if type(self.model).configure_optimizers is not Module.configure_optimizers:
             rank_zero_warn(
                 f"{type(self.model).__name__}.configure_optimizers is replaced by the optimizer given with "
                 f"--{optimizers[0]} ({type(self).__name__}.configure_optimizers)."
             )
         # an instance attribute: preflight's check for a defined configure_optimizers sees it
-        self.model.configure_optimizers = _AutomaticOptimizers(type(self), self.model, optimizer_init, scheduler_init)  # type: ignore[method-assign]
+        automatic = _AutomaticOptimizers(type(self), self.model, optimizer_init, scheduler_init)
+        self.model.configure_optimizers = automatic  # type: ignore[method-assign]
 
     @staticmethod
     def _class_init(declared: type | tuple[type, ...], init: Any) -> dict[str, Any] | None:

@@ -403,7 +403,9 @@ def _start_local_job(settings: _JobSettings) -> _LocalJob:
                 **settings.environ(local_rank),
                 LAUNCHER_PID_VAR: str(settings.launcher_pid),
                 # see [Note: warnings once]
-                "PYTHONWARNINGS": ",".join(filter(None, [QUIET_START_FILTER, os.environ.get("PYTHONWARNINGS")])),
+                "PYTHONWARNINGS": ",".join(
+                    filter(None, [QUIET_START_FILTER, os.environ.get("PYTHONWARNINGS")])
+                ),
                 QUIET_START_VAR: "1",
             }
             # stdout/stderr are inherited, so each child's traceback reaches the terminal.

@@ -109,6 +109,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STUCK_RANK_TIMEOUT = timedelta(minutes=5)
 _KEY_PREFIX = "fullshard/stuck_ranks"
+
+
 def check_stuck_rank_timeout(value: Any) -> timedelta | None:
     """``stuck_rank_timeout`` as given, when it is a positive ``timedelta`` or None."""
     if value is None or (isinstance(value, timedelta) and value > timedelta(0)):
@@ -404,9 +406,7 @@ class StuckRankWatchdog:
             if ended:
                 return reported_stuck(ended)
             if time.monotonic() >= until:
-                return (
-                    f"the job did not end within {seconds_text(wait)} of finding {ranks_text(verdict.behind)} behind"
-                )
+                return f"the job did not end within {seconds_text(wait)} of finding {ranks_text(verdict.behind)} behind"
             if not self._wait_unless_progress(min(time.monotonic() + self.timing.tick, until), kicks):
                 return None
 

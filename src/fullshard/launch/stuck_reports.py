@@ -184,7 +184,11 @@ def ranks_text(ranks: list[int]) -> str:
 
 
 def reported_stuck(ranks: list[int]) -> str:
-    return f"{ranks_text(ranks)} reported " + ("itself" if len(ranks) == 1 else "themselves") + " stuck and ended"
+    return (
+        f"{ranks_text(ranks)} reported "
+        + ("itself" if len(ranks) == 1 else "themselves")
+        + " stuck and ended"
+    )
 
 
 def seconds_text(value: float) -> str:

@@ -20,7 +20,10 @@ class AdvancedProfiler(Profiler):
     ran outside the actions it encloses."""
 
     def __init__(
-        self, dirpath: str | Path | None = None, filename: str | None = None, line_count_restriction: float = 1.0
+        self,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        line_count_restriction: float = 1.0,
     ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
         self.profiled_actions: dict[str, cProfile.Profile] = {}
@@ -39,7 +42,9 @@ class AdvancedProfiler(Profiler):
     def stop(self, action_name: str) -> None:
         profiler = self.profiled_actions.get(action_name)
         if profiler is None or profiler not in self._active:
-            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
+            raise ValueError(
+                f"Attempting to stop recording an action ({action_name}) which was never started."
+            )
         profiler.disable()
         self._active.remove(profiler)
         if self._active:

@@ -53,7 +53,9 @@ def profiled_call(trainer: Trainer, stage: str) -> Generator[None, None, None]:
     if isinstance(profiler, PassThroughProfiler):
         yield
         return
-    profiler.setup(stage, local_rank=trainer.local_rank if trainer.world_size > 1 else None, log_dir=trainer.log_dir)
+    profiler.setup(
+        stage, local_rank=trainer.local_rank if trainer.world_size > 1 else None, log_dir=trainer.log_dir
+    )
     patched: list[tuple[Any, str]] = []
 
     def patch(owner: Any, name: str, replacement: Callable[..., Any]) -> None:

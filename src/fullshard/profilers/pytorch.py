@@ -45,7 +45,9 @@ class PyTorchProfiler(Profiler):
         super().__init__(dirpath=dirpath, filename=filename)
         self.export_to_chrome = export_to_chrome
         self.row_limit = row_limit
-        self.sort_by_key = sort_by_key or ("cuda_time_total" if torch.cuda.is_available() else "cpu_time_total")
+        self.sort_by_key = sort_by_key or (
+            "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+        )
         self.profiler_kwargs = profiler_kwargs
         self.profiler: torch.profiler.profile | None = None
         self._ranges: dict[str, list[record_function]] = {}
@@ -70,7 +72,9 @@ class PyTorchProfiler(Profiler):
     def stop(self, action_name: str) -> None:
         scopes = self._ranges.get(action_name)
         if not scopes:
-            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
+            raise ValueError(
+                f"Attempting to stop recording an action ({action_name}) which was never started."
+            )
         scopes.pop().__exit__(None, None, None)
         if self.profiler is not None and "schedule" in self.profiler_kwargs and action_name.endswith(_STEPS):
             self.profiler.step()  # a schedule (wait/warmup/active) counts steps

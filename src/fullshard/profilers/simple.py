@@ -16,7 +16,9 @@ class SimpleProfiler(Profiler):
     number of calls, the total and its share of the time since the profiler was made (Lightning's
     table, sorted by that share; ``extended=False``: mean and total only, sorted by the mean)."""
 
-    def __init__(self, dirpath: str | Path | None = None, filename: str | None = None, extended: bool = True) -> None:
+    def __init__(
+        self, dirpath: str | Path | None = None, filename: str | None = None, extended: bool = True
+    ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
         self.current_actions: dict[str, float] = {}
         self.recorded_durations: dict[str, list[float]] = defaultdict(list)
@@ -31,7 +33,9 @@ class SimpleProfiler(Profiler):
     def stop(self, action_name: str) -> None:
         end = time.perf_counter()
         if action_name not in self.current_actions:
-            raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
+            raise ValueError(
+                f"Attempting to stop recording an action ({action_name}) which was never started."
+            )
         self.recorded_durations[action_name].append(end - self.current_actions.pop(action_name))
 
     def summary(self) -> str:

@@ -44,7 +44,9 @@ _PROBE_BYTES = 6 * 1024 * 1024  # a tensor that holds at least one aligned 2 MiB
 
 def check_mmap_threshold(threshold: object) -> int | None:
     """``cpu_mmap_threshold`` as given to an FSDP strategy, checked: bytes (an int > 0) or None."""
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0):
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0
+    ):
         from fullshard.errors import MisconfigurationError
 
         raise MisconfigurationError(

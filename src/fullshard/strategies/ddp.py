@@ -126,7 +126,12 @@ class DDPStrategy(ParallelStrategy):
         try:
             with self.precision.forward_context():
                 return redirected_call(
-                    model, self.module, "training_step", batch, batch_idx, after_step=no_reducer_after_step  # type: ignore[arg-type]
+                    model,
+                    self.module,  # type: ignore[arg-type]
+                    "training_step",
+                    batch,
+                    batch_idx,
+                    after_step=no_reducer_after_step,
                 )
         finally:
             model.require_backward_grad_sync = True

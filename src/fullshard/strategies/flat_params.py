@@ -10,7 +10,9 @@ from torch import nn
 from fullshard.strategies.parameter_sizes import ParameterSize, clean_parameter_name
 
 
-def flat_parameter_sizes(root: nn.Module, module: nn.Module, fsdp_class: type[nn.Module]) -> list[ParameterSize]:
+def flat_parameter_sizes(
+    root: nn.Module, module: nn.Module, fsdp_class: type[nn.Module]
+) -> list[ParameterSize]:
     """Each parameter of ``module`` (the user's module inside ``root``, the FSDP-wrapped model)
     with its full size and this rank's share."""
     flats = {id(flat): flat for flat in _flat_parameters(root, fsdp_class)}
@@ -26,9 +28,7 @@ def flat_parameter_sizes(root: nn.Module, module: nn.Module, fsdp_class: type[nn
         if flat is None:  # an original parameter (use_orig_params=True) or one FSDP does not manage
             numel = full.get(id(p), p.numel())
             sizes.append(
-                ParameterSize(
-                    clean_parameter_name(name), numel, p.numel(), p.requires_grad, p.element_size()
-                )
+                ParameterSize(clean_parameter_name(name), numel, p.numel(), p.requires_grad, p.element_size())
             )
             continue
         # use_orig_params=False: the flat parameter stands for the unit's parameters; list them

@@ -9,7 +9,11 @@ from torch import nn
 
 
 def redirected_call(
-    wrapper: nn.Module, module: nn.Module, method: str, *args: Any, after_step: Callable[[], None] | None = None
+    wrapper: nn.Module,
+    module: nn.Module,
+    method: str,
+    *args: Any,
+    after_step: Callable[[], None] | None = None,
 ) -> Any:
     """Call ``module.<method>(*args)`` through ``wrapper.__call__`` (``after_step``: called when
     the step method returned, before the wrapper's post-forward work).

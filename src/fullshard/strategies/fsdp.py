@@ -185,7 +185,9 @@ class FSDPStrategy(ParallelStrategy):
         self._sharding_name = sharding_name(sharding_strategy)
         # FSDP1's CPUOffload / MixedPrecision here; FSDP2's OffloadPolicy / MixedPrecisionPolicy there
         self._cpu_offload: Any = (
-            bool(cpu_offload) if cpu_offload is None or isinstance(cpu_offload, bool) else parse_cpu_offload(cpu_offload)
+            bool(cpu_offload)
+            if cpu_offload is None or isinstance(cpu_offload, bool)
+            else parse_cpu_offload(cpu_offload)
         )
         if mixed_precision is not None:
             from torch.distributed.fsdp import MixedPrecision
@@ -474,7 +476,10 @@ class FSDPStrategy(ParallelStrategy):
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         refuse_optimizer_outside(
-            self._require_model(), optimizer, "FSDP-wrapped", "after sharding. Do not build them in __init__ or before fit()"
+            self._require_model(),
+            optimizer,
+            "FSDP-wrapped",
+            "after sharding. Do not build them in __init__ or before fit()",
         )
         return optimizer
 
@@ -545,7 +550,11 @@ class FSDPStrategy(ParallelStrategy):
         aliases = find_aliases(self._require_model(), torch_fsdp().FullyShardedDataParallel)
         with detached(aliases):
             super().set_state(
-                drop_alias_keys(model_state, aliases), optimizer_states, optimizers, full=full, from_rank0=from_rank0
+                drop_alias_keys(model_state, aliases),
+                optimizer_states,
+                optimizers,
+                full=full,
+                from_rank0=from_rank0,
             )
 
     @override

@@ -95,7 +95,9 @@ class FSDP2Strategy(FSDPStrategy):
         super().__init__(**kwargs)
         self.tensor_parallel_size = check_tensor_parallel(tensor_parallel_size, tp_plan)
         self.tp_plan = tp_plan
-        self._mesh_2d: DeviceMesh | None = None  # ("data_parallel", "tensor_parallel") under tensor parallelism
+        self._mesh_2d: DeviceMesh | None = (
+            None  # ("data_parallel", "tensor_parallel") under tensor parallelism
+        )
         if self.tensor_parallel_size > 1:
             self._check_tensor_parallel_options()
         if not isinstance(async_save, bool):
@@ -268,9 +270,13 @@ class FSDP2Strategy(FSDPStrategy):
             elif isinstance(self._mesh_setting, DeviceMesh):
                 self._mesh = self._mesh_setting
             elif shape is not None:
-                self._mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=("replicate", "shard"))
+                self._mesh = init_device_mesh(
+                    self.root_device.type, shape, mesh_dim_names=("replicate", "shard")
+                )
             else:
-                self._mesh = init_device_mesh(self.root_device.type, (self.world_size,), mesh_dim_names=("shard",))
+                self._mesh = init_device_mesh(
+                    self.root_device.type, (self.world_size,), mesh_dim_names=("shard",)
+                )
 
     @override
     def model_sharded_context(self) -> contextlib.AbstractContextManager[Any]:
@@ -312,7 +318,11 @@ class FSDP2Strategy(FSDPStrategy):
         selected = [] if manually_wrapped or auto_wrap is None else auto_wrap.selected(module)
         wrappers = _apply_checkpointing(module, checkpointing)
         chosen = set(selected)
-        units = [wrappers.get(m, m) for m in children_first(list(module.modules())) if m in chosen and m is not module]
+        units = [
+            wrappers.get(m, m)
+            for m in children_first(list(module.modules()))
+            if m in chosen and m is not module
+        ]
         kwargs = self._fully_shard_kwargs()
         # under tensor parallelism the plan split the meta-device layers already, so they are
         # initialised once sharded: [Note: initialising a model sharded on the meta device]
@@ -334,7 +344,9 @@ class FSDP2Strategy(FSDPStrategy):
         root_reshard = None if self.reshard_after_forward is True else self.reshard_after_forward
         fully_shard(module, reshard_after_forward=root_reshard, **kwargs)
         if self.empty_init and not per_unit:
-            ShardedMetaInit(module, self.root_device, user_init_of(module), "FSDP2Strategy(empty_init=True)")()
+            ShardedMetaInit(
+                module, self.root_device, user_init_of(module), "FSDP2Strategy(empty_init=True)"
+            )()
         for method in _STEP_METHODS:  # see [Note: forward redirection]
             if callable(getattr(module, method, None)):
                 register_fsdp_forward_method(module, method)
@@ -364,7 +376,9 @@ class FSDP2Strategy(FSDPStrategy):
             return getattr(model, method)(batch, batch_idx, *extra)
 
     @override
-    def clip_gradients_norm(self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_gradients_norm(
+        self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         """Clip by the norm over all shards: the gradients are DTensors, and the norm torch
         computes of them is reduced over the mesh."""
         from torch.distributed.tensor import DTensor
@@ -409,6 +423,4 @@ def _apply_checkpointing(module: nn.Module, checkpointing: Any) -> dict[nn.Modul
     selected = set(checkpointing.selected(module))
     wrapper = lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT)  # noqa: E731
     apply_activation_checkpointing(module, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: m in selected)
-    return {
-        m._checkpoint_wrapped_module: m for m in module.modules() if isinstance(m, CheckpointWrapper)
-    }
+    return {m._checkpoint_wrapped_module: m for m in module.modules() if isinstance(m, CheckpointWrapper)}

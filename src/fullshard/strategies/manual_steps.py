@@ -37,7 +37,9 @@ def no_sync_in_step_error() -> MisconfigurationError:
 
 def root_held_parameters(model: nn.Module, unit_type: type) -> list[str]:
     """Names of the parameters of ``model`` (the root unit) that no nested FSDP unit holds."""
-    nested = {id(p) for m in model.modules() if isinstance(m, unit_type) and m is not model for p in m.parameters()}
+    nested = {
+        id(p) for m in model.modules() if isinstance(m, unit_type) and m is not model for p in m.parameters()
+    }
     return [clean_parameter_name(name) for name, p in model.named_parameters() if id(p) not in nested]
 
 

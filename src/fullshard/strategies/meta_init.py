@@ -98,7 +98,9 @@ class MetaInit:
         user_init: the user's ``Module.init_weights`` when overridden, called per module last.
     """
 
-    def __init__(self, device: torch.device, root: nn.Module | None, user_init: InitHook | None = None) -> None:
+    def __init__(
+        self, device: torch.device, root: nn.Module | None, user_init: InitHook | None = None
+    ) -> None:
         self.device = device
         self.user_init = user_init
         self.names = {m: n for n, m in root.named_modules(remove_duplicate=False)} if root is not None else {}

@@ -87,7 +87,9 @@ def add_alias_keys(state: dict[str, Any], aliases: list[Alias]) -> dict[str, Any
     """``state`` with each alias's keys holding the tensors of its target's."""
     for alias in aliases:
         start = alias.target + "."
-        state.update({alias.prefix + "." + k[len(start) :]: v for k, v in list(state.items()) if k.startswith(start)})
+        state.update(
+            {alias.prefix + "." + k[len(start) :]: v for k, v in list(state.items()) if k.startswith(start)}
+        )
     return state
 
 

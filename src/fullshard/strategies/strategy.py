@@ -54,6 +54,8 @@ T = TypeVar("T")
 NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one shared instance
 STATE_DICT_TYPES = ("full", "sharded")
 ReduceOp = Literal["sum", "mean", "max", "min"]
+
+
 def _load_param_group_settings(optimizer: Optimizer, state: dict[str, Any]) -> None:
     """Put the saved hyperparameters (lr, momentum, ...) of each parameter group back."""
     saved_groups = state.get("param_groups", [])
@@ -486,7 +488,9 @@ class Strategy:
         # [Note: unstepped optimizers]): torch's loader needs a state tensor to find the device and
         # fails ("Expected device to be set"), and there is nothing but the groups' hyperparameters
         # to restore anyway. With from_rank0 only rank 0 knows which.
-        groups_only = [None if state.get("state") else state.get("param_groups", []) for state in optimizer_states]
+        groups_only = [
+            None if state.get("state") else state.get("param_groups", []) for state in optimizer_states
+        ]
         if from_rank0 and optimizers:
             groups_only = self.broadcast(groups_only)
         for optimizer, state, groups in zip(optimizers, optimizer_states, groups_only, strict=True):

@@ -124,7 +124,11 @@ def check_data_options(overfit_batches: Any, reload_every_n_epochs: Any, sync_ba
     """``overfit_batches`` (a fraction or a count, as the ``limit_*_batches``),
     ``reload_dataloaders_every_n_epochs`` (an int >= 0) and ``sync_batchnorm`` (a bool)."""
     limit_batches(overfit_batches, math.inf if isinstance(overfit_batches, int) else 1, "overfit_batches")
-    if isinstance(reload_every_n_epochs, bool) or not isinstance(reload_every_n_epochs, int) or reload_every_n_epochs < 0:
+    if (
+        isinstance(reload_every_n_epochs, bool)
+        or not isinstance(reload_every_n_epochs, int)
+        or reload_every_n_epochs < 0
+    ):
         raise MisconfigurationError(
             f"reload_dataloaders_every_n_epochs={reload_every_n_epochs!r} is invalid: use an int >= 0 (0: never "
             "rebuild the dataloaders)."
@@ -138,7 +142,13 @@ def default_max_epochs(max_epochs: int | None, max_steps: int, max_time: Any, ca
     time limit (``max_time``, a :class:`Timer` callback) ends training."""
     if max_epochs is not None:
         return max_epochs
-    given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks) if isinstance(callbacks, list | tuple) else []
+    given = (
+        [callbacks]
+        if isinstance(callbacks, Callback)
+        else list(callbacks)
+        if isinstance(callbacks, list | tuple)
+        else []
+    )
     if max_steps == -1 and max_time is None and not any(isinstance(cb, Timer) for cb in given):
         return 1000
     return -1
@@ -162,12 +172,16 @@ def check_loop_arguments(
     if max_steps != -1 and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
         raise MisconfigurationError(f"max_steps={max_steps!r} is invalid: use -1 (no limit) or an int >= 0.")
     if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
-        raise MisconfigurationError(f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0.")
+        raise MisconfigurationError(
+            f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0."
+        )
     check_optional_count("min_epochs", min_epochs, 0)
     check_optional_count("min_steps", min_steps, 0)
     check_optional_count("check_val_every_n_epoch", check_val_every_n_epoch, 1)
     if num_sanity_val_steps is not None and (
-        isinstance(num_sanity_val_steps, bool) or not isinstance(num_sanity_val_steps, int) or num_sanity_val_steps < -1
+        isinstance(num_sanity_val_steps, bool)
+        or not isinstance(num_sanity_val_steps, int)
+        or num_sanity_val_steps < -1
     ):
         raise MisconfigurationError(
             f"num_sanity_val_steps={num_sanity_val_steps!r} is invalid: use an int >= 0, or -1 for the "
@@ -207,7 +221,10 @@ def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
 
 
 def build_callbacks(
-    callbacks: Callback | Iterable[Callback] | None, checkpointing: bool, progress_bar: bool, max_time: Any = None
+    callbacks: Callback | Iterable[Callback] | None,
+    checkpointing: bool,
+    progress_bar: bool,
+    max_time: Any = None,
 ) -> list[Callback]:
     """``Trainer(callbacks=...)`` checked, with the default ModelCheckpoint and progress bar added,
     and a :class:`Timer` for ``max_time`` (unless one is given, as in Lightning)."""

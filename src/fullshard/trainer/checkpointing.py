@@ -140,7 +140,9 @@ def load_options(
     return LoadOptions(bool(weights_only), bool(verify), bool(trust))
 
 
-def load_for_stage(trainer: Trainer, ckpt_path: str | Path, stage: str, options: LoadOptions) -> tuple[dict[str, Any] | None, str | None]:
+def load_for_stage(
+    trainer: Trainer, ckpt_path: str | Path, stage: str, options: LoadOptions
+) -> tuple[dict[str, Any] | None, str | None]:
     """Load ``ckpt_path`` (a path, ``"last"`` or ``"best"``) for ``stage``: the whole training
     state for ``fit``, the weights otherwise (and for ``fit(ckpt_weights_only=True)``). Returns
     the checkpoint's other contents (None where nothing more is restored, or no checkpoint was

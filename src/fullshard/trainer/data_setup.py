@@ -85,7 +85,11 @@ def val_check_batch(trainer: Trainer, val_batches: int | float, train_batches: i
         return 0
     interval = trainer.val_check_interval
     if isinstance(interval, int):
-        if trainer.check_val_every_n_epoch is not None and not math.isinf(train_batches) and interval > train_batches:
+        if (
+            trainer.check_val_every_n_epoch is not None
+            and not math.isinf(train_batches)
+            and interval > train_batches
+        ):
             raise MisconfigurationError(
                 f"val_check_interval={interval} is more than the {train_batches} training batches "
                 "of an epoch. Pass a smaller number, or check_val_every_n_epoch=None to count batches "
@@ -148,5 +152,7 @@ class ReloadSchedule:
     def _update_val_check(loop: FitLoop) -> None:
         validate = loop.validate_loop
         loop.val_check_batch = val_check_batch(
-            loop.trainer, validate.num_batches if validate.loader is not None else 0, loop.num_training_batches
+            loop.trainer,
+            validate.num_batches if validate.loader is not None else 0,
+            loop.num_training_batches,
         )

@@ -44,12 +44,18 @@ class Hooks:
         callbacks = list(callbacks)
 
         def callback_call(cb: Callback, name: str) -> Callable[..., Any]:
-            return wrap(f"[Callback]{cb.state_key}.{name}", functools.partial(getattr(cb, name), trainer, module))
+            return wrap(
+                f"[Callback]{cb.state_key}.{name}", functools.partial(getattr(cb, name), trainer, module)
+            )
 
         for name in HOOK_NAMES:
             overriding = [cb for cb in callbacks if overrides(cb, Callback, name)]
-            monitoring = [cb for cb in overriding if name == "on_train_epoch_end" and isinstance(cb, _MONITORS)]
-            calls: list[Callable[..., Any]] = [callback_call(cb, name) for cb in overriding if cb not in monitoring]
+            monitoring = [
+                cb for cb in overriding if name == "on_train_epoch_end" and isinstance(cb, _MONITORS)
+            ]
+            calls: list[Callable[..., Any]] = [
+                callback_call(cb, name) for cb in overriding if cb not in monitoring
+            ]
             module_hook = self.module_hook(name)
             if module_hook is not None:
                 calls.append(module_hook)
@@ -57,7 +63,9 @@ class Hooks:
             self._calls[name] = calls
         strategy = getattr(trainer, "strategy", None)
         if strategy is not None:
-            strategy.batch_transfer = resolve_batch_transfer(module, getattr(trainer, "datamodule", None), wrap)
+            strategy.batch_transfer = resolve_batch_transfer(
+                module, getattr(trainer, "datamodule", None), wrap
+            )
 
     def __getitem__(self, name: str) -> list[Callable[..., Any]]:
         return self._calls.get(name, [])
@@ -73,7 +81,9 @@ class Hooks:
         if name not in self._module_hooks:
             found = None
             if name not in _CALLBACK_ONLY and overrides(self.module, Module, name):
-                found = self._wrap(f"[LightningModule]{type(self.module).__name__}.{name}", getattr(self.module, name))
+                found = self._wrap(
+                    f"[LightningModule]{type(self.module).__name__}.{name}", getattr(self.module, name)
+                )
             self._module_hooks[name] = found
         return self._module_hooks[name]
 
@@ -83,7 +93,9 @@ def _unwrapped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def resolve_batch_transfer(
-    module: Module, datamodule: DataModule | None, wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]] = _unwrapped
+    module: Module,
+    datamodule: DataModule | None,
+    wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]] = _unwrapped,
 ) -> BatchTransfer | None:
     """The batch-transfer hooks ``Strategy.batch_to_device`` runs, or None when neither the
     module nor the DataModule overrides one (the strategy then moves the batch itself). Each hook

@@ -61,7 +61,9 @@ class LightningOptimizer:
         self._optimization = optimization
         # a class of its own that also derives from the optimizer's class, as Lightning does, so
         # that isinstance checks against the optimizer's type keep working on the wrapper
-        self.__class__ = type(f"Lightning{type(optimizer).__name__}", (LightningOptimizer, type(optimizer)), {})
+        self.__class__ = type(
+            f"Lightning{type(optimizer).__name__}", (LightningOptimizer, type(optimizer)), {}
+        )
 
     @property
     def optimizer(self) -> Optimizer:
@@ -168,7 +170,9 @@ class Optimization:
         self.uses_hooks = not self.manual and any(
             (self._step_hook, self._zero_grad_hook, self._backward_hook, self._clip_hook)
         )
-        self.scheduler_hook = module.lr_scheduler_step if overrides(module, Module, "lr_scheduler_step") else None
+        self.scheduler_hook = (
+            module.lr_scheduler_step if overrides(module, Module, "lr_scheduler_step") else None
+        )
         self.trainer.strategy.set_manual_optimization(self.manual)
         self._wrapped = {}
 
@@ -230,7 +234,9 @@ class Optimization:
         if isinstance(clip_val, bool) or not isinstance(clip_val, int | float):
             raise TypeError(f"gradient_clip_val must be an int or a float, got {clip_val!r}.")
         if algorithm not in CLIP_ALGORITHMS:
-            raise MisconfigurationError(f"gradient_clip_algorithm={algorithm!r} is invalid: use 'norm' or 'value'.")
+            raise MisconfigurationError(
+                f"gradient_clip_algorithm={algorithm!r} is invalid: use 'norm' or 'value'."
+            )
         return float(clip_val), algorithm
 
     def clip_gradients(self, optimizer: Optimizer, clip_val: float, algorithm: str) -> None:

@@ -35,9 +35,13 @@ class LRSchedulerConfig:
     def is_plateau(self) -> bool:
         """Whether the scheduler steps on a metric (``ReduceLROnPlateau``, or a config with
         ``"reduce_on_plateau": True``)."""
-        return self.reduce_on_plateau or isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        return self.reduce_on_plateau or isinstance(
+            self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
+        )
 
-    def step(self, metrics: Mapping[str, torch.Tensor], hook: Callable[[Any, Any], None] | None = None) -> None:
+    def step(
+        self, metrics: Mapping[str, torch.Tensor], hook: Callable[[Any, Any], None] | None = None
+    ) -> None:
         """Step the scheduler; a plateau one gets the value of :attr:`monitor`. ``hook``: the
         module's ``lr_scheduler_step(scheduler, metric)``, which then does the stepping."""
         if self.is_plateau:
@@ -65,7 +69,15 @@ class LRSchedulerConfig:
 
 def _scheduler_config(value: Any, monitor: str | None = None) -> LRSchedulerConfig:
     if isinstance(value, Mapping):
-        unknown = set(value) - {"scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau"}
+        unknown = set(value) - {
+            "scheduler",
+            "interval",
+            "frequency",
+            "monitor",
+            "name",
+            "strict",
+            "reduce_on_plateau",
+        }
         if "scheduler" not in value or unknown:
             raise MisconfigurationError(
                 f"An lr_scheduler config must be a dict with a 'scheduler' and optionally 'interval', "
@@ -142,8 +154,7 @@ def check_schedulers(schedulers: list[LRSchedulerConfig], module: Any) -> None:
 def _parse(config: Any) -> tuple[list[Optimizer], list[LRSchedulerConfig]]:
     if config is None:
         raise MisconfigurationError(
-            "configure_optimizers() returned None; the Trainer needs an optimizer. Return "
-            f"{_ACCEPTED}."
+            f"configure_optimizers() returned None; the Trainer needs an optimizer. Return {_ACCEPTED}."
         )
     if (
         isinstance(config, list | tuple)

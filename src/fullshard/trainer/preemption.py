@@ -148,7 +148,9 @@ class Preemption:
             self._previous[sig] = signal.signal(sig, self._handle)
         if self._store is not None and self._world_size > 1:
             self._stop = threading.Event()
-            threading.Thread(target=self._poll, args=(self._stop,), name="fullshard-preemption", daemon=True).start()
+            threading.Thread(
+                target=self._poll, args=(self._stop,), name="fullshard-preemption", daemon=True
+            ).start()
 
     def stop(self) -> None:
         """Put the previous handlers back and end the poller."""

@@ -111,11 +111,15 @@ def _argument(kind: str) -> str:
 def single_loader(loader: Any, kind: str) -> Any:
     """The one training loader in ``loader`` (a DataLoader, or a sequence holding one)."""
     argument = _argument(kind)
-    if isinstance(loader, list | tuple | Mapping) and loader and all(isinstance(x, DataLoader) for x in _values(loader)):
+    if (
+        isinstance(loader, list | tuple | Mapping)
+        and loader
+        and all(isinstance(x, DataLoader) for x in _values(loader))
+    ):
         if len(loader) != 1:
             raise MisconfigurationError(
                 f"{argument} holds {len(loader)} dataloaders; fullshard trains on one dataloader (Lightning "
-                "would cycle them together, its \"max_size_cycle\" CombinedLoader). Concatenate the datasets "
+                'would cycle them together, its "max_size_cycle" CombinedLoader). Concatenate the datasets '
                 "(torch.utils.data.ConcatDataset), or return a batch that holds one batch of each from a "
                 "single dataloader over a dataset that zips them."
             )
@@ -200,7 +204,9 @@ def check_call(stage: str, model: Any, sources: DataSources) -> None:
                 "optimizer. Define it, e.g. `return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
             )
         if sources.has("val", model) and not overrides(model, Module, "validation_step"):
-            rank_zero_warn("Validation data was given but the module has no validation_step; validation is skipped.")
+            rank_zero_warn(
+                "Validation data was given but the module has no validation_step; validation is skipped."
+            )
 
 
 def check_optimizers_early(trainer: Trainer, model: Module, sources: DataSources) -> None:

@@ -113,90 +113,75 @@ class TrainerProperties:
         (``"bf16-mixed"`` for ``precision="bf16"``), as in Lightning."""
         return self.strategy.precision.precision
 
-
     @property
     def global_rank(self) -> int:
         """Rank of this process among all processes of the job."""
         return self.strategy.global_rank
-
 
     @property
     def local_rank(self) -> int:
         """Rank of this process on its node."""
         return self.strategy.local_rank
 
-
     @property
     def node_rank(self) -> int:
         """Rank of this process's node."""
         return self.strategy.node_rank
-
 
     @property
     def world_size(self) -> int:
         """Number of processes in the job."""
         return self.strategy.world_size
 
-
     @property
     def num_devices(self) -> int:
         """Devices (processes) per node."""
         return len(self.strategy.devices)
-
 
     @property
     def is_global_zero(self) -> bool:
         """True in the process with global rank 0."""
         return self.strategy.is_global_zero
 
-
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """The latest value of every logged metric."""
         return self.metrics_collector.callback_metrics
-
 
     @property
     def logged_metrics(self) -> dict[str, torch.Tensor]:
         """The latest value of every metric sent to the loggers."""
         return self.metrics_collector.logged_metrics
 
-
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """The latest values of the metrics logged with ``prog_bar=True``."""
         return self.metrics_collector.progress_bar_metrics()
-
 
     @property
     def logger(self) -> Logger | None:
         """The first logger, if any."""
         return self.loggers[0] if self.loggers else None
 
-
     @property
     def log_dir(self) -> str:
         """The first logger's directory, else ``default_root_dir``."""
         return self.loggers[0].log_dir if self.loggers else self.default_root_dir
-
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
         """The first :class:`ModelCheckpoint` among the callbacks."""
         return next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
 
-
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
         """Every :class:`ModelCheckpoint` among the callbacks."""
         return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
 
-
     @property
     def max_epochs_reached(self) -> bool:
         """Whether training stopped because ``max_epochs`` was reached."""
         return self.max_epochs >= 0 and self.current_epoch >= self.max_epochs
-
 
     @property
     def logger_step(self) -> int:
@@ -210,55 +195,45 @@ class TrainerProperties:
         """
         return self.fit_loop.progress.batches_that_stepped
 
-
     @property
     def current_epoch(self) -> int:
         """The epoch training is in (epochs finished so far)."""
         return self.fit_loop.progress.epoch
 
-
     @current_epoch.setter
     def current_epoch(self, epoch: int) -> None:
         self.fit_loop.progress.epoch = epoch
-
 
     @property
     def global_step(self) -> int:
         """Optimizer steps taken so far."""
         return self.fit_loop.progress.global_step
 
-
     @global_step.setter
     def global_step(self, step: int) -> None:
         self.fit_loop.progress.global_step = step
-
 
     @property
     def num_training_batches(self) -> int | float:
         """Training batches per epoch (inf for a loader without a length)."""
         return self.fit_loop.num_training_batches
 
-
     @property
     def num_val_batches(self) -> list[int | float]:
         """Validation batches per run, one entry per dataloader (Lightning's form); kept after the call."""
         return self.validate_loop.batches_per_loader
-
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
         """Batches of the sanity validation before training, one entry per dataloader."""
         return self.validate_loop.sanity_batches_per_loader
 
-
     @property
     def num_test_batches(self) -> list[int | float]:
         """Test batches per run, one entry per dataloader; kept after the call."""
         return self.test_loop.batches_per_loader
 
-
     @property
     def num_predict_batches(self) -> list[int | float]:
         """Prediction batches per run, one entry per dataloader; kept after the call."""
         return self.predict_loop.batches_per_loader
-

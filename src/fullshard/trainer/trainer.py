@@ -520,8 +520,13 @@ class Trainer(TrainerProperties):
         self.fit_loop.progress.pending = None
         self._data = sources
         self._setup_model(model, stage)
-        loop = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}.get(stage)
-        checkpoint, self.ckpt_path = (  # before the loaders are built, as Lightning (on_load_checkpoint first)
+        loop = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}.get(
+            stage
+        )
+        (
+            checkpoint,
+            self.ckpt_path,
+        ) = (  # before the loaders are built, as Lightning (on_load_checkpoint first)
             checkpointing.load_for_stage(self, ckpt_path, stage, self._ckpt_options)
             if ckpt_path is not None
             else (None, None)
@@ -556,7 +561,9 @@ class Trainer(TrainerProperties):
 
     def _configure_torch(self) -> None:
         if self.deterministic is not None:
-            torch.use_deterministic_algorithms(bool(self.deterministic), warn_only=self.deterministic == "warn")
+            torch.use_deterministic_algorithms(
+                bool(self.deterministic), warn_only=self.deterministic == "warn"
+            )
             if self.deterministic and self._strategy.root_device.type == "cuda":
                 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if self.benchmark is not None:

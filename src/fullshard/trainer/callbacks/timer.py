@@ -153,7 +153,9 @@ class Timer(Callback):
     def on_test_end(self, trainer: Trainer, pl_module: Module) -> None:
         self._end_time["test"] = time.monotonic()
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self._interval != "step" or self._agreement is None:
             return
         if (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or trainer.is_last_batch:  # a step boundary
@@ -202,7 +204,9 @@ class _StopAgreement:
         self._stop_poll: threading.Event | None = None
         if self._store is not None and self.rank != 0:
             self._stop_poll = threading.Event()
-            threading.Thread(target=self._poll, args=(self._stop_poll,), name="fullshard-timer", daemon=True).start()
+            threading.Thread(
+                target=self._poll, args=(self._stop_poll,), name="fullshard-timer", daemon=True
+            ).start()
 
     def request(self) -> None:
         """Rank 0's clock says stop."""

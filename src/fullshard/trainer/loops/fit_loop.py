@@ -139,14 +139,18 @@ class FitLoop:
         if self.train_loader is None:
             self.setup_train_loader(sources.get("train", module))
         if self.num_training_batches == 0:
-            rank_zero_warn("The training dataloader yields no batches (or limit_train_batches=0): nothing to train.")
+            rank_zero_warn(
+                "The training dataloader yields no batches (or limit_train_batches=0): nothing to train."
+            )
         data_setup.check_same_batch_count(self.trainer.strategy, self.num_training_batches, "training")
 
     # ------------------------------------------------------------------ checkpointed state
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's ``"loops"`` entry."""
         loader = self.train_loader
-        return self.progress.state_dict(self.samples_in_epoch(), loader.seed if loader is not None else current_seed())
+        return self.progress.state_dict(
+            self.samples_in_epoch(), loader.seed if loader is not None else current_seed()
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep a checkpoint's loop state (with its ``world_size``) until the loop starts: it is
@@ -160,7 +164,11 @@ class FitLoop:
         if progress.saved_position is not None:  # restored, not yet placed in this run's loader
             return progress.saved_position.samples
         loader = self.train_loader
-        return None if loader is None else loader.samples_consumed(progress.epoch_start, progress.batches_in_epoch)
+        return (
+            None
+            if loader is None
+            else loader.samples_consumed(progress.epoch_start, progress.batches_in_epoch)
+        )
 
     def place_restored_position(self) -> None:
         """Move on past an epoch that ended at the checkpoint, or place the restored position in
@@ -227,7 +235,9 @@ class FitLoop:
         return count % every == 0  # type: ignore[operator]
 
     # --------------------------------------------------------------------------- running
-    def run(self, module: Module, sources: DataSources, checkpoint: dict[str, Any] | None, hooks: Hooks) -> None:
+    def run(
+        self, module: Module, sources: DataSources, checkpoint: dict[str, Any] | None, hooks: Hooks
+    ) -> None:
         """Sanity validation, then training until ``max_steps``/``max_epochs`` or a stop request,
         with the preemption signals handled meanwhile.
 
@@ -304,7 +314,9 @@ class FitLoop:
         if not trainer.loggers or trainer.fast_dev_run:
             return
         steps = self.num_training_batches / trainer.accumulate_grad_batches  # inf: an iterable dataset
-        what = f"The training epoch has {math.ceil(steps) if not math.isinf(steps) else steps} optimizer step(s)"
+        what = (
+            f"The training epoch has {math.ceil(steps) if not math.isinf(steps) else steps} optimizer step(s)"
+        )
         if trainer.max_steps >= 0 and trainer.max_steps - self.progress.global_step < steps:
             steps = trainer.max_steps - self.progress.global_step
             what = f"This run has {steps} optimizer step(s) left (max_steps={trainer.max_steps})"
@@ -430,7 +442,9 @@ class FitLoop:
         if loss is None:
             epoch = self.progress.epoch
             self.trainer.strategy.check_rank_agreement(
-                "skip", f"{epoch}:{batch_idx}", f"training_step returned None at epoch {epoch}, batch {batch_idx}"
+                "skip",
+                f"{epoch}:{batch_idx}",
+                f"training_step returned None at epoch {epoch}, batch {batch_idx}",
             )
         return output, loss
 
@@ -483,7 +497,10 @@ class FitLoop:
         continues exactly where training stopped, on any number of processes.
         """
         trainer, progress, metrics = self.trainer, self.progress, self.metrics
-        cut_short = not math.isinf(self.num_training_batches) and progress.batches_in_epoch < self.num_training_batches
+        cut_short = (
+            not math.isinf(self.num_training_batches)
+            and progress.batches_in_epoch < self.num_training_batches
+        )
         progress.resume_point = (
             (progress.epoch, progress.batches_in_epoch, self.samples_in_epoch()) if cut_short else None
         )
