@@ -35,12 +35,11 @@ peak memory
     through DTensor's shape propagation), and a configuration that happened to import it later
     (``ModelParallelStrategy``'s ``configure_model``) would count it as the model's.
 estimate
-    For the FSDP2Strategy runs, the wrap plan's per-process estimate (parameters, gradients,
-    optimizer state and the largest gathered unit; under tensor parallelism each split as the
-    plan splits it); ModelParallelStrategy makes no plan (the user shards in ``configure_model``),
-    so for every run the table also shows each process's share of the model
-    state as it is after setup: its local parameter elements x 16 bytes (float32 parameter,
-    gradient and AdamW's two moments).
+    The wrap plan's per-process estimate (parameters, gradients, optimizer state and the largest
+    gathered unit; under tensor parallelism each split as the plan splits it): made ahead by
+    FSDP2Strategy, and by ModelParallelStrategy from the layout ``configure_model`` made. The
+    table also shows each process's share of the model state as it is after setup: its local
+    parameter elements x 16 bytes (float32 parameter, gradient and AdamW's two moments).
 step time
     The median wall time of an optimizer step on rank 0 (``on_train_batch_start`` to
     ``on_train_batch_end``) after ``--warmup`` steps, and rank 0's CPU time per step.

@@ -61,16 +61,11 @@ def _jobs(root: Path, devices: int, runs: list[dict[str, Any]], timeout: float =
     if (root / "done").exists():
         return
     (root / "runs.json").write_text(json.dumps(runs))
-    check_ok(
-        run_script(
-            "model_parallel_job.py",
-            "--devices",
-            str(devices),
-            "--runs",
-            str(root / "runs.json"),
-            timeout=timeout,
-        )
+    done = run_script(
+        "model_parallel_job.py", "--devices", str(devices), "--runs", str(root / "runs.json"), timeout=timeout
     )
+    check_ok(done)
+    (root / "output.txt").write_text(done.stdout + done.stderr)
 
 
 def _record(out: Path, rank: int) -> dict[str, Any]:
@@ -88,7 +83,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("reference")
     job.run({"out": str(out), "strategy": "single", "max_steps": STEPS + MORE, "clip": CLIP}, 1)
     record = _record(out, 0)
-    first = {key: record[key][:STEPS] for key in ("losses", "grad_norms", "batches", "logged")}
+    first = {key: record[key][:STEPS] for key in ("losses", "grad_norms", "max_grads", "batches", "logged")}
     return {**first, "more_losses": record["losses"][STEPS:], "more_batches": record["batches"][STEPS:]}
 
 
@@ -165,6 +160,7 @@ def _assert_parity(out: Path, reference: dict[str, Any], dp: int, tp: int) -> No
         # tensor-parallel peers compute the same loss from the same batch
         assert record["losses"] == records[(rank // tp) * tp]["losses"]
         torch.testing.assert_close(record["grad_norms"], reference["grad_norms"], **FP32_TOL)
+        torch.testing.assert_close(record["max_grads"], reference["max_grads"], **FP32_TOL)  # the inf-norm
         logged = [step["loss_mean"] for step in record["logged"]]  # sync_dist: the mean over replicas
         torch.testing.assert_close(logged, reference["losses"], **FP32_TOL)
         # reduce_fx="sum" over the data replicas only: the global batch, not tp times it
@@ -208,6 +204,32 @@ def test_meta_device_init_after_sharding_equals_eager_init_bitwise(two_d: Path, 
         assert torch.equal(got[name], want[name]), name
     for rank in range(4):
         assert _record(two_d / meta, rank)["losses"] == _record(two_d / eager, rank)["losses"]
+
+
+@pytest.mark.multiprocess
+def test_clipping_over_both_meshes_says_nothing_of_sequential_collectives(two_d: Path, tp_only: Path) -> None:
+    # a norm partial over both mesh dimensions: DTensor warned on every process when it reduced
+    # them (full_tensor), and when torch.stack of such norms redistributed them one by one
+    for root in (two_d, tp_only):
+        assert "sequential all_reduce" not in (root / "output.txt").read_text()
+
+
+@pytest.mark.multiprocess
+def test_the_layout_configure_model_made_is_planned_as_the_strategy_plans_its_own(
+    two_d: Path, tp_only: Path
+) -> None:
+    # the same model and plan, split by hand in configure_model (model_parallel) or by the strategy
+    # (FSDP2Strategy(tensor_parallel_size=2)): the same blocks, parameters and per-process estimate
+    by_hand, by_strategy = _record(two_d / "A", 0)["plan"], _record(two_d / "fsdp2_tp", 0)["plan"]
+    blocks = [f"model.layers.{i}" for i in range(job.LAYERS)]
+    assert [by_hand["units"][b] for b in blocks] == [by_strategy["units"][b] for b in blocks]
+    assert sum(by_hand["units"].values()) == sum(by_strategy["units"].values())
+    assert by_hand["estimate"] == by_strategy["estimate"] > 0
+    # activation checkpointing applied in configure_model is found where it was applied
+    assert by_hand["checkpointed"] == []
+    assert (
+        _record(tp_only / "checkpointing", 0)["plan"]["checkpointed"] == by_strategy["checkpointed"] == blocks
+    )
 
 
 @pytest.mark.multiprocess

@@ -166,6 +166,7 @@ class LlamaModule(fullshard.Module):
         self.parallel, self.shard_root, self.checkpointing = parallel, shard_root, checkpointing
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
+        self.max_grads: list[float] = []
         self.batches: list[list[int]] = []
 
     def _build(self) -> nn.Module:
@@ -199,6 +200,7 @@ class LlamaModule(fullshard.Module):
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         self.grad_norms.append(float(total_grad_norm(self.parameters())))
+        self.max_grads.append(float(total_grad_norm(self.parameters(), float("inf"))))
 
     def init_weights(self, module: nn.Module) -> None:
         # the Trainer initialises layers configure_model builds, not those it parallelises: the
@@ -230,8 +232,7 @@ class Logged(fullshard.Callback):
 class Loaded(fullshard.Callback):
     """Rank 0 writes the full model and optimizer states to ``path`` when fit starts: after a
     checkpoint given as ``ckpt_path`` is loaded, before any step (collective). ``model_only``:
-    the model's alone (torch fills an optimizer state that is still empty by a step with zero
-    gradients, which would shift AdamW's step count for the run)."""
+    the model's alone (the optimizers have not stepped yet: there is no state to record)."""
 
     def __init__(self, path: Path, model_only: bool = False) -> None:
         self.path, self.model_only = path, model_only
@@ -345,11 +346,16 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
     record = {
         "losses": module.losses,
         "grad_norms": module.grad_norms,
+        "max_grads": module.max_grads,
         "batches": module.batches,
         "logged": logged.values,
         "dp_rank": trainer.strategy.data_parallel_rank,
         "sampler": trainer.strategy.distributed_sampler_kwargs,
     }
+    plan = getattr(trainer.strategy, "wrap_plan", None)
+    if plan is not None:  # the layout's units and the per-process estimate
+        units = {unit.name: unit.numel for unit in plan.units}
+        record["plan"] = {"units": units, "checkpointed": plan.checkpointed, "estimate": plan.estimate.total}
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
     if trainer.is_global_zero:
         torch.save({"model": model_state, "optimizers": optimizer_states}, out / "final.pt")

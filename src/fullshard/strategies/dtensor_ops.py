@@ -6,9 +6,15 @@ Under 2D parallelism a model's parameters can live on different meshes: a tensor
 sharded by FSDP2 on the ``("data_parallel", "tensor_parallel")`` mesh, a layer sharded by FSDP2
 alone on its ``"data_parallel"`` sub-mesh, a tensor-parallel layer without FSDP on the
 ``"tensor_parallel"`` one. torch's ``clip_grad_norm_`` stacks the per-parameter norms, which
-fails across meshes; so the gradients are grouped by mesh, each group's norm is taken by torch
-(a DTensor reduced over its mesh, gathered once per group), and the groups' norms are combined.
-Every process ends with the norm of the whole model's gradient, as one process would compute it.
+fails across meshes; so the gradients are grouped by mesh and placements, each group's norm is
+taken by torch (a DTensor reduced over its mesh, gathered once per group), and the groups' norms
+are combined. Every process ends with the norm of the whole model's gradient, as one process would
+compute it. On one 2-D mesh, gradients split over both dimensions (a tensor-parallel weight) and
+over one (a sequence-parallel norm's, replicated over the tensor-parallel dimension) give norms
+partial over different dimensions: stacked together, DTensor would redistribute them one by one,
+and say on every process, at the first step, that it ran sequential all-reduces. Grouped by
+placements they stack as they are, and each group's norm is reduced one mesh dimension at a time
+(:func:`_replicated`), one all-reduce each.
 """
 
 from __future__ import annotations
@@ -30,17 +36,62 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
     groups: dict[object, list[torch.Tensor]] = {}
     for p in parameters:
         if p.grad is not None:
-            key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            key = (p.grad.device_mesh, p.grad.placements) if isinstance(p.grad, DTensor) else None
             groups.setdefault(key, []).append(p.grad)
     if not groups:
         return torch.tensor(0.0)
-    norms = []
-    for grads in groups.values():
-        norm = torch.nn.utils.get_total_norm(grads, norm_type)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    norms = [
+        _sharded_norm(grads, norm_type)
+        if key is not None
+        else torch.nn.utils.get_total_norm(grads, norm_type)
+        for key, grads in groups.items()
+    ]
     device = norms[0].device
     total: torch.Tensor = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), norm_type)
     return total
+
+
+def _sharded_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    """The norm of ``grads``, DTensors of one mesh and placements: each process takes the norm of
+    its local parts, and these are combined over the mesh dimensions the gradients are split along
+    (a replicated dimension holds copies), one all-reduce per dimension."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    assert all(isinstance(g, DTensor) for g in grads)
+    first: DTensor = grads[0]  # type: ignore[assignment]
+    if any(p.is_partial() for p in first.placements):  # not reduced yet: DTensor's own arithmetic
+        return _replicated(torch.nn.utils.get_total_norm(grads, norm_type))
+    # an empty local part (FSDP2 pads uneven shards) adds nothing; the inf-norm has no identity
+    local = [t for t in (g.to_local() for g in grads) if t.numel() > 0]  # type: ignore[attr-defined]
+    inf = norm_type == float("inf")
+    # torch's norm of plain tensors (foreach kernels where the device has them), in float32 to add up
+    value = (
+        torch.nn.utils.get_total_norm(local, norm_type).float()
+        if local
+        else torch.zeros((), device=first.device)
+    )
+    if not inf:
+        value = torch.pow(value, norm_type)
+    for dim, placement in enumerate(first.placements):
+        if not placement.is_replicate():  # Shard, or FSDP2's _StridedShard under TP (not is_shard())
+            op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
+            dist.all_reduce(value, op=op, group=first.device_mesh.get_group(dim))
+    return value if inf else torch.pow(value, 1.0 / norm_type)
+
+
+def _replicated(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole value of the DTensor ``tensor`` (a norm: it has one element), reduced over its
+    partial mesh dimensions one at a time (see [Note: a norm over several meshes])."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    assert isinstance(tensor, DTensor)
+    for dim, placement in enumerate(tensor.placements):
+        if not placement.is_replicate():
+            placements = [*tensor.placements]
+            placements[dim] = Replicate()
+            tensor = tensor.redistribute(tensor.device_mesh, placements)
+    return tensor.to_local()
 
 
 @torch.no_grad()

@@ -18,6 +18,8 @@ that: ``tensor_parallel_size`` = processes per machine, ``data_parallel_size`` =
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +29,7 @@ from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
+from fullshard.policies import WrapPlan, build_plan
 from fullshard.strategies.cpu_memory import check_mmap_threshold, request_huge_pages, set_up_cpu_memory
 from fullshard.strategies.dtensor_ops import (
     clip_grad_norm_over_meshes,
@@ -48,6 +51,8 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
 
     from fullshard.strategies.registry import StrategyRegistry
+
+log = logging.getLogger("fullshard")
 
 MESH_DIM_NAMES = ("data_parallel", "tensor_parallel")
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -141,6 +146,7 @@ class ModelParallelStrategy(ParallelStrategy):
             request_huge_pages()  # now, before the model's large tensors: [Note: CPU memory under FSDP]
         self._sizes: tuple[int, int] | None = None  # (data parallel, tensor parallel), once configured
         self._mesh: DeviceMesh | None = None
+        self.wrap_plan: WrapPlan | None = None  # the layout configure_model made: see layout_plan()
 
     @classmethod
     @override
@@ -229,16 +235,16 @@ class ModelParallelStrategy(ParallelStrategy):
         # layers configure_model built on the meta device and split: [Note: initialising a model
         # sharded on the meta device]
         ShardedMetaInit(module, self.root_device, user_init_of(module), "ModelParallelStrategy")()
+        module = self.precision.convert_module(module)  # "-true": layers built outside configure_model
+        self.wrap_plan = self.layout_plan(module)
         if self.tensor_parallel_size > 1:
-            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-            checkpointed = any(isinstance(m, CheckpointWrapper) for m in module.modules())
             refuse_compile_with_checkpointing(
-                checkpointed,
+                bool(self.wrap_plan.checkpointed),
                 self.compile is not None and self.compile.enabled,
                 "checkpoint_wrapper in configure_model",
             )
-        module = self.precision.convert_module(module)  # "-true": layers built outside configure_model
+        if self.is_global_zero:
+            log.info(self.wrap_plan.summary())
         if self.root_device.type != "cpu":
             module = module.to(self.root_device)  # layers configure_model left on the host
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
@@ -253,6 +259,37 @@ class ModelParallelStrategy(ParallelStrategy):
         self.module = self.model = module
         self.compile_model(module)
         return module
+
+    def layout_plan(self, module: nn.Module, optimizer_states_per_param: int = 2) -> WrapPlan:
+        """The units ``configure_model`` sharded with ``fully_shard``, the modules it wrapped in
+        ``checkpoint_wrapper``, and the per-process memory estimate of that layout, as
+        :meth:`FSDPStrategy.plan <fullshard.strategies.FSDPStrategy.plan>` gives them for the
+        layout the strategy makes (every parameter counted as split over the tensor-parallel group,
+        and gathered in the dtype it is stored in). Reads sizes only: no communication.
+
+        Args:
+            module: the model after ``configure_model``.
+            optimizer_states_per_param: float32 optimizer values per parameter (Adam/AdamW: 2, SGD with momentum: 1).
+        """
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+        plan = build_plan(
+            module,
+            None,
+            None,
+            world_size=self.world_size,
+            shard_size=self.data_parallel_size,
+            sharding_strategy="FULL_SHARD",
+            cpu_offload=False,
+            param_dtype=dtype,
+            compute_dtype=dtype,
+            optimizer_states_per_param=optimizer_states_per_param,
+            tensor_parallel_size=self.tensor_parallel_size,
+        )
+        checkpointed = [name for name, m in module.named_modules() if isinstance(m, CheckpointWrapper)]
+        note = "the layout configure_model made (ModelParallelStrategy wraps nothing itself)"
+        return dataclasses.replace(plan, checkpointed=checkpointed, notes=[note, *plan.notes])
 
     def _check_sharded(self, module: nn.Module) -> None:
         """Refuse a model that ``configure_model`` left unparallelised, or whose replicas would
