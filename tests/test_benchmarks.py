@@ -31,6 +31,7 @@ SCRIPTS = {
     "checkpoint_scale": "benchmarks",
     "async_save": "benchmarks",
     "parallel_2d": "benchmarks",
+    "clip_norm": "benchmarks",
     "compile": "compile",
     "nonfinite_check": None,
     "_lightning_overhead": None,

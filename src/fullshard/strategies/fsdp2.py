@@ -381,8 +381,8 @@ class FSDP2Strategy(FSDPStrategy):
     ) -> torch.Tensor:
         """Clip by the norm over all shards: the gradients are DTensors, each process takes the
         norm of its shards, and these are reduced over the mesh, once per mesh dimension (see
-        [Note: a norm over several meshes]; torch's ``clip_grad_norm_`` takes 2.7-3x the time on
-        CPU, stacking partial norms that DTensor then reduces)."""
+        [Note: a norm over several meshes]; torch's ``clip_grad_norm_`` on the DTensors takes
+        2.2-2.9x the time on CPU: docs/benchmarks.md, "Gradient clipping under FSDP2")."""
         self.precision.unscale_gradients(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         return clip_grad_norm_over_meshes(params, max_norm, float(norm_type))
