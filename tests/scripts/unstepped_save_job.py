@@ -1,5 +1,5 @@
 """Save a checkpoint before the first optimizer step, then resume from it; used by
-tests/test_checkpoints.py ([Note: unstepped optimizers] in fullshard/strategies/strategy.py).
+tests/test_checkpoints.py ([Note: unstepped optimizers] in fullshard/strategies/optimizer_state.py).
 
 python tests/scripts/unstepped_save_job.py --strategy fsdp --out DIR
 

@@ -37,6 +37,7 @@ from fullshard.compile import CompileConfig, CompileUnit, apply_compile, resolve
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
 from fullshard.strategies.forward_redirection import redirected_call
+from fullshard.strategies.optimizer_state import load_optimizer_states, optimizer_states
 from fullshard.strategies.parameter_sizes import (
     ParameterSize,
     unsharded_parameter_sizes,
@@ -54,18 +55,6 @@ T = TypeVar("T")
 NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one shared instance
 STATE_DICT_TYPES = ("full", "sharded")
 ReduceOp = Literal["sum", "mean", "max", "min"]
-
-
-def _load_param_group_settings(optimizer: Optimizer, state: dict[str, Any]) -> None:
-    """Put the saved hyperparameters (lr, momentum, ...) of each parameter group back."""
-    saved_groups = state.get("param_groups", [])
-    if len(saved_groups) != len(optimizer.param_groups):
-        raise MisconfigurationError(
-            f"The checkpoint's optimizer has {len(saved_groups)} parameter group(s), this one "
-            f"{len(optimizer.param_groups)}. Build the optimizer with the groups it was trained with."
-        )
-    for group, saved in zip(optimizer.param_groups, saved_groups, strict=True):
-        group.update({k: v for k, v in saved.items() if k != "params"})
 
 
 class Strategy:
@@ -444,28 +433,15 @@ class Strategy:
         ``full``: whole tensors (gathered under FSDP) rather than each rank's shards.
         ``to_load``: the states are a template that a sharded load reads into, so an optimizer that
         has not stepped yet gets torch's initial state (every tensor a saved one may hold); to save,
-        such an optimizer's state is empty (see [Note: unstepped optimizers]).
+        such an optimizer's state is empty (see [Note: unstepped optimizers] in
+        fullshard/strategies/optimizer_state.py).
         """
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         model = self._require_model()
         options = self._state_dict_options(full=full)
         model_state = get_model_state_dict(model, options=options)
-        # [Note: unstepped optimizers]
-        # torch fills an optimizer state that is still empty by a step with zero gradients: AdamW's
-        # step count would then be one ahead both in a run that saves before its first step and in
-        # a run resumed from that checkpoint. So the filled state is dropped from the optimizer
-        # again, and saved empty, as plain SGD's is: a load restores the groups' settings only.
-        optimizer_states = []
-        for optimizer in optimizers:
-            unstepped = not optimizer.state
-            state = get_optimizer_state_dict(model, optimizer, options=options)
-            if unstepped:
-                optimizer.state.clear()
-                if not to_load:
-                    state = {**state, "state": {}}
-            optimizer_states.append(state)
-        return model_state, optimizer_states
+        return model_state, optimizer_states(model, optimizers, options, to_load=to_load)
 
     def set_state(
         self,
@@ -478,26 +454,14 @@ class Strategy:
     ) -> None:
         """Load states produced by :meth:`get_state`. With ``from_rank0`` only rank 0 passes data,
         which is broadcast to the other ranks piece by piece (each rank keeps only its shards)."""
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         self.wait_for_checkpoint_copy()  # a background save may still be reading the tensors loaded into
         model = self._require_model()
         options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
         set_model_state_dict(model, model_state, options=options)
-        # An optimizer without per-parameter state (plain SGD, or one saved before its first step:
-        # [Note: unstepped optimizers]): torch's loader needs a state tensor to find the device and
-        # fails ("Expected device to be set"), and there is nothing but the groups' hyperparameters
-        # to restore anyway. With from_rank0 only rank 0 knows which.
-        groups_only = [
-            None if state.get("state") else state.get("param_groups", []) for state in optimizer_states
-        ]
-        if from_rank0 and optimizers:
-            groups_only = self.broadcast(groups_only)
-        for optimizer, state, groups in zip(optimizers, optimizer_states, groups_only, strict=True):
-            if groups is not None:
-                _load_param_group_settings(optimizer, {"param_groups": groups})
-                continue
-            set_optimizer_state_dict(model, optimizer, state, options=options)
+        broadcast = self.broadcast if from_rank0 else None
+        load_optimizer_states(model, optimizer_states, optimizers, options, broadcast)
 
     def _state_dict_options(self, *, full: bool) -> StateDictOptions:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
