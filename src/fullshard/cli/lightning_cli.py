@@ -19,7 +19,6 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ except ImportError as _err:  # pragma: no cover - the test extra installs it
     ) from _err
 
 from fullshard.cli.config import from_lightning, instantiate_class
+from fullshard.cli.save_config import SaveConfigCallback
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
 from fullshard.module import Module
@@ -47,6 +47,8 @@ from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import seed_everything
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.trainer import Trainer
+
+__all__ = ["LightningArgumentParser", "LightningCLI", "ReduceLROnPlateau", "SaveConfigCallback"]
 
 ArgsType = list[str] | dict[str, Any] | Namespace | None
 _LR_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -189,67 +191,6 @@ class LightningArgumentParser(ArgumentParser):
                 self.error(str(err))
         parsed: Namespace = super().parse_object(obj, *args, **kwargs)
         return parsed
-
-
-class SaveConfigCallback(Callback):
-    """Writes the run's full configuration to ``trainer.log_dir/config.yaml`` when it starts (on
-    global rank 0), as Lightning's. An existing file is an error unless ``overwrite=True``: it
-    belongs to an earlier run. Override :meth:`save_config` to store it elsewhere too.
-
-    Raises:
-        RuntimeError: the file exists and ``overwrite`` is False.
-    """
-
-    def __init__(
-        self,
-        parser: LightningArgumentParser,
-        config: Namespace,
-        config_filename: str = "config.yaml",
-        overwrite: bool = False,
-        multifile: bool = False,
-        save_to_log_dir: bool = True,
-    ) -> None:
-        self.parser = parser
-        self.config = config
-        self.config_filename = config_filename
-        self.overwrite = overwrite
-        self.multifile = multifile
-        self.save_to_log_dir = save_to_log_dir
-        self.already_saved = False
-        if not save_to_log_dir and type(self).save_config is SaveConfigCallback.save_config:
-            raise ValueError(
-                "SaveConfigCallback(save_to_log_dir=False) saves nothing: subclass it and override save_config() "
-                "to store the configuration elsewhere, or pass LightningCLI(save_config_callback=None)."
-            )
-
-    @override
-    def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
-        if self.already_saved:
-            return
-        if self.save_to_log_dir:
-            path = Path(trainer.log_dir, self.config_filename)
-            if not self.overwrite:
-                exists = trainer.strategy.broadcast(path.is_file() if trainer.is_global_zero else False)
-                if exists:
-                    raise RuntimeError(
-                        f"{type(self).__name__} expected {path} to not exist: it holds the configuration of an earlier "
-                        "run, which would be overwritten. Delete it, log to another directory (--trainer.default_root_dir, "
-                        "or a logger version), pass LightningCLI(save_config_kwargs={'overwrite': True}) to overwrite "
-                        "it, or LightningCLI(save_config_callback=None) to save no configuration."
-                    )
-            if trainer.is_global_zero:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                self.parser.save(
-                    self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile
-                )
-        if trainer.is_global_zero:
-            self.save_config(trainer, pl_module, stage)
-            self.already_saved = True
-        self.already_saved = trainer.strategy.broadcast(self.already_saved)
-
-    def save_config(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
-        """Override to store the configuration somewhere else as well; runs on global rank 0 only
-        (no collectives here)."""
 
 
 def _with_class_path(cls: type, init_args: Any) -> dict[str, Any]:
