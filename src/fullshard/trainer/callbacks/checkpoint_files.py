@@ -102,6 +102,34 @@ def remove_path(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def removable(previous: str, current: str, resumed_from: str | None, dirpath: str | None) -> bool:
+    """Whether a ModelCheckpoint may delete ``previous``: not when it is ``current``, the
+    checkpoint this run resumed from (``resumed_from``), or outside ``dirpath`` (not ours)."""
+    if previous == current:
+        return False
+    old = Path(previous).absolute()
+    if resumed_from is not None and old == Path(resumed_from).absolute():
+        return False
+    assert dirpath is not None
+    return Path(dirpath).absolute() in old.parents
+
+
+def remove_once_committed(trainer: Trainer, paths: list[str]) -> None:
+    """Delete ``paths`` on rank 0 once the checkpoints of the current save event are committed
+    (see [Note: atomic commit] in model_checkpoint.py); collective."""
+
+    def remove() -> None:
+        if trainer.is_global_zero:
+            for path in paths:
+                remove_path(path)
+
+    # a save written in the background (async_save) is committed later: delete then, not now
+    if trainer.strategy.after_checkpoint_commit(remove):
+        return
+    remove()
+    trainer.strategy.barrier("model_checkpoint_remove")
+
+
 def _yaml_string(text: str) -> str:
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'

@@ -32,7 +32,6 @@ import os
 import time
 import warnings
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,7 +46,8 @@ from fullshard.trainer.callbacks.checkpoint_files import (
     fill_template,
     link_or_copy,
     newest_complete,
-    remove_path,
+    removable,
+    remove_once_committed,
     validates_after_epoch,
     write_scores_yaml,
 )
@@ -508,14 +508,7 @@ class ModelCheckpoint(Callback):
     def _should_remove_checkpoint(self, trainer: Trainer, previous: str, current: str) -> bool:
         """Delete ``previous`` unless it is ``current``, the checkpoint this run resumed from, or
         outside :attr:`dirpath` (not ours)."""
-        if previous == current:
-            return False
-        old = Path(previous).absolute()
-        resumed_from = trainer.ckpt_path
-        if resumed_from is not None and old == Path(resumed_from).absolute():
-            return False
-        assert self.dirpath is not None
-        return Path(self.dirpath).absolute() in old.parents
+        return removable(previous, current, trainer.ckpt_path, self.dirpath)
 
     def _remove_pending(self, trainer: Trainer) -> None:
         """Delete what this save event evicted (see [Note: atomic commit])."""
@@ -530,17 +523,7 @@ class ModelCheckpoint(Callback):
         }
         doomed = [p for p in dict.fromkeys(self._to_remove) if p not in live]
         self._to_remove = []
-
-        def remove() -> None:
-            if trainer.is_global_zero:
-                for path in doomed:
-                    remove_path(path)
-
-        # a save written in the background (async_save) is committed later: delete then, not now
-        if trainer.strategy.after_checkpoint_commit(remove):
-            return
-        remove()
-        trainer.strategy.barrier("model_checkpoint_remove")
+        remove_once_committed(trainer, doomed)
 
     # ------------------------------------------------------------------------------------ names
     def format_checkpoint_name(
