@@ -1,4 +1,5 @@
-"""Resolving the Trainer's ``accelerator`` and ``devices`` arguments."""
+"""Resolving the Trainer's ``accelerator`` and ``devices`` arguments, and applying its torch
+settings for the device (``deterministic``, ``benchmark``) in each process."""
 
 from __future__ import annotations
 
@@ -106,6 +107,16 @@ def more_processes_than_cores(num_processes: int) -> str | None:
         f"with one process per core. Pass devices={cores} or fewer (devices <= CPU cores) unless you "
         "mean to test more ranks than the machine has cores."
     )
+
+
+def configure_torch(deterministic: bool | str | None, benchmark: bool | None, device: torch.device) -> None:
+    """Apply ``Trainer(deterministic=..., benchmark=...)`` in this process, which computes on ``device``."""
+    if deterministic is not None:
+        torch.use_deterministic_algorithms(bool(deterministic), warn_only=deterministic == "warn")
+        if deterministic and device.type == "cuda":
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if benchmark is not None:
+        torch.backends.cudnn.benchmark = benchmark
 
 
 def _local_environment_type() -> type:

@@ -306,3 +306,11 @@ def send_to_loggers(trainer: Trainer, values: dict[str, float], step: int) -> No
         values = {**values, "epoch": float(trainer.current_epoch)}
         for logger in trainer.loggers:
             logger.log_metrics(values, step=step)
+
+
+def finalize_loggers(trainer: Trainer, status: str) -> None:
+    """Tell the Trainer's loggers that the run ended (``status``: ``"success"`` or ``"failed"``),
+    from global rank 0."""
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.finalize(status)

@@ -31,13 +31,14 @@ from fullshard.strategies.meta_init import init_user_layers
 from fullshard.trainer import arguments, checkpointing, nonfinite, preemption
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import (
+    configure_torch,
     more_processes_than_cores,
     resolve_accelerator,
     resolve_devices,
     resolve_num_nodes,
 )
 from fullshard.trainer.hooks import Hooks
-from fullshard.trainer.loggers import Logger
+from fullshard.trainer.loggers import Logger, finalize_loggers
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
@@ -49,6 +50,7 @@ from fullshard.trainer.preflight import (
     make_sources,
 )
 from fullshard.trainer.properties import TrainerProperties
+from fullshard.trainer.spawn_result import apply_spawn_report, spawn_report
 from fullshard.trainer.summary import format_results, model_summary
 
 log = logging.getLogger("fullshard")
@@ -478,7 +480,7 @@ class Trainer(TrainerProperties):
         model.trainer = self
         self.callbacks = arguments.attach_model_callbacks(self.callbacks, model)
         hooks = Hooks(self, self.callbacks, model)
-        self._configure_torch()
+        configure_torch(self.deterministic, self.benchmark, strategy.root_device)
         if datamodule is not None:
             datamodule.trainer = self
         try:
@@ -499,7 +501,7 @@ class Trainer(TrainerProperties):
             if datamodule is not None:
                 datamodule.on_exception(exception)
             checkpointing.finish_background_save(strategy, exception)
-            self._finalize_loggers("failed")
+            finalize_loggers(self, "failed")
             raise
         finally:
             if datamodule is not None:
@@ -536,7 +538,7 @@ class Trainer(TrainerProperties):
             results = loop.run(hooks, keep_predictions=stage == "predict" and keep_predictions)
             if verbose and self.is_global_zero and any(results) and stage != "predict":
                 self.print(format_results(stage, results))
-            self._finalize_loggers("success")
+            finalize_loggers(self, "success")
             return loop.predictions if stage == "predict" else results
         if self.is_global_zero and model.hparams:
             for logger in self.loggers:
@@ -553,21 +555,11 @@ class Trainer(TrainerProperties):
         if isinstance(self._strategy.launcher, SpawnLauncher):
             # gathering the weights is collective (FSDP): every rank takes part, rank 0 sends them
             self._spawn_state = {k: v.detach().cpu() for k, v in self._strategy.module_state_dict().items()}
-        self._finalize_loggers("success")
+        finalize_loggers(self, "success")
         return None
 
     _fitted = False
     _ckpt_options = checkpointing.LoadOptions()  # how the current call loads its ckpt_path
-
-    def _configure_torch(self) -> None:
-        if self.deterministic is not None:
-            torch.use_deterministic_algorithms(
-                bool(self.deterministic), warn_only=self.deterministic == "warn"
-            )
-            if self.deterministic and self._strategy.root_device.type == "cuda":
-                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        if self.benchmark is not None:
-            torch.backends.cudnn.benchmark = self.benchmark
 
     def _setup_model(self, model: Module, stage: str) -> None:
         strategy = self._strategy
@@ -581,23 +573,11 @@ class Trainer(TrainerProperties):
             optimizers, self.lr_scheduler_configs = parse_optimizers(model.configure_optimizers(), model)
             self.optimizers = [strategy.setup_optimizer(o) for o in optimizers]
 
-    def _finalize_loggers(self, status: str) -> None:
-        if self.is_global_zero:
-            for logger in self.loggers:
-                logger.finalize(status)
-
     # -------------------------------------------------------------- spawn launcher protocol
     def _run_and_report(self, *args: Any) -> tuple[Any, dict[str, Any]]:
         """:meth:`_run` in a spawned process; with its value, what rank 0 sends back."""
         value = self._run(*args)
-        return value, {
-            "state_dict": self._spawn_state,
-            "callback_metrics": {k: v.cpu() for k, v in self.callback_metrics.items()},
-            "logged_metrics": {k: v.cpu() for k, v in self.logged_metrics.items()},
-            "global_step": self.global_step,
-            "current_epoch": self.current_epoch,
-            "best_model_path": checkpointing.best_checkpoint_path(self),
-        }
+        return value, spawn_report(self, self._spawn_state)
 
     def _apply_spawn_result(self, result: dict[str, Any]) -> None:
         """Bring the trained weights and counters into the parent process's objects."""
@@ -606,10 +586,4 @@ class Trainer(TrainerProperties):
             module.configure_model()
             module.load_state_dict(result["state_dict"])
             self._fitted = True
-        self._metrics.callback_metrics.update(result["callback_metrics"])
-        self._metrics.logged_metrics.update(result["logged_metrics"])
-        self.global_step = result["global_step"]
-        self.current_epoch = result["current_epoch"]
-        callback = self.checkpoint_callback
-        if callback is not None and result.get("best_model_path"):
-            callback.best_model_path = result["best_model_path"]
+        apply_spawn_report(self, result)
