@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 import fullshard
 from conftest import SCRIPTS, quiet_trainer
+from fullshard.errors import MisconfigurationError
 
 sys.path.insert(0, str(SCRIPTS))
 from train_mlp import MLP, make_data
@@ -286,6 +287,35 @@ def test_configure_model_runs_in_init_context(tmp_path: Path) -> None:
     trainer.validate(model, DataLoader(make_data(), batch_size=16))
     assert model.calls == 2 and model.dtype_at_init == torch.bfloat16
     assert model.trainer is trainer and model.device == torch.device("cpu")
+
+
+def test_a_configure_model_that_fails_when_run_again_says_to_make_it_idempotent(tmp_path: Path) -> None:
+    class Once(MLP):
+        """Fails the second time, as parallelize_module does on a layer it has split already."""
+
+        def __init__(self, fail_first: bool = False) -> None:
+            super().__init__()
+            self.calls, self.fail_first = 0, fail_first
+
+        def configure_model(self) -> None:
+            self.calls += 1
+            if self.calls > 1 or self.fail_first:
+                raise RuntimeError("distribute_module should only be called once on a module")
+
+    model = Once()
+    trainer = _trainer(tmp_path, max_steps=1)
+    trainer.fit(model, DataLoader(make_data(), batch_size=16))
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"Once\.configure_model\(\) failed when validate\(\) ran it again on a model an earlier call had set "
+        r"up \(RuntimeError: distribute_module should only be called once on a module\)\. As in Lightning, .* "
+        r"`if isinstance\(self, FSDPModule\): return`",
+    ) as raised:
+        trainer.validate(model, DataLoader(make_data(), batch_size=16))
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    # a configure_model that fails on a model nothing set up yet: its own error, as it was
+    with pytest.raises(RuntimeError, match=r"^distribute_module should only be called once on a module$"):
+        _trainer(tmp_path, max_steps=1).fit(Once(fail_first=True), DataLoader(make_data(), batch_size=16))
 
 
 def test_resume_mid_epoch_single_process_is_exact(tmp_path: Path) -> None:

@@ -27,7 +27,6 @@ from fullshard.precision import alias_warning
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn, set_global_rank
 from fullshard.strategies import Strategy
-from fullshard.strategies.meta_init import init_user_layers
 from fullshard.trainer import arguments, checkpointing, nonfinite, preemption
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import (
@@ -41,6 +40,7 @@ from fullshard.trainer.hooks import Hooks
 from fullshard.trainer.loggers import Logger, finalize_loggers
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
+from fullshard.trainer.model_setup import set_up_model
 from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
 from fullshard.trainer.preflight import (
     DataSources,
@@ -563,11 +563,7 @@ class Trainer(TrainerProperties):
 
     def _setup_model(self, model: Module, stage: str) -> None:
         strategy = self._strategy
-        existing = {id(p) for p in model.parameters()}
-        with strategy.tensor_init_context(), strategy.model_sharded_context():
-            model.configure_model()
-        init_user_layers(model, existing)
-        strategy.setup_module(model)
+        set_up_model(model, strategy, stage)
         if stage == "fit":
             self.fit_loop.train_loader = None
             optimizers, self.lr_scheduler_configs = parse_optimizers(model.configure_optimizers(), model)
