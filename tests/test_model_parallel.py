@@ -225,6 +225,12 @@ def test_the_layout_configure_model_made_is_planned_as_the_strategy_plans_its_ow
     assert [by_hand["units"][b] for b in blocks] == [by_strategy["units"][b] for b in blocks]
     assert sum(by_hand["units"].values()) == sum(by_strategy["units"].values())
     assert by_hand["estimate"] == by_strategy["estimate"] > 0
+    # tensor parallel alone (1 x 2, no fully_shard): one unit, nothing gathered, each parameter
+    # split in two: float32 parameter, gradient and AdamW's two moments, 16 bytes an element
+    tp_alone = _record(tp_only / "tp2", 0)["plan"]
+    total = sum(by_hand["units"].values())
+    assert tp_alone["units"] == {"": total}
+    assert tp_alone["estimate"] == -(-total // 2) * 16
     # activation checkpointing applied in configure_model is found where it was applied
     assert by_hand["checkpointed"] == []
     assert (

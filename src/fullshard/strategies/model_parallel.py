@@ -272,15 +272,17 @@ class ModelParallelStrategy(ParallelStrategy):
             optimizer_states_per_param: float32 optimizer values per parameter (Adam/AdamW: 2, SGD with momentum: 1).
         """
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+        from torch.distributed.fsdp import FSDPModule
 
         dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+        sharded = any(isinstance(m, FSDPModule) for m in module.modules())  # else tensor parallel only
         plan = build_plan(
             module,
             None,
             None,
             world_size=self.world_size,
-            shard_size=self.data_parallel_size,
-            sharding_strategy="FULL_SHARD",
+            shard_size=self.data_parallel_size if sharded else 1,
+            sharding_strategy="FULL_SHARD" if sharded else "NO_SHARD",
             cpu_offload=False,
             param_dtype=dtype,
             compute_dtype=dtype,
