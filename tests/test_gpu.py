@@ -25,8 +25,15 @@ def test_ddp_and_single_device_on_cuda(tmp_path: Path, args: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [[], ["--offload"], ["--precision", "bf16-mixed"], ["--fsdp2"], ["--fsdp2", "--offload"]],
-    ids=["plain", "offload", "bf16", "fsdp2", "fsdp2-offload"],
+    [
+        [],
+        ["--offload"],
+        ["--precision", "bf16-mixed"],
+        ["--fsdp2"],
+        ["--fsdp2", "--offload"],
+        ["--fsdp2", "--offload", "--clip", "0.5"],  # the norm of CPU shards reduced over NCCL
+    ],
+    ids=["plain", "offload", "bf16", "fsdp2", "fsdp2-offload", "fsdp2-offload-clip"],
 )
 def test_fsdp_on_cuda(tmp_path: Path, extra: list[str]) -> None:
     devices = str(min(torch.cuda.device_count(), 2))

@@ -74,6 +74,8 @@ def _sharded_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     )
     if not inf:
         value = torch.pow(value, norm_type)
+    if value.device.type != first.device_mesh.device_type:  # shards offloaded to the CPU: NCCL
+        value = value.to(first.device_mesh.device_type)  # reduces on the (current) accelerator
     for dim, placement in enumerate(first.placements):
         if not placement.is_replicate():  # Shard, or FSDP2's _StridedShard under TP (not is_shard())
             op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
