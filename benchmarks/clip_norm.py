@@ -28,8 +28,10 @@ Both norms must agree to 1e-5 (relative), or the script fails.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -111,7 +113,7 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
             }
         )
     if rank == 0:
-        Path(out).write_text(repr(rows))
+        Path(out).write_text(json.dumps(rows))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -158,17 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import tempfile
-
     parser = build_parser()
     args = parse_args(parser, argv)
     load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "rows.txt")
         mp.spawn(worker, args=(args.port, args, out), nprocs=WORLD)
-        import ast
-
-        rows = ast.literal_eval(Path(out).read_text())
+        rows = json.loads(Path(out).read_text())
     section = render(rows, args, load)
     print(section)
     if args.write_docs:
