@@ -95,9 +95,8 @@ class FSDP2Strategy(FSDPStrategy):
         super().__init__(**kwargs)
         self.tensor_parallel_size = check_tensor_parallel(tensor_parallel_size, tp_plan)
         self.tp_plan = tp_plan
-        self._mesh_2d: DeviceMesh | None = (
-            None  # ("data_parallel", "tensor_parallel") under tensor parallelism
-        )
+        # ("data_parallel", "tensor_parallel") under tensor parallelism
+        self._mesh_2d: DeviceMesh | None = None
         if self.tensor_parallel_size > 1:
             self._check_tensor_parallel_options()
         if not isinstance(async_save, bool):
