@@ -34,8 +34,10 @@ SCRIPTS = {
     "clip_norm": "benchmarks",
     "compile": "compile",
     "nonfinite_check": None,
+    "gpu_check": "benchmarks",
     "_lightning_overhead": None,
 }
+HELPERS = {"_common", "_gpu_parts"}  # modules the scripts import, not scripts
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +190,7 @@ def test_worker_env(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_every_script_is_listed() -> None:
-    found = {p.stem for p in BENCHMARKS.glob("*.py")} - {"_common"}
+    found = {p.stem for p in BENCHMARKS.glob("*.py")} - HELPERS
     assert found == set(SCRIPTS), "a new script: add it to SCRIPTS here and to docs/benchmarks.md"
 
 
