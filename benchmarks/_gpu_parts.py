@@ -16,6 +16,7 @@ start-up, compilation of kernels) are left out; the figure is the median of the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import shutil
@@ -174,7 +175,7 @@ def bf16_peak(device: str) -> float | None:
 def step_figures(times: list[float], warmup: int, tokens_per_step: int) -> dict[str, Any]:
     """The median step time and tokens/s of the intervals after ``warmup`` ([Note: what a step's
     time is])."""
-    intervals = [b - a for a, b in zip(times, times[1:], strict=False)][warmup:]
+    intervals = [b - a for a, b in itertools.pairwise(times)][warmup:]
     if not intervals:
         raise RuntimeError(f"{len(times)} steps timed, {warmup} of them warm-up: nothing left to measure")
     median = statistics.median(intervals)
@@ -438,6 +439,8 @@ def llama_save(args: argparse.Namespace) -> dict[str, Any]:
     trainer.fit(module, DataLoader(RandomTokens(size.vocab, size.seq, 2 * size.batch), batch_size=size.batch))
     strategy = trainer.strategy
     (optimizer,) = trainer.optimizers
+    model = strategy.model  # type: ignore[attr-defined]
+    assert model is not None
     device = next(p for p in module.parameters()).device
     ids = RandomTokens(size.vocab, size.seq, size.batch, seed=1).tokens.to(device)
 
@@ -448,7 +451,7 @@ def llama_save(args: argparse.Namespace) -> dict[str, Any]:
     def step() -> float:
         sync()
         start = time.perf_counter()
-        logits = module(ids[:, :-1])
+        logits = model(ids[:, :-1])
         F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
         optimizer.step()
         optimizer.zero_grad()
