@@ -94,6 +94,10 @@ def part_env(args: argparse.Namespace) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
+    if args.accelerator == "cuda":
+        # the tests' fork server execs `python -I` where it cannot fork a job, which ignores
+        # PYTHONPATH (fullshard is not installed there): every process a real python instead
+        env["FULLSHARD_TEST_FORKSERVER"] = "0"
     return env
 
 
