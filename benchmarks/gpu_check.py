@@ -76,12 +76,12 @@ class Part:
     result: dict[str, Any] = field(default_factory=dict)
 
 
-PARTS = [
-    Part("cuda-tests", 200),
+PARTS = [  # the figures first: a run cut short by the device's time keeps them
     Part("transformer-fullshard", 100, "transformer", "fullshard"),
     Part("transformer-lightning", 100, "transformer", "lightning"),
     Part("llama-fsdp2", 120, "llama"),
     Part("llama-save", 150, "llama_save"),
+    Part("cuda-tests", 200),
 ]
 
 
@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parts", nargs="+", choices=[p.name for p in PARTS], help="run only these parts")
     parser.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run (default 330)")
     parser.add_argument("--lightning-python", type=Path, help="the Python that has Lightning 2.6.6")
-    parser.add_argument("--test-workers", type=int, default=4, help="pytest-xdist workers for the CUDA tests")
+    parser.add_argument("--test-workers", type=int, default=6, help="pytest-xdist workers for the CUDA tests")
     parser.add_argument("--work", type=Path, help="scratch folder for checkpoints (default: a temporary one)")
     parser.add_argument(
         "--report", type=Path, help="render a gpu_check.json written before instead of running"
@@ -382,8 +382,16 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         )
         if result["status"] != "ok" and result.get("output_tail"):
             print("  " + result["output_tail"][-1500:].replace("\n", "\n  "), flush=True)
+        write_report(report, args.out, started)  # after each part: a run cut short keeps what it has
+    return write_report(report, args.out, started)
+
+
+def write_report(report: dict[str, Any], out: Path, started: float) -> dict[str, Any]:
+    """Write ``gpu_check.json`` and ``gpu_check.md`` to ``out`` with the parts run so far."""
     report["wall_s"] = time.monotonic() - started
     report["ratios"] = ratios(report)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    (out / "gpu_check.md").write_text(render(report))
     return report
 
 
@@ -405,8 +413,6 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="gpu_check-", dir=args.work) as work:
             args.work = Path(work)
             report = run_all(args)
-        (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-        (args.out / "gpu_check.md").write_text(render(report))
         print(f"wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.md'}")
     if args.write_docs:
         write_section(render(report))

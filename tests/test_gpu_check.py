@@ -24,11 +24,11 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     parts = report["parts"]
     assert list(parts) == [
-        "cuda-tests",
         "transformer-fullshard",
         "transformer-lightning",
         "llama-fsdp2",
         "llama-save",
+        "cuda-tests",
     ]
     # without a GPU every CUDA test is collected and skipped, none fails
     tests = parts["cuda-tests"]

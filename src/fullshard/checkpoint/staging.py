@@ -152,14 +152,10 @@ class Staging:
         counted = defer is not None  # at the save: count each copy; in copy(): counted already
         if isinstance(value, DTensor):
             local = self._host_copy(value.to_local(), counted)
-            return DTensor.from_local(
-                local,
-                value.device_mesh,
-                value.placements,
-                run_check=False,
-                shape=value.shape,
-                stride=value.stride(),
-            )
+            # The host copy under the shard's own spec, where it is: DTensor.from_local would move
+            # it back onto the mesh's device (a second copy in GPU memory, written from there).
+            # torch's own staging for async saves wraps its CPU copies the same way.
+            return DTensor(local, value._spec, requires_grad=False)
         if isinstance(value, torch.Tensor):
             if type(value) not in (torch.Tensor, torch.nn.Parameter):
                 raise CheckpointError(
