@@ -298,7 +298,7 @@ def transformer(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "framework": args.framework,
         "strategy": type(trainer.strategy).__name__,
-        "params": sum(p.numel() for p in GuideTransformer(size).parameters()) if args.tiny else None,
+        "params": meta_numel(size),
         "size": asdict(size),
         "setup_s": timer.train_start - started,
         "loss_first_last": [float(module.losses[0]), float(module.losses[-1])],
@@ -309,9 +309,13 @@ def transformer(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.framework == "fullshard":
         result.update(estimate_figures(trainer.strategy))
-        plan = trainer.strategy.wrap_plan
-        result["params"] = plan.total_numel if plan else result["params"]
     return result
+
+
+def meta_numel(size: TransformerSize) -> int:
+    """The guide model's parameter count, built on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in GuideTransformer(size).parameters())
 
 
 # ---------------------------------------------------------------------------------------------

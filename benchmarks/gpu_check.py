@@ -25,7 +25,7 @@ The parts:
     grad scaler. What needs two GPUs is skipped with that reason. (On CPU every test skips.)
 ``transformer-fullshard``, ``transformer-lightning``
     The seed guide's script (its ``Transformer(vocab_size=33278, nlayers=32, nhid=4096,
-    ninp=1024, nhead=64)``, 1.3B parameters; random tokens in place of WikiText2, batch 8 of 128
+    ninp=1024, nhead=64)``, 1.0B parameters; random tokens in place of WikiText2, batch 8 of 128
     tokens) with ``FSDPStrategy(auto_wrap_policy={TransformerEncoderLayer,
     TransformerDecoderLayer})`` and ``precision="bf16-mixed"`` on one device, under fullshard's
     names and under Lightning 2.6.6's: tokens/s (the median of 20 steps after 5 of warm-up),
@@ -267,7 +267,17 @@ def render(report: dict[str, Any]) -> str:
             )
     ratio = ratios(report)
     if rows:
-        lines += ["", "The seed guide's Transformer (bf16-mixed, one device):", ""]
+        size = next(
+            parts[n]["figures"]
+            for n in ("transformer-fullshard", "transformer-lightning")
+            if parts.get(n, {}).get("figures")
+        )
+        lines += [
+            "",
+            f"The seed guide's Transformer ({size['params'] / 1e9:.2f}B parameters, bf16-mixed, one device, "
+            f"{size['tokens_per_step']:,} tokens a step; median of {size['timed_steps']} steps after warm-up):",
+            "",
+        ]
         lines.append(
             table(["Trainer", "tokens/s", "step (ms)", "peak memory (MB)", "to first step (s)"], rows)
         )
@@ -309,7 +319,10 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             table(
                 ["test", "outcome"],
-                [[t["id"], t["outcome"] + (f": {t['reason']}" if t["reason"] else "")] for t in tests],
+                [
+                    [t["id"], t["outcome"] + (f": {t['reason']}" if t["reason"] else "")]
+                    for t in sorted(tests, key=lambda t: t["id"])
+                ],
                 "ll",
             )
         )
@@ -347,7 +360,7 @@ def device_name(args: argparse.Namespace) -> str:
         [
             sys.executable,
             "-c",
-            "import torch; print(torch.cuda.get_device_name(), torch.cuda.device_count())",
+            "import torch; print(f'{torch.cuda.get_device_name()} ({torch.cuda.device_count()} GPU)')",
         ],
         capture_output=True,
         text=True,
