@@ -1,6 +1,6 @@
 """Elastic restarts under torchrun: ``fit(ckpt_path="last")`` starts fresh on the first attempt and
 resumes from the newest complete checkpoint after a crash (see [Note: ckpt_path="last" and elastic
-restarts] in src/fullshard/trainer/checkpointing.py).
+restarts] in src/fullshard/checkpoint/manager.py).
 
 The jobs run tests/scripts/elastic_job.py under ``python -m torch.distributed.run``: FSDP with
 sharded checkpoints every 3 steps, 12 steps (8 an epoch at 2 processes, so step 6 is mid-epoch), a

@@ -363,7 +363,8 @@ def test_every_lightning_hook_has_a_row() -> None:
 
 
 def test_a_module_defining_an_unsupported_hook_is_warned(tmp_path: Path) -> None:
-    """DESIGN.md: a Lightning hook silently not called is the worst gap; fullshard must say so."""
+    """A Lightning hook silently not called is the worst gap; fullshard must say so (docs/design.md,
+    "Where users' code meets fullshard")."""
     names = sorted(_unsupported_module_names())
 
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:

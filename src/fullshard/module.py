@@ -83,6 +83,14 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     #: calls :meth:`manual_backward` and ``opt.step()`` itself (docs/manual-optimization.md).
     automatic_optimization: bool = True
 
+    #: False: a checkpoint may hold part of the module's state, or keys it does not have, as with
+    #: ``load_state_dict(strict=False)``: what both have loads, the rest of the module stays
+    #: (Lightning's ``strict_loading``). For ``fit/validate/test/predict(ckpt_path=...)`` and
+    #: ``load_from_checkpoint`` without ``strict=``. Shapes are checked either way. The usual
+    #: pair: an ``on_save_checkpoint`` that keeps only the trained part (a LoRA adapter) and
+    #: ``strict_loading = False`` to load it back into a whole model.
+    strict_loading: bool = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
@@ -332,7 +340,7 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         cls,
         checkpoint_path: str | Path,
         map_location: Any = None,
-        strict: bool = True,
+        strict: bool | None = None,
         trust_checkpoint: bool = False,
         **kwargs: Any,
     ) -> Self:
@@ -340,7 +348,7 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
 
         The module is created as ``cls(**hparams, **kwargs)`` from the hyperparameters saved with
         it (``kwargs`` override them), ``configure_model()`` and ``on_load_checkpoint()`` run,
-        and the weights are loaded (``strict``: the keys must match exactly) onto
+        and the weights are loaded (``strict``: the keys must match exactly; None: :attr:`strict_loading`) onto
         ``map_location`` (default: the device they were saved from, CPU when that one is
         missing). As in Lightning, the module is returned in training mode: call ``.eval()``
         for inference.

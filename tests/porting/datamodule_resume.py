@@ -117,6 +117,12 @@ class Linear(RecordModuleHooks, L.LightningModule):
         self.loaded_note = checkpoint.get("note")
 
 
+class PartialLinear(Linear):
+    """Loads a checkpoint that holds part of its weights, the rest keeping their own values."""
+
+    strict_loading = False
+
+
 class Recorder(RecordCallbackHooks, Callback):
     def __init__(self) -> None:
         self.batches = 0
@@ -218,6 +224,24 @@ def main(args):
         "validate() gives the final weights' loss on the whole validation set",
         close(results[0]["val_loss"], expected),
         (results[0], expected),
+    )
+
+    # what a save hook removes is not written: a checkpoint of the bias only (as a fine-tune keeps
+    # only its adapter), loaded into a whole module through strict_loading = False
+    def keep_bias_only(checkpoint):
+        Linear.on_save_checkpoint(model, checkpoint)
+        for key in [k for k in checkpoint["state_dict"] if not k.endswith("bias")]:
+            del checkpoint["state_dict"][key]
+
+    model.on_save_checkpoint = keep_bias_only
+    trainer.save_checkpoint(root / "bias_only.ckpt")
+    partial = PartialLinear.load_from_checkpoint(root / "bias_only.ckpt")
+    trained = restored.state_dict()  # the final weights, whole (under FSDP the model holds shards)
+    check(
+        "a checkpoint a hook cut down to the bias loads with strict_loading=False",
+        torch.equal(partial.layer.bias, trained["layer.bias"])
+        and not torch.equal(partial.layer.weight, trained["layer.weight"]),
+        (partial.state_dict(), trained),
     )
 
 

@@ -19,7 +19,6 @@ commit] in layout.py), and the next save to the path starts afresh.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import pickle
 import uuid
@@ -171,16 +170,26 @@ def tied_parameters(module: nn.Module | None, state: Mapping[str, Any]) -> dict[
 def save(
     strategy: Strategy, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer]
 ) -> None:
-    """Write ``checkpoint`` plus the model and optimizer states to ``path`` in the strategy's format.
+    """Write ``checkpoint`` to ``path`` in the strategy's format. Its ``"state_dict"`` and
+    ``"optimizer_states"`` are the model's and ``optimizers``' states as the strategy's
+    ``get_state`` gave them (whole tensors for the full format, this rank's shards for the
+    sharded one), after the save hooks: what they hold is what is written.
 
     A save still being written in the background is waited for first (its failure raised): one
     save at a time, and one staged copy of the state (see [Note: asynchronous commit]).
     """
     async_save.wait(strategy)
     path = Path(path)
+    missing = [key for key in ("state_dict", "optimizer_states") if key not in checkpoint]
+    if missing:
+        raise CheckpointError(
+            f"The checkpoint to {str(path)!r} has no {' or '.join(map(repr, missing))}: a save hook removed it, "
+            "or the dict was not built by Trainer.save_checkpoint. Keep the entries (a hook may empty "
+            "'state_dict' of what it does not want saved, but not remove it)."
+        )
     checkpoint = {
         **checkpoint,
-        "optimizer_count": len(optimizers),
+        "optimizer_count": len(checkpoint["optimizer_states"]),
         # checked on load: one optimizer's state does not fit another's (Adam's moments in SGD)
         "optimizer_types": [type(optimizer).__qualname__ for optimizer in optimizers],
     }
@@ -199,7 +208,7 @@ def _save_full(
             f"Cannot write a checkpoint file to {str(path)!r}: a directory (a sharded checkpoint?) is there. "
             "Choose another path, or save with state_dict_type='sharded'."
         )
-    model_state, optimizer_states = strategy.get_state(optimizers, full=True)
+    model_state, optimizer_states = checkpoint.pop("state_dict"), checkpoint.pop("optimizer_states")
     tied = tied_parameters(strategy.module, model_state)
     if tied is not None:  # [Note: tied parameters stored once] in io.py
         model_state = {**model_state, **{alias: model_state[c] for alias, c in tied.items()}}
@@ -237,7 +246,7 @@ def _save_sharded(
             raise save_error(path, failures_of(err, 0)) from err
         return name
 
-    model_state, optimizer_states = strategy.get_state(optimizers, full=False)
+    model_state, optimizer_states = checkpoint.pop("state_dict"), checkpoint.pop("optimizer_states")
     data_name = ""  # a background save checks its copy and makes the directory in _stage
     if not strategy.async_save:
         # each rank checks its shards; before anything is written, every rank learns what all found
@@ -249,7 +258,8 @@ def _save_sharded(
     if tied is not None:  # [Note: tied parameters stored once] in io.py: DCP gets each tensor once
         model_state = {k: v for k, v in model_state.items() if k not in tied}
         checkpoint[TIED_KEY] = tied
-    # [Note: optimizer param_groups] hyperparameters go to meta.pt, only tensors to DCP: DCP
+    # [Note: optimizer param_groups]
+    # Hyperparameters go to meta.pt, only tensors to DCP: DCP
     # flattens a nested value or not depending on its content, so a param_groups list could be
     # stored under keys that a reader with differently sharded state does not look for.
     checkpoint["optimizer_param_groups"] = [s["param_groups"] for s in optimizer_states]
@@ -338,6 +348,7 @@ def load(
     check: MetaCheck | None = None,
     verify: bool = True,
     trust: bool = False,
+    strict: bool = True,
 ) -> dict[str, Any]:
     """Load model (and unless ``weights_only``, optimizer) states into place; return the rest.
 
@@ -345,6 +356,9 @@ def load(
     (see [Note: checksums checked on load] in layout.py), holds nothing but plain data (unless
     ``trust``: see [Note: loading without running code] in trust.py), fits the model and the
     optimizers, and ``check(meta)`` (the host's own checks, e.g. the number of schedulers) passes.
+    ``strict=False`` (the module's ``strict_loading``) loads a checkpoint that holds only part of
+    the model's state (or more), as ``load_state_dict(strict=False)``: the keys on both sides load,
+    the model keeps the rest; shapes are still checked.
     """
     async_save.wait(strategy)  # the checkpoint to load may be the one being written
     path = Path(path)
@@ -352,8 +366,8 @@ def load(
     n_optimizers = 0 if weights_only else len(optimizers)
     with _quiet_torch():
         if fmt == "full":
-            return _load_full(strategy, path, optimizers[:n_optimizers], check, verify, trust)
-        return _load_sharded(strategy, path, optimizers[:n_optimizers], check, verify, trust)
+            return _load_full(strategy, path, optimizers[:n_optimizers], check, verify, trust, strict)
+        return _load_sharded(strategy, path, optimizers[:n_optimizers], check, verify, trust, strict)
 
 
 def _load_full(
@@ -363,6 +377,7 @@ def _load_full(
     check: MetaCheck | None,
     verify: bool,
     trust: bool,
+    strict: bool,
 ) -> dict[str, Any]:
     tensors: dict[str, Any] = {}
     # on every rank: under FSDP with manual wrap() learning the shapes is collective
@@ -379,7 +394,7 @@ def _load_full(
         if archive is not None:
             archive.finish()
         if is_lightning_checkpoint(checkpoint):  # [Note: Lightning checkpoints] in lightning.py
-            check_state_dict_matches(shapes, checkpoint["state_dict"])  # before its optimizer states
+            check_state_dict_matches(shapes, checkpoint["state_dict"], strict)  # before its optimizer states
             checkpoint = convert_checkpoint(
                 checkpoint, str(path), module=strategy.module, optimizers=optimizers, shapes=shapes
             )
@@ -388,7 +403,9 @@ def _load_full(
         saved_states = checkpoint.get("optimizer_states") or []
         groups = [s.get("param_groups", []) for s in saved_states if isinstance(s, dict)]
         check_meta(checkpoint, path, optimizers, check, groups if len(groups) == len(saved_states) else None)
-        check_state_dict_matches(shapes, checkpoint["state_dict"])
+        check_state_dict_matches(shapes, checkpoint["state_dict"], strict)
+        if not strict:  # only the keys the model has: the rest has nowhere to go
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in shapes}
         tensors["state_dict"] = checkpoint.pop("state_dict")
         tensors["optimizer_states"] = checkpoint.pop("optimizer_states")
         return checkpoint
@@ -399,7 +416,9 @@ def _load_full(
         model_state, optimizer_states = tensors["state_dict"], tensors["optimizer_states"][: len(optimizers)]
     else:
         model_state, optimizer_states = {}, [{} for _ in optimizers]
-    strategy.set_state(model_state, optimizer_states, optimizers, full=True, from_rank0=from_rank0)
+    strategy.set_state(
+        model_state, optimizer_states, optimizers, full=True, from_rank0=from_rank0, strict=strict
+    )
     return meta
 
 
@@ -419,10 +438,11 @@ def _load_sharded(
     check: MetaCheck | None,
     verify: bool,
     trust: bool,
+    strict: bool,
 ) -> dict[str, Any]:
     expected = strategy.full_shapes()  # on every rank, as in _load_full
 
-    def read() -> tuple[CommitRecord, dict[str, Any], set[int]]:
+    def read() -> tuple[CommitRecord, dict[str, Any], set[int], set[str]]:
         record = CommitRecord.read(path)
         data = path / record.data
         # every file the record lists there, at its size (format 2: the two parsed here; the
@@ -443,8 +463,8 @@ def _load_sharded(
         stepped = {i for i in range(len(optimizers)) if any(k.startswith(f"optimizers.{i}.") for k in shapes)}
         restore_tied(saved, meta.get(TIED_KEY))
         # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
-        missing = sorted(set(expected) - set(saved))
-        unexpected = sorted(set(saved) - set(expected))
+        missing = sorted(set(expected) - set(saved)) if strict else []
+        unexpected = sorted(set(saved) - set(expected)) if strict else []
         mismatched = [
             f"{k} (checkpoint {tuple(saved[k])}, model {tuple(expected[k])})"
             for k in sorted(set(saved) & set(expected))
@@ -452,15 +472,17 @@ def _load_sharded(
         ]
         if missing or unexpected or mismatched:
             raise StateDictMismatchError(missing, unexpected, mismatched)
-        return record, meta, stepped
+        return record, meta, stepped, set(saved)
 
-    record, meta, stepped = _decide(strategy, read)
+    record, meta, stepped, saved_keys = _decide(strategy, read)
     check_shares(strategy, path, record, verify)
     model_state, optimizer_states = strategy.get_state(optimizers, full=False, to_load=True)
     # the aliases are not in the DCP files: read the canonical tensors, then hand each alias its
     # canonical one ([Note: tied parameters stored once] in io.py)
     tied = {a: c for a, c in meta.get(TIED_KEY, {}).items() if a in model_state and c in model_state}
     model_state = {k: v for k, v in model_state.items() if k not in tied}
+    if not strict:  # read what the checkpoint has; the model keeps the rest
+        model_state = {k: v for k, v in model_state.items() if k in saved_keys}
     state: dict[str, Any] = {"model": model_state}
     if stepped:  # no empty "optimizers": DCP's FSDP1 planner would look for it as a key of its own
         state["optimizers"] = {str(i): optimizer_states[i]["state"] for i in sorted(stepped)}
@@ -479,13 +501,7 @@ def _load_sharded(
         {"state": state.get("optimizers", {}).get(str(i), {}), "param_groups": groups[i]}
         for i in range(len(optimizers))
     ]
-    strategy.set_state(state["model"], optimizer_states, optimizers, full=False, from_rank0=False)
+    strategy.set_state(
+        state["model"], optimizer_states, optimizers, full=False, from_rank0=False, strict=strict
+    )
     return meta
-
-
-def strip_tensors(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """A shallow copy of ``checkpoint`` without its model and optimizer states."""
-    out = copy.copy(checkpoint)
-    out.pop("state_dict", None)
-    out.pop("optimizer_states", None)
-    return out

@@ -103,7 +103,7 @@ def load_module_from_checkpoint(
     cls: type[M],
     checkpoint_path: str | Path,
     map_location: Any = None,
-    strict: bool = True,
+    strict: bool | None = None,
     trust_checkpoint: bool = False,
     **kwargs: Any,
 ) -> M:
@@ -116,7 +116,8 @@ def load_module_from_checkpoint(
         map_location: as for ``torch.load``; default: the device each tensor was saved from, or
             the CPU when that device is not available. A sharded checkpoint takes a device only.
         strict: the checkpoint's weights and the module's must have exactly the same names (shapes
-            must match either way).
+            must match either way); None (the default): the module's ``strict_loading`` (True
+            unless the class sets it), as Lightning.
         trust_checkpoint: unpickle the checkpoint unrestricted, which runs any code its files name
             (only for one from someone you trust). By default it is read with
             ``weights_only=True``: anything but plain data is refused before the module is created.
@@ -151,6 +152,8 @@ def load_module_from_checkpoint(
     if callable(on_load_checkpoint):
         on_load_checkpoint(checkpoint)
 
+    if strict is None:
+        strict = bool(getattr(model, "strict_loading", True))
     state_dict = checkpoint["state_dict"]
     expected = {k: v.shape for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     check_state_dict_matches(expected, state_dict, strict=strict)

@@ -52,7 +52,7 @@ def torch_load_globals() -> tuple[Any, ...]:
     something fullshard itself wrote.
 
     Only NumPy's legacy random state of checkpoints written before [Note: portable RNG states]
-    (trainer/checkpointing.py): ``('MT19937', uint32 ndarray, int, int, float)``. An ndarray is
+    (checkpoint/manager.py): ``('MT19937', uint32 ndarray, int, int, float)``. An ndarray is
     pickled as ``_reconstruct(ndarray, ...)`` plus its ``dtype`` and raw bytes; torch documents
     these as safe to allowlist. ``_reconstruct`` is admitted under NumPy 1's and NumPy 2's module
     names (a file written under one, read under the other), and of the dtype classes only uint32's

@@ -546,6 +546,7 @@ class FSDPStrategy(ParallelStrategy):
         *,
         full: bool,
         from_rank0: bool,
+        strict: bool = True,
     ) -> None:
         aliases = find_aliases(self._require_model(), torch_fsdp().FullyShardedDataParallel)
         with detached(aliases):
@@ -555,6 +556,7 @@ class FSDPStrategy(ParallelStrategy):
                 optimizers,
                 full=full,
                 from_rank0=from_rank0,
+                strict=strict,
             )
 
     @override

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fullshard.errors import MisconfigurationError
 
 if TYPE_CHECKING:
-    from torch.distributed.fsdp import CPUOffload, ShardingStrategy
+    from torch.distributed.fsdp import CPUOffload
 
 
 def torch_fsdp() -> Any:
@@ -41,11 +41,6 @@ def sharding_name(value: Any, accepted: tuple[str, ...] = SHARDING_NAMES, owner:
         f"sharding_strategy={value!r} is not a sharding strategy{owner}. Use one of {valid} (any case), "
         "or a torch.distributed.fsdp.ShardingStrategy of those names."
     )
-
-
-def parse_sharding_strategy(value: Any) -> ShardingStrategy:
-    """``"FULL_SHARD"`` (any case) or the torch enum -> the torch enum."""
-    return torch_fsdp().ShardingStrategy[sharding_name(value)]  # type: ignore[no-any-return]
 
 
 def parse_cpu_offload(value: Any) -> CPUOffload:

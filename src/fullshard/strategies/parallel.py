@@ -9,9 +9,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -314,34 +312,6 @@ class ParallelStrategy(Strategy):
         _failed = True
 
     # ------------------------------------------------------- checkpoints (never timed as stuck)
-    @override
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer] = ()
-    ) -> None:
-        with stuck_ranks.paused():
-            super().save_checkpoint(checkpoint, path, optimizers)
-
-    @override
-    def load_checkpoint(
-        self,
-        path: str | Path,
-        optimizers: Sequence[Optimizer] = (),
-        *,
-        weights_only: bool = False,
-        check: Callable[[dict[str, Any]], None] | None = None,
-        verify: bool = True,
-        trust_checkpoint: bool = False,
-    ) -> dict[str, Any]:
-        with stuck_ranks.paused():
-            return super().load_checkpoint(
-                path,
-                optimizers,
-                weights_only=weights_only,
-                check=check,
-                verify=verify,
-                trust_checkpoint=trust_checkpoint,
-            )
-
     @override
     def wait_for_checkpoint(self) -> None:
         with stuck_ranks.paused():

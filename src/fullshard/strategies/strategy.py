@@ -451,14 +451,16 @@ class Strategy:
         *,
         full: bool,
         from_rank0: bool,
+        strict: bool = True,
     ) -> None:
         """Load states produced by :meth:`get_state`. With ``from_rank0`` only rank 0 passes data,
-        which is broadcast to the other ranks piece by piece (each rank keeps only its shards)."""
+        which is broadcast to the other ranks piece by piece (each rank keeps only its shards).
+        ``strict=False``: ``model_state`` may hold part of the model's keys; the rest stays."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         self.wait_for_checkpoint_copy()  # a background save may still be reading the tensors loaded into
         model = self._require_model()
-        options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
+        options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0, strict=strict)
         set_model_state_dict(model, model_state, options=options)
         broadcast = self.broadcast if from_rank0 else None
         load_optimizer_states(model, optimizer_states, optimizers, options, broadcast)
@@ -466,7 +468,7 @@ class Strategy:
     def _state_dict_options(self, *, full: bool) -> StateDictOptions:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        # cpu_offload=True crashed (SIGSEGV) under FSDP1 on CPU with gloo in our probe (DESIGN.md).
+        # cpu_offload=True: SIGSEGV under FSDP1 on CPU/gloo (docs/design.md, "State dicts and checkpoints").
         return StateDictOptions(full_state_dict=full, cpu_offload=False)
 
     def module_state_dict(self) -> dict[str, Any]:
@@ -488,17 +490,29 @@ class Strategy:
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer] = ()
     ) -> None:
-        """Write ``checkpoint`` with the model's and ``optimizers``' states to ``path`` (collective).
+        """Write ``checkpoint`` to ``path`` (collective), as Lightning's ``Strategy.save_checkpoint``.
 
-        The format follows :attr:`state_dict_type`: ``"full"`` writes one file from rank 0,
-        ``"sharded"`` one directory with a file per rank; both commit atomically. With
-        :attr:`async_save` it returns at once: the state is copied to host memory (optimizer steps
-        wait for the copy: :meth:`wait_for_checkpoint_copy`), and the files are written and
-        committed in the background (see :meth:`wait_for_checkpoint`).
+        The Trainer saves through its :class:`~fullshard.checkpoint.manager.CheckpointManager`,
+        which builds the whole dict; this is for a dict built by hand. Its ``"state_dict"`` and
+        ``"optimizer_states"`` are written as they are; where it has none, the model's and
+        ``optimizers``' states are taken (:meth:`get_state`). The format follows
+        :attr:`state_dict_type`: ``"full"`` writes one file from rank 0, ``"sharded"`` one
+        directory with a file per rank; both commit atomically. With :attr:`async_save` it returns
+        at once: the state is copied to host memory (optimizer steps wait for the copy:
+        :meth:`wait_for_checkpoint_copy`), and the files are written and committed in the
+        background (see :meth:`wait_for_checkpoint`).
         """
-        from fullshard.checkpoint import engine
+        from fullshard.checkpoint import async_save, engine
+        from fullshard.launch import stuck_ranks
 
-        engine.save(self, checkpoint, path, optimizers)
+        with stuck_ranks.paused():  # checkpoint I/O is never timed as a stuck rank
+            if "state_dict" not in checkpoint:
+                async_save.wait(self)  # one save at a time: the state is read after the last copy
+                model_state, optimizer_states = self.get_state(
+                    optimizers, full=self.state_dict_type != "sharded"
+                )
+                checkpoint = {**checkpoint, "state_dict": model_state, "optimizer_states": optimizer_states}
+            engine.save(self, checkpoint, path, optimizers)
 
     def load_checkpoint(
         self,
@@ -509,6 +523,7 @@ class Strategy:
         check: Callable[[dict[str, Any]], None] | None = None,
         verify: bool = True,
         trust_checkpoint: bool = False,
+        strict: bool = True,
     ) -> dict[str, Any]:
         """Load the model (and optimizer) states of a checkpoint of either format into place and
         return the rest of it (collective). Nothing changes when the checkpoint is incomplete, damaged,
@@ -519,19 +534,23 @@ class Strategy:
         loads a damaged checkpoint's bytes as they are. ``trust_checkpoint``: unpickle it
         unrestricted, which runs any code its files name; by default anything but plain data
         raises ``UntrustedCheckpointError`` (docs/checkpoints.md, "Loading checkpoints you did not
-        write"). Only for a checkpoint from someone you trust.
+        write"). Only for a checkpoint from someone you trust. ``strict=False``: the checkpoint may
+        hold part of the model's state (the rest stays as it is), as ``load_state_dict(strict=False)``.
         """
         from fullshard.checkpoint import engine
+        from fullshard.launch import stuck_ranks
 
-        return engine.load(
-            self,
-            path,
-            optimizers,
-            weights_only=weights_only,
-            check=check,
-            verify=verify,
-            trust=trust_checkpoint,
-        )
+        with stuck_ranks.paused():
+            return engine.load(
+                self,
+                path,
+                optimizers,
+                weights_only=weights_only,
+                check=check,
+                verify=verify,
+                trust=trust_checkpoint,
+                strict=strict,
+            )
 
     def wait_for_checkpoint(self) -> None:
         """Wait until the checkpoint being written in the background (``async_save``), if any, is

@@ -56,7 +56,8 @@ class DataSources:
 
 
 # LightningModule hooks that fullshard does not call, with what to do instead. A hook that
-# exists in Lightning and is silently not called is the worst kind of gap (DESIGN.md).
+# exists in Lightning and is silently not called is the worst kind of gap (docs/design.md,
+# "Where users' code meets fullshard").
 _LIGHTNING_ONLY_HOOKS = {
     "configure_sharded_model": "rename it configure_model",
 }

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fullshard.trainer import checkpointing
+from fullshard.checkpoint.manager import best_checkpoint_path
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
@@ -24,7 +24,7 @@ def spawn_report(trainer: Trainer, state_dict: dict[str, torch.Tensor]) -> dict[
         "logged_metrics": {k: v.cpu() for k, v in trainer.logged_metrics.items()},
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
-        "best_model_path": checkpointing.best_checkpoint_path(trainer),
+        "best_model_path": best_checkpoint_path(trainer),
     }
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from fullshard.checkpoint.manager import CheckpointManager, LoadOptions, best_checkpoint_path, load_options
 from fullshard.compile import parse_compile
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
@@ -27,7 +28,7 @@ from fullshard.precision import alias_warning
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn, set_global_rank
 from fullshard.strategies import Strategy
-from fullshard.trainer import arguments, checkpointing, nonfinite, preemption
+from fullshard.trainer import arguments, nonfinite, preemption
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import (
     configure_torch,
@@ -280,6 +281,8 @@ class Trainer(TrainerProperties):
         self._data: DataSources | None = None  # where the current call's loaders come from
         self._metrics = MetricsCollector(self._strategy.all_reduce_data_parallel)
         self._spawn_state: dict[str, torch.Tensor] = {}
+        #: Builds, saves and loads this Trainer's checkpoints (fullshard's own; not in Lightning).
+        self.checkpoint_manager = CheckpointManager(self)
         self.validate_loop = EvaluationLoop(self, self._metrics, "validate")
         self.test_loop = EvaluationLoop(self, self._metrics, "test")
         self.predict_loop = EvaluationLoop(self, self._metrics, "predict")
@@ -324,9 +327,7 @@ class Trainer(TrainerProperties):
         """
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
-        self._ckpt_options = checkpointing.load_options(
-            ckpt_path, ckpt_weights_only, ckpt_verify, trust_checkpoint
-        )
+        self._ckpt_options = load_options(ckpt_path, ckpt_weights_only, ckpt_verify, trust_checkpoint)
         sources = make_sources(datamodule, train=train_dataloaders, val=val_dataloaders)
         self._preflight("fit", model, sources)
         self._launch("fit", model, sources, ckpt_path)
@@ -345,7 +346,7 @@ class Trainer(TrainerProperties):
         """Run one validation pass; returns the epoch values logged in it, one dict per dataloader
         (``dataloaders``: one DataLoader, or a list, tuple or dict of them, run in turn).
         ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`."""
-        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
+        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
         return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
     def test(
@@ -361,7 +362,7 @@ class Trainer(TrainerProperties):
     ) -> list[dict[str, float]]:
         """Run one pass over the test data with ``test_step``; returns one metrics dict per dataloader.
         ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`."""
-        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
+        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
         return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
     def predict(
@@ -386,7 +387,7 @@ class Trainer(TrainerProperties):
         processes with ``self.all_gather`` in ``on_predict_epoch_end`` if you need all of them.
         ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`.
         """
-        self._ckpt_options = checkpointing.load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
+        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
         keep = True if return_predictions is None else return_predictions
         result = self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule, keep)
         return result if keep else None
@@ -410,7 +411,7 @@ class Trainer(TrainerProperties):
                     f"model: trainer.{stage}(model, dataloaders)."
                 )
             model = self._module
-            if ckpt_path is None and self._fitted and checkpointing.best_checkpoint_path(self) is not None:
+            if ckpt_path is None and self._fitted and best_checkpoint_path(self) is not None:
                 ckpt_path = "best"
                 rank_zero_info(
                     f"Trainer.{stage}() without a model uses the best checkpoint of the previous fit; pass "
@@ -434,11 +435,7 @@ class Trainer(TrainerProperties):
             raise RuntimeError(
                 "save_checkpoint() needs a model that was set up by fit(), validate(), test() or predict() first."
             )
-        checkpoint = checkpointing.dump_checkpoint(self)
-        optimizers = () if weights_only else self.optimizers
-        if weights_only:
-            checkpoint["lr_schedulers"] = []
-        self._strategy.save_checkpoint(checkpoint, filepath, optimizers)
+        self.checkpoint_manager.save(filepath, weights_only)
 
     def _preflight(self, stage: str, model: Any, sources: DataSources) -> None:
         check_call(stage, model, sources)
@@ -500,7 +497,7 @@ class Trainer(TrainerProperties):
                 cb.on_exception(self, model, exception)
             if datamodule is not None:
                 datamodule.on_exception(exception)
-            checkpointing.finish_background_save(strategy, exception)
+            self.checkpoint_manager.finish_after_failure(exception)
             finalize_loggers(self, "failed")
             raise
         finally:
@@ -529,7 +526,7 @@ class Trainer(TrainerProperties):
             checkpoint,
             self.ckpt_path,
         ) = (  # before the loaders are built, as Lightning (on_load_checkpoint first)
-            checkpointing.load_for_stage(self, ckpt_path, stage, self._ckpt_options)
+            self.checkpoint_manager.load(ckpt_path, stage, self._ckpt_options)
             if ckpt_path is not None
             else (None, None)
         )
@@ -550,7 +547,7 @@ class Trainer(TrainerProperties):
         self.fit_loop.run(model, sources, checkpoint, hooks)
         hooks.call("on_fit_end")
         # fit returns once every checkpoint it started is committed; a failed one raises here
-        self._strategy.wait_for_checkpoint()
+        self.checkpoint_manager.wait()
         self._fitted = True
         if isinstance(self._strategy.launcher, SpawnLauncher):
             # gathering the weights is collective (FSDP): every rank takes part, rank 0 sends them
@@ -559,7 +556,7 @@ class Trainer(TrainerProperties):
         return None
 
     _fitted = False
-    _ckpt_options = checkpointing.LoadOptions()  # how the current call loads its ckpt_path
+    _ckpt_options = LoadOptions()  # how the current call loads its ckpt_path
 
     def _setup_model(self, model: Module, stage: str) -> None:
         strategy = self._strategy

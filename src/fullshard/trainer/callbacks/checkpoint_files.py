@@ -116,7 +116,7 @@ def removable(previous: str, current: str, resumed_from: str | None, dirpath: st
 
 def remove_once_committed(trainer: Trainer, paths: list[str]) -> None:
     """Delete ``paths`` on rank 0 once the checkpoints of the current save event are committed
-    (see [Note: atomic commit] in model_checkpoint.py); collective."""
+    (see [Note: evicted files deleted after the commit] in model_checkpoint.py); collective."""
 
     def remove() -> None:
         if trainer.is_global_zero:

@@ -14,7 +14,7 @@ time-triggered save whose ``monitor`` has not been logged yet (a validation metr
 first validation) is put off: it happens after the next validation when checkpoints are taken
 there, else at the next trigger that finds the metric.
 
-[Note: atomic commit]
+[Note: evicted files deleted after the commit]
 ``trainer.save_checkpoint`` commits a checkpoint atomically. A checkpoint that falls out of the
 top ``k`` (or an older ``last``) is deleted only after every checkpoint of the same save event,
 ``last`` included, has been committed, so an interrupted save never leaves fewer complete
@@ -511,7 +511,7 @@ class ModelCheckpoint(Callback):
         return removable(previous, current, trainer.ckpt_path, self.dirpath)
 
     def _remove_pending(self, trainer: Trainer) -> None:
-        """Delete what this save event evicted (see [Note: atomic commit])."""
+        """Delete what this save event evicted (see [Note: evicted files deleted after the commit])."""
         if not self._to_remove:
             return
         live = {

@@ -69,11 +69,6 @@ class EvaluationLoop:
         return sum(self.max_batches)
 
     @property
-    def num_dataloaders(self) -> int:
-        """How many dataloaders the stage runs."""
-        return len(self.loaders)
-
-    @property
     def batches_per_loader(self) -> list[int | float]:
         """Batches per run, one entry per dataloader (Lightning's form)."""
         return list(self.max_batches)

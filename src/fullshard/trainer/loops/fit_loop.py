@@ -35,7 +35,7 @@ from fullshard.launch import stuck_ranks
 from fullshard.module import Module
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.seed import current_seed
-from fullshard.trainer import checkpointing, data_setup, nonfinite, preemption
+from fullshard.trainer import data_setup, nonfinite, preemption
 from fullshard.trainer.loggers import send_to_loggers
 from fullshard.trainer.loops.progress import Progress
 from fullshard.trainer.optimization import Optimization
@@ -272,7 +272,7 @@ class FitLoop:
             )
             self._warn_if_nothing_logged()
             if checkpoint is not None:
-                checkpointing.restore_rng_states(trainer, checkpoint)
+                trainer.checkpoint_manager.restore_rng_states(checkpoint)
             hooks.call("on_train_start")
             while not self.done():
                 self.reload.before_epoch(self)  # reload_dataloaders_every_n_epochs
@@ -407,7 +407,8 @@ class FitLoop:
                 if not with_hooks:
                     self._optimizer_step(hooks)
                 self._after_optimizer_step()
-            # at every boundary, stepped or skipped: see [Note: preemption, agreed without a per-step ...]
+            # at every boundary, stepped or skipped: see
+            # [Note: preemption, agreed without a per-step collective] in fullshard.trainer.preemption
             if boundary and preempt.requested and preempt.should_stop(progress.total_batch_idx):
                 preempt.save_and_exit(trainer)
             if stepped and strategy.pending_checkpoint is not None:  # a checkpoint written in the background

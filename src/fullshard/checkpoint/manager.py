@@ -1,14 +1,19 @@
-"""Assembling a checkpoint from the Trainer's state, and restoring the Trainer from one.
+"""The Trainer's checkpoints, owned by one object: :class:`CheckpointManager` builds a checkpoint
+(the Trainer's state, the callbacks', the model and optimizer tensors in the strategy's format),
+runs the save hooks on it, saves it (full or sharded, in the foreground or the background through
+:mod:`fullshard.checkpoint.engine`), resolves ``"last"``/``"best"``, loads a checkpoint and
+restores the Trainer from it. The strategy only provides its model and optimizer states
+(``get_state``), loads them back (``set_state``) and lends its collectives.
 
-The layout (see DESIGN.md, checkpoint contract)::
+The layout of a checkpoint (docs/design.md, "The checkpoint contract")::
 
     {
       "fullshard_version": str, "strategy": str, "world_size": int, "data_parallel_size": int,
       "optimizer_count": int,
       "optimizer_types": [class name of each optimizer]  (checked on resume; added by the engine)
-      "state_dict": model state (full, unwrapped key names)          } full format only; the
-      "optimizer_states": [one per optimizer]                         } sharded one keeps them in DCP
-      "lr_schedulers": [one per scheduler],
+      "state_dict": model state (full, unwrapped key names)          } in the file of the full
+      "optimizer_states": [one per optimizer]                         } format; the sharded one
+      "lr_schedulers": [one per scheduler],                             keeps them in DCP
       "grad_scaler": dict,
       "loops": {"epoch", "global_step", "batches_that_stepped", "batches_in_epoch", "samples_in_epoch",
                 "epoch_finished", "total_batch_idx", "data_seed"},
@@ -16,6 +21,12 @@ The layout (see DESIGN.md, checkpoint contract)::
       "epoch": int, "global_step": int, "pytorch-lightning_version": str,   for Lightning's readers
       <DataModule class name>: its state_dict(), when not empty (as Lightning)
     }
+
+The save hooks (each callback's ``on_save_checkpoint``, then the module's) see all of it, the
+model and optimizer states included: whole tensors for a full checkpoint, this rank's shards for
+a sharded one, as Lightning gives them. What a hook removes or changes is what is written (a
+LoRA module that keeps only its adapter weights writes only those; ``strict_loading = False``
+on the module loads such a checkpoint into a whole model).
 
 Everything in it loads with ``torch.load(weights_only=True)`` (which Lightning's
 ``load_from_checkpoint`` uses) as long as the hyperparameters and callback states are plain
@@ -36,17 +47,168 @@ from typing import TYPE_CHECKING, Any
 from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
+from fullshard.launch import stuck_ranks
 from fullshard.seed import rng_states, set_rng_states
-from fullshard.trainer.callbacks.checkpoint_files import commit_time
 
 if TYPE_CHECKING:
-    from fullshard.strategies import Strategy
     from fullshard.trainer.trainer import Trainer
 
+# engine and async_save are imported where used: they import torch's distributed checkpointing,
+# which a run that never saves does not pay for at start-up (benchmarks/overhead.py)
 
-def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
-    """Everything needed to resume except the model and optimizer tensors, which the strategy
-    adds in its own format. A collective call: every rank must make it."""
+TENSOR_ENTRIES = ("state_dict", "optimizer_states")  # what the strategy provides, in its format
+
+
+class CheckpointManager:
+    """One Trainer's checkpoints: :meth:`save`, :meth:`load` (for a stage's ``ckpt_path``),
+    :meth:`restore_rng_states`, the background save (:meth:`wait`, :meth:`finish_after_failure`)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+
+    # ------------------------------------------------------------------------------ saving
+    def dump(self, weights_only: bool = False) -> dict[str, Any]:
+        """The whole checkpoint, the model and optimizer states in the strategy's format, after
+        the save hooks ran on it. A collective call: every rank must make it."""
+        trainer = self._trainer
+        strategy = trainer.strategy
+        checkpoint = trainer_state(trainer)
+        if weights_only:
+            checkpoint["lr_schedulers"] = []
+        optimizers = () if weights_only else trainer.optimizers
+        full = strategy.state_dict_type != "sharded"
+        self.wait()  # one save at a time: the previous one's copy is done with the state
+        with stuck_ranks.paused():  # gathering a full state is checkpoint I/O, not a stuck rank
+            model_state, optimizer_states = strategy.get_state(optimizers, full=full)
+        checkpoint["state_dict"] = model_state
+        checkpoint["optimizer_states"] = optimizer_states
+        module = trainer.lightning_module
+        for callback in trainer.callbacks:  # Lightning's order: callbacks, then the module
+            callback.on_save_checkpoint(trainer, module, checkpoint)
+        module.on_save_checkpoint(checkpoint)
+        if trainer.is_global_zero:  # what every rank would say: once, before a load refuses it
+            warn_not_plain({k: v for k, v in checkpoint.items() if k not in TENSOR_ENTRIES})
+        return checkpoint
+
+    def save(self, path: str | Path, weights_only: bool = False) -> None:
+        """Build the checkpoint (:meth:`dump`) and write it to ``path`` in the strategy's format;
+        with ``async_save`` the files are written in the background (see
+        [Note: asynchronous commit] in async_save.py). Collective."""
+        from fullshard.checkpoint import engine
+
+        trainer = self._trainer
+        checkpoint = self.dump(weights_only)
+        optimizers = () if weights_only else trainer.optimizers
+        with stuck_ranks.paused():
+            engine.save(trainer.strategy, checkpoint, path, optimizers)
+
+    def wait(self) -> None:
+        """Wait until the checkpoint being written in the background, if any, is committed (its
+        failure raised). Collective."""
+        from fullshard.checkpoint import async_save
+
+        with stuck_ranks.paused():
+            async_save.wait(self._trainer.strategy)
+
+    def finish_after_failure(self, exception: BaseException) -> None:
+        """When a run fails, let the checkpoint being written in the background commit: it is
+        complete, and the last state before the failure. Its own failure, if any, is reported
+        beside the run's exception, which goes on."""
+        try:
+            self.wait()
+        except CheckpointError as err:
+            warnings.warn(f"{err} (The run itself failed with {type(exception).__name__}.)", stacklevel=3)
+
+    # ----------------------------------------------------------------------------- loading
+    def load(
+        self, ckpt_path: str | Path, stage: str, options: LoadOptions
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Load ``ckpt_path`` (a path, ``"last"`` or ``"best"``) for ``stage``: the whole training
+        state for ``fit``, the weights otherwise (and for ``fit(ckpt_weights_only=True)``). Returns
+        the checkpoint's other contents (None where nothing more is restored, or no checkpoint was
+        found) and the path it resolved to. Collective."""
+        from fullshard.checkpoint import engine
+
+        trainer = self._trainer
+        path = resolve_ckpt_path(trainer, ckpt_path, stage)
+        if path is None:
+            return None, None
+        strategy = trainer.strategy
+        module = trainer.lightning_module
+        strict = bool(getattr(module, "strict_loading", True))
+        weights_only = stage != "fit" or options.weights_only
+        with stuck_ranks.paused():
+            checkpoint = engine.load(
+                strategy,
+                path,
+                () if weights_only else trainer.optimizers,
+                weights_only=weights_only,
+                check=None if weights_only else scheduler_check(trainer, path),
+                verify=options.verify,
+                trust=options.trust,
+                strict=strict,
+            )
+        if weights_only:
+            module.on_load_checkpoint(checkpoint)
+            for callback in trainer.callbacks:
+                callback.on_load_checkpoint(trainer, module, checkpoint)
+            return (checkpoint if stage != "fit" else None), path  # fine-tuning: fresh loops and RNG states
+        self.restore(checkpoint)
+        return checkpoint, path
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Restore schedulers, scaler, callbacks and loop progress (the strategy loaded the tensors).
+
+        RNG states are restored separately by :meth:`restore_rng_states`, as the last thing before
+        the loop runs, so that nothing between here and the first step consumes random numbers.
+        """
+        trainer = self._trainer
+        strategy = trainer.strategy
+        module = trainer.lightning_module
+        # Lightning's order: the module, the DataModule, then each callback's hook and state
+        module.on_load_checkpoint(checkpoint)
+        datamodule = trainer.datamodule
+        if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
+            datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
+        for callback in trainer.callbacks:
+            callback.on_load_checkpoint(trainer, module, checkpoint)
+        callback_states = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            if callback.state_key in callback_states:
+                callback.load_state_dict(callback_states[callback.state_key])
+        for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
+            config.scheduler.load_state_dict(state)
+        strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
+        if is_lightning_checkpoint(checkpoint):
+            _warn_unused_callback_states(trainer, checkpoint)
+        # loop progress is put back when the fit loop starts, after on_fit_start (as in Lightning),
+        # with the number of data replicas that wrote it (see [Note: resuming at another world size]):
+        # the processes, in checkpoints written before tensor parallelism recorded it apart
+        replicas = checkpoint.get("data_parallel_size", checkpoint.get("world_size"))
+        trainer.fit_loop.load_state_dict({"world_size": replicas, **checkpoint["loops"]})
+
+    def restore_rng_states(self, checkpoint: dict[str, Any]) -> None:
+        """Put this rank's RNG states back as they were when the checkpoint was written."""
+        states = checkpoint.get("rng_states")
+        if not states:
+            return
+        trainer = self._trainer
+        rank, world_size = trainer.strategy.global_rank, trainer.strategy.world_size
+        if len(states) != world_size:
+            if trainer.is_global_zero:  # once, not once per process
+                warnings.warn(
+                    f"The checkpoint was written by {len(states)} process(es) and is resumed by {world_size}: "
+                    "random-number states are not restored, so dropout and shuffling will differ from an "
+                    "uninterrupted run.",
+                    stacklevel=2,
+                )
+            return
+        set_rng_states(_native(states[rank]))
+
+
+def trainer_state(trainer: Trainer) -> dict[str, Any]:
+    """What the Trainer owns of a checkpoint: everything but the model and optimizer states, and
+    before the hooks. A collective call (the RNG states are gathered to rank 0)."""
     import fullshard
 
     strategy = trainer.strategy
@@ -69,11 +231,6 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
     datamodule = trainer.datamodule
     if datamodule is not None and (state := datamodule.state_dict()):
         checkpoint[type(datamodule).__qualname__] = state  # where Lightning keeps it
-    for callback in trainer.callbacks:  # Lightning's order: callbacks, then the module
-        callback.on_save_checkpoint(trainer, module, checkpoint)
-    module.on_save_checkpoint(checkpoint)
-    if trainer.is_global_zero:  # what every rank would say: once, before a load refuses it
-        warn_not_plain(checkpoint)
     return checkpoint
 
 
@@ -88,6 +245,8 @@ def dump_checkpoint(trainer: Trainer) -> dict[str, Any]:
 def newest_checkpoint(trainer: Trainer, stage: str) -> str | None:
     """What ``ckpt_path="last"`` means: the newest complete checkpoint in the ModelCheckpoint
     directories, as global rank 0 sees them; None (and a warning) when there is none. Collective."""
+    from fullshard.trainer.callbacks.checkpoint_files import commit_time
+
     newest: str | None = None
     if trainer.is_global_zero:
         found = [p for cb in trainer.checkpoint_callbacks if (p := cb.newest_checkpoint()) is not None]
@@ -140,37 +299,6 @@ def load_options(
     return LoadOptions(bool(weights_only), bool(verify), bool(trust))
 
 
-def load_for_stage(
-    trainer: Trainer, ckpt_path: str | Path, stage: str, options: LoadOptions
-) -> tuple[dict[str, Any] | None, str | None]:
-    """Load ``ckpt_path`` (a path, ``"last"`` or ``"best"``) for ``stage``: the whole training
-    state for ``fit``, the weights otherwise (and for ``fit(ckpt_weights_only=True)``). Returns
-    the checkpoint's other contents (None where nothing more is restored, or no checkpoint was
-    found) and the path it resolved to. Collective."""
-    path = resolve_ckpt_path(trainer, ckpt_path, stage)
-    if path is None:
-        return None, None
-    strategy = trainer.strategy
-    if stage != "fit" or options.weights_only:
-        checkpoint = strategy.load_checkpoint(
-            path, weights_only=True, verify=options.verify, trust_checkpoint=options.trust
-        )
-        module = trainer.lightning_module
-        module.on_load_checkpoint(checkpoint)
-        for callback in trainer.callbacks:
-            callback.on_load_checkpoint(trainer, module, checkpoint)
-        return (checkpoint if stage != "fit" else None), path  # fine-tuning: fresh loops and RNG states
-    checkpoint = strategy.load_checkpoint(
-        path,
-        trainer.optimizers,
-        check=scheduler_check(trainer, path),
-        verify=options.verify,
-        trust_checkpoint=options.trust,
-    )
-    restore_checkpoint(trainer, checkpoint)
-    return checkpoint, path
-
-
 def best_checkpoint_path(trainer: Trainer) -> str | None:
     """The best checkpoint of the first ModelCheckpoint, if it saved one."""
     callback = trainer.checkpoint_callback
@@ -211,37 +339,6 @@ def scheduler_check(trainer: Trainer, path: str | Path) -> Callable[[dict[str, A
     return check
 
 
-def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
-    """Restore schedulers, scaler, callbacks and loop progress (the strategy loaded the tensors).
-
-    RNG states are restored separately by :func:`restore_rng_states`, as the last thing before
-    the loop runs, so that nothing between here and the first step consumes random numbers.
-    """
-    strategy = trainer.strategy
-    module = trainer.lightning_module
-    # Lightning's order: the module, the DataModule, then each callback's hook and state
-    module.on_load_checkpoint(checkpoint)
-    datamodule = trainer.datamodule
-    if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
-        datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
-    for callback in trainer.callbacks:
-        callback.on_load_checkpoint(trainer, module, checkpoint)
-    callback_states = checkpoint.get("callbacks", {})
-    for callback in trainer.callbacks:
-        if callback.state_key in callback_states:
-            callback.load_state_dict(callback_states[callback.state_key])
-    for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
-        config.scheduler.load_state_dict(state)
-    strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
-    if is_lightning_checkpoint(checkpoint):
-        _warn_unused_callback_states(trainer, checkpoint)
-    # loop progress is put back when the fit loop starts, after on_fit_start (as in Lightning),
-    # with the number of data replicas that wrote it (see [Note: resuming at another world size]):
-    # the processes, in checkpoints written before tensor parallelism recorded it apart
-    replicas = checkpoint.get("data_parallel_size", checkpoint.get("world_size"))
-    trainer.fit_loop.load_state_dict({"world_size": replicas, **checkpoint["loops"]})
-
-
 def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     """One warning naming the callback states of a Lightning checkpoint that no callback of this
     run took (a callback takes the state saved under its own ``state_key``, which for
@@ -255,24 +352,6 @@ def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -
             "callback with the same arguments (for ModelCheckpoint: monitor, mode and save interval).",
             stacklevel=3,
         )
-
-
-def restore_rng_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
-    """Put this rank's RNG states back as they were when the checkpoint was written."""
-    states = checkpoint.get("rng_states")
-    if not states:
-        return
-    rank, world_size = trainer.strategy.global_rank, trainer.strategy.world_size
-    if len(states) != world_size:
-        if trainer.is_global_zero:  # once, not once per process
-            warnings.warn(
-                f"The checkpoint was written by {len(states)} process(es) and is resumed by {world_size}: "
-                "random-number states are not restored, so dropout and shuffling will differ from an "
-                "uninterrupted run.",
-                stacklevel=2,
-            )
-        return
-    set_rng_states(_native(states[rank]))
 
 
 # [Note: portable RNG states]
@@ -295,13 +374,3 @@ def _native(states: dict[str, Any]) -> dict[str, Any]:
 
     kind, keys, *rest = numpy_state
     return {**states, "numpy": (kind, np.asarray(keys, dtype=np.uint32), *rest)}
-
-
-def finish_background_save(strategy: Strategy, exception: BaseException) -> None:
-    """When a run fails, let the checkpoint being written in the background (``async_save``)
-    commit: it is complete, and the last state before the failure. Its own failure, if any, is
-    reported beside the run's exception, which goes on."""
-    try:
-        strategy.wait_for_checkpoint()
-    except CheckpointError as err:
-        warnings.warn(f"{err} (The run itself failed with {type(exception).__name__}.)", stacklevel=3)
