@@ -412,6 +412,20 @@ def test_jsonargparse_missing_says_how_to_install(tmp_path: Path) -> None:
     )
 
 
+def test_jsonargparse_too_old_says_how_to_upgrade(tmp_path: Path) -> None:
+    """An installed jsonargparse older than 4.49 (no instantiate(), no skip_unset) is refused at import."""
+    info = tmp_path / "jsonargparse-4.40.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: jsonargparse\nVersion: 4.40.0\n")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\nfrom fullshard.cli import LightningCLI\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert (
+        "ImportError: fullshard.cli.LightningCLI needs jsonargparse>=4.49 (older ones lack instantiate() and "
+        "skip_unset): pip install -U 'fullshard[cli]'" in result.stderr
+    ), result.stderr
+
+
 # ------------------------------------------------------------------------------- subcommands
 def test_validate_test_predict_with_ckpt_path(tmp_path: Path) -> None:
     fit = _cli("fit", "--trainer.max_epochs=2", "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor=val_loss",

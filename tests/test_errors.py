@@ -325,8 +325,6 @@ def test_missing_optional_packages_say_how_to_install_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The hint works however fullshard was installed: the package itself, or the extra from a clone."""
-    import importlib.util
-
     from fullshard.checkpoint import tools
     from fullshard.trainer import loggers
 
@@ -336,10 +334,7 @@ def test_missing_optional_packages_say_how_to_install_them(
         match=r"Install it with `pip install tensorboard` \(in a fullshard clone: `pip install -e '\.\[tensorboard\]'`\)",
     ):
         loggers.TensorBoardLogger(tmp_path)
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "safetensors" else find_spec(name, *a)
-    )
+    monkeypatch.setattr(tools, "_SAFETENSORS_AVAILABLE", False)
     with pytest.raises(
         ModuleNotFoundError,
         match=r"safetensors: pip install safetensors \(in a fullshard clone: pip install -e '\.\[safetensors\]'\)",

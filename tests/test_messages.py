@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,7 @@ def test_warnings_that_read_the_same_on_every_rank_print_once(tmp_path: Path) ->
         "second exists and is not empty.",
         "UserWarning: auto_wrap_policy selects no submodule of Tiny",
         "UserWarning: Tiny.load_from_checkpoint(strict=False) loaded",
+        "lightning_utilities' rank_zero_only ran",  # its rank set on both ranks by the Trainer
     ):
         assert output.count(text) == 1, f"{text!r} appears {output.count(text)} times:\n{output}"
     assert "rank 0 done" in output and "rank 1 done" in output
@@ -109,12 +112,64 @@ def test_rank_zero_warn_speaks_on_rank_zero_only(monkeypatch: pytest.MonkeyPatch
     from fullshard import rank_zero
     from fullshard.rank_zero import rank_zero_warn
 
-    monkeypatch.setattr(rank_zero, "_rank", 1)
+    monkeypatch.setattr(rank_zero.rank_zero_only, "rank", 1)
+    monkeypatch.setattr(rank_zero, "_recorded", True)  # as a Trainer on rank 1 records it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rank_zero_warn("from rank 1")
     assert caught == []
-    monkeypatch.setattr(rank_zero, "_rank", None)  # no Trainer yet, no process group: rank 0
+    monkeypatch.setattr(rank_zero.rank_zero_only, "rank", 0)
+    monkeypatch.setattr(rank_zero, "_recorded", False)  # no Trainer yet, no process group: rank 0
     with pytest.warns(RuntimeWarning, match="before any Trainer") as record:
         rank_zero_warn("before any Trainer", RuntimeWarning, stacklevel=1)
     assert record[0].filename == __file__  # stacklevel counts from the caller, as for warnings.warn
+
+
+def test_the_rank_is_lightning_utilities_rank_zero_only_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One record of the rank, lightning_utilities' (Lightning's): set_global_rank sets it, and
+    fullshard's rank_zero_only is that decorator."""
+    from lightning_utilities.core import rank_zero as shared
+
+    from fullshard import rank_zero
+
+    assert rank_zero.rank_zero_only is shared.rank_zero_only
+    monkeypatch.setattr(shared.rank_zero_only, "rank", shared.rank_zero_only.rank)  # restored after
+    monkeypatch.setattr(rank_zero, "_recorded", rank_zero._recorded)
+    ran: list[int] = []
+    record = rank_zero.rank_zero_only(ran.append)
+    rank_zero.set_global_rank(1)
+    assert (shared.rank_zero_only.rank, rank_zero.global_rank(), record(1)) == (1, 1, None)
+    rank_zero.set_global_rank(0)
+    record(0)
+    rank_zero.set_global_rank(None)  # forgotten: no process group here, so 0
+    assert (shared.rank_zero_only.rank, rank_zero.global_rank()) == (0, 0)
+    assert ran == [0]
+
+
+def test_rank_zero_only_works_before_any_trainer() -> None:
+    """lightning_utilities' decorator raises while its rank is unset: importing fullshard sets it
+    (to 0 until a Trainer records the rank: a launched rank before its Trainer, here, too) unless
+    something imported earlier did."""
+    code = (
+        "import fullshard\n"
+        "from fullshard.rank_zero import rank_zero_only\n"
+        "assert rank_zero_only(lambda: 'ran')() == 'ran'\n"
+        "from lightning_utilities.core.rank_zero import rank_zero_only as shared\n"
+        "assert shared.rank == 0\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LOCAL_RANK": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    code = (
+        "from lightning_utilities.core.rank_zero import rank_zero_only\n"
+        "rank_zero_only.rank = 3  # as Lightning sets it when imported first\n"
+        "from fullshard.rank_zero import global_rank\n"
+        "assert rank_zero_only.rank == global_rank() == 3\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

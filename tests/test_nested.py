@@ -71,3 +71,12 @@ def test_dataclass_fields_replaced_on_a_copy() -> None:
 def test_frozen_dataclass_says_what_to_do() -> None:
     with pytest.raises(ValueError, match=r"Frozen is a frozen dataclass.*frozen=False.*\.to\(device\)"):
         apply_to_collection(Frozen(torch.ones(1)), torch.Tensor, double)
+
+
+def test_a_frozen_dataclass_deep_in_the_batch_is_named() -> None:
+    @dataclasses.dataclass
+    class Outer:
+        items: list[object]
+
+    with pytest.raises(ValueError, match=r"^Frozen is a frozen dataclass"):
+        apply_to_collection({"batch": [Outer([Frozen(torch.ones(1))])]}, torch.Tensor, double)

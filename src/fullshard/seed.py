@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 from typing import Any
 
 import torch
+from lightning_utilities.core.imports import RequirementCache
 
-_NUMPY = importlib.util.find_spec("numpy") is not None
+_NUMPY = RequirementCache(module="numpy")  # checked at the first use (torch has imported numpy by then)
 _seed: int | None = None
 
 

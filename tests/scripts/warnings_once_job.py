@@ -5,7 +5,7 @@ python tests/scripts/warnings_once_job.py --out DIR
 Raises, while training: EarlyStopping's missing monitor (DDP), ModelCheckpoint's "dirpath
 changed" on resuming into another directory and "exists and is not empty" (DDP), the FSDP wrap
 plan's "selects no submodule"; after training: load_from_checkpoint(strict=False)'s partial
-load, on every rank.
+load, on every rank. A function under lightning_utilities' rank_zero_only, once a Trainer set its rank.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -57,6 +58,7 @@ if __name__ == "__main__":
     first = ModelCheckpoint(dirpath=out / "first")
     stopping = EarlyStopping(monitor="not_logged", strict=False, verbose=True, check_on_train_epoch_end=True)
     _trainer(callbacks=[first, stopping]).fit(Tiny(), data)
+    rank_zero_only(lambda: print("lightning_utilities' rank_zero_only ran", flush=True))()
 
     (out / "second").mkdir(exist_ok=True)
     (out / "second" / "notes.txt").touch()  # not empty

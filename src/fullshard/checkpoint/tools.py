@@ -8,7 +8,6 @@ copied from a cluster. ``torch.distributed.checkpoint`` is imported where it is 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning_utilities.core.imports import RequirementCache
 
 from fullshard.checkpoint.io import (
     _FILE_MODE,
@@ -217,8 +217,11 @@ def inspect(path: str | Path, verify_checksums: bool = False, trust_checkpoint: 
 
 
 # ------------------------------------------------------------------------------------- export
+_SAFETENSORS_AVAILABLE = RequirementCache("safetensors")
+
+
 def _safetensors() -> Any:
-    if importlib.util.find_spec("safetensors") is None:
+    if not _SAFETENSORS_AVAILABLE:
         raise ModuleNotFoundError(
             "Exporting to safetensors needs the optional dependency safetensors: pip install safetensors "
             "(in a fullshard clone: pip install -e '.[safetensors]')."

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import override
 
 try:
@@ -37,6 +38,11 @@ except ImportError as _err:  # pragma: no cover - the test extra installs it
         "fullshard.cli.LightningCLI needs jsonargparse, which is not installed: "
         "pip install 'fullshard[cli]' (or pip install 'jsonargparse[signatures]')."
     ) from _err
+if not RequirementCache("jsonargparse>=4.49"):
+    raise ImportError(
+        "fullshard.cli.LightningCLI needs jsonargparse>=4.49 (older ones lack instantiate() and skip_unset): "
+        "pip install -U 'fullshard[cli]' (or pip install -U 'jsonargparse[signatures]>=4.49')."
+    )
 
 from fullshard.cli.config import from_lightning, instantiate_class
 from fullshard.cli.save_config import SaveConfigCallback

@@ -11,7 +11,6 @@ integer after the largest one already there, chosen the first time :attr:`Logger
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_utilities.core.imports import RequirementCache
 from typing_extensions import override
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CSVLogger", "Logger", "TensorBoardLogger"]
 
-_TENSORBOARD_AVAILABLE = importlib.util.find_spec("tensorboard") is not None
+_TENSORBOARD_AVAILABLE = RequirementCache("tensorboard")  # checked when a TensorBoardLogger is made
 _VERSION_DIR = re.compile(r"version_(\d+)")
 
 
