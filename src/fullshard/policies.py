@@ -30,7 +30,7 @@ def _is_torch_policy(value: Any) -> bool:
 
     ``_Policy`` is private in torch but the only common base of ModuleWrapPolicy, CustomPolicy,
     ... . ``torch.distributed.fsdp`` is slow to import and strategies are built before the
-    processes start (see [Note: torch's FSDP imported after launch] in strategies/fsdp.py): a
+    processes start (see [Note: torch's FSDP imported after launch] in strategies/fsdp_options.py): a
     policy object exists only if its module was imported, so nothing is imported here.
     """
     wrap = sys.modules.get("torch.distributed.fsdp.wrap")

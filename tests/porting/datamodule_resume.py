@@ -239,7 +239,8 @@ def main(args):
     trained = restored.state_dict()  # the final weights, whole (under FSDP the model holds shards)
     check(
         "a checkpoint a hook cut down to the bias loads with strict_loading=False",
-        torch.equal(partial.layer.bias, trained["layer.bias"])
+        partial.strict_loading is False
+        and torch.equal(partial.layer.bias, trained["layer.bias"])
         and not torch.equal(partial.layer.weight, trained["layer.weight"]),
         (partial.state_dict(), trained),
     )

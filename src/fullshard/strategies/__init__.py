@@ -6,6 +6,7 @@ from fullshard.strategies.fsdp2 import FSDP2Strategy
 from fullshard.strategies.model_parallel import ModelParallelStrategy
 from fullshard.strategies.parallel import ParallelStrategy
 from fullshard.strategies.registry import StrategyRegistry
+from fullshard.strategies.sharded import ShardedStrategy
 from fullshard.strategies.single_device import SingleDeviceStrategy
 from fullshard.strategies.strategy import Strategy
 
@@ -29,6 +30,7 @@ __all__ = [
     "FSDPStrategy",
     "ModelParallelStrategy",
     "ParallelStrategy",
+    "ShardedStrategy",
     "SingleDeviceStrategy",
     "Strategy",
     "StrategyRegistry",

@@ -1,5 +1,6 @@
-"""Steps on ``DTensor`` parameters that the FSDP2 and model-parallel strategies share: gradient
-clipping over every mesh, gradient accumulation without a reduction, and parameter sizes.
+"""Steps on ``DTensor`` parameters that the FSDP2 and model-parallel strategies share: the step
+methods run through FSDP2's hooks, gradient clipping over every mesh, gradient accumulation
+without a reduction, and parameter sizes.
 
 [Note: a norm over several meshes]
 Under 2D parallelism a model's parameters can live on different meshes: a tensor-parallel layer
@@ -95,6 +96,19 @@ def _replicated(tensor: torch.Tensor) -> torch.Tensor:
             placements[dim] = Replicate()
             tensor = tensor.redistribute(tensor.device_mesh, placements)
     return tensor.to_local()
+
+
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+
+
+def register_step_methods(module: nn.Module) -> None:
+    """Have the FSDP2 root ``module`` run its all-gathers and hooks around each step method it
+    has, as around ``forward`` (see [Note: forward redirection] in forward_redirection.py)."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    for method in STEP_METHODS:
+        if callable(getattr(module, method, None)):
+            register_fsdp_forward_method(module, method)
 
 
 @torch.no_grad()

@@ -1,10 +1,12 @@
 """FSDP2: torch's ``fully_shard``, each parameter a ``DTensor`` sharded across processes.
 
-``FSDP2Strategy`` takes ``FSDPStrategy``'s arguments where they mean the same thing and goes
-through the same policy, precision, plan and fast-init code; what differs is how a unit is made
-(``fully_shard`` on a module, in place, instead of an ``FullyShardedDataParallel`` wrapper) and
-what its state dict holds: ``DTensor`` shards, read without any communication, which is what
-makes sharded checkpoints cheap and asynchronous saves possible (docs/fsdp/fsdp2.md).
+``FSDP2Strategy`` is ``FSDPStrategy``'s sibling over
+:class:`~fullshard.strategies.sharded.ShardedStrategy`: it takes the same arguments where they
+mean the same thing and goes through the same policy, plan and fast-init code; what differs is
+how a unit is made (``fully_shard`` on a module, in place, instead of a
+``FullyShardedDataParallel`` wrapper), the tensor-parallel plan it can apply first, and what its
+state dict holds: ``DTensor`` shards, read without any communication, which is what makes
+sharded checkpoints cheap and asynchronous saves possible (docs/fsdp/fsdp2.md).
 
 [Note: FSDP2 units, bottom-up]
 ``fully_shard`` is applied to every module the auto-wrap policy selects, children before
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,16 +32,24 @@ from typing_extensions import override
 
 from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
+from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.precision import FSDP2Precision, Precision
 from fullshard.strategies.dtensor_ops import (
     clip_grad_norm_over_meshes,
     dtensor_parameter_sizes,
     no_gradient_sync,
+    register_step_methods,
 )
-from fullshard.strategies.fsdp import FSDPStrategy
-from fullshard.strategies.fsdp_options import sharding_name
+from fullshard.strategies.fsdp_options import (
+    check_fsdp2_cpu_offload,
+    check_fsdp2_mixed_precision,
+    parse_fsdp2_sharding,
+)
 from fullshard.strategies.meta_init import MetaInit, ShardedMetaInit, children_first, user_init_of
+from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT
+from fullshard.strategies.parallel_layout import MESH_DIM_NAMES, ParallelLayout
 from fullshard.strategies.parameter_sizes import ParameterSize
+from fullshard.strategies.sharded import ShardedStrategy
 from fullshard.strategies.tensor_parallel import (
     check_tensor_parallel,
     parallelize,
@@ -47,19 +58,16 @@ from fullshard.strategies.tensor_parallel import (
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import OffloadPolicy
     from torch.optim import Optimizer
 
     from fullshard.strategies.registry import StrategyRegistry
 
-FSDP2_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
-_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _RESERVED = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy")
 
 
-class FSDP2Strategy(FSDPStrategy):
+class FSDP2Strategy(ShardedStrategy):
     """Fully Sharded Data Parallel with ``torch.distributed.fsdp.fully_shard`` (FSDP2).
-
-    Takes :class:`~fullshard.strategies.fsdp.FSDPStrategy`'s arguments; these differ:
 
     Args:
         sharding_strategy: ``"FULL_SHARD"`` (reshard after forward, default), ``"SHARD_GRAD_OP"``
@@ -84,19 +92,62 @@ class FSDP2Strategy(FSDPStrategy):
             ``fullshard.Module``; ``*`` stands for one name part) to ``torch.distributed.tensor.parallel``
             styles or style strings (``"colwise"``, ``"rowwise"``, ...); or ``"auto"``: the plan of the
             Hugging Face model inside the module (docs/fsdp/tp-plans.md).
+        auto_wrap_policy, activation_checkpointing_policy, state_dict_type, device_mesh,
+            empty_init, cpu_mmap_threshold, compile, process_group_backend, timeout,
+            start_method, rank_agreement_timeout, stuck_rank_timeout: as for
+            :class:`~fullshard.strategies.sharded.ShardedStrategy` (and ``FSDPStrategy``).
         **kwargs: passed to every ``fully_shard`` call (e.g. ``shard_placement_fn``).
     """
 
     strategy_name = "fsdp2"
 
     def __init__(
-        self, *, async_save: bool = False, tensor_parallel_size: int = 1, tp_plan: Any = None, **kwargs: Any
+        self,
+        *,
+        async_save: bool = False,
+        tensor_parallel_size: int = 1,
+        tp_plan: Any = None,
+        auto_wrap_policy: Any = None,
+        activation_checkpointing_policy: Any = None,
+        sharding_strategy: Any = "FULL_SHARD",
+        cpu_offload: bool | OffloadPolicy | None = None,
+        mixed_precision: Any = None,
+        state_dict_type: str = "full",
+        device_mesh: tuple[int, int] | DeviceMesh | None = None,
+        empty_init: bool = False,
+        cpu_mmap_threshold: int | None = 128 * 1024,
+        compile: bool | dict[str, Any] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
+        stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        # torch's FSDP is imported only to check torch objects given here: [Note: torch's FSDP
+        # imported after launch] in fullshard.strategies.fsdp_options
+        name, self.reshard_after_forward = parse_fsdp2_sharding(sharding_strategy)
+        self._cpu_offload = check_fsdp2_cpu_offload(cpu_offload)
+        super().__init__(
+            auto_wrap_policy=auto_wrap_policy,
+            activation_checkpointing_policy=activation_checkpointing_policy,
+            sharding_name=name,
+            mixed_precision=check_fsdp2_mixed_precision(mixed_precision),
+            fsdp_kwargs=_check_fully_shard_kwargs(kwargs),
+            state_dict_type=state_dict_type,
+            device_mesh=device_mesh,
+            empty_init=empty_init,
+            cpu_mmap_threshold=cpu_mmap_threshold,
+            compile=compile,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            rank_agreement_timeout=rank_agreement_timeout,
+            stuck_rank_timeout=stuck_rank_timeout,
+        )
+        #: processes each layer is split over by tensor parallelism before FSDP2 shards it
         self.tensor_parallel_size = check_tensor_parallel(tensor_parallel_size, tp_plan)
         self.tp_plan = tp_plan
-        # ("data_parallel", "tensor_parallel") under tensor parallelism
-        self._mesh_2d: DeviceMesh | None = None
         if self.tensor_parallel_size > 1:
             self._check_tensor_parallel_options()
         if not isinstance(async_save, bool):
@@ -130,51 +181,7 @@ class FSDP2Strategy(FSDPStrategy):
             cpu_offload=True,
         )
 
-    # ------------------------------------------------------------------------ configuration
-    @override
-    def _set_sharding_options(self, sharding_strategy: Any, cpu_offload: Any, mixed_precision: Any) -> None:
-        # torch's FSDP is imported only to check torch objects given here, see
-        # [Note: torch's FSDP imported after launch] in fsdp.py
-        self.reshard_after_forward: bool | int
-        if isinstance(sharding_strategy, int) and not isinstance(sharding_strategy, bool):
-            if sharding_strategy < 1:
-                raise MisconfigurationError(
-                    f"sharding_strategy={sharding_strategy} must be a positive int (the size of the groups "
-                    f"parameters are resharded to after forward) or one of {', '.join(map(repr, FSDP2_SHARDING))}."
-                )
-            self._sharding_name, self.reshard_after_forward = "FULL_SHARD", sharding_strategy
-        else:
-            self._sharding_name = sharding_name(sharding_strategy, FSDP2_SHARDING, " of FSDP2")
-            self.reshard_after_forward = self._sharding_name != "SHARD_GRAD_OP"
-        if cpu_offload is None or isinstance(cpu_offload, bool):
-            self._cpu_offload = bool(cpu_offload)
-        else:
-            from torch.distributed.fsdp import OffloadPolicy
-
-            if not isinstance(cpu_offload, OffloadPolicy):
-                raise TypeError(
-                    f"cpu_offload={cpu_offload!r} ({type(cpu_offload).__name__}) cannot be used with FSDP2: pass "
-                    "True, False, or torch.distributed.fsdp.CPUOffloadPolicy()."
-                )
-            self._cpu_offload = cpu_offload
-        if mixed_precision is not None:
-            from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
-
-            if isinstance(mixed_precision, MixedPrecision):
-                raise TypeError(
-                    "mixed_precision is FSDP1's torch.distributed.fsdp.MixedPrecision; FSDP2 takes a "
-                    "torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...). Or pass "
-                    "Trainer(precision='bf16-mixed') for the common setting."
-                )
-            if not isinstance(mixed_precision, MixedPrecisionPolicy):
-                raise TypeError(
-                    f"mixed_precision must be a torch.distributed.fsdp.MixedPrecisionPolicy, got "
-                    f"{type(mixed_precision).__name__}. For the common settings pass Trainer(precision='bf16-mixed')."
-                )
-        self.mixed_precision = mixed_precision
-
     @property
-    @override
     def cpu_offload(self) -> Any:
         """The ``torch.distributed.fsdp.OffloadPolicy`` each ``fully_shard`` call gets."""
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
@@ -182,21 +189,6 @@ class FSDP2Strategy(FSDPStrategy):
         if isinstance(self._cpu_offload, bool):
             return CPUOffloadPolicy() if self._cpu_offload else OffloadPolicy()
         return self._cpu_offload
-
-    @override
-    def _check_fsdp_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if "use_orig_params" in kwargs:
-            raise MisconfigurationError(
-                "use_orig_params is an FSDP1 option: FSDP2 always keeps the original parameters (as "
-                "DTensors). Remove it, or use strategy='fsdp'."
-            )
-        for reserved in _RESERVED:
-            if reserved in kwargs:
-                raise MisconfigurationError(
-                    f"{reserved} is set by FSDP2Strategy itself: pass device_mesh=, sharding_strategy=, "
-                    "mixed_precision= or cpu_offload= instead."
-                )
-        return kwargs
 
     @property
     @override
@@ -207,20 +199,10 @@ class FSDP2Strategy(FSDPStrategy):
 
         return isinstance(self._cpu_offload, CPUOffloadPolicy)
 
+    # ------------------------------------------------------------------------ configuration
     @override
     def make_precision(self, precision: Any, device_type: str) -> Precision:
         return FSDP2Precision(precision, device_type, self.mixed_precision)
-
-    @property
-    @override
-    def is_hybrid(self) -> bool:
-        return self._sharding_name == "HYBRID_SHARD"
-
-    @override
-    def _mesh_shape(self) -> tuple[int, int] | None:
-        if self._sharding_name == "NO_SHARD":
-            return (self.world_size, 1)  # replicate over every process, shard over none
-        return super()._mesh_shape()
 
     @override
     def configure(self, **kwargs: Any) -> None:
@@ -229,6 +211,10 @@ class FSDP2Strategy(FSDPStrategy):
             compiled = self.compile is not None and self.compile.enabled
             checkpointed = self.activation_checkpointing_policy is not None
             refuse_compile_with_checkpointing(checkpointed, compiled, "activation_checkpointing_policy")
+
+    @override
+    def _check_job(self) -> None:
+        super()._check_job()
         if self.world_size % self.tensor_parallel_size:
             raise MisconfigurationError(
                 f"tensor_parallel_size={self.tensor_parallel_size} does not divide the job's {self.world_size} "
@@ -236,46 +222,23 @@ class FSDP2Strategy(FSDPStrategy):
                 f"{self.world_size}, such as the devices of one machine."
             )
 
-    @property
     @override
-    def data_parallel_size(self) -> int:
-        return self.world_size // self.tensor_parallel_size
-
-    @property
-    @override
-    def data_parallel_rank(self) -> int:
-        return self.global_rank // self.tensor_parallel_size
-
-    @property
-    @override
-    def device_mesh(self) -> DeviceMesh | None:
-        """The mesh FSDP2 shards over; under tensor parallelism the 2-D ``("data_parallel",
-        "tensor_parallel")`` one (FSDP2 shards over its ``"data_parallel"`` sub-mesh)."""
-        return self._mesh_2d if self._mesh_2d is not None else super().device_mesh
+    def _layout_for(self, world_size: int) -> ParallelLayout:
+        if self.tensor_parallel_size == 1:
+            return super()._layout_for(world_size)
+        # see [Note: FSDP2 with a tensor-parallel plan]
+        return ParallelLayout.split(
+            world_size, tensor_parallel=self.tensor_parallel_size, mesh_dims=MESH_DIM_NAMES
+        )
 
     @override
-    def setup_environment(self) -> None:
-        super().setup_environment()
-        if self._mesh is None:
-            from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-            from fullshard.strategies.model_parallel import MESH_DIM_NAMES
-
-            shape = self._mesh_shape()
-            if self.tensor_parallel_size > 1:  # see [Note: FSDP2 with a tensor-parallel plan]
-                sizes = (self.data_parallel_size, self.tensor_parallel_size)
-                self._mesh_2d = init_device_mesh(self.root_device.type, sizes, mesh_dim_names=MESH_DIM_NAMES)
-                self._mesh = self._mesh_2d["data_parallel"]
-            elif isinstance(self._mesh_setting, DeviceMesh):
-                self._mesh = self._mesh_setting
-            elif shape is not None:
-                self._mesh = init_device_mesh(
-                    self.root_device.type, shape, mesh_dim_names=("replicate", "shard")
-                )
-            else:
-                self._mesh = init_device_mesh(
-                    self.root_device.type, (self.world_size,), mesh_dim_names=("shard",)
-                )
+    def _make_mesh(self) -> DeviceMesh:
+        """The layout's mesh (under tensor parallelism the 2-D ``("data_parallel",
+        "tensor_parallel")`` one: FSDP2 shards over its ``"data_parallel"`` sub-mesh), or a
+        ``DeviceMesh`` given as ``device_mesh=``."""
+        if self._mesh_setting is None or isinstance(self._mesh_setting, tuple):
+            return self.layout.build_mesh(self.root_device.type)
+        return self._mesh_setting
 
     @override
     def model_sharded_context(self) -> contextlib.AbstractContextManager[Any]:
@@ -286,7 +249,7 @@ class FSDP2Strategy(FSDPStrategy):
     # ----------------------------------------------------------------------- wrapping
     def _fully_shard_kwargs(self) -> dict[str, Any]:
         kwargs = dict(self.fsdp_kwargs)
-        kwargs["mesh"] = self._mesh
+        kwargs["mesh"] = None if self._mesh is None else self.layout.data_parallel_mesh(self._mesh)
         kwargs["mp_policy"] = self.precision.mixed_precision_config  # type: ignore[attr-defined]
         if self.root_device.type != "cpu":
             # On CPU the parameters are in host memory already, and torch's offload path needs an accelerator.
@@ -294,18 +257,19 @@ class FSDP2Strategy(FSDPStrategy):
         return kwargs
 
     @override
-    def _manually_wrapped(self, module: nn.Module) -> bool:
+    def _unit_type(self) -> type:
         from torch.distributed.fsdp import FSDPModule
 
-        return any(isinstance(m, FSDPModule) for m in module.modules())
+        return FSDPModule
 
     @override
     def _wrap(self, module: nn.Module) -> nn.Module:
         """Shard ``module`` in place, unit by unit (see [Note: FSDP2 units, bottom-up])."""
-        from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        if self._mesh_2d is not None:
-            parallelize(module, self._mesh_2d["tensor_parallel"], self.tp_plan)
+        tp_mesh = self._mesh if self.tensor_parallel_size > 1 else None  # the 2-D mesh
+        if tp_mesh is not None:  # see [Note: FSDP2 with a tensor-parallel plan]
+            parallelize(module, tp_mesh["tensor_parallel"], self.tp_plan)
         manually_wrapped = self._manually_wrapped(module)
         auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
         if manually_wrapped and self.auto_wrap_policy is not None and self.is_global_zero:
@@ -325,7 +289,7 @@ class FSDP2Strategy(FSDPStrategy):
         kwargs = self._fully_shard_kwargs()
         # under tensor parallelism the plan split the meta-device layers already, so they are
         # initialised once sharded: [Note: initialising a model sharded on the meta device]
-        per_unit = self.empty_init and self._mesh_2d is None
+        per_unit = self.empty_init and tp_mesh is None
         init = MetaInit(self.root_device, module, user_init_of(module)) if per_unit else None
         for unit in units:
             if init is not None:
@@ -346,18 +310,10 @@ class FSDP2Strategy(FSDPStrategy):
             ShardedMetaInit(
                 module, self.root_device, user_init_of(module), "FSDP2Strategy(empty_init=True)"
             )()
-        for method in _STEP_METHODS:  # see [Note: forward redirection]
-            if callable(getattr(module, method, None)):
-                register_fsdp_forward_method(module, method)
+        register_step_methods(module)
         inner = [m for m in module.modules() if isinstance(m, FSDPModule) and m is not module]
         self.compile_model(module, [CompileUnit(m) for m in inner if not _holds_unit(m)])
         return module
-
-    @override
-    def _unit_type(self) -> type:
-        from torch.distributed.fsdp import FSDPModule
-
-        return FSDPModule
 
     # ---------------------------------------------------------------------------- steps
     @override
@@ -396,6 +352,22 @@ class FSDP2Strategy(FSDPStrategy):
     def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
         """A sharded parameter is a DTensor: its shape is the full one, its local tensor this rank's share."""
         return dtensor_parameter_sizes(module)
+
+
+def _check_fully_shard_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The extra keyword arguments for ``fully_shard``, checked."""
+    if "use_orig_params" in kwargs:
+        raise MisconfigurationError(
+            "use_orig_params is an FSDP1 option: FSDP2 always keeps the original parameters (as "
+            "DTensors). Remove it, or use strategy='fsdp'."
+        )
+    for reserved in _RESERVED:
+        if reserved in kwargs:
+            raise MisconfigurationError(
+                f"{reserved} is set by FSDP2Strategy itself: pass device_mesh=, sharding_strategy=, "
+                "mixed_precision= or cpu_offload= instead."
+            )
+    return kwargs
 
 
 def _holds_unit(module: nn.Module) -> bool:

@@ -35,6 +35,7 @@ from fullshard.strategies.dtensor_ops import (
     clip_grad_norm_over_meshes,
     dtensor_parameter_sizes,
     no_gradient_sync,
+    register_step_methods,
 )
 from fullshard.strategies.meta_init import ShardedMetaInit, user_init_of
 from fullshard.strategies.parallel import (
@@ -43,6 +44,7 @@ from fullshard.strategies.parallel import (
     ParallelStrategy,
     refuse_optimizer_outside,
 )
+from fullshard.strategies.parallel_layout import MESH_DIM_NAMES, ParallelLayout
 from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.strategies.tensor_parallel import refuse_compile_with_checkpointing
 
@@ -53,9 +55,6 @@ if TYPE_CHECKING:
     from fullshard.strategies.registry import StrategyRegistry
 
 log = logging.getLogger("fullshard")
-
-MESH_DIM_NAMES = ("data_parallel", "tensor_parallel")
-_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
 def _check_size(name: str, value: Any) -> int | Literal["auto"]:
@@ -144,7 +143,6 @@ class ModelParallelStrategy(ParallelStrategy):
         self.cpu_mmap_threshold = check_mmap_threshold(cpu_mmap_threshold)
         if self.cpu_mmap_threshold is not None:
             request_huge_pages()  # now, before the model's large tensors: [Note: CPU memory under FSDP]
-        self._sizes: tuple[int, int] | None = None  # (data parallel, tensor parallel), once configured
         self._mesh: DeviceMesh | None = None
         self.wrap_plan: WrapPlan | None = None  # the layout configure_model made: see layout_plan()
 
@@ -159,12 +157,8 @@ class ModelParallelStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------------ configuration
     @override
-    def configure(self, **kwargs: Any) -> None:
-        super().configure(**kwargs)
-        self._sizes = self._resolve_sizes()
-
-    def _resolve_sizes(self) -> tuple[int, int]:
-        """(data parallel, tensor parallel) sizes for this job; see [Note: the 2-D mesh layout]."""
+    def _make_layout(self) -> ParallelLayout:
+        """The ``(data parallel, tensor parallel)`` layout of this job; see [Note: the 2-D mesh layout]."""
         dp, tp, world = self._data_parallel_setting, self._tensor_parallel_setting, self.world_size
         if dp == "auto" and tp == "auto":
             dp, tp = self.num_nodes, self.num_processes
@@ -181,30 +175,13 @@ class ModelParallelStrategy(ParallelStrategy):
                 f"equal {world}. Choose sizes whose product is {world} (e.g. data_parallel_size={self.num_nodes}, "
                 f"tensor_parallel_size={self.num_processes}), or leave one of them 'auto'."
             )
-        return dp, tp
+        # rank r is replica r // tp: [Note: the 2-D mesh layout]
+        return ParallelLayout(replicas=1, shards=dp, tensor_parallel=tp, mesh_dims=MESH_DIM_NAMES)
 
     @property
     def tensor_parallel_size(self) -> int:
         """Processes one layer is split over (known once the host configured the strategy)."""
-        return self._configured_sizes()[1]
-
-    @property
-    @override
-    def data_parallel_size(self) -> int:
-        return self._configured_sizes()[0]
-
-    @property
-    @override
-    def data_parallel_rank(self) -> int:
-        # rank r is replica r // tp: [Note: the 2-D mesh layout]
-        return self.global_rank // self.tensor_parallel_size
-
-    def _configured_sizes(self) -> tuple[int, int]:
-        if self._sizes is None:
-            raise RuntimeError(
-                "ModelParallelStrategy's mesh sizes are known once a Trainer has configured it (Trainer(strategy=...))."
-            )
-        return self._sizes
+        return self.layout.tensor_parallel
 
     @property
     @override
@@ -218,11 +195,7 @@ class ModelParallelStrategy(ParallelStrategy):
         if self.root_device.type == "cpu":
             set_up_cpu_memory(self.cpu_mmap_threshold)
         if self._mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            self._mesh = init_device_mesh(
-                self.root_device.type, self._configured_sizes(), mesh_dim_names=MESH_DIM_NAMES
-            )
+            self._mesh = self.layout.build_mesh(self.root_device.type)
 
     # ----------------------------------------------------------------------- the model
     @override
@@ -247,12 +220,10 @@ class ModelParallelStrategy(ParallelStrategy):
             log.info(self.wrap_plan.summary())
         if self.root_device.type != "cpu":
             module = module.to(self.root_device)  # layers configure_model left on the host
-        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+        from torch.distributed.fsdp import FSDPModule
 
         if isinstance(module, FSDPModule):
-            for method in _STEP_METHODS:  # see [Note: forward redirection] in forward_redirection.py
-                if callable(getattr(module, method, None)):
-                    register_fsdp_forward_method(module, method)
+            register_step_methods(module)
         self._param_shapes = {
             k: v.shape for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)
         }
@@ -280,14 +251,14 @@ class ModelParallelStrategy(ParallelStrategy):
             module,
             None,
             None,
-            world_size=self.world_size,
-            shard_size=self.data_parallel_size if sharded else 1,
+            world_size=self.layout.world_size,
+            shard_size=self.layout.shards if sharded else 1,
             sharding_strategy="FULL_SHARD" if sharded else "NO_SHARD",
             cpu_offload=False,
             param_dtype=dtype,
             compute_dtype=dtype,
             optimizer_states_per_param=optimizer_states_per_param,
-            tensor_parallel_size=self.tensor_parallel_size,
+            tensor_parallel_size=self.layout.tensor_parallel,
         )
         checkpointed = [name for name, m in module.named_modules() if isinstance(m, CheckpointWrapper)]
         note = "the layout configure_model made (ModelParallelStrategy wraps nothing itself)"
@@ -362,5 +333,6 @@ class ModelParallelStrategy(ParallelStrategy):
 
     @override
     def __repr__(self) -> str:
-        sizes = f"{self._sizes[0]}x{self._sizes[1]}" if self._sizes else "not configured"
+        layout = self._layout
+        sizes = f"{layout.data_parallel_size}x{layout.tensor_parallel}" if layout else "not configured"
         return f"ModelParallelStrategy(mesh={sizes}, devices={[str(d) for d in self.devices]}, precision={self.precision})"

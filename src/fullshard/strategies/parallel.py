@@ -31,6 +31,7 @@ from fullshard.launch import (
 )
 from fullshard.launch.launchers import QUIET_START_VAR, end_job
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT, check_stuck_rank_timeout
+from fullshard.strategies.parallel_layout import ParallelLayout
 from fullshard.strategies.strategy import ReduceOp, Strategy
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ class ParallelStrategy(Strategy):
         self.stuck_rank_timeout = check_stuck_rank_timeout(stuck_rank_timeout)
         self._agreements: dict[tuple[str, str], int] = {}  # reports made so far, by (event, key)
         self._launcher: Launcher | None = None
+        self._layout: ParallelLayout | None = None  # worked out by configure
 
     @property
     def process_group_backend(self) -> str:
@@ -230,10 +232,36 @@ class ParallelStrategy(Strategy):
         env = self._environment()
         env.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
         self._set_world_ranks()
+        self._layout = self._make_layout()
         if self.start_method == "popen":
             self._launcher = SubprocessScriptLauncher(env, self.num_processes, self.num_nodes)
         else:
             self._launcher = SpawnLauncher(env, self.num_processes, self.num_nodes, self.start_method)
+
+    def _make_layout(self) -> ParallelLayout:
+        """This job's :class:`ParallelLayout`, its sizes checked against the job's (once, by
+        :meth:`configure`). Here every process is a replica of its own (DDP)."""
+        return ParallelLayout(replicas=self.world_size, shards=1, mesh_dims=("replicate",))
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """How the job's processes are laid out (see [Note: one parallel layout] in
+        fullshard.strategies.parallel_layout): known once the host configured the strategy."""
+        if self._layout is None:
+            raise RuntimeError(
+                f"{type(self).__name__}'s layout is known once a Trainer has configured it (Trainer(strategy=...))."
+            )
+        return self._layout
+
+    @property
+    @override
+    def data_parallel_size(self) -> int:
+        return self.layout.data_parallel_size
+
+    @property
+    @override
+    def data_parallel_rank(self) -> int:
+        return self.layout.data_parallel_rank(self.global_rank)
 
     def _set_world_ranks(self) -> None:
         """With the local environment, ranks follow from devices, nodes and LOCAL_RANK / NODE_RANK."""
