@@ -79,6 +79,24 @@ def test_plan_for_other_sharding_strategies() -> None:
     assert bf16.plan(model, world_size=2).estimate.params == 282 * 4 // 2 + 2 * 130 * 2
 
 
+@pytest.mark.parametrize("sharding", ["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_plan_for_one_gpu_says_fsdp1_runs_no_shard(sharding: str) -> None:
+    """torch's FSDP1 shards over nothing with one process: it runs NO_SHARD, and the plan says so
+    (FSDP2 still splits over its one rank)."""
+    model = nn.Sequential(Block(), Block(), nn.Linear(10, 2))
+    one = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=sharding).plan(model, world_size=1)
+    assert one.sharding_strategy == "NO_SHARD" and one.estimate == one.estimate_no_shard
+    assert one.notes == [
+        f"sharding_strategy='{sharding}' runs as NO_SHARD with 1 process(es) to shard over "
+        "(torch's FSDP1 has nothing to split)"
+    ]
+    assert "NO_SHARD over 1 of 1 rank(s)" in one.summary()
+    two = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=sharding).plan(model, world_size=2)
+    assert two.sharding_strategy == sharding and two.notes == []
+    fsdp2 = fullshard.strategies.FSDP2Strategy(auto_wrap_policy={Block}).plan(model, world_size=1)
+    assert fsdp2.sharding_strategy == "FULL_SHARD" and fsdp2.notes == []
+
+
 def test_plan_warns_about_unmatched_policy_and_tied_parameters() -> None:
     plan = FSDPStrategy(auto_wrap_policy={Block, nn.TransformerEncoderLayer}).plan(Tied(), world_size=2)
     assert not plan.warnings  # one of the classes matches

@@ -145,6 +145,14 @@ class FSDPStrategy(ShardedStrategy):
         return FSDPPrecision(precision, device_type, self.mixed_precision)
 
     @override
+    def _planned_sharding(self, layout: ParallelLayout) -> str:
+        # torch's FSDP1 turns FULL_SHARD and SHARD_GRAD_OP into NO_SHARD when there is one
+        # process to shard over (one GPU): the plan says what runs
+        if layout.shards == 1 and self._sharding_name in ("FULL_SHARD", "SHARD_GRAD_OP"):
+            return "NO_SHARD"
+        return self._sharding_name
+
+    @override
     def _layout_for(self, world_size: int) -> ParallelLayout:
         if self._sharding_name in ("FULL_SHARD", "SHARD_GRAD_OP"):
             # torch's FSDP1 takes a device mesh for the hybrid strategies only (see _make_mesh):

@@ -260,7 +260,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
             checkpointing,
             world_size=layout.world_size,
             shard_size=layout.shards,
-            sharding_strategy=self._sharding_name,
+            sharding_strategy=self._planned_sharding(layout),
             # a configured CPU run does not offload (see the siblings' kwargs); a plan made ahead is for the target
             cpu_offload=self.offloads_params
             and not (self.cluster_environment is not None and self.root_device.type == "cpu"),
@@ -274,7 +274,16 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         )
         plan.warnings[:0] = found
         plan.notes[:0] = notes
+        if plan.sharding_strategy != self._sharding_name:
+            plan.notes.append(
+                f"sharding_strategy={self._sharding_name!r} runs as {plan.sharding_strategy} with "
+                f"{layout.shards} process(es) to shard over (torch's FSDP1 has nothing to split)"
+            )
         return plan
+
+    def _planned_sharding(self, layout: ParallelLayout) -> str:
+        """The sharding torch will run for ``layout`` (the one asked for, unless the engine changes it)."""
+        return self._sharding_name
 
     def _resolve_policies(
         self, model: nn.Module
