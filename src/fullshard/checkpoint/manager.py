@@ -135,7 +135,7 @@ class CheckpointManager:
             return None, None
         strategy = trainer.strategy
         module = trainer.lightning_module
-        strict = bool(getattr(module, "strict_loading", True))
+        strict = module.strict_loading
         weights_only = stage != "fit" or options.weights_only
         with stuck_ranks.paused():
             checkpoint = engine.load(
