@@ -14,6 +14,7 @@ from typing_extensions import override
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.strategies.forward_redirection import redirected_call
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
+from fullshard.strategies.step_args import step_arguments
 from fullshard.strategies.strategy import NULL_CONTEXT
 
 if TYPE_CHECKING:
@@ -129,8 +130,7 @@ class DDPStrategy(ParallelStrategy):
                     model,
                     self.module,  # type: ignore[arg-type]
                     "training_step",
-                    batch,
-                    batch_idx,
+                    *step_arguments(self.module, "training_step", batch, batch_idx, ()),
                     after_step=no_reducer_after_step,
                 )
         finally:

@@ -50,6 +50,7 @@ from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAUL
 from fullshard.strategies.parallel_layout import MESH_DIM_NAMES, ParallelLayout
 from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.strategies.sharded import ShardedStrategy
+from fullshard.strategies.step_args import step_arguments
 from fullshard.strategies.tensor_parallel import (
     check_tensor_parallel,
     parallelize,
@@ -321,14 +322,16 @@ class FSDP2Strategy(ShardedStrategy):
         # the step methods were registered with FSDP2 (register_fsdp_forward_method): calling
         # one runs the root's all-gather and backward hooks around it, as a forward would
         model = self._require_model()
+        args = step_arguments(model, "training_step", batch, batch_idx, ())
         with self.precision.forward_context():
-            return model.training_step(batch, batch_idx)  # type: ignore[operator]
+            return model.training_step(*args)  # type: ignore[operator]
 
     @override
     def evaluation_step(self, method: str, batch: Any, batch_idx: int, *extra: Any) -> Any:
         model = self._require_model()
+        args = step_arguments(model, method, batch, batch_idx, extra)
         with self.precision.forward_context():
-            return getattr(model, method)(batch, batch_idx, *extra)
+            return getattr(model, method)(*args)
 
     @override
     def clip_gradients_norm(

@@ -42,6 +42,7 @@ from fullshard.strategies.parameter_sizes import (
     ParameterSize,
     unsharded_parameter_sizes,
 )
+from fullshard.strategies.step_args import step_arguments
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -282,10 +283,11 @@ class Strategy:
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         """Run the user's ``training_step`` through the wrapper, in the precision's context."""
         model = self._require_model()
+        args = step_arguments(self.module, "training_step", batch, batch_idx, ())
         with self.precision.forward_context():
             if model is self.module:
-                return model.training_step(batch, batch_idx)  # type: ignore[operator]
-            return redirected_call(model, self.module, "training_step", batch, batch_idx)  # type: ignore[arg-type]
+                return model.training_step(*args)  # type: ignore[operator]
+            return redirected_call(model, self.module, "training_step", *args)  # type: ignore[arg-type]
 
     def validation_step(self, batch: Any, batch_idx: int) -> Any:
         """Run the user's ``validation_step`` through the wrapper, in the precision's context."""
@@ -295,10 +297,11 @@ class Strategy:
         """Run the user's ``validation_step``, ``test_step`` or ``predict_step`` (``method``)
         through the wrapper, in the precision's context."""
         model = self._require_model()
+        args = step_arguments(self.module, method, batch, batch_idx, extra)
         with self.precision.forward_context():
             if model is self.module:
-                return getattr(model, method)(batch, batch_idx, *extra)
-            return redirected_call(model, self.module, method, batch, batch_idx, *extra)  # type: ignore[arg-type]
+                return getattr(model, method)(*args)
+            return redirected_call(model, self.module, method, *args)  # type: ignore[arg-type]
 
     def backward(
         self, loss: torch.Tensor, *args: Any, backward: Callable[..., Any] | None = None, **kwargs: Any
