@@ -478,12 +478,12 @@ def llama_save(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     trainer.save_checkpoint(root / "async.ckpt")
     in_call = time.perf_counter() - start
-    pending = strategy.pending_checkpoint  # type: ignore[attr-defined]
+    pending = trainer.checkpoint_manager.pending
     assert pending is not None, "async_save=True left no pending checkpoint"
     staged = pending.staged_bytes
     step_during = step()
     waited = pending.copy_wait_s
-    strategy.wait_for_checkpoint()
+    trainer.checkpoint_manager.wait()
     until_written = time.perf_counter() - start
     committed = (root / "async.ckpt").is_dir()
     strategy.barrier()

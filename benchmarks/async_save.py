@@ -164,12 +164,12 @@ class Job:
         start = time.perf_counter()
         self.trainer.save_checkpoint(self.root / f"{key}-{index}")
         in_call = time.perf_counter() - start
-        pending = self.strategy.pending_checkpoint
+        pending = self.trainer.checkpoint_manager.pending
         assert pending is not None
         self.staged_mb = pending.staged_bytes / MB
         step = self.step()
         waited = pending.copy_wait_s
-        self.strategy.wait_for_checkpoint()
+        self.trainer.checkpoint_manager.wait()
         self.strategy.async_save = False
         self.record(key, in_call + waited)
         self.record(f"{key}/in_call", in_call)

@@ -341,12 +341,12 @@ class Job:
         start = time.perf_counter()
         self.trainer.save_checkpoint(self.path("async", "sharded"))
         blocked = time.perf_counter() - start
-        pending = self.strategy.pending_checkpoint
+        pending = self.trainer.checkpoint_manager.pending
         staged = pending.staged_bytes if pending is not None else 0
         during = self.train_steps(ASYNC_STEPS, pending)
         if pending is not None:  # the first optimizer step waits for the background copy of the state
             blocked += pending.copy_wait_s
-        self.strategy.wait_for_checkpoint()
+        self.trainer.checkpoint_manager.wait()
         total = time.perf_counter() - start
         self.strategy.async_save = False
         dist.barrier()

@@ -147,7 +147,7 @@ def test_training_goes_on_while_the_writer_is_held(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, max_steps=5, callbacks=[SaveAt(path, {2}, then=watch)])
     trainer.fit(Net(), _loader())
     assert seen_during_write == [(4, False)]  # trained on, nothing committed yet
-    assert trainer.strategy.pending_checkpoint is None  # fit returned once it was committed
+    assert trainer.checkpoint_manager.pending is None  # fit returned once it was committed
     report = inspect(path, verify_checksums=True)
     assert (report.complete, report.verified, report.global_step) == (True, True, 2)
     resumed, _ = run_single(tmp_path / "resume", fmt="sharded", max_steps=2, resume=path)
@@ -177,11 +177,11 @@ def test_one_staged_copy_at_a_time_freed_once_written(tmp_path: Path) -> None:
         *(v for s in optimizer_states for p in s["state"].values() for v in p.values()),
     ]
     trainer.save_checkpoint(path)
-    assert trainer.strategy.pending_checkpoint is not None
-    assert trainer.strategy.pending_checkpoint.staged_bytes == sum(
+    assert trainer.checkpoint_manager.pending is not None
+    assert trainer.checkpoint_manager.pending.staged_bytes == sum(
         t.numel() * t.element_size() for t in tensors
     )
-    trainer.strategy.wait_for_checkpoint()
+    trainer.checkpoint_manager.wait()
 
 
 def test_failed_write_raises_at_the_next_optimizer_step(tmp_path: Path) -> None:
@@ -230,7 +230,7 @@ def test_failure_surfaces_at_the_end_of_fit_and_the_next_save_works(tmp_path: Pa
         trainer.save_checkpoint(path)  # the next save raises it, before writing anything
     set_event_hook(None)
     trainer.save_checkpoint(path)
-    trainer.strategy.wait_for_checkpoint()
+    trainer.checkpoint_manager.wait()
     report = inspect(path, verify_checksums=True)
     assert (report.complete, report.verified, report.global_step) == (True, True, 3)
     assert [d.name for d in path.glob("data-*")] != [first] and len(list(path.glob("data-*"))) == 1
@@ -257,10 +257,10 @@ def test_state_that_cannot_be_pickled_is_refused_before_anything_starts(tmp_path
         r"tensors is pickled: keep hyperparameters and callback states to plain data",
     ):
         trainer.save_checkpoint(path)
-    assert trainer.strategy.pending_checkpoint is None and async_save.unfinished() == []
+    assert trainer.checkpoint_manager.pending is None and async_save.unfinished() == []
     del model.hparams["transform"]
     trainer.save_checkpoint(path)  # the next save works, and removes the first one's empty directory
-    trainer.strategy.wait_for_checkpoint()
+    trainer.checkpoint_manager.wait()
     assert inspect(path).complete and len(list(path.glob("data-*"))) == 1
 
 
@@ -295,7 +295,7 @@ def test_an_error_in_fit_lets_the_save_in_flight_finish(tmp_path: Path, write_fa
     with pytest.raises(RuntimeError, match="training broke"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(BreaksAtStep3(), _loader())
-    assert trainer.strategy.pending_checkpoint is None  # waited for, in the exception path
+    assert trainer.checkpoint_manager.pending is None  # waited for, in the exception path
     reported = [str(w.message) for w in caught if "written in the background" in str(w.message)]
     if write_fails:  # its own failure is reported beside the run's error, which goes on
         assert len(reported) == 1
@@ -485,3 +485,33 @@ def test_failed_write_raises_on_every_rank_at_the_same_step(
     report = inspect(out / "P", verify_checksums=True)
     assert (report.complete, report.verified, report.global_step) == (True, True, 3)
     assert run_single(tmp_path, fmt="sharded", max_steps=3, resume=out / "P")[0].global_step == 3
+
+
+def test_a_dict_saved_through_the_strategy_is_owned_by_the_trainers_manager(tmp_path: Path) -> None:
+    """Lightning's ``strategy.save_checkpoint(checkpoint, path)`` with a dict built by hand: the
+    background save it starts is the Trainer's checkpoint manager's, which the next load waits for."""
+    trainer = _trainer(tmp_path, max_steps=2)
+    trainer.fit(Net(), _loader())
+    reached: list[str] = []
+    release = threading.Event()
+
+    def hold(point: str) -> None:  # the writer waits at its first step until the test lets it go
+        if point == "async.copied":
+            reached.append(point)
+            assert release.wait(30)
+
+    set_event_hook(hold)
+    checkpoint = {**trainer.checkpoint_manager.dump(), "by_hand": 7}
+    trainer.strategy.save_checkpoint(checkpoint, tmp_path / "hand", trainer.optimizers)
+    pending = trainer.checkpoint_manager.pending
+    assert pending is not None and pending.path == tmp_path / "hand"
+    release.set()
+    rest = trainer.strategy.load_checkpoint(tmp_path / "hand", trainer.optimizers)  # waits for it first
+    assert trainer.checkpoint_manager.pending is None and rest["by_hand"] == 7
+
+
+def test_a_strategy_without_a_trainer_says_how_to_save(tmp_path: Path) -> None:
+    with pytest.raises(
+        RuntimeError, match=r"SingleDeviceStrategy.save_checkpoint\(\) needs the strategy to be connected"
+    ):
+        SingleDeviceStrategy().save_checkpoint({}, tmp_path / "x.ckpt")

@@ -107,7 +107,7 @@ class SaveAndWatch(fullshard.Callback):
         if trainer.global_step == SAVE_AT and not self.expected:
             self.expected.update(copy.deepcopy(full_state(trainer)))
             trainer.save_checkpoint(self.path, weights_only=self.weights_only)
-            self.pending = trainer.strategy.pending_checkpoint
+            self.pending = trainer.checkpoint_manager.pending
             self.note("saved")
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
@@ -239,7 +239,7 @@ def test_changing_weights_in_a_hook_after_waiting_for_the_copy(tmp_path: Path) -
     class ScaleWeights(fullshard.Callback):
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             if trainer.global_step == SAVE_AT:  # the first batch after the save
-                trainer.strategy.wait_for_checkpoint_copy()
+                trainer.checkpoint_manager.wait_for_copy()
                 with torch.no_grad():
                     pl_module.head.weight.mul_(2)
 
@@ -291,7 +291,7 @@ def test_a_failed_copy_raises_at_the_next_optimizer_step(tmp_path: Path) -> None
     assert trainer.global_step == 4
     report = inspect(path, verify_checksums=True)
     assert (report.complete, report.global_step) == (True, 2)
-    assert trainer.strategy.pending_checkpoint is None
+    assert trainer.checkpoint_manager.pending is None
 
 
 def test_nonfinite_weights_fail_a_background_save(tmp_path: Path) -> None:
@@ -300,7 +300,7 @@ def test_nonfinite_weights_fail_a_background_save(tmp_path: Path) -> None:
     model = Net()
     trainer.fit(model, _loader())
     trainer.save_checkpoint(path)
-    trainer.strategy.wait_for_checkpoint()
+    trainer.checkpoint_manager.wait()
     with torch.no_grad():
         model.head.weight[0, 0] = float("nan")
     trainer.save_checkpoint(path)  # returns: the writer thread checks the copy
@@ -309,7 +309,7 @@ def test_nonfinite_weights_fail_a_background_save(tmp_path: Path) -> None:
         match=rf"to '{path}' at global step 2 failed: rank 0: CheckpointError: The model's parameters hold NaN or "
         rf"infinite values \(head\.weight\), so the checkpoint '{path}' was not written",
     ):
-        trainer.strategy.wait_for_checkpoint()
+        trainer.checkpoint_manager.wait()
     assert inspect(path, verify_checksums=True).complete
 
 
@@ -323,9 +323,9 @@ def test_a_directory_that_cannot_be_made_fails_the_background_save(tmp_path: Pat
         CheckpointError,
         match=rf"to '{path}' at global step 1 failed: rank 0: NotADirectoryError: \[Errno 20\] Not a directory",
     ):
-        trainer.strategy.wait_for_checkpoint()
+        trainer.checkpoint_manager.wait()
     trainer.save_checkpoint(tmp_path / "ckpt")  # the next save works
-    trainer.strategy.wait_for_checkpoint()
+    trainer.checkpoint_manager.wait()
     assert inspect(tmp_path / "ckpt", verify_checksums=True).complete
 
 

@@ -50,9 +50,6 @@ class _Strategy:
     def barrier(self, name: str | None = None) -> None:
         pass
 
-    def after_checkpoint_commit(self, action: Any) -> bool:
-        return False  # nothing written in the background: the caller acts now
-
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         self.reductions.append((decision, all))
         votes = [decision, *self.other_votes]
@@ -65,6 +62,8 @@ def _fake(tmp_path: Path, **attributes: Any) -> Any:
     saved: list[tuple[str, bool, list[str]]] = []
     trainer = SimpleNamespace(
         strategy=_Strategy(),
+        # nothing written in the background: the caller acts now
+        checkpoint_manager=SimpleNamespace(after_commit=lambda action: False),
         is_global_zero=True,
         global_rank=0,
         world_size=1,

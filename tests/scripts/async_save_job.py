@@ -107,7 +107,7 @@ def shard_bytes(trainer: fullshard.Trainer) -> tuple[int, int]:
 def save(trainer: fullshard.Trainer, path: str, label: str) -> None:
     LOG["events"].append([f"save_called:{label}", 0, step(), "main", time.monotonic()])
     trainer.save_checkpoint(path)
-    pending = trainer.strategy.pending_checkpoint
+    pending = trainer.checkpoint_manager.pending
     local, whole = shard_bytes(trainer)
     deferred = pending._staging.deferred if pending else None  # values the writer thread copies
     parameters = len(list(trainer.lightning_module.parameters()))
@@ -171,7 +171,7 @@ class Saver(fullshard.Callback):
 
 def after_fit(trainer: fullshard.Trainer, path: str, faults: Faults) -> None:
     save(trainer, path, "after_fit_ok")
-    trainer.strategy.wait_for_checkpoint()
+    trainer.checkpoint_manager.wait()
     LOG["inspections"].append(["before_failure", inspection(path)])
     saves = faults.counts.get("sharded.data_written", 0)
     if RANK == 0:
@@ -230,7 +230,7 @@ def main() -> None:
     TRAINER.append(trainer)
     trainer.fit(Net(), DataLoader(make_data(), batch_size=8, shuffle=True))
     LOG["events"].append(["fit_returned", 0, step(), "main", time.monotonic()])
-    LOG["pending_after_fit"] = trainer.strategy.pending_checkpoint is not None
+    LOG["pending_after_fit"] = trainer.checkpoint_manager.pending is not None
     if args.after_fit:
         after_fit(trainer, args.after_fit, faults)
 

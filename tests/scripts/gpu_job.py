@@ -352,7 +352,7 @@ class AsyncSaver(fullshard.Callback):
     def event(self, point: str) -> None:
         if point != "async.writing" or self.trainer is None:
             return
-        staging = self.trainer.strategy.pending_checkpoint._staging  # the copy being written (private)
+        staging = self.trainer.checkpoint_manager.pending._staging  # the copy being written (private)
         tensors: list[torch.Tensor] = []
         apply_to_collection(staging.state, torch.Tensor, lambda t: tensors.append(local(t)))
         self.written = {
@@ -371,7 +371,7 @@ class AsyncSaver(fullshard.Callback):
         model_state, optimizer_states = trainer.strategy.get_state(trainer.optimizers, full=True)
         self.reference = {"model": on_cpu(model_state), "optimizers": on_cpu(optimizer_states)}
         trainer.save_checkpoint(self.path)
-        pending = trainer.strategy.pending_checkpoint
+        pending = trainer.checkpoint_manager.pending
         self.saved = {
             "pending": pending is not None,
             "staged_bytes": pending.staged_bytes if pending is not None else 0,
@@ -387,7 +387,7 @@ def async_save(args: argparse.Namespace) -> None:
     saver = AsyncSaver(args.save_at, path)
     trainer = async_trainer(args, out / "train", args.steps, [saver])
     trainer.fit(Net(), DataLoader(ckpt_data(), batch_size=8, shuffle=True))
-    trainer.strategy.wait_for_checkpoint()
+    trainer.checkpoint_manager.wait()
     buffers = buffers_for(trainer.strategy)
     kept = [t for free in buffers._free.values() for t in free]  # private: the buffers kept for the next save
     report = inspect(path, verify_checksums=True)

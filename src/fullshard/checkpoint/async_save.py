@@ -6,9 +6,10 @@ buffers copied now, parameters and optimizer state only referenced) and pickles 
 (:func:`serialize`); :func:`start` hands them to a thread of this process and returns, and
 training goes on while the thread copies the rest and writes. Until the copy is done, the
 optimizers wait at the start of their ``step`` ([Note: staging off the training thread] in
-staging.py). :func:`wait` blocks until the thread is done: every save and
-load calls it first, the Trainer at the end of ``fit`` and when ``fit`` fails, and an ``atexit``
-function when the process exits. While a save is pending, the Trainer calls
+staging.py). The Trainer's :class:`~fullshard.checkpoint.manager.CheckpointManager` keeps the
+:class:`PendingSave` :func:`start` returns and waits for it (:func:`finish`) before every save
+and load, at the end of ``fit`` and when ``fit`` fails; an ``atexit`` function waits when the
+process exits. While a save is pending, the fit loop calls
 :meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and read (and
 once, the removal of the optimizers' wait), unless the save has failed.
 
@@ -368,10 +369,12 @@ def start(
     steps: SaveSteps,
 ) -> PendingSave:
     """Hand ``staging`` to a background thread that finishes the copy and runs ``steps``;
-    return at once. Until the copy is done, every optimizer waits at the
-    start of its ``step`` (see [Note: staging off the training thread] in staging.py).
+    return the save at once (its owner is the Trainer's
+    :class:`~fullshard.checkpoint.manager.CheckpointManager`). Until the copy is done, every
+    optimizer waits at the start of its ``step`` (see [Note: staging off the training thread] in
+    staging.py).
 
-    The caller has waited for the previous save (:func:`wait`), so one staged copy exists at a time.
+    The caller has finished the previous save (:func:`finish`), so one staged copy exists at a time.
     """
     global _atexit_registered
     pending = PendingSave(
@@ -384,30 +387,24 @@ def start(
         atexit.register(_wait_at_exit)
         _atexit_registered = True
     _UNFINISHED.add(pending)
-    strategy.pending_checkpoint = pending
     try:
         checkpoint_event("async.staged")
     except BaseException:  # a test's hook: leave no save behind that nothing will ever run
         _UNFINISHED.discard(pending)
-        strategy.pending_checkpoint = None
         pending._drop_guard()
         raise
     pending._thread.start()
     return pending
 
 
-def wait(strategy: Strategy) -> None:
-    """Wait for the strategy's checkpoint being written in the background, if any; raise its
-    failure (:class:`~fullshard.errors.CheckpointError`) unless a step boundary did already.
+def finish(pending: PendingSave) -> None:
+    """Wait for ``pending`` to be written and committed; raise its failure
+    (:class:`~fullshard.errors.CheckpointError`) unless a step boundary did already.
 
     Every rank calls it at the same point (a save, a load, the end of ``fit``), and every rank
     knows the outcome, so every rank raises or none does.
     """
-    pending = strategy.pending_checkpoint
-    if pending is None:
-        return
     pending.join()
-    strategy.pending_checkpoint = None
     pending.raise_if_failed()
 
 

@@ -169,16 +169,17 @@ def tied_parameters(module: nn.Module | None, state: Mapping[str, Any]) -> dict[
 # --------------------------------------------------------------------------------------- save
 def save(
     strategy: Strategy, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer]
-) -> None:
+) -> async_save.PendingSave | None:
     """Write ``checkpoint`` to ``path`` in the strategy's format. Its ``"state_dict"`` and
     ``"optimizer_states"`` are the model's and ``optimizers``' states as the strategy's
     ``get_state`` gave them (whole tensors for the full format, this rank's shards for the
     sharded one), after the save hooks: what they hold is what is written.
 
-    A save still being written in the background is waited for first (its failure raised): one
-    save at a time, and one staged copy of the state (see [Note: asynchronous commit]).
+    With the strategy's ``async_save``, returns the save being written in the background, for the
+    caller to own (:class:`~fullshard.checkpoint.manager.CheckpointManager`); it has finished any
+    previous one first: one save at a time, one staged copy of the state (see
+    [Note: asynchronous commit]). Returns None when the files are committed.
     """
-    async_save.wait(strategy)
     path = Path(path)
     missing = [key for key in ("state_dict", "optimizer_states") if key not in checkpoint]
     if missing:
@@ -195,9 +196,9 @@ def save(
     }
     with _quiet_torch():
         if strategy.state_dict_type == "sharded":
-            _save_sharded(strategy, checkpoint, path, optimizers)
-        else:
-            _save_full(strategy, checkpoint, path, optimizers)
+            return _save_sharded(strategy, checkpoint, path, optimizers)
+        _save_full(strategy, checkpoint, path, optimizers)
+    return None
 
 
 def _save_full(
@@ -230,7 +231,7 @@ def _save_full(
 
 def _save_sharded(
     strategy: Strategy, checkpoint: dict[str, Any], path: Path, optimizers: Sequence[Optimizer]
-) -> None:
+) -> async_save.PendingSave | None:
     # [Note: directory commit] in layout.py; with async_save, [Note: asynchronous commit] in async_save.py
     if path.is_file():
         raise CheckpointError(
@@ -276,8 +277,7 @@ def _save_sharded(
             write=lambda staged, group: write_shards(staged, data, rank, group, no_dist),
             commit=lambda: commit_sharded(path, record, lambda target: write_bytes(meta, target)),
         )
-        async_save.start(strategy, path, record.global_step, staged, steps)
-        return
+        return async_save.start(strategy, path, record.global_step, staged, steps)
     failures: list[Failure] = []
     try:
         write_shards(state, data, rank, None, no_dist)
@@ -306,6 +306,7 @@ def _save_sharded(
             raise save_error(path, failures_of(err, 0)) from err
 
     _decide(strategy, commit)
+    return None
 
 
 def _stage(
@@ -359,8 +360,10 @@ def load(
     ``strict=False`` (the module's ``strict_loading``) loads a checkpoint that holds only part of
     the model's state (or more), as ``load_state_dict(strict=False)``: the keys on both sides load,
     the model keeps the rest; shapes are still checked.
+
+    The caller has finished any save still being written in the background: the checkpoint to
+    load may be that one, and the state loaded into may be the one it is copying.
     """
-    async_save.wait(strategy)  # the checkpoint to load may be the one being written
     path = Path(path)
     fmt = _decide(strategy, lambda: detect_format(path))
     n_optimizers = 0 if weights_only else len(optimizers)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,9 @@ from fullshard.launch import stuck_ranks
 from fullshard.seed import rng_states, set_rng_states
 
 if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
+    from fullshard.checkpoint.async_save import PendingSave
     from fullshard.trainer.trainer import Trainer
 
 # engine and async_save are imported where used: they import torch's distributed checkpointing,
@@ -61,27 +64,26 @@ TENSOR_ENTRIES = ("state_dict", "optimizer_states")  # what the strategy provide
 
 class CheckpointManager:
     """One Trainer's checkpoints: :meth:`save`, :meth:`load` (for a stage's ``ckpt_path``),
-    :meth:`restore_rng_states`, the background save (:meth:`wait`, :meth:`finish_after_failure`)."""
+    :meth:`restore_rng_states`, and the save being written in the background (:attr:`pending`,
+    :meth:`wait`, :meth:`wait_for_copy`, :meth:`after_commit`, :meth:`finish_after_failure`).
+
+    The strategy's ``save_checkpoint``/``load_checkpoint`` (Lightning's API, for a dict built by
+    hand) go through :meth:`write` and :meth:`read`, so that a background save has one owner
+    whichever way it was started."""
 
     def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
+        self._pending: PendingSave | None = None
 
     # ------------------------------------------------------------------------------ saving
     def dump(self, weights_only: bool = False) -> dict[str, Any]:
         """The whole checkpoint, the model and optimizer states in the strategy's format, after
         the save hooks ran on it. A collective call: every rank must make it."""
         trainer = self._trainer
-        strategy = trainer.strategy
         checkpoint = trainer_state(trainer)
         if weights_only:
             checkpoint["lr_schedulers"] = []
-        optimizers = () if weights_only else trainer.optimizers
-        full = strategy.state_dict_type != "sharded"
-        self.wait()  # one save at a time: the previous one's copy is done with the state
-        with stuck_ranks.paused():  # gathering a full state is checkpoint I/O, not a stuck rank
-            model_state, optimizer_states = strategy.get_state(optimizers, full=full)
-        checkpoint["state_dict"] = model_state
-        checkpoint["optimizer_states"] = optimizer_states
+        checkpoint.update(self._tensor_entries(() if weights_only else trainer.optimizers))
         module = trainer.lightning_module
         for callback in trainer.callbacks:  # Lightning's order: callbacks, then the module
             callback.on_save_checkpoint(trainer, module, checkpoint)
@@ -94,21 +96,77 @@ class CheckpointManager:
         """Build the checkpoint (:meth:`dump`) and write it to ``path`` in the strategy's format;
         with ``async_save`` the files are written in the background (see
         [Note: asynchronous commit] in async_save.py). Collective."""
+        checkpoint = self.dump(weights_only)
+        self.write(checkpoint, path, () if weights_only else self._trainer.optimizers)
+
+    def write(self, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer]) -> None:
+        """Write a checkpoint dict as it is, in the strategy's format; where it has no model and
+        optimizer states, the current ones of the model and ``optimizers`` are added. Collective."""
         from fullshard.checkpoint import engine
 
-        trainer = self._trainer
-        checkpoint = self.dump(weights_only)
-        optimizers = () if weights_only else trainer.optimizers
-        with stuck_ranks.paused():
-            engine.save(trainer.strategy, checkpoint, path, optimizers)
+        if any(key not in checkpoint for key in TENSOR_ENTRIES):
+            checkpoint = {**checkpoint, **self._tensor_entries(optimizers)}
+        self.wait()  # one save at a time (and one staged copy of the state)
+        with stuck_ranks.paused():  # checkpoint I/O is never timed as a stuck rank
+            self._pending = engine.save(self._trainer.strategy, checkpoint, path, optimizers)
+
+    def _tensor_entries(self, optimizers: Sequence[Optimizer]) -> dict[str, Any]:
+        """The model's and ``optimizers``' states as the strategy provides them, read after the
+        previous background save has copied them."""
+        strategy = self._trainer.strategy
+        self.wait()
+        with stuck_ranks.paused():  # gathering a full state is checkpoint I/O, not a stuck rank
+            model_state, optimizer_states = strategy.get_state(
+                optimizers, full=strategy.state_dict_type != "sharded"
+            )
+        return {"state_dict": model_state, "optimizer_states": optimizer_states}
+
+    # ------------------------------------------------------------------ the background save
+    @property
+    def pending(self) -> PendingSave | None:
+        """The checkpoint being written in the background (``async_save``), if any: its
+        ``path``, ``step``, ``staged_bytes`` and ``copy_wait_s`` (how long optimizer steps waited
+        for its copy so far)."""
+        return self._pending
 
     def wait(self) -> None:
-        """Wait until the checkpoint being written in the background, if any, is committed (its
-        failure raised). Collective."""
+        """Wait until the checkpoint being written in the background, if any, is committed.
+        Collective: every rank calls it at the same point.
+
+        Raises:
+            CheckpointError: on every rank, when that save failed and no optimizer step reported
+                it yet. The checkpoint previously at its path is intact.
+        """
         from fullshard.checkpoint import async_save
 
-        with stuck_ranks.paused():
-            async_save.wait(self._trainer.strategy)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            with stuck_ranks.paused():
+                async_save.finish(pending)
+
+    def wait_for_copy(self) -> None:
+        """Return once the checkpoint being written in the background, if any, has copied this
+        process's parameters and optimizer state; from then on they may be changed in place.
+        Optimizer steps, loads and saves wait by themselves; call it before changing them any
+        other way (docs/checkpoints.md, "Asynchronous checkpoints"). No communication."""
+        if self._pending is not None:
+            self._pending.wait_for_copy()
+
+    def after_commit(self, action: Callable[[], None]) -> bool:
+        """Run ``action`` on this rank once the checkpoint being written in the background is
+        committed, and return True; return False (and do nothing) when none is being written.
+        ``action`` is dropped when that save fails. The answer is the same on every rank."""
+        if self._pending is None:
+            return False
+        self._pending.after_commit(action)
+        return True
+
+    def step_boundary(self, global_step: int) -> None:
+        """Called by the fit loop after each optimizer step: raises the background save's failure
+        at the step every rank agrees on ([Note: failures surface at the same step on every rank]
+        in async_save.py). An attribute read when no save is pending."""
+        if self._pending is not None:
+            self._pending.step_boundary(global_step)
 
     def finish_after_failure(self, exception: BaseException) -> None:
         """When a run fails, let the checkpoint being written in the background commit: it is
@@ -127,27 +185,22 @@ class CheckpointManager:
         state for ``fit``, the weights otherwise (and for ``fit(ckpt_weights_only=True)``). Returns
         the checkpoint's other contents (None where nothing more is restored, or no checkpoint was
         found) and the path it resolved to. Collective."""
-        from fullshard.checkpoint import engine
-
         trainer = self._trainer
         path = resolve_ckpt_path(trainer, ckpt_path, stage)
         if path is None:
             return None, None
-        strategy = trainer.strategy
         module = trainer.lightning_module
         strict = module.strict_loading
         weights_only = stage != "fit" or options.weights_only
-        with stuck_ranks.paused():
-            checkpoint = engine.load(
-                strategy,
-                path,
-                () if weights_only else trainer.optimizers,
-                weights_only=weights_only,
-                check=None if weights_only else scheduler_check(trainer, path),
-                verify=options.verify,
-                trust=options.trust,
-                strict=strict,
-            )
+        checkpoint = self.read(
+            path,
+            () if weights_only else trainer.optimizers,
+            weights_only=weights_only,
+            check=None if weights_only else scheduler_check(trainer, path),
+            verify=options.verify,
+            trust=options.trust,
+            strict=strict,
+        )
         if weights_only:
             module.on_load_checkpoint(checkpoint)
             for callback in trainer.callbacks:
@@ -155,6 +208,35 @@ class CheckpointManager:
             return (checkpoint if stage != "fit" else None), path  # fine-tuning: fresh loops and RNG states
         self.restore(checkpoint)
         return checkpoint, path
+
+    def read(
+        self,
+        path: str | Path,
+        optimizers: Sequence[Optimizer] = (),
+        *,
+        weights_only: bool = False,
+        check: Callable[[dict[str, Any]], None] | None = None,
+        verify: bool = True,
+        trust: bool = False,
+        strict: bool = True,
+    ) -> dict[str, Any]:
+        """Load a checkpoint's model (and unless ``weights_only``, optimizer) states into place and
+        return the rest of it, after the background save, if any, is committed (the checkpoint
+        may be that one). The checks are :func:`fullshard.checkpoint.engine.load`'s. Collective."""
+        from fullshard.checkpoint import engine
+
+        self.wait()
+        with stuck_ranks.paused():
+            return engine.load(
+                self._trainer.strategy,
+                path,
+                optimizers,
+                weights_only=weights_only,
+                check=check,
+                verify=verify,
+                trust=trust,
+                strict=strict,
+            )
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         """Restore schedulers, scaler, callbacks and loop progress (the strategy loaded the tensors).

@@ -8,7 +8,7 @@ synchronous save, so the copy is split by who can change a tensor:
 - parameters (their shards) and optimizer state change only in an optimizer step. The save keeps
   references to them (:class:`Staging`), and the background thread copies them before writing.
   Until that copy is done, every optimizer waits at the start of its ``step`` (:class:`StepGuard`,
-  a step pre-hook of all optimizers), and a load or ``set_state`` waits too; forward and backward
+  a step pre-hook of all optimizers), and a load waits for the whole save; forward and backward
   run meanwhile, reading the same tensors;
 - everything else is copied on the training thread, at the save: buffers (BatchNorm's running
   statistics change in every forward), and the state's other values (deep copies).
@@ -16,7 +16,7 @@ synchronous save, so the copy is split by who can change a tensor:
 What is guaranteed: the checkpoint holds the state as it was when ``save_checkpoint`` was called,
 as long as nothing but an optimizer's ``step`` writes to parameters or optimizer state in place
 before the copy is done. Code that does (a callback that clamps weights, ``p.data.copy_(...)``
-in a hook) calls ``strategy.wait_for_checkpoint_copy()`` first. This is the contract of torch's
+in a hook) calls ``trainer.checkpoint_manager.wait_for_copy()`` first. This is the contract of torch's
 own ``DefaultStager(StagingOptions(use_async_staging=True))``, which leaves the wait to the
 caller (``synchronize_staging()``); here the optimizer step waits by itself. torch's stager is not
 used: its background mode copies the whole state there, buffers included, which the next forward

@@ -339,12 +339,6 @@ class ParallelStrategy(Strategy):
         global _failed
         _failed = True
 
-    # ------------------------------------------------------- checkpoints (never timed as stuck)
-    @override
-    def wait_for_checkpoint(self) -> None:
-        with stuck_ranks.paused():
-            super().wait_for_checkpoint()
-
     # ---------------------------------------------------------------------------- collectives
     @override
     def barrier(self, name: str | None = None) -> None:

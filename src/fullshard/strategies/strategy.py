@@ -12,9 +12,9 @@
 6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce` (and
    :meth:`all_reduce_data_parallel`, over the data replicas only), :meth:`all_gather_object`,
    :meth:`gather_object`.
-7. Checkpoints: :meth:`save_checkpoint`, :meth:`load_checkpoint`, and the model / optimizer
-   state helpers; with background saves, :meth:`wait_for_checkpoint` (end of ``fit``) and
-   :attr:`pending_checkpoint` (each optimizer step).
+7. Checkpoints: the model and optimizer states (:meth:`get_state`, :meth:`set_state`), which the
+   host's checkpoint manager (:attr:`checkpoint_manager`) saves and loads; :meth:`save_checkpoint`
+   and :meth:`load_checkpoint` hand a dict built by hand to that manager.
 8. :meth:`teardown`.
 
 A strategy knows nothing of loops or callbacks, so another host can drive it the same way.
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.distributed.device_mesh import DeviceMesh
 
-    from fullshard.checkpoint.async_save import PendingSave
+    from fullshard.checkpoint.manager import CheckpointManager
     from fullshard.launch import ClusterEnvironment, Launcher
     from fullshard.strategies.registry import StrategyRegistry
 
@@ -65,9 +65,10 @@ class Strategy:
     #: Write sharded checkpoints in the background (set by the strategies that can:
     #: ``FSDP2Strategy(async_save=True)``; see fullshard.checkpoint.async_save).
     async_save: bool = False
-    #: The checkpoint being written in the background, from the save that started it until the
-    #: next save, load or the end of ``fit`` waited for it; None otherwise. The same on every rank.
-    pending_checkpoint: PendingSave | None = None
+    #: The host's checkpoints (the Trainer's ``checkpoint_manager``, connected by the Trainer): it
+    #: saves and loads the states this strategy provides, and owns the save being written in the
+    #: background.
+    checkpoint_manager: CheckpointManager | None = None
     #: Set by the host for each ``fit``: the module steps its optimizers itself (Lightning's manual
     #: optimization), calling :meth:`backward` inside its training step, possibly several times.
     manual_optimization: bool = False
@@ -461,7 +462,6 @@ class Strategy:
         ``strict=False``: ``model_state`` may hold part of the model's keys; the rest stays."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        self.wait_for_checkpoint_copy()  # a background save may still be reading the tensors loaded into
         model = self._require_model()
         options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0, strict=strict)
         set_model_state_dict(model, model_state, options=options)
@@ -496,26 +496,16 @@ class Strategy:
         """Write ``checkpoint`` to ``path`` (collective), as Lightning's ``Strategy.save_checkpoint``.
 
         The Trainer saves through its :class:`~fullshard.checkpoint.manager.CheckpointManager`,
-        which builds the whole dict; this is for a dict built by hand. Its ``"state_dict"`` and
+        which builds the whole dict; this is for a dict built by hand, written by that manager
+        (:meth:`~fullshard.checkpoint.manager.CheckpointManager.write`). Its ``"state_dict"`` and
         ``"optimizer_states"`` are written as they are; where it has none, the model's and
         ``optimizers``' states are taken (:meth:`get_state`). The format follows
         :attr:`state_dict_type`: ``"full"`` writes one file from rank 0, ``"sharded"`` one
         directory with a file per rank; both commit atomically. With :attr:`async_save` it returns
-        at once: the state is copied to host memory (optimizer steps wait for the copy:
-        :meth:`wait_for_checkpoint_copy`), and the files are written and committed in the
-        background (see :meth:`wait_for_checkpoint`).
+        at once and the files are written in the background (docs/checkpoints.md, "Asynchronous
+        checkpoints").
         """
-        from fullshard.checkpoint import async_save, engine
-        from fullshard.launch import stuck_ranks
-
-        with stuck_ranks.paused():  # checkpoint I/O is never timed as a stuck rank
-            if "state_dict" not in checkpoint:
-                async_save.wait(self)  # one save at a time: the state is read after the last copy
-                model_state, optimizer_states = self.get_state(
-                    optimizers, full=self.state_dict_type != "sharded"
-                )
-                checkpoint = {**checkpoint, "state_dict": model_state, "optimizer_states": optimizer_states}
-            engine.save(self, checkpoint, path, optimizers)
+        self._checkpoints("save_checkpoint").write(checkpoint, path, optimizers)
 
     def load_checkpoint(
         self,
@@ -540,50 +530,24 @@ class Strategy:
         write"). Only for a checkpoint from someone you trust. ``strict=False``: the checkpoint may
         hold part of the model's state (the rest stays as it is), as ``load_state_dict(strict=False)``.
         """
-        from fullshard.checkpoint import engine
-        from fullshard.launch import stuck_ranks
+        return self._checkpoints("load_checkpoint").read(
+            path,
+            optimizers,
+            weights_only=weights_only,
+            check=check,
+            verify=verify,
+            trust=trust_checkpoint,
+            strict=strict,
+        )
 
-        with stuck_ranks.paused():
-            return engine.load(
-                self,
-                path,
-                optimizers,
-                weights_only=weights_only,
-                check=check,
-                verify=verify,
-                trust=trust_checkpoint,
-                strict=strict,
+    def _checkpoints(self, method: str) -> CheckpointManager:
+        if self.checkpoint_manager is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.{method}() needs the strategy to be connected to a Trainer, which saves "
+                "and loads its checkpoints: pass the strategy to fullshard.Trainer(strategy=...) and call it "
+                "after fit(), validate(), test() or predict() set the model up."
             )
-
-    def wait_for_checkpoint(self) -> None:
-        """Wait until the checkpoint being written in the background (``async_save``), if any, is
-        committed (collective: every rank calls it at the same point).
-
-        Raises:
-            CheckpointError: on every rank, when that save failed and no optimizer step reported
-                it yet. The checkpoint previously at its path is intact.
-        """
-        if self.pending_checkpoint is not None:
-            from fullshard.checkpoint import async_save
-
-            async_save.wait(self)
-
-    def wait_for_checkpoint_copy(self) -> None:
-        """Return once the checkpoint being written in the background (``async_save``), if any, has
-        copied this process's parameters and optimizer state; from then on they may be changed in
-        place. Optimizer steps, loads and saves wait by themselves; call it before changing them
-        any other way (docs/checkpoints.md, "Asynchronous checkpoints"). No communication."""
-        if self.pending_checkpoint is not None:
-            self.pending_checkpoint.wait_for_copy()
-
-    def after_checkpoint_commit(self, action: Callable[[], None]) -> bool:
-        """Run ``action`` on this rank once the checkpoint being written in the background is
-        committed, and return True; return False (and do nothing) when none is being written.
-        ``action`` is dropped when that save fails. The answer is the same on every rank."""
-        if self.pending_checkpoint is None:
-            return False
-        self.pending_checkpoint.after_commit(action)
-        return True
+        return self.checkpoint_manager
 
     def on_exception(self, exception: BaseException) -> None:
         """Called by the host when a run fails in this process, before the error propagates."""

@@ -219,7 +219,7 @@ class Preemption:
         path = preemption_checkpoint_path(trainer)
         started = time.monotonic()
         trainer.save_checkpoint(path)
-        trainer.strategy.wait_for_checkpoint()  # committed before anyone leaves
+        trainer.checkpoint_manager.wait()  # committed before anyone leaves
         seconds = time.monotonic() - started
         job_id = os.environ.get("SLURM_JOB_ID")
         if trainer.is_global_zero:

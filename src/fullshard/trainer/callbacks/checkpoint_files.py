@@ -124,7 +124,7 @@ def remove_once_committed(trainer: Trainer, paths: list[str]) -> None:
                 remove_path(path)
 
     # a save written in the background (async_save) is committed later: delete then, not now
-    if trainer.strategy.after_checkpoint_commit(remove):
+    if trainer.checkpoint_manager.after_commit(remove):
         return
     remove()
     trainer.strategy.barrier("model_checkpoint_remove")

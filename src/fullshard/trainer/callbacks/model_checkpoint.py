@@ -20,7 +20,7 @@ top ``k`` (or an older ``last``) is deleted only after every checkpoint of the s
 ``last`` included, has been committed, so an interrupted save never leaves fewer complete
 checkpoints than before. Paths still referenced (best, top ``k``, last) are never deleted. With
 ``FSDP2Strategy(async_save=True)`` the event's last save is still being written when the event
-ends: rank 0 deletes once it is committed (the strategy's ``after_checkpoint_commit``), and never
+ends: rank 0 deletes once it is committed (the checkpoint manager's ``after_commit``), and never
 if it fails.
 """
 

@@ -411,8 +411,8 @@ class FitLoop:
             # [Note: preemption, agreed without a per-step collective] in fullshard.trainer.preemption
             if boundary and preempt.requested and preempt.should_stop(progress.total_batch_idx):
                 preempt.save_and_exit(trainer)
-            if stepped and strategy.pending_checkpoint is not None:  # a checkpoint written in the background
-                strategy.pending_checkpoint.step_boundary(progress.global_step)  # raises if it failed
+            if stepped:  # a checkpoint written in the background raises here if it failed
+                trainer.checkpoint_manager.step_boundary(progress.global_step)
             if batch_end:
                 outputs = output if manual else _batch_outputs(output, loss)
                 for hook in batch_end:
