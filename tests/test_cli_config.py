@@ -388,13 +388,13 @@ def test_an_unknown_lightning_class_in_a_config_is_named(
 def test_a_lightning_only_trainer_option_that_is_on_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = _write(tmp_path / "run.yaml", {"trainer": {"barebones": True}})
+    config = _write(tmp_path / "run.yaml", {"trainer": {"model_registry": "hub"}})
     err = _error(capsys, "fit", "--config", str(config), *_quiet(tmp_path))
     assert (
-        "trainer.barebones: Trainer(barebones=True) is a Lightning option that fullshard does not support"
-        in err
+        "trainer.model_registry: Trainer(model_registry='hub') is a Lightning option that fullshard does not "
+        "support" in err
     )
-    assert "lean already" in err
+    assert "leave it out" in err
 
 
 def test_jsonargparse_missing_says_how_to_install(tmp_path: Path) -> None:

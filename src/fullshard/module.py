@@ -18,6 +18,7 @@ from torch import nn
 
 from fullshard.module_hooks import DataHooks, ModelHooks, not_defined
 from fullshard.module_optimization import OptimizationHooks
+from fullshard.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -276,6 +277,12 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
                 Lightning compatibility; values are always detached and reduced over the whole
                 job, and a Metric needs no attribute name (it is never saved by the Trainer).
         """
+        if self.trainer.barebones:
+            rank_zero_warn(
+                f"self.log({name!r}) was called with Trainer(barebones=True), which turns logging off: the value "
+                "is dropped. Drop barebones=True to log."
+            )
+            return
         self.trainer.metrics_collector.log(
             name,
             value,

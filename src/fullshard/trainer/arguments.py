@@ -19,7 +19,6 @@ from fullshard.trainer.loggers import CSVLogger, Logger
 # Lightning Trainer options fullshard does not implement, with the value that means "off" in
 # Lightning: passing that value is accepted (a ported script often spells defaults out).
 _LIGHTNING_ONLY: dict[str, tuple[Any, str]] = {
-    "barebones": (False, "fullshard's Trainer is lean already; leave it out"),
     "plugins": (None, "pass precision= and strategy= instead"),
     "model_registry": (None, "leave it out"),
 }
@@ -33,7 +32,49 @@ TRAINER_ARGUMENTS = (
     "deterministic", "benchmark", "inference_mode", "use_distributed_sampler", "detect_anomaly",
     "default_root_dir", "compile", "preemption_signals", "requeue_on_preemption", "on_nonfinite_loss",
     "max_time", "profiler", "sync_batchnorm", "overfit_batches", "reload_dataloaders_every_n_epochs",
+    "barebones",
 )  # fmt: skip
+
+# Trainer(barebones=True), as Lightning: the options it turns off (each with its "off" value) and
+# those it refuses to turn on.
+_BAREBONES_OFF: tuple[tuple[str, Any, str], ...] = (
+    ("enable_checkpointing", False, "Checkpointing"),
+    ("logger", False, "Logging"),
+    ("enable_progress_bar", False, "The progress bar"),
+    ("log_every_n_steps", 0, "Logging"),
+    ("enable_model_summary", False, "The model summary"),
+    ("num_sanity_val_steps", 0, "Sanity checking"),
+)
+_BAREBONES_REFUSED: tuple[tuple[str, Any, str], ...] = (
+    ("fast_dev_run", False, "A development run"),
+    ("detect_anomaly", False, "Anomaly detection"),
+    ("profiler", None, "Profiling"),
+)
+
+
+def check_barebones(given: dict[str, Any]) -> None:
+    """``Trainer(barebones=True)`` with ``given`` (the Trainer's arguments by name): Lightning's rule.
+
+    An option barebones turns off may be left at its default (None) or given its "off" value;
+    turning one on, or turning on one it refuses (``fast_dev_run``, ``detect_anomaly``,
+    ``profiler``), is a ``ValueError``.
+    """
+    for name, off, what in _BAREBONES_OFF:
+        if given[name] is not None and given[name] != off:
+            raise ValueError(
+                f"Trainer(barebones=True, {name}={given[name]!r}) was passed. {what} can slow the loop down, so "
+                f"barebones mode turns it off: leave {name} out, or drop barebones=True."
+            )
+    for name, off, what in _BAREBONES_REFUSED:
+        if given[name] is not off and given[name] != off:
+            raise ValueError(
+                f"Trainer(barebones=True, {name}={given[name]!r}) was passed. {what} is off in barebones mode: "
+                f"leave {name} out, or drop barebones=True."
+            )
+    rank_zero_info(
+        "Trainer(barebones=True): checkpointing, logging (self.log does nothing), the progress bar, the model "
+        "summary and the sanity check are off, to measure the loop's own speed."
+    )
 
 
 def reject_unknown(extra: dict[str, Any]) -> None:

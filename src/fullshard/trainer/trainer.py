@@ -123,6 +123,9 @@ class Trainer(TrainerProperties):
         max_time, profiler, sync_batchnorm, overfit_batches, reload_dataloaders_every_n_epochs:
             Lightning's (docs/lightning.md; ``max_time``'s Timer: docs/callbacks.md; profilers:
             docs/profiling.md).
+        barebones: Lightning's barebones mode: checkpointing, logging (``self.log`` does nothing),
+            the progress bar, the model summary and the sanity check off; turning one of them,
+            ``fast_dev_run``, ``detect_anomaly`` or a profiler on is a ``ValueError``.
     """
 
     def __init__(
@@ -169,9 +172,28 @@ class Trainer(TrainerProperties):
         sync_batchnorm: bool = False,
         overfit_batches: int | float = 0.0,
         reload_dataloaders_every_n_epochs: int = 0,
+        barebones: bool = False,
         **lightning_only: Any,
     ) -> None:
         arguments.reject_unknown(lightning_only)
+        #: Lightning's barebones mode: no checkpoints, logging, progress bar, model summary or sanity check.
+        self.barebones = barebones
+        if barebones:
+            arguments.check_barebones(
+                {
+                    "enable_checkpointing": enable_checkpointing,
+                    "logger": logger,
+                    "enable_progress_bar": enable_progress_bar,
+                    "log_every_n_steps": log_every_n_steps,
+                    "enable_model_summary": enable_model_summary,
+                    "num_sanity_val_steps": num_sanity_val_steps,
+                    "fast_dev_run": fast_dev_run,
+                    "detect_anomaly": detect_anomaly,
+                    "profiler": profiler,
+                }
+            )
+            enable_checkpointing = logger = enable_progress_bar = enable_model_summary = False
+            num_sanity_val_steps = 0  # log_every_n_steps stays: nothing is logged
         self.fast_dev_run = arguments.fast_dev_run_batches(fast_dev_run)
         log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps
         arguments.check_counts(
