@@ -561,6 +561,30 @@ def test_nonfinite_loss_skip_skips_the_step_as_a_none_loss_does(
     assert all(torch.equal(skipped.state_dict()[k], v) for k, v in none.state_dict().items())
 
 
+def test_nonfinite_loss_skip_stops_after_a_bounded_run_of_skips(tmp_path: Path) -> None:
+    """A loss that is NaN on every batch is not skipped forever: after max_consecutive_nonfinite_skips
+    skipped steps in a row the next raises, saying how many; a finite step in between resets the count."""
+    always = lambda: NaNAt(set(range(100)))  # noqa: E731
+    with pytest.raises(
+        fullshard.errors.NonFiniteLossError,
+        match=r"The training loss was nan at epoch 0, batch 3 \(before optimizer step 1\) on rank 0, after 3 "
+        r"optimizer steps in a row were skipped .* skips at most max_consecutive_nonfinite_skips=3 in a row",
+    ):
+        _fit(tmp_path, always, on_nonfinite_loss="skip", max_consecutive_nonfinite_skips=3)
+    with pytest.raises(fullshard.errors.NonFiniteLossError, match=r"after 25 optimizer steps in a row"):
+        _fit(tmp_path, always, on_nonfinite_loss="skip", max_epochs=100)  # the default bound: 25
+    # runs of 2 bad batches between good ones never reach a bound of 2
+    trainer, _ = _fit(
+        tmp_path, lambda: NaNAt({1, 2, 4, 5}), on_nonfinite_loss="skip", max_consecutive_nonfinite_skips=2
+    )
+    assert trainer.global_step == 6
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"max_consecutive_nonfinite_skips=0 is invalid: pass a whole number of 1 or more",
+    ):
+        quiet_trainer(tmp_path, on_nonfinite_loss="skip", max_consecutive_nonfinite_skips=0)
+
+
 def test_nonfinite_loss_with_the_check_off_is_said_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -31,7 +31,7 @@ TRAINER_ARGUMENTS = (
     "enable_model_summary", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
     "deterministic", "benchmark", "inference_mode", "use_distributed_sampler", "detect_anomaly",
     "default_root_dir", "compile", "preemption_signals", "requeue_on_preemption", "on_nonfinite_loss",
-    "max_time", "profiler", "sync_batchnorm", "overfit_batches", "reload_dataloaders_every_n_epochs",
+    "max_consecutive_nonfinite_skips", "max_time", "profiler", "sync_batchnorm", "overfit_batches", "reload_dataloaders_every_n_epochs",
     "barebones",
 )  # fmt: skip
 

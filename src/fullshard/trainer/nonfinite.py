@@ -5,7 +5,10 @@
   step (its weights are still those of the last finite step); the job's other processes are then
   stopped as after any failed process (docs/launching.md).
 - ``"skip"``: skip that optimizer step on every rank (the gradients of its accumulation window
-  are dropped; ``global_step`` does not count it, as when ``training_step`` returns None), and go on.
+  are dropped; ``global_step`` does not count it, as when ``training_step`` returns None), and go on;
+  but not forever: after ``max_consecutive_nonfinite_skips`` skipped steps in a row (default
+  :data:`DEFAULT_MAX_SKIPS`), the next non-finite one raises ``NonFiniteLossError`` saying how many
+  were skipped. A model whose every loss is NaN has diverged; skipping its steps only hides that.
 - ``None``: no check (the loss goes into the optimizer step whatever it is), but not silently
   either: the first non-finite loss rank 0 sees is reported once, as a warning on rank 0 (a NaN
   on another rank reaches rank 0's weights, and so its loss, through the gradient reduction).
@@ -44,23 +47,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("fullshard")
 Mode = Literal["raise", "skip"] | None
 MODES = ("raise", "skip", None)
+DEFAULT_MAX_SKIPS = 25  # Trainer(max_consecutive_nonfinite_skips=): skipped steps in a row before it raises
 
 
-def parse(mode: object) -> NonFiniteLoss:
-    """The check ``Trainer(on_nonfinite_loss=mode)`` asks for (None: no check, only a warning)."""
+def parse(mode: object, max_skips: object = DEFAULT_MAX_SKIPS) -> NonFiniteLoss:
+    """The check ``Trainer(on_nonfinite_loss=mode, max_consecutive_nonfinite_skips=max_skips)``
+    asks for (None: no check, only a warning)."""
     if mode not in MODES:
         raise MisconfigurationError(
             f"on_nonfinite_loss={mode!r} is invalid: use 'raise' (stop before the optimizer step, the default), "
             "'skip' (skip that optimizer step and go on) or None (no check)."
         )
-    return NonFiniteLoss(mode)  # type: ignore[arg-type]
+    if not isinstance(max_skips, int) or isinstance(max_skips, bool) or max_skips < 1:
+        raise MisconfigurationError(
+            f"max_consecutive_nonfinite_skips={max_skips!r} is invalid: pass a whole number of 1 or more (the "
+            f"optimizer steps on_nonfinite_loss='skip' may skip in a row before it raises; default {DEFAULT_MAX_SKIPS})."
+        )
+    return NonFiniteLoss(mode, max_skips)  # type: ignore[arg-type]
 
 
 class NonFiniteLoss:
     """The check of one Trainer: :meth:`observe` each loss, :meth:`step_allowed` at each optimizer step."""
 
-    def __init__(self, mode: Mode) -> None:
+    def __init__(self, mode: Mode, max_skips: int = DEFAULT_MAX_SKIPS) -> None:
         self.mode = mode
+        self.max_skips = max_skips
+        self._skipped_in_a_row = 0  # "skip": optimizer steps skipped since the last one taken
         self._warned = False  # mode None: the one warning was given
         # [non-finite?, the loss, its batch] of the window so far: a tensor on the loss's device
         # (no synchronisation), or on the CPU, where reading a number costs nothing, a tuple
@@ -108,6 +120,7 @@ class NonFiniteLoss:
             return True
         window, self._window = self._window, None
         if window is None:
+            self._skipped_in_a_row = 0
             return True
         strategy = trainer.strategy
         if self.mode == "raise" or strategy.world_size == 1:
@@ -122,6 +135,7 @@ class NonFiniteLoss:
             reports = dict(enumerate(strategy.all_gather(local).tolist()))
         bad = [(rank, value, int(batch)) for rank, (flag, value, batch) in reports.items() if flag]
         if not bad:
+            self._skipped_in_a_row = 0
             return True
         batches = sorted({batch for _, _, batch in bad})
         where = (
@@ -137,6 +151,16 @@ class NonFiniteLoss:
                 "too high, a log or division of 0 in the loss, NaN in the data; Trainer(detect_anomaly=True) names "
                 "the operation), or pass on_nonfinite_loss='skip' to skip such steps (None: no check)."
             )
+        if self._skipped_in_a_row >= self.max_skips:  # the same count on every rank: they agreed on each skip
+            raise NonFiniteLossError(
+                f"The training loss was {values} {where}, after {self._skipped_in_a_row} optimizer steps in a row "
+                f"were skipped for a non-finite loss: Trainer(on_nonfinite_loss='skip') skips at most "
+                f"max_consecutive_nonfinite_skips={self.max_skips} in a row, so the run stops (the weights are those "
+                "of the last step taken). The model has likely diverged: lower the learning rate, or find the "
+                "cause of the non-finite loss (Trainer(detect_anomaly=True) names the operation); pass a larger "
+                "max_consecutive_nonfinite_skips only if such runs of bad batches are expected."
+            )
+        self._skipped_in_a_row += 1
         for optimizer in trainer.optimizers:
             optimizer.zero_grad(set_to_none=True)
         if trainer.is_global_zero:

@@ -120,6 +120,9 @@ class Trainer(TrainerProperties):
             ``"skip"`` skips that optimizer step on every rank; None does not check (it warns
             once, on rank 0, when it sees one). Not a Lightning option; see docs/checkpoints.md
             for its cost.
+        max_consecutive_nonfinite_skips: with ``on_nonfinite_loss="skip"``, how many optimizer
+            steps in a row may be skipped; the next non-finite loss raises ``NonFiniteLossError``
+            saying how many were skipped (default 25). Not a Lightning option.
         max_time, profiler, sync_batchnorm, overfit_batches, reload_dataloaders_every_n_epochs:
             Lightning's (docs/lightning.md; ``max_time``'s Timer: docs/callbacks.md; profilers:
             docs/profiling.md).
@@ -167,6 +170,7 @@ class Trainer(TrainerProperties):
         preemption_signals: Any = preemption.DEFAULT_SIGNALS,
         requeue_on_preemption: bool = True,
         on_nonfinite_loss: str | None = "raise",
+        max_consecutive_nonfinite_skips: int = nonfinite.DEFAULT_MAX_SKIPS,
         max_time: str | timedelta | dict[str, int] | None = None,
         profiler: Profiler | str | None = None,
         sync_batchnorm: bool = False,
@@ -227,7 +231,8 @@ class Trainer(TrainerProperties):
         self.profiler = resolve_profiler(profiler)
         compile_config = parse_compile(compile, "Trainer")
         self._preemption_signals = preemption.parse_signals(preemption_signals)
-        on_nonfinite = nonfinite.parse(on_nonfinite_loss)  # [Note: agreeing on a non-finite loss]
+        # [Note: agreeing on a non-finite loss]
+        on_nonfinite = nonfinite.parse(on_nonfinite_loss, max_consecutive_nonfinite_skips)
 
         if self.fast_dev_run:
             limits = dict.fromkeys(limits, self.fast_dev_run)
