@@ -502,7 +502,7 @@ def test_a_dict_saved_through_the_strategy_is_owned_by_the_trainers_manager(tmp_
 
     set_event_hook(hold)
     checkpoint = {**trainer.checkpoint_manager.dump(), "by_hand": 7}
-    trainer.strategy.save_checkpoint(checkpoint, tmp_path / "hand", trainer.optimizers)
+    trainer.strategy.save_checkpoint(checkpoint, tmp_path / "hand", optimizers=trainer.optimizers)
     pending = trainer.checkpoint_manager.pending
     assert pending is not None and pending.path == tmp_path / "hand"
     release.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -389,3 +390,111 @@ def test_bad_configure_optimizers_ends_a_two_process_job_at_once(tmp_path: Path)
     assert result.returncode != 0
     assert result.stderr.count("configure_optimizers() returned None") == 1, result.stderr
     assert elapsed < 15, elapsed
+
+
+# ----------------------------------------------- Lightning's module, Trainer and strategy surface
+def test_module_trainer_and_strategy_surface_behave_as_lightnings(tmp_path: Path) -> None:
+    """Steps without batch_idx, barebones, init_module, the dataloader views, storage_options,
+    the strategies' kwargs/mixed_precision_config/device_mesh: tests/scripts/lightning_api_lightning.py
+    measures both sides with one body, Lightning 2.6.6's in its own environment."""
+    from lightning_api_lightning import behaviour
+
+    from fullshard import strategies
+    from lckpt_models import NO_LIGHTNING, lightning_python
+
+    python = lightning_python()
+    if python is None:
+        pytest.skip(NO_LIGHTNING)
+    script = SCRIPTS / "lightning_api_lightning.py"
+    result = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lightning = json.loads(result.stdout.strip().splitlines()[-1])
+    (tmp_path / "fs").mkdir()
+    ours = json.loads(json.dumps(behaviour(fullshard, strategies, tmp_path / "fs")))
+    # documented in docs/lightning.md: the views outlive the call (Lightning's are reset, but the
+    # last predict's), and empty_init builds parameters on the meta device, filled with their
+    # initial values when the strategy sets the model up (Lightning: uninitialised memory)
+    assert lightning["no_batch_idx"].pop("dataloaders") == ["NoneType", "NoneType", "NoneType", "DataLoader"]
+    assert ours["no_batch_idx"].pop("dataloaders") == ["DataLoader"] * 4
+    assert (lightning.pop("init_module_empty_init_device"), ours.pop("init_module_empty_init_device")) == (
+        "cpu",
+        "meta",
+    )
+    assert ours == lightning
+
+
+@pytest.mark.multiprocess
+def test_module_trainer_and_strategy_surface_on_two_processes(tmp_path: Path) -> None:
+    """The same script under ddp, fsdp and fsdp2 (2 CPU processes): steps without batch_idx,
+    a model built in init_module, the dataloader views, and the strategy's state-dict,
+    optimizer-state, reduce and checkpoint methods; every strategy trains the same weights."""
+    results = {}
+    for strategy in ("ddp", "fsdp", "fsdp2"):
+        out = tmp_path / strategy
+        out.mkdir()
+        check_ok(run_script("lightning_api_job.py", "--out", str(out), "--strategy", strategy))
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+        assert ranks[0] == ranks[1], strategy  # full states on every rank
+        results[strategy] = seen = ranks[0]
+        assert (seen["train_dataloader"], seen["distributed"], seen["val_dataloaders"]) == (
+            "DataLoader",
+            True,
+            "DataLoader",
+        )
+        assert seen["global_step"] == 4 and seen["predictions"] == [[8, 1], [8, 1]]
+        keys = ["net.0.bias", "net.0.weight", "net.2.bias", "net.2.weight"]
+        assert seen["state_keys"] == keys and seen["optimizer_state_params"] == keys
+        assert seen["optimizer_state_keys"] == ["param_groups", "state"]
+        assert seen["reduce_sum"] == 2.0 and seen["precision_plugin"] == "32-true"
+        assert seen["trainer_precision_plugin_is_strategys"]
+        assert seen["hand_written"] == {"note": "by hand", "state_keys": keys}
+        assert seen["loaded_rest"] == {"global_step": 4, "has_state_dict": False}
+        assert seen["reloaded_sum"] == seen["state_sum"]
+    assert results["fsdp"]["state_sum"] == pytest.approx(results["ddp"]["state_sum"], rel=1e-5)
+    assert results["fsdp2"]["state_sum"] == pytest.approx(results["ddp"]["state_sum"], rel=1e-5)
+    assert results["fsdp"]["val_loss"] == pytest.approx(results["ddp"]["val_loss"], rel=1e-5)
+
+
+def test_lightning_plugin_arguments_are_refused_at_once() -> None:
+    from fullshard.strategies import DDPStrategy, FSDP2Strategy, FSDPStrategy
+
+    FSDPStrategy(precision_plugin=None, checkpoint_io=None)  # Lightning's defaults pass
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"FSDPStrategy\(precision_plugin='bf16'\) is a Lightning plugin argument.*Trainer\(precision='bf16-mixed'\)"
+        r".*mixed_precision=",
+    ):
+        FSDPStrategy(precision_plugin="bf16")
+    with pytest.raises(MisconfigurationError, match=r"FSDP2Strategy\(precision_plugin=1\)"):
+        FSDP2Strategy(precision_plugin=1)
+    with pytest.raises(MisconfigurationError, match=r"DDPStrategy\(checkpoint_io='io'\).*state_dict_type="):
+        DDPStrategy(checkpoint_io="io")
+
+
+def test_strategy_precision_views_and_refusals(tmp_path: Path) -> None:
+    from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+    from fullshard.strategies import FSDP2Strategy, FSDPStrategy, ModelParallelStrategy
+
+    # fullshard's "-mixed" under FSDP reduces gradients in float32 (Lightning: in the half dtype);
+    # mixed_precision= gives Lightning's choice (docs/lightning.md)
+    fsdp = fullshard.Trainer(accelerator="cpu", devices=2, strategy="fsdp", precision="bf16-mixed").strategy
+    config = fsdp.mixed_precision_config
+    assert (config.param_dtype, config.reduce_dtype) == (torch.bfloat16, torch.float32)
+    lightnings = MixedPrecision(torch.bfloat16, torch.bfloat16, torch.bfloat16)
+    assert FSDPStrategy(mixed_precision=lightnings).mixed_precision_config is lightnings
+    assert FSDPStrategy().mixed_precision_config.param_dtype == torch.float32  # before the Trainer: 32-true
+    assert isinstance(FSDP2Strategy().mixed_precision_config, MixedPrecisionPolicy)
+    assert FSDPStrategy(limit_all_gathers=True).kwargs == {"limit_all_gathers": True, "use_orig_params": True}
+    assert fsdp.precision_plugin is fsdp.precision
+    with pytest.raises(
+        RuntimeError, match=r"ModelParallelStrategy.device_mesh is built once the processes started"
+    ):
+        ModelParallelStrategy().device_mesh  # noqa: B018
+    single = quiet_trainer(tmp_path, max_steps=1)
+    single.fit(Recorder(), DataLoader(make_data(), batch_size=16))
+    with pytest.raises(MisconfigurationError, match=r"reduce\(reduce_op='prod'\) is not supported"):
+        single.strategy.reduce(torch.ones(1), reduce_op="prod")
+    with pytest.raises(TypeError, match=r"save_checkpoint\(storage_options=\{'a': 1\}\): fullshard writes"):
+        single.strategy.save_checkpoint({}, tmp_path / "x.ckpt", {"a": 1})
+    single.strategy.remove_checkpoint(tmp_path / "absent.ckpt")  # nothing there: nothing to do

@@ -203,7 +203,12 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         mesh, ready in :meth:`configure_model`, where the layers are parallelised over it (as with
         Lightning's ``self.device_mesh``; docs/fsdp/2d-parallel.md).
         """
-        return self._trainer.strategy.device_mesh if self._trainer is not None else None
+        if self._trainer is None:
+            return None
+        try:
+            return self._trainer.strategy.device_mesh
+        except RuntimeError:  # ModelParallelStrategy before its processes started: no mesh yet
+            return None
 
     @property
     def global_rank(self) -> int:

@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.strategies.forward_redirection import redirected_call
+from fullshard.strategies.lightning_api import refuse_lightning_plugins
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT, ParallelStrategy
 from fullshard.strategies.step_args import step_arguments
 from fullshard.strategies.strategy import NULL_CONTEXT
@@ -50,6 +51,7 @@ class DDPStrategy(ParallelStrategy):
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
         **ddp_kwargs: Any,
     ) -> None:
+        refuse_lightning_plugins("DDPStrategy", ddp_kwargs)
         super().__init__(
             process_group_backend=process_group_backend,
             timeout=timeout,

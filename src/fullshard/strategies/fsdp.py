@@ -27,6 +27,7 @@ from fullshard.strategies.fsdp_options import (
     sharding_name,
     torch_fsdp,
 )
+from fullshard.strategies.lightning_api import refuse_lightning_plugins
 from fullshard.strategies.manual_steps import (
     clip_sharded_gradients,
     finish_backward,
@@ -93,6 +94,7 @@ class FSDPStrategy(ShardedStrategy):
     ) -> None:
         # torch's FSDP is imported only to check torch objects given here: [Note: torch's FSDP
         # imported after launch] in fullshard.strategies.fsdp_options
+        refuse_lightning_plugins("FSDPStrategy", kwargs)
         name = sharding_name(sharding_strategy)
         self._cpu_offload: bool | CPUOffload = (
             bool(cpu_offload)

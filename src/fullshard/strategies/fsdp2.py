@@ -45,6 +45,7 @@ from fullshard.strategies.fsdp_options import (
     check_fsdp2_mixed_precision,
     parse_fsdp2_sharding,
 )
+from fullshard.strategies.lightning_api import refuse_lightning_plugins
 from fullshard.strategies.meta_init import MetaInit, ShardedMetaInit, children_first, user_init_of
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT
 from fullshard.strategies.parallel_layout import MESH_DIM_NAMES, ParallelLayout
@@ -127,6 +128,7 @@ class FSDP2Strategy(ShardedStrategy):
     ) -> None:
         # torch's FSDP is imported only to check torch objects given here: [Note: torch's FSDP
         # imported after launch] in fullshard.strategies.fsdp_options
+        refuse_lightning_plugins("FSDP2Strategy", kwargs)
         name, self.reshard_after_forward = parse_fsdp2_sharding(sharding_strategy)
         self._cpu_offload = check_fsdp2_cpu_offload(cpu_offload)
         super().__init__(

@@ -185,8 +185,14 @@ class ModelParallelStrategy(ParallelStrategy):
 
     @property
     @override
-    def device_mesh(self) -> DeviceMesh | None:
-        """The 2-D ``("data_parallel", "tensor_parallel")`` mesh, from :meth:`setup_environment` on."""
+    def device_mesh(self) -> DeviceMesh:
+        """The 2-D ``("data_parallel", "tensor_parallel")`` mesh, from :meth:`setup_environment` on;
+        before that a ``RuntimeError``, as in Lightning (there is no mesh before the processes)."""
+        if self._mesh is None:
+            raise RuntimeError(
+                "ModelParallelStrategy.device_mesh is built once the processes started: read it from "
+                "configure_model() or a later hook (self.device_mesh), not before fit()/validate()/test()/predict()."
+            )
         return self._mesh
 
     @override

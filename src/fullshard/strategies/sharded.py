@@ -141,6 +141,24 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         self._mesh: DeviceMesh | None = None
 
     @property
+    def mixed_precision_config(self) -> Any:
+        """The torch mixed-precision settings FSDP runs with (Lightning's
+        ``FSDPStrategy.mixed_precision_config``): ``mixed_precision=`` when given, else the
+        Trainer's precision string's row of the table in :class:`~fullshard.precision.FSDPPrecision`
+        (FSDP1: a ``MixedPrecision``) or :class:`~fullshard.precision.FSDP2Precision` (FSDP2: a
+        ``MixedPrecisionPolicy``). Before the Trainer configured the strategy: ``"32-true"``'s."""
+        precision = self.precision
+        if not hasattr(precision, "mixed_precision_config"):  # not configured yet
+            precision = self.make_precision(precision.precision, precision.device_type)
+        return precision.mixed_precision_config  # type: ignore[attr-defined]
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The extra keyword arguments every FSDP wrapping gets (Lightning's ``FSDPStrategy.kwargs``):
+        the constructor's ``**kwargs``, with fullshard's defaults (``use_orig_params=True`` under FSDP1)."""
+        return self.fsdp_kwargs
+
+    @property
     def sharding_strategy(self) -> Any:
         """The ``torch.distributed.fsdp.ShardingStrategy`` in force (of that name, under FSDP2)."""
         return torch_fsdp().ShardingStrategy[self._sharding_name]

@@ -37,6 +37,7 @@ from fullshard.compile import CompileConfig, CompileUnit, apply_compile, resolve
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
 from fullshard.strategies.forward_redirection import redirected_call
+from fullshard.strategies.lightning_api import LightningStrategyAPI
 from fullshard.strategies.optimizer_state import load_optimizer_states, optimizer_states
 from fullshard.strategies.parameter_sizes import (
     ParameterSize,
@@ -58,8 +59,12 @@ STATE_DICT_TYPES = ("full", "sharded")
 ReduceOp = Literal["sum", "mean", "max", "min"]
 
 
-class Strategy:
-    """Base class of every strategy: where a model runs and how its training step is carried out."""
+class Strategy(LightningStrategyAPI):
+    """Base class of every strategy: where a model runs and how its training step is carried out.
+
+    Lightning's names for what it does (``precision_plugin``, ``lightning_module_state_dict``,
+    ``optimizer_state``, ...) come from :class:`~fullshard.strategies.lightning_api.LightningStrategyAPI`.
+    """
 
     strategy_name: ClassVar[str] = ""
     #: Write sharded checkpoints in the background (set by the strategies that can:
@@ -231,6 +236,10 @@ class Strategy:
         """
         if module is self.module and self.model is not None:
             return self.model
+        if any(p.is_meta for p in module.parameters()):  # built in Trainer.init_module(empty_init=True)
+            from fullshard.strategies.meta_init import MetaInit, user_init_of
+
+            MetaInit(self.root_device, module, user_init_of(module))(module)
         module = self.convert_sync_batchnorm(module)
         module = self.precision.convert_module(module).to(self.root_device)
         self._param_shapes = {
@@ -491,9 +500,17 @@ class Strategy:
         return unsharded_parameter_sizes(module)
 
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer] = ()
+        self,
+        checkpoint: dict[str, Any],
+        filepath: str | Path,
+        storage_options: Any = None,
+        *,
+        optimizers: Sequence[Optimizer] = (),
     ) -> None:
-        """Write ``checkpoint`` to ``path`` (collective), as Lightning's ``Strategy.save_checkpoint``.
+        """Write ``checkpoint`` to ``filepath`` (collective), as Lightning's ``Strategy.save_checkpoint``.
+
+        ``storage_options`` must be None: they are for a checkpoint plugin, which fullshard has not
+        (Lightning's default one refuses them too).
 
         The Trainer saves through its :class:`~fullshard.checkpoint.manager.CheckpointManager`,
         which builds the whole dict; this is for a dict built by hand, written by that manager
@@ -505,11 +522,16 @@ class Strategy:
         at once and the files are written in the background (docs/checkpoints.md, "Asynchronous
         checkpoints").
         """
-        self._checkpoints("save_checkpoint").write(checkpoint, path, optimizers)
+        if storage_options is not None:
+            raise TypeError(
+                f"save_checkpoint(storage_options={storage_options!r}): fullshard writes checkpoints itself and "
+                "takes no storage options; leave them out."
+            )
+        self._checkpoints("save_checkpoint").write(checkpoint, filepath, optimizers)
 
     def load_checkpoint(
         self,
-        path: str | Path,
+        checkpoint_path: str | Path,
         optimizers: Sequence[Optimizer] = (),
         *,
         weights_only: bool = False,
@@ -531,7 +553,7 @@ class Strategy:
         hold part of the model's state (the rest stays as it is), as ``load_state_dict(strict=False)``.
         """
         return self._checkpoints("load_checkpoint").read(
-            path,
+            checkpoint_path,
             optimizers,
             weights_only=weights_only,
             check=check,

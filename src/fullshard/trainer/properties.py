@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fullshard.trainer.callbacks import Callback, ModelCheckpoint
+from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from torch.utils.data import DataLoader
 
     from fullshard.datamodule import DataModule
     from fullshard.module import Module
+    from fullshard.precision import Precision
     from fullshard.strategies import Strategy
     from fullshard.trainer.loggers import Logger
     from fullshard.trainer.loops import EvaluationLoop, FitLoop
@@ -26,6 +28,7 @@ class TrainerProperties:
 
     callbacks: list[Callback]
     loggers: list[Logger]
+    limit_val_batches: int | float
     default_root_dir: str
     max_epochs: int
     fit_loop: FitLoop
@@ -95,6 +98,11 @@ class TrainerProperties:
         if data is None or module is None or self._stage != "fit":
             return self.fit_loop.estimated_stepping_batches(None)
         return self.fit_loop.estimated_stepping_batches(lambda: data.get("train", module))
+
+    @property
+    def progress_bar_callback(self) -> ProgressBar | None:
+        """The progress bar among :attr:`callbacks` (``TQDMProgressBar``/``RichProgressBar``), or None."""
+        return next((cb for cb in self.callbacks if isinstance(cb, ProgressBar)), None)
 
     @property
     def metrics_collector(self) -> MetricsCollector:
@@ -237,3 +245,85 @@ class TrainerProperties:
     def num_predict_batches(self) -> list[int | float]:
         """Prediction batches per run, one entry per dataloader; kept after the call."""
         return self.predict_loop.batches_per_loader
+
+    # ------------------------------------------------------------ Lightning's other views
+    @property
+    def train_dataloader(self) -> DataLoader[Any] | None:
+        """The training dataloader of the running (or last) ``fit``, as the loop iterates it
+        (with its distributed sampler); None before one was built."""
+        loader = self.fit_loop.train_loader
+        return None if loader is None else loader.loader
+
+    @property
+    def val_dataloaders(self) -> DataLoader[Any] | list[DataLoader[Any]] | None:
+        """The validation dataloader of ``fit``/``validate`` (a list when there are several); None before."""
+        return _loaders(self.validate_loop)
+
+    @property
+    def test_dataloaders(self) -> DataLoader[Any] | list[DataLoader[Any]] | None:
+        """The test dataloader of ``test`` (a list when there are several); None before."""
+        return _loaders(self.test_loop)
+
+    @property
+    def predict_dataloaders(self) -> DataLoader[Any] | list[DataLoader[Any]] | None:
+        """The prediction dataloader of ``predict`` (a list when there are several); None before."""
+        return _loaders(self.predict_loop)
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """The strategy's :class:`~fullshard.precision.Precision` (Lightning's precision plugin)."""
+        return self._strategy.precision_plugin
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The gradient scaler of ``"16-mixed"``; None otherwise."""
+        return self._strategy.precision.scaler
+
+    @property
+    def num_nodes(self) -> int:
+        """Machines the job runs on."""
+        return self._strategy.num_nodes
+
+    @property
+    def device_ids(self) -> list[int]:
+        """The index of each device of this node (0 for the CPU)."""
+        return [device.index or 0 for device in self._strategy.devices]
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` of the distributed sampler (None with one process)."""
+        return self._strategy.distributed_sampler_kwargs if self._strategy.world_size > 1 else None
+
+    @property
+    def early_stopping_callback(self) -> EarlyStopping | None:
+        """The first :class:`EarlyStopping` among the callbacks."""
+        return next(iter(self.early_stopping_callbacks), None)
+
+    @property
+    def early_stopping_callbacks(self) -> list[EarlyStopping]:
+        """Every :class:`EarlyStopping` among the callbacks."""
+        return [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+
+    @property
+    def evaluating(self) -> bool:
+        """Whether a validation or test run is going on (the sanity run and ``fit``'s validation included)."""
+        return self.validating or self.testing
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether the running ``fit`` validates: it has validation data, a ``validation_step`` and
+        ``limit_val_batches`` above 0."""
+        module = self._module
+        if module is None or self._data is None or not self.limit_val_batches:
+            return False
+        from fullshard.module import Module
+        from fullshard.trainer.preflight import overrides
+
+        return self._data.has("val", module) and overrides(module, Module, "validation_step")
+
+
+def _loaders(loop: EvaluationLoop) -> DataLoader[Any] | list[DataLoader[Any]] | None:
+    loaders = [prepared.loader for prepared in loop.loaders]
+    if not loaders:
+        return None
+    return loaders[0] if len(loaders) == 1 else loaders

@@ -8,9 +8,10 @@ Modules outside this file use the Trainer's public surface only (``src/fullshard
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from fullshard.module import Module
 from fullshard.precision import alias_warning
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn, set_global_rank
-from fullshard.strategies import Strategy
+from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, nonfinite, preemption
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import (
@@ -450,7 +451,25 @@ class Trainer(TrainerProperties):
         self._preflight(stage, model, sources)
         return self._launch(stage, model, sources, ckpt_path, verbose, keep_predictions)
 
-    def save_checkpoint(self, filepath: str | Path, weights_only: bool = False) -> None:
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Build the module inside this context (``with trainer.init_module(): model = Model()``)
+        to create its tensors on the strategy's device and in the precision's dtype at once.
+
+        ``empty_init``: create the parameters without memory (on the meta device) and fill them
+        when the strategy sets the model up; None lets the strategy decide (FSDP's
+        ``empty_init=``, else False). Under FSDP, building the layers in ``configure_model``
+        instead shards them as they are built (docs/fsdp/fast-init.md).
+        """
+        if empty_init and isinstance(self._strategy, ShardedStrategy):
+            # the strategy fills the meta parameters when it shards them, as with its own empty_init=True
+            self._strategy.empty_init = True
+        with self._strategy.tensor_init_context(empty_init=empty_init):
+            yield
+
+    def save_checkpoint(
+        self, filepath: str | Path, weights_only: bool = False, storage_options: Any = None
+    ) -> None:
         """Write a checkpoint of the whole training state to ``filepath``.
 
         Every process must call this (it gathers per-rank state); global rank 0 writes the file
@@ -459,6 +478,11 @@ class Trainer(TrainerProperties):
         once: the state is copied (the next optimizer step waits for that) and committed in the
         background; the next save, the end of ``fit`` or the process exit wait (docs/checkpoints.md).
         """
+        if storage_options is not None:
+            raise TypeError(
+                f"save_checkpoint(storage_options={storage_options!r}): fullshard writes checkpoints itself and "
+                "takes no storage options; leave them out."
+            )
         if self._module is None or self._strategy.module is None:
             raise RuntimeError(
                 "save_checkpoint() needs a model that was set up by fit(), validate(), test() or predict() first."

@@ -1,0 +1,142 @@
+"""What Lightning 2.6.6 does with the module, Trainer and strategy surface that
+tests/test_lightning_surface.py checks fullshard against, in one CPU process; prints it as JSON.
+
+/tmp/lvenv/bin/python tests/scripts/lightning_api_lightning.py   (a Python with lightning==2.6.6)
+
+The same code runs under fullshard when given ``--fullshard`` (the test does that in its own
+process through :func:`behaviour`), so both sides are measured by one script.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def behaviour(L: Any, strategies: Any, root: Path) -> dict[str, Any]:
+    """What ``L`` (``lightning.pytorch`` or ``fullshard``) does; ``strategies``: its strategies module."""
+
+    class NoBatchIdx(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(4, 1)
+
+        def training_step(self, batch: Any) -> torch.Tensor:
+            self.log("train_loss", 1.0)
+            return F.mse_loss(self.net(batch[0]), batch[1])
+
+        def validation_step(self, batch: Any) -> None:
+            self.log("val_loss", F.mse_loss(self.net(batch[0]), batch[1]))
+
+        def test_step(self, batch: Any) -> None:
+            self.log("test_loss", F.mse_loss(self.net(batch[0]), batch[1]))
+
+        def predict_step(self, batch: Any) -> torch.Tensor:
+            return self.net(batch[0])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    quiet = {"accelerator": "cpu", "devices": 1, "enable_progress_bar": False, "enable_model_summary": False}
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    loader = DataLoader(data, batch_size=4)
+    seen: dict[str, Any] = {}
+
+    trainer = L.Trainer(max_steps=4, logger=False, enable_checkpointing=False, default_root_dir=root, **quiet)
+    model = NoBatchIdx()
+    seen["dataloaders_before_fit"] = [trainer.train_dataloader, trainer.val_dataloaders]
+    trainer.fit(model, loader, loader)
+    seen["no_batch_idx"] = {
+        "global_step": trainer.global_step,
+        "logged": sorted(trainer.callback_metrics),
+        "test": sorted(trainer.test(model, loader, verbose=False)[0]),
+        "predictions": [list(p.shape) for p in trainer.predict(model, loader)],
+        "dataloaders": [
+            type(trainer.train_dataloader).__name__,
+            type(trainer.val_dataloaders).__name__,
+            type(trainer.test_dataloaders).__name__,
+            type(trainer.predict_dataloaders).__name__,
+        ],
+    }
+    try:
+        trainer.save_checkpoint(root / "x.ckpt", storage_options={"bucket": "b"})
+        seen["save_checkpoint_storage_options"] = "accepted"
+    except TypeError:
+        seen["save_checkpoint_storage_options"] = "TypeError"
+
+    # barebones: what it turns off, what it refuses
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bare = L.Trainer(barebones=True, max_steps=2, default_root_dir=root, accelerator="cpu", devices=1)
+        bare.fit(NoBatchIdx(), loader, loader)
+    seen["barebones"] = {
+        "loggers": len(bare.loggers),
+        "checkpoint_callback": bare.checkpoint_callback is not None,
+        "num_sanity_val_steps": bare.num_sanity_val_steps,
+        "callback_metrics": sorted(bare.callback_metrics),
+        "log_warned": any("barebones=True" in str(w.message) and "log" in str(w.message) for w in caught),
+        "written": sorted(p.name for p in root.iterdir() if p.name != "x.ckpt"),
+    }
+    refused = {}
+    for name, value in [
+        ("enable_checkpointing", True),
+        ("logger", True),
+        ("enable_progress_bar", True),
+        ("log_every_n_steps", 5),
+        ("enable_model_summary", True),
+        ("num_sanity_val_steps", 2),
+        ("fast_dev_run", True),
+        ("detect_anomaly", True),
+        ("profiler", "simple"),
+        ("enable_checkpointing", False),
+        ("logger", False),
+        ("num_sanity_val_steps", 0),
+    ]:
+        try:
+            L.Trainer(barebones=True, accelerator="cpu", **{name: value})
+            refused[f"{name}={value!r}"] = False
+        except ValueError:
+            refused[f"{name}={value!r}"] = True
+    seen["barebones_refuses"] = refused
+
+    # init_module: tensors made in the precision's dtype
+    with L.Trainer(precision="bf16-true", logger=False, **quiet).init_module():
+        seen["init_module_dtype"] = str(nn.Linear(2, 2).weight.dtype)
+    with L.Trainer(logger=False, **quiet).init_module(empty_init=True):
+        seen["init_module_empty_init_device"] = nn.Linear(2, 2).weight.device.type
+
+    # the strategies
+    try:
+        strategies.ModelParallelStrategy().device_mesh  # noqa: B018  # the read is the check
+        seen["model_parallel_mesh_before_setup"] = "returned"
+    except RuntimeError:
+        seen["model_parallel_mesh_before_setup"] = "RuntimeError"
+    fsdp = strategies.FSDPStrategy()
+    seen["fsdp_kwargs_use_orig_params"] = fsdp.kwargs.get("use_orig_params")
+    seen["fsdp_mixed_precision_config"] = type(fsdp.mixed_precision_config).__name__
+    return seen
+
+
+def main() -> None:
+    if "--fullshard" in sys.argv:
+        import fullshard as L
+        from fullshard import strategies
+    else:
+        import lightning.pytorch as L
+        from lightning.pytorch import strategies
+    with tempfile.TemporaryDirectory() as root:
+        seen = behaviour(L, strategies, Path(root))
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main()
