@@ -16,22 +16,20 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def model_summary(model: nn.Module, sizes: Sequence[ParameterSize] | None = None) -> str:
-    """A table of the model's top-level layers with their parameter counts, and the totals.
+def model_summary(model: nn.Module, sizes: Sequence[ParameterSize] | None = None, max_depth: int = 1) -> str:
+    """A table of the model's layers (down to ``max_depth`` levels; -1: all) with their
+    parameter counts, and the totals.
 
     ``sizes`` (from :meth:`Strategy.parameter_sizes`) gives each parameter's full size, so that a
     sharded model is counted whole; the share this process holds is shown beside the total when
     it is smaller. Without ``sizes`` the parameters are counted as they are in ``model``.
     """
     sizes = unsharded_parameter_sizes(model) if sizes is None else sizes
-    per_child: dict[str, int] = {}
-    for size in sizes:
-        top = size.name.split(".", 1)[0]
-        per_child[top] = per_child.get(top, 0) + size.numel
     rows = [("", "Name", "Type", "Params", "Mode")]
-    for i, (name, child) in enumerate(model.named_children()):
+    for i, (name, child) in enumerate(_layers(model, max_depth)):
         mode = "train" if child.training else "eval"
-        rows.append((str(i), name, type(child).__name__, _human(per_child.get(name, 0)), mode))
+        count = sum(s.numel for s in sizes if s.name.startswith(name + "."))
+        rows.append((str(i), name, type(child).__name__, _human(count), mode))
     widths = [max(len(row[c]) for row in rows) for c in range(5)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     rule = "-" * max(len(line) for line in lines)
@@ -52,6 +50,16 @@ def model_summary(model: nn.Module, sizes: Sequence[ParameterSize] | None = None
             f"{size_mb:.3f}  Total estimated model params size (MB)",
         ]
     )
+
+
+def _layers(model: nn.Module, max_depth: int) -> list[tuple[str, nn.Module]]:
+    """Named submodules of ``model`` at depth 1 to ``max_depth`` (-1: every depth), in order."""
+    found = []
+    for name, module in model.named_modules():
+        depth = name.count(".") + 1
+        if name and (max_depth == -1 or depth <= max_depth):
+            found.append((name, module))
+    return found
 
 
 def format_results(stage: str, results: list[dict[str, float]]) -> str:

@@ -30,7 +30,8 @@ from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn, set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, nonfinite, preemption
-from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.callbacks import Callback, ModelSummary
+from fullshard.tuner.exit import TunerExit
 from fullshard.trainer.devices import (
     configure_torch,
     more_processes_than_cores,
@@ -543,6 +544,8 @@ class Trainer(TrainerProperties):
             hooks.call("setup", stage)
             with torch.autograd.set_detect_anomaly(self.detect_anomaly), profiled_call(self, stage):
                 return self._run_stage(stage, model, sources, ckpt_path, hooks, verbose, keep_predictions)
+        except TunerExit:  # a tuner's search ended this call on purpose (fullshard.tuner.Tuner)
+            return None
         except BaseException as exception:
             strategy.on_exception(exception)
             for cb in self.callbacks:
@@ -592,7 +595,8 @@ class Trainer(TrainerProperties):
         if self.is_global_zero and model.hparams:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(model.hparams))
-        if self.enable_model_summary and self.is_global_zero:
+        own_summary = any(isinstance(cb, ModelSummary) for cb in self.callbacks)  # it prints at on_fit_start
+        if self.enable_model_summary and self.is_global_zero and not own_summary:
             log.info(model_summary(model, self._strategy.parameter_sizes(model)))
         self.should_stop = False
         hooks.call("on_fit_start")

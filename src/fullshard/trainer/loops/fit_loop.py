@@ -338,7 +338,6 @@ class FitLoop:
         num_batches = self.num_training_batches
         start = progress.batches_in_epoch
         trainer.batch_idx_start = start
-        accumulate = trainer.accumulate_grad_batches
         module_batch_start = hooks.module_hook("on_train_batch_start")  # its result counts: called apart
         batch_start_callbacks = [h for h in hooks["on_train_batch_start"] if h != module_batch_start]
         batch_end = hooks["on_train_batch_end"]
@@ -357,6 +356,7 @@ class FitLoop:
         # No module.train() here, as in Lightning 2.x: a submodule the user put in eval mode (a
         # frozen backbone's BatchNorm) stays so; evaluation runs put back every submodule's mode.
         hooks.call("on_train_epoch_start")
+        accumulate = trainer.accumulate_grad_batches  # after the hook: GradientAccumulationScheduler sets it
         metrics.in_step = True
         iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start)
         batch_idx = start

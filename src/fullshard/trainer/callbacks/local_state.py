@@ -1,0 +1,55 @@
+"""The tensors a process holds of a model, as plain tensors: for averaging weights and for
+putting a model back after a search, without ever gathering a sharded model.
+
+[Note: averaging the local shards]
+Weight averaging (``WeightAveraging``, ``StochasticWeightAveraging``) and the tuner's snapshot
+work element by element, so each process can do them on the part of each parameter it holds:
+under DDP the whole tensor, under FSDP2 the local shard of each ``DTensor``, under FSDP1 the
+view of the flat shard that ``use_orig_params=True`` gives each parameter (an empty tensor on a
+process that holds none of it; with ``use_orig_params=False`` the flat parameter itself). The
+copies therefore take as much memory per process as the parameters do, never a whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.detach()
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def local_tensors(module: nn.Module, *, buffers: bool = True) -> list[torch.Tensor]:
+    """The process's own storage of ``module``'s parameters (then buffers): tensors that alias
+    it, so that writing them writes the model. See [Note: averaging the local shards]."""
+    found: Iterator[torch.Tensor] = iter(module.parameters())
+    tensors = [_local(p) for p in found]
+    if buffers:
+        tensors += [_local(b) for b in module.buffers()]
+    return tensors
+
+
+def clone_to(tensors: list[torch.Tensor], device: torch.device | None) -> list[torch.Tensor]:
+    """Detached copies of ``tensors`` (on ``device`` when given)."""
+    return [t.detach().clone() if device is None else t.detach().to(device, copy=True) for t in tensors]
+
+
+@torch.no_grad()
+def copy_into(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """Write ``sources`` into ``targets`` element by element (devices may differ)."""
+    for target, source in zip(targets, sources, strict=True):
+        target.copy_(source.to(target.device))
+
+
+@torch.no_grad()
+def swap(first: list[torch.Tensor], second: list[torch.Tensor]) -> None:
+    """Exchange the values of two lists of tensors of the same shapes."""
+    for a, b in zip(first, second, strict=True):
+        held = a.clone()
+        a.copy_(b.to(a.device))
+        b.copy_(held.to(b.device))

@@ -1,0 +1,94 @@
+"""Running a tuner's trial steps inside ``fit``, and putting everything back afterwards.
+
+[Note: the tuner leaves things as they were]
+``lr_find`` and ``scale_batch_size`` train for a few steps inside a ``fit`` call (from
+``on_fit_start``). Before that, :class:`Snapshot` records what those steps change: each process's
+share of the weights and buffers (no full copy under FSDP: see [Note: averaging the local
+shards]), the optimizers' states (their learning rates included), the schedulers, the loop
+progress, the logged metrics, and the Trainer settings the search changes. Afterwards it writes
+them back, so that training (or the next ``fit``) starts from the same weights, optimizer state
+and step as if no search had run. Lightning does the same through a checkpoint file it writes and
+reads back; fullshard keeps the copy in memory, next to the parameters it copies.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from fullshard.trainer.callbacks.local_state import clone_to, copy_into, local_tensors
+
+if TYPE_CHECKING:
+    from fullshard.module import Module
+    from fullshard.trainer.callbacks import Callback
+    from fullshard.trainer.trainer import Trainer
+
+_SETTINGS = (
+    "max_steps",
+    "limit_train_batches",
+    "limit_val_batches",
+    "num_sanity_val_steps",
+    "loggers",
+    "should_stop",
+    "lr_scheduler_configs",
+    "optimizers",
+)
+
+
+class Snapshot:
+    """What a search may change, recorded to be put back by :meth:`restore`."""
+
+    def __init__(self, trainer: Trainer, module: Module) -> None:
+        self.tensors = clone_to(local_tensors(module), None)
+        self.optimizer_states = [copy.deepcopy(o.state_dict()) for o in trainer.optimizers]
+        self.scheduler_states = [
+            copy.deepcopy(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs
+        ]
+        self.settings = {name: getattr(trainer, name) for name in _SETTINGS}
+        self.settings["lr_scheduler_configs"] = list(trainer.lr_scheduler_configs)
+        self.settings["loggers"] = list(trainer.loggers)
+        fit_loop = trainer.fit_loop
+        self.progress = copy.deepcopy(vars(fit_loop.progress))
+        self.loader = (fit_loop.train_loader, fit_loop.num_training_batches)
+        self.metrics = trainer.metrics_collector.snapshot()
+        self.modes = {name: m.training for name, m in module.named_modules()}
+
+    def restore(self, trainer: Trainer, module: Module) -> None:
+        copy_into(local_tensors(module), self.tensors)
+        for name, value in self.settings.items():
+            setattr(trainer, name, value)
+        for optimizer, state in zip(trainer.optimizers, self.optimizer_states, strict=True):
+            optimizer.load_state_dict(state)
+        for config, state in zip(trainer.lr_scheduler_configs, self.scheduler_states, strict=True):
+            config.scheduler.load_state_dict(state)
+        fit_loop = trainer.fit_loop
+        vars(fit_loop.progress).clear()
+        vars(fit_loop.progress).update(copy.deepcopy(self.progress))
+        fit_loop.train_loader, fit_loop.num_training_batches = self.loader
+        trainer.metrics_collector.restore(self.metrics)
+        for name, m in module.named_modules():
+            m.train(self.modes.get(name, m.training))
+        trainer.is_last_batch = False
+
+
+def run_trial(trainer: Trainer, module: Module, callbacks: Iterable[Callback]) -> None:
+    """Run the fit loop once with only ``callbacks`` (and the module's own hooks), as set up
+    by the caller (``max_steps``, limits, schedulers). No sanity validation, no loggers."""
+    from fullshard.trainer.hooks import Hooks
+
+    sources: Any = trainer._data  # the running fit's data sources (the search runs inside fit)
+    hooks = Hooks(trainer, list(callbacks), module)
+    trainer.num_sanity_val_steps = 0
+    trainer.loggers = []
+    trainer.should_stop = False
+    fit_loop = trainer.fit_loop
+    fit_loop.train_loader = None  # built for this trial's settings
+    pending, fit_loop.progress.pending = (
+        fit_loop.progress.pending,
+        None,
+    )  # a resume's state waits for the real run
+    try:
+        fit_loop.run(module, sources, None, hooks)
+    finally:
+        fit_loop.progress.pending = pending
