@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint, ProgressBar
 
 if TYPE_CHECKING:
     import torch
