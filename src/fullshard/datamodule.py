@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -24,14 +26,61 @@ class DataModule:
     Pass it as ``trainer.fit(model, datamodule=dm)`` (or in place of the training dataloaders).
     """
 
+    #: A name for the data (Lightning's attribute; fullshard does not read it).
+    name: str | None = None
+
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
         self._hparams = AttributeDict()
+        self._hparams_initial: dict[str, Any] = {}
 
     @property
     def hparams(self) -> AttributeDict:
         """Values recorded by :meth:`save_hyperparameters`."""
         return self._hparams
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of :attr:`hparams` as :meth:`save_hyperparameters` recorded them."""
+        return AttributeDict(copy.deepcopy(self._hparams_initial))
+
+    @classmethod
+    def from_datasets(
+        cls,
+        train_dataset: Any = None,
+        val_dataset: Any = None,
+        test_dataset: Any = None,
+        predict_dataset: Any = None,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        **datamodule_kwargs: Any,
+    ) -> DataModule:
+        """A DataModule whose ``*_dataloader`` methods wrap the given datasets (each a dataset,
+        or a list or dict of them for several loaders) in ``DataLoader(batch_size=,
+        num_workers=)``; the training loader shuffles. ``datamodule_kwargs`` go to ``cls()``."""
+        from torch.utils.data import DataLoader, IterableDataset
+
+        def loaders(datasets: Any, shuffle: bool) -> Any:
+            def one(dataset: Any) -> DataLoader[Any]:
+                iterable = isinstance(dataset, IterableDataset)
+                return DataLoader(
+                    dataset, batch_size=batch_size, shuffle=shuffle and not iterable, num_workers=num_workers
+                )
+
+            if isinstance(datasets, dict):
+                return {key: one(d) for key, d in datasets.items()}
+            if isinstance(datasets, list | tuple):
+                return [one(d) for d in datasets]
+            return one(datasets)
+
+        datamodule = cls(**datamodule_kwargs)
+        given = {"train": train_dataset, "val": val_dataset, "test": test_dataset, "predict": predict_dataset}
+        for kind, datasets in given.items():
+            if datasets is not None:
+                setattr(
+                    datamodule, f"{kind}_dataloader", functools.partial(loaders, datasets, kind == "train")
+                )
+        return datamodule
 
     def save_hyperparameters(self, *names: str, **values: Any) -> None:
         """Record the arguments of the calling ``__init__`` (or ``names`` of them, or ``values``)."""
@@ -40,6 +89,7 @@ class DataModule:
         if caller is not None and not values:
             self._hparams.update(init_arguments(caller, names))
         self._hparams.update(values)
+        self._hparams_initial = copy.deepcopy(dict(self._hparams))
 
     def prepare_data(self) -> None:
         """Download or preprocess once per machine (local rank 0 only). Do not set state here."""

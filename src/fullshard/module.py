@@ -7,6 +7,7 @@ import; ``fullshard.LightningModule`` is another name for this class.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Mapping
 from pathlib import Path
@@ -187,6 +188,46 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         return self._hparams
 
     @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of :attr:`hparams` as :meth:`save_hyperparameters` recorded them (later changes
+        to ``self.hparams`` do not show here)."""
+        return AttributeDict(copy.deepcopy(dict(getattr(self, "_hparams_initial", {}))))
+
+    @property
+    def example_input_array(self) -> Any:
+        """An example batch input for ``forward`` (Lightning's; None unless set)."""
+        return getattr(self, "_example_input_array", None)
+
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the module's floating-point parameters (the default dtype without any)."""
+        for param in self.parameters():
+            if param.is_floating_point():
+                return param.dtype
+        return torch.get_default_dtype()
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the module computes on a CUDA device."""
+        return self.device.type == "cuda"
+
+    def freeze(self) -> None:
+        """No parameter requires a gradient, and the module is in eval mode."""
+        for param in self.parameters():
+            param.requires_grad = False
+        self.eval()
+
+    def unfreeze(self) -> None:
+        """Every parameter requires a gradient, and the module is in training mode."""
+        for param in self.parameters():
+            param.requires_grad = True
+        self.train()
+
+    @property
     def device(self) -> torch.device:
         """The device this module computes on."""
         if self._trainer is not None and self._trainer.strategy.module is not None:
@@ -346,6 +387,7 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         if caller is not None and not values:
             self._hparams.update({k: v for k, v in init_arguments(caller, names).items() if k not in ignored})
         self._hparams.update(values)
+        self._hparams_initial = copy.deepcopy(dict(self._hparams))
 
     @classmethod
     def load_from_checkpoint(

@@ -9,6 +9,7 @@ process through :func:`behaviour`), so both sides are measured by one script.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import tempfile
@@ -123,6 +124,47 @@ def behaviour(L: Any, strategies: Any, root: Path) -> dict[str, Any]:
     fsdp = strategies.FSDPStrategy()
     seen["fsdp_kwargs_use_orig_params"] = fsdp.kwargs.get("use_orig_params")
     seen["fsdp_mixed_precision_config"] = type(fsdp.mixed_precision_config).__name__
+
+    # the module's and DataModule's smaller members
+    class Hyper(L.LightningModule):
+        def __init__(self, lr: float = 0.1) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = nn.Linear(2, 2)
+
+    hyper = Hyper()
+    hyper.hparams.lr = 0.5
+    hyper.freeze()
+    frozen = (hyper.training, any(p.requires_grad for p in hyper.parameters()))
+    hyper.unfreeze()
+    seen["module"] = {
+        "hparams_initial": dict(hyper.hparams_initial),
+        "frozen": frozen,
+        "unfrozen": (hyper.training, all(p.requires_grad for p in hyper.parameters())),
+        "dtype": str(hyper.dtype),
+        "on_gpu": hyper.on_gpu,
+        "example_input_array": hyper.example_input_array,
+    }
+    dm = L.LightningDataModule.from_datasets(data, val_dataset=[data, data], batch_size=8)
+    seen["from_datasets"] = [len(dm.train_dataloader()), [len(d) for d in dm.val_dataloader()], dm.name]
+
+    # lightning.pytorch.utilities
+    utilities = importlib.import_module(f"{L.__name__}.utilities")
+    layer = nn.Linear(3, 2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.arange(6.0).reshape(2, 3))
+        layer.bias.copy_(torch.tensor([1.0, -1.0]))
+    layer(torch.ones(1, 3)).pow(2).sum().backward()
+    seen["grad_norm"] = {k: round(float(v), 4) for k, v in utilities.grad_norm(layer, 2).items()}
+    seen["grad_norm_inf"] = sorted(utilities.grad_norm(layer, "inf"))
+    seen["utilities"] = {
+        "clip_norm_is_norm": utilities.GradClipAlgorithmType.NORM == "norm",
+        "picklable": [utilities.is_picklable(1), utilities.is_picklable(lambda: 1)],
+        "moved": str(utilities.move_data_to_device({"x": torch.ones(1)}, "cpu")["x"].device),
+        "rank_zero_only": utilities.rank_zero_only(lambda: 3)(),
+        "hparams": dict(utilities.AttributeDict(a=1)),
+        "shared_filesystem": utilities.is_shared_filesystem(trainer.strategy),
+    }
     return seen
 
 

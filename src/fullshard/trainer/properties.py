@@ -37,6 +37,7 @@ class TrainerProperties:
     predict_loop: EvaluationLoop
     # the Trainer's own state, which these views read
     _strategy: Strategy
+    _accelerator: str
     _module: Module | None
     _datamodule: DataModule | None
     _data: DataSources | None
@@ -278,6 +279,11 @@ class TrainerProperties:
     def scaler(self) -> torch.amp.GradScaler | None:
         """The gradient scaler of ``"16-mixed"``; None otherwise."""
         return self._strategy.precision.scaler
+
+    @property
+    def accelerator(self) -> str:
+        """The accelerator's name: ``"cpu"`` or ``"cuda"`` (Lightning: an ``Accelerator`` object)."""
+        return self._accelerator
 
     @property
     def num_nodes(self) -> int:
