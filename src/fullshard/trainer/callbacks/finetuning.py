@@ -4,6 +4,14 @@ the optimizer as training goes on.
 Under FSDP the callbacks act on the module's own parameters: FSDP2's ``DTensor`` parameters and
 FSDP1's original parameters (``use_orig_params=True``, fullshard's default), which are what the
 optimizer holds, so freezing, unfreezing and adding a parameter group work as on one device.
+
+[Note: parameters unfrozen under DDP]
+torch's ``DistributedDataParallel`` averages the gradients of the parameters that required grad
+when it wrapped the model, and only those: a backbone frozen in ``setup`` and unfrozen later
+would train on each process's own gradients, and the processes' weights would drift apart.
+``BaseFinetuning`` therefore averages the gradients of such parameters itself, before each
+optimizer step (one all-reduce per unfrozen parameter). FSDP and FSDP2 reduce every gradient
+that exists, so nothing is needed there.
 """
 
 from __future__ import annotations
@@ -12,8 +20,10 @@ import logging
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -47,6 +57,7 @@ class BaseFinetuning(Callback):
     def __init__(self) -> None:
         self._internal_optimizer_metadata: dict[int, list[dict[str, Any]]] = {}
         self._restarting = False
+        self._ddp_reduced: set[int] | None = None  # see [Note: parameters unfrozen under DDP]
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -59,6 +70,11 @@ class BaseFinetuning(Callback):
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: Module) -> None:
+        wrapped = trainer.strategy.model
+        if isinstance(wrapped, DistributedDataParallel) and trainer.world_size > 1:
+            self._ddp_reduced = {id(p) for p in pl_module.parameters() if p.requires_grad}
+        else:
+            self._ddp_reduced = None
         if self._restarting:
             named = dict(pl_module.named_parameters())
             for index, optimizer in enumerate(trainer.optimizers):
@@ -187,6 +203,18 @@ class BaseFinetuning(Callback):
             groups_before = len(optimizer.param_groups)
             self.finetune_function(pl_module, trainer.current_epoch, optimizer)
             self._store(pl_module, index, groups_before, optimizer.param_groups)
+
+    @override
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: Module, optimizer: Optimizer) -> None:
+        reduced = self._ddp_reduced
+        if reduced is None:
+            return
+        world_size = trainer.world_size
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None and id(param) not in reduced:
+                    dist.all_reduce(param.grad)
+                    param.grad.div_(world_size)
 
     def finetune_function(self, pl_module: Module, epoch: int, optimizer: Optimizer) -> None:
         """Unfreeze (and re-weight) what this epoch trains. Subclasses define it."""

@@ -1,0 +1,170 @@
+"""Lightning's callbacks and the tuner on 2 processes (or 1, the reference), writing what each
+run ended with to a JSON file (rank 0):
+
+    python tests/scripts/callbacks_job.py ddp|fsdp|fsdp2|single OUT_DIR
+
+1. EMAWeightAveraging + GradientAccumulationScheduler + BackboneFinetuning, with
+   ThroughputMonitor, DeviceStatsMonitor, SpikeDetection, LambdaCallback and ModelSummary beside
+   them (CSVLogger): the final (averaged) weights.
+2. Tuner.lr_find, then StochasticWeightAveraging: the suggestion, whether the weights were left
+   as they were, and the final weights.
+3. OnExceptionCheckpoint: every rank raises at step 3; the checkpoint's global step.
+
+Two processes see batches of 4 each, the reference one of 8 (the same global batches, in order).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import fullshard
+from fullshard.callbacks import (
+    BackboneFinetuning,
+    DeviceStatsMonitor,
+    EMAWeightAveraging,
+    GradientAccumulationScheduler,
+    LambdaCallback,
+    ModelSummary,
+    OnExceptionCheckpoint,
+    SpikeDetection,
+    StochasticWeightAveraging,
+    ThroughputMonitor,
+)
+from fullshard.loggers import CSVLogger
+from fullshard.strategies import FSDP2Strategy, FSDPStrategy
+from fullshard.tuner import Tuner
+
+
+def data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    return TensorDataset(x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1)
+
+
+class Net(fullshard.LightningModule):
+    def __init__(self, lr: float = 0.02, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+        self.head = nn.Linear(8, 1)
+        self.lr = lr
+        self.fail_at = fail_at
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x)).squeeze(-1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.fail_at is not None and self.global_step == self.fail_at:
+            raise KeyboardInterrupt  # on every rank, at the same step
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = torch.optim.SGD(params, lr=self.lr, momentum=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7)}
+
+
+def make_strategy(name: str) -> Any:
+    if name == "fsdp":
+        return FSDPStrategy(auto_wrap_policy={nn.Linear})
+    if name == "fsdp2":
+        return FSDP2Strategy(auto_wrap_policy={nn.Linear})
+    return "ddp" if name == "ddp" else "auto"
+
+
+def trainer_for(name: str, out: Path, callbacks: list[Any], **kwargs: Any) -> fullshard.Trainer:
+    options: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1 if name == "single" else 2,
+        strategy=make_strategy(name),
+        max_epochs=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        default_root_dir=out,
+    )
+    options.update(kwargs)
+    return fullshard.Trainer(callbacks=callbacks, **options)
+
+
+def weights(trainer: fullshard.Trainer) -> list[float]:
+    state = trainer.strategy.module_state_dict()  # collective
+    return [round(float(v.sum()), 5) for _, v in sorted(state.items())]
+
+
+def main(name: str, out: Path) -> None:
+    batch = 8 if name == "single" else 4
+    loader = DataLoader(data(), batch_size=batch)
+    result: dict[str, Any] = {}
+
+    # 1. averaging, accumulation schedule and finetuning together, with the monitors beside them
+    fullshard.seed_everything(0)
+    seen: list[int] = []
+    trainer = trainer_for(
+        name,
+        out,
+        [
+            EMAWeightAveraging(decay=0.9),
+            GradientAccumulationScheduler({1: 2}),
+            BackboneFinetuning(unfreeze_backbone_at_epoch=2, lambda_func=lambda epoch: 1.5),
+            ThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=2),
+            DeviceStatsMonitor(),
+            SpikeDetection(rtol=1e6),
+            LambdaCallback(on_train_epoch_end=lambda trainer, module: seen.append(trainer.current_epoch)),
+            ModelSummary(max_depth=2),
+        ],
+        logger=CSVLogger(out, name="logs"),
+        log_every_n_steps=1,
+    )
+    trainer.fit(Net(), loader)
+    result["averaged"] = weights(trainer)
+    result["steps"] = trainer.global_step
+    result["epochs_seen"] = seen
+    result["groups"] = [g["lr"] for g in trainer.optimizers[0].param_groups]
+    logged: set[str] = set()
+    if trainer.is_global_zero:
+        with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:  # type: ignore[union-attr]
+            logged = set(f.readline().strip().split(","))
+    result["throughput_logged"] = "train/device/samples_per_sec" in logged
+    result["device_stats_logged"] = "DeviceStatsMonitor.on_train_batch_end/cpu_percent" in logged
+
+    # 2. the tuner's learning rate finder leaves the model as it was; then SWA
+    fullshard.seed_everything(0)
+    model = Net(lr=1e-3)
+    before = [round(float(v.sum()), 5) for _, v in sorted(model.state_dict().items())]
+    trainer = trainer_for(name, out, [StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2)])
+    finder = Tuner(trainer).lr_find(model, loader, num_training=20, early_stop_threshold=None)
+    assert finder is not None
+    result["lr_points"] = len(finder.results["lr"])
+    result["lr_suggested"] = model.lr
+    result["left_as_it_was"] = weights(trainer) == before
+    trainer.fit(model, loader)
+    result["swa"] = weights(trainer)
+
+    # 3. a checkpoint when every rank raises
+    fullshard.seed_everything(0)
+    trainer = trainer_for(name, out, [OnExceptionCheckpoint(out / "failed")])
+    try:
+        trainer.fit(Net(fail_at=3), loader)
+    except KeyboardInterrupt:
+        pass
+    saved = torch.load(out / "failed" / "on_exception.ckpt", map_location="cpu", weights_only=True)
+    result["exception_checkpoint_step"] = saved["global_step"]
+
+    if trainer.is_global_zero:
+        (out / f"{name}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

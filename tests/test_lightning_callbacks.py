@@ -1,0 +1,255 @@
+"""Lightning 2.6.6's other callbacks and the tuner: results on one process equal to Lightning's
+(the numbers below were printed by Lightning 2.6.6 running the same script), arguments checked,
+and every callback at work under ddp, fsdp and fsdp2 on 2 processes, compared with one process
+(tests/scripts/callbacks_job.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import fullshard
+from conftest import check_ok, quiet_trainer, run_script
+from fullshard.callbacks import (
+    BackboneFinetuning,
+    BatchSizeFinder,
+    EMAWeightAveraging,
+    GradientAccumulationScheduler,
+    LambdaCallback,
+    LearningRateFinder,
+    ModelSummary,
+    OnExceptionCheckpoint,
+    RichProgressBar,
+    SpikeDetection,
+    StochasticWeightAveraging,
+    Throughput,
+    ThroughputMonitor,
+    TrainingSpikeException,
+    WeightAveraging,
+    measure_flops,
+)
+from fullshard.errors import MisconfigurationError
+from fullshard.tuner import Tuner
+
+
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    return TensorDataset(x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1)
+
+
+class _Net(fullshard.LightningModule):
+    def __init__(self, bn: bool = False, sched: bool = False, lr: float = 0.02) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(4, 8), *([nn.BatchNorm1d(8)] if bn else []), nn.ReLU()]
+        self.backbone = nn.Sequential(*layers)
+        self.head = nn.Linear(8, 1)
+        self.lr, self.sched, self.batch_size = lr, sched, 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x)).squeeze(-1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = F.mse_loss(self(batch[0]), batch[1])
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", F.mse_loss(self(batch[0]), batch[1]))
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr, momentum=0.9)
+        if self.sched:
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.7)}
+        return opt
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(_data(), batch_size=self.batch_size)
+
+
+def _sums(model: nn.Module) -> list[float]:
+    return [round(float(p.detach().sum()), 5) for p in model.parameters()]
+
+
+# Printed by Lightning 2.6.6 for the same model, data and seed (4 epochs, batch 4, SGD 0.02).
+_LIGHTNING = {
+    "gas": (32, [-0.47751, -8.31989, -2.43583, -0.96051]),
+    "swa": (64, [1.82982, -8.32923, -2.02329, -0.52561]),
+    "swa_bn": (65, [2.15794, -0.76848, 3.18825, -4.65558, -0.37358, 1.22268]),
+    "ema": (64, [-2.4666, -15.55892, -0.84691, -0.11585]),
+    "wa": (64, [-0.49994, -8.97052, -2.17213, -0.30862]),
+    "finetune": (64, [0.71934, -1.37809, -8.09662, 0.492]),
+}
+
+
+def _callbacks(case: str) -> list[Any]:
+    swa = StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=2)
+    return {
+        "gas": [GradientAccumulationScheduler({1: 2, 2: 4})],
+        "swa": [swa],
+        "swa_bn": [swa],
+        "ema": [EMAWeightAveraging(decay=0.9)],
+        "wa": [WeightAveraging()],
+        "finetune": [BackboneFinetuning(unfreeze_backbone_at_epoch=2, lambda_func=lambda e: 1.5)],
+    }[case]
+
+
+@pytest.mark.parametrize("case", list(_LIGHTNING))
+def test_weights_equal_lightnings_on_one_process(tmp_path: Path, case: str) -> None:
+    fullshard.seed_everything(0)
+    model = _Net(bn=case == "swa_bn", sched=case.startswith("swa"))
+    trainer = quiet_trainer(tmp_path, max_epochs=4, callbacks=_callbacks(case), num_sanity_val_steps=0)
+    trainer.fit(model, val_dataloaders=DataLoader(_data(), batch_size=16))
+    steps, sums = _LIGHTNING[case]
+    # SWA with batch norm: Lightning runs an extra epoch (one more step count) to recompute the
+    # statistics; fullshard recomputes them in a pass after the last epoch. Same weights.
+    assert trainer.global_step == (64 if case == "swa_bn" else steps)
+    assert _sums(model) == pytest.approx(sums, abs=2e-5)
+    if case == "finetune":
+        assert [g["lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx([0.02, 0.003])
+
+
+def test_tuner_leaves_the_model_as_it_was(tmp_path: Path) -> None:
+    fullshard.seed_everything(0)
+    model = _Net(lr=1e-3)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = quiet_trainer(tmp_path, max_epochs=2)
+    tuner = Tuner(trainer)
+    finder = tuner.lr_find(model, num_training=30)
+    assert finder is not None and 2 < len(finder.results["lr"]) <= 30
+    assert finder.results["lr"][:2] == pytest.approx([1e-08, 3.414548873833602e-08])  # Lightning's sweep
+    assert model.lr == finder.suggestion()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert trainer.global_step == 0 and not any(
+        isinstance(cb, LearningRateFinder) for cb in trainer.callbacks
+    )
+    assert tuner.scale_batch_size(model, max_trials=4) == 16 and model.batch_size == 16
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not any(isinstance(cb, BatchSizeFinder) for cb in trainer.callbacks)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: GradientAccumulationScheduler({}), TypeError, "non-empty dict"),
+        (lambda: GradientAccumulationScheduler({-1: 2}), MisconfigurationError, r"ints >= 0.*\[-1\]"),
+        (lambda: GradientAccumulationScheduler({0: 0}), MisconfigurationError, r"factors must be ints >= 1"),
+        (lambda: StochasticWeightAveraging(swa_lrs=-1.0), MisconfigurationError, "positive float"),
+        (
+            lambda: StochasticWeightAveraging(swa_lrs=0.1, swa_epoch_start=0),
+            MisconfigurationError,
+            "int >= 1",
+        ),
+        (lambda: EMAWeightAveraging(decay=1.5), ValueError, r"decay must lie in \[0, 1\]"),
+        (lambda: WeightAveraging(decay=0.9), TypeError, "unexpected keyword arguments"),
+        (lambda: LambdaCallback(on_train_epoch_ended=print), TypeError, "not a Callback hook"),
+        (lambda: LambdaCallback(on_fit_start=3), TypeError, "must be a function"),
+        (lambda: ModelSummary(max_depth=-2), ValueError, "int >= -1"),
+        (lambda: OnExceptionCheckpoint("x", filename=""), ValueError, "give the checkpoint a name"),
+        (lambda: SpikeDetection(mode="lower"), ValueError, "use 'min'"),
+        (lambda: LearningRateFinder(mode="cubic"), ValueError, "use one of"),
+        (lambda: BatchSizeFinder(margin=1.0), ValueError, r"fraction in \[0, 1\)"),
+        (lambda: ThroughputMonitor(len, windowsize=3), TypeError, "window_size, separator"),
+    ],
+)
+def test_bad_arguments_say_what_is_accepted(make: Any, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_gradient_accumulation_with_the_trainer_argument_is_refused(tmp_path: Path) -> None:
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, accumulate_grad_batches=2, callbacks=[GradientAccumulationScheduler({0: 2})]
+    )
+    with pytest.raises(ValueError, match="remove one of them"):
+        trainer.fit(_Net())
+
+
+def test_rich_is_optional_and_named_when_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import fullshard.trainer.callbacks.rich_support as rich_support
+
+    bar = RichProgressBar(leave=True, console_kwargs={"file": open(tmp_path / "bar.txt", "w"), "width": 120})  # noqa: SIM115
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[bar], enable_progress_bar=True)
+    assert trainer.progress_bar_callback is bar
+    trainer.fit(_Net())
+    bar._console_kwargs["file"].close()
+    assert "Epoch 0" in (tmp_path / "bar.txt").read_text()
+    monkeypatch.setattr(rich_support, "RICH_AVAILABLE", False)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'fullshard\[rich\]'"):
+        RichProgressBar()
+
+
+def test_throughput_rates_and_flops() -> None:
+    throughput = Throughput(available_flops=100.0, world_size=2, window_size=2)
+    throughput.update(time=1.0, batches=1, samples=4, flops=10)
+    throughput.update(time=3.0, batches=3, samples=12, flops=10)
+    metrics = throughput.compute()
+    assert metrics["device/samples_per_sec"] == 4.0 and metrics["samples_per_sec"] == 8.0
+    assert metrics["device/flops_per_sec"] == 5.0 and metrics["device/mfu"] == 0.05
+    linear = nn.Linear(8, 4)
+    assert measure_flops(linear, lambda: linear(torch.randn(2, 8))) == 2 * 2 * 8 * 4
+
+
+def test_spike_detection_raises_and_records_the_batch(tmp_path: Path) -> None:
+    spike = SpikeDetection(window=3, warmup=1, exclude_batches_path=tmp_path)
+    trainer: Any = type("T", (), {"default_root_dir": str(tmp_path), "is_global_zero": True})()
+    trainer.strategy = type("S", (), {"reduce_boolean_decision": staticmethod(lambda d, all=True: d)})()
+    for i, loss in enumerate([1.0, 1.0, 0.9, 0.8]):
+        spike.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, None, i)  # type: ignore[arg-type]
+    with pytest.raises(TrainingSpikeException, match="batch 4"):
+        spike.on_train_batch_end(trainer, None, {"loss": torch.tensor(50.0)}, None, 4)  # type: ignore[arg-type]
+    assert json.loads((tmp_path / "skip_batches.json").read_text()) == [3, 4]
+
+
+def test_on_exception_checkpoint_is_kept_after_a_failure_and_removed_after_success(tmp_path: Path) -> None:
+    class Failing(_Net):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if self.global_step == 2:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    callback = OnExceptionCheckpoint(tmp_path / "ckpts")
+    with pytest.raises(RuntimeError, match="boom"):
+        quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(Failing())
+    assert torch.load(callback.ckpt_path, weights_only=True)["global_step"] == 2
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(_Net())
+    assert not Path(callback.ckpt_path).exists()
+
+
+def test_model_summary_depth(tmp_path: Path, captured: pytest.LogCaptureFixture) -> None:
+    trainer = quiet_trainer(
+        tmp_path, max_steps=1, callbacks=[ModelSummary(max_depth=2)], enable_model_summary=True
+    )
+    trainer.fit(_Net())
+    text = "\n".join(r.getMessage() for r in captured.records if "Total params" in r.getMessage())
+    assert text.count("Total params") == 1  # the callback's table replaces the Trainer's own
+    assert "backbone.0" in text and "Linear" in text
+
+
+@pytest.mark.multiprocess
+def test_callbacks_and_tuner_on_two_processes_match_one(tmp_path: Path) -> None:
+    """EMA + accumulation schedule + finetuning (with the monitors), the tuner then SWA, and the
+    exception checkpoint, under ddp, fsdp and fsdp2: the same weights as one process where the
+    runs are equivalent; lr_find's suggestion (from rank 0's losses, as Lightning) the same
+    under the three strategies."""
+    results = {}
+    for name in ("single", "ddp", "fsdp", "fsdp2"):
+        check_ok(run_script("callbacks_job.py", name, str(tmp_path), timeout=240))
+        results[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    reference = results.pop("single")
+    for name, got in results.items():
+        assert got["averaged"] == pytest.approx(reference["averaged"], abs=1e-4), name
+        assert got["groups"] == pytest.approx(reference["groups"]), name
+        assert got["steps"] == reference["steps"] == 20 and got["epochs_seen"] == [0, 1, 2, 3], name
+        assert got["throughput_logged"] and got["device_stats_logged"], name
+        assert got["left_as_it_was"] and got["lr_points"] == 20, name
+        assert got["lr_suggested"] == pytest.approx(results["ddp"]["lr_suggested"]), name
+        assert got["swa"] == pytest.approx(results["ddp"]["swa"], abs=1e-4), name
+        assert got["exception_checkpoint_step"] == 3, name
