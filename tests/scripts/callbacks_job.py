@@ -15,6 +15,7 @@ Two processes see batches of 4 each, the reference one of 8 (the same global bat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -155,10 +156,8 @@ def main(name: str, out: Path) -> None:
     # 3. a checkpoint when every rank raises
     fullshard.seed_everything(0)
     trainer = trainer_for(name, out, [OnExceptionCheckpoint(out / "failed")])
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         trainer.fit(Net(fail_at=3), loader)
-    except KeyboardInterrupt:
-        pass
     saved = torch.load(out / "failed" / "on_exception.ckpt", map_location="cpu", weights_only=True)
     result["exception_checkpoint_step"] = saved["global_step"]
 
