@@ -277,7 +277,11 @@ def test_lightning_class_paths_map_to_fullshard() -> None:
 def test_from_lightning_drops_only_what_means_the_default() -> None:
     document = {"trainer": {"precision": None, "plugins": None, "barebones": False, "enable_autolog_hparams": True,
                             "max_epochs": None, "logger": None}, "weights_only": None}  # fmt: skip
-    assert from_lightning(document, subcommand="fit") == {"trainer": {"max_epochs": None, "logger": None}}
+    assert from_lightning(
+        document, subcommand="fit"
+    ) == {  # barebones and enable_autolog_hparams are fullshard's too
+        "trainer": {"barebones": False, "enable_autolog_hparams": True, "max_epochs": None, "logger": None}
+    }
     with pytest.raises(
         ValueError,
         match=r"trainer.plugins: Trainer\(plugins=\['x'\]\) is a Lightning option that fullshard does not support",
@@ -293,10 +297,6 @@ def test_from_lightning_drops_only_what_means_the_default() -> None:
         match=r"fit got weights_only=False, a Lightning argument that fullshard's fit does not take: .*pass trust_checkpoint: true",
     ):
         from_lightning({"fit": {"weights_only": False}})
-    with pytest.raises(
-        ValueError, match=r"Trainer got enable_autolog_hparams=False, a Lightning argument .*: remove it"
-    ):
-        from_lightning({"trainer": {"enable_autolog_hparams": False}})
     with pytest.raises(ValueError, match=r"CSVLogger got prefix='run', a Lightning argument"):
         from_lightning(
             {"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"prefix": "run"}}}

@@ -9,7 +9,7 @@ files Lightning's ``--print_config`` wrote.
 A YAML file written by Lightning's ``LightningCLI --print_config`` names Lightning's classes
 (``lightning.pytorch.callbacks.ModelCheckpoint``) and spells out every argument of Lightning's
 classes, including ones fullshard's counterparts do not take (``trainer.profiler: null``,
-``trainer.enable_autolog_hparams: true``, ``CSVLogger.prefix: ''``). :func:`from_lightning`
+``trainer.model_registry: null``, ``CSVLogger.prefix: ''``). :func:`from_lightning`
 rewrites such a document once, before it is parsed:
 
 1. ``lightning.pytorch.X.Name`` and ``pytorch_lightning.X.Name`` become the fullshard class of
@@ -47,7 +47,6 @@ _PACKAGES = {
 # (class name, argument) -> Lightning's default, for arguments fullshard's class does not take:
 # a Lightning config spells them out, and the default is what fullshard does anyway.
 _LIGHTNING_DEFAULTS: dict[tuple[str, str], Any] = {
-    ("Trainer", "enable_autolog_hparams"): True,
     ("CSVLogger", "prefix"): "",
     ("TensorBoardLogger", "prefix"): "",
     ("TensorBoardLogger", "log_graph"): False,

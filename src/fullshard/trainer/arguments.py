@@ -32,7 +32,7 @@ TRAINER_ARGUMENTS = (
     "deterministic", "benchmark", "inference_mode", "use_distributed_sampler", "detect_anomaly",
     "default_root_dir", "compile", "preemption_signals", "requeue_on_preemption", "on_nonfinite_loss",
     "max_consecutive_nonfinite_skips", "max_time", "profiler", "sync_batchnorm", "overfit_batches", "reload_dataloaders_every_n_epochs",
-    "barebones",
+    "barebones", "enable_autolog_hparams",
 )  # fmt: skip
 
 # Trainer(barebones=True), as Lightning: the options it turns off (each with its "off" value) and

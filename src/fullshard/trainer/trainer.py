@@ -128,6 +128,8 @@ class Trainer(TrainerProperties):
         max_time, profiler, sync_batchnorm, overfit_batches, reload_dataloaders_every_n_epochs:
             Lightning's (docs/lightning.md; ``max_time``'s Timer: docs/callbacks.md; profilers:
             docs/profiling.md).
+        enable_autolog_hparams: send the module's ``hparams`` to the loggers when ``fit`` starts
+            (Lightning's; default True).
         barebones: Lightning's barebones mode: checkpointing, logging (``self.log`` does nothing),
             the progress bar, the model summary and the sanity check off; turning one of them,
             ``fast_dev_run``, ``detect_anomaly`` or a profiler on is a ``ValueError``.
@@ -179,11 +181,13 @@ class Trainer(TrainerProperties):
         overfit_batches: int | float = 0.0,
         reload_dataloaders_every_n_epochs: int = 0,
         barebones: bool = False,
+        enable_autolog_hparams: bool = True,
         **lightning_only: Any,
     ) -> None:
         arguments.reject_unknown(lightning_only)
         #: Lightning's barebones mode: no checkpoints, logging, progress bar, model summary or sanity check.
         self.barebones = barebones
+        self.enable_autolog_hparams = enable_autolog_hparams
         if barebones:
             arguments.check_barebones(
                 {
@@ -592,7 +596,7 @@ class Trainer(TrainerProperties):
                 self.print(format_results(stage, results))
             finalize_loggers(self, "success")
             return loop.predictions if stage == "predict" else results
-        if self.is_global_zero and model.hparams:
+        if self.enable_autolog_hparams and self.is_global_zero and model.hparams:
             for logger in self.loggers:
                 logger.log_hyperparams(dict(model.hparams))
         own_summary = any(isinstance(cb, ModelSummary) for cb in self.callbacks)  # it prints at on_fit_start
