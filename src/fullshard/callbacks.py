@@ -16,7 +16,7 @@ from fullshard.trainer.callbacks import (
     ThroughputMonitor,
     WeightAveraging,
 )
-from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.base import Callback, Checkpoint
 from fullshard.trainer.callbacks.batch_size_finder import BatchSizeFinder
 from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from fullshard.trainer.callbacks.lr_finder import LearningRateFinder
@@ -38,6 +38,7 @@ __all__ = [
     "BasePredictionWriter",
     "BatchSizeFinder",
     "Callback",
+    "Checkpoint",
     "DeviceStatsMonitor",
     "EMAWeightAveraging",
     "EarlyStopping",

@@ -180,3 +180,8 @@ class Callback:
 
     def on_exception(self, trainer: Trainer, pl_module: Module, exception: BaseException) -> None:
         """Called when ``fit``, ``validate``, ``test`` or ``predict`` raises."""
+
+
+class Checkpoint(Callback):
+    """The base class of callbacks that save checkpoints (:class:`ModelCheckpoint`), as Lightning's:
+    ``isinstance(callback, Checkpoint)`` finds them."""

@@ -39,7 +39,7 @@ from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
 from fullshard.rank_zero import rank_zero_warn
-from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.base import Checkpoint
 from fullshard.trainer.callbacks.checkpoint_files import (
     check_arguments,
     default_dirpath,
@@ -62,7 +62,7 @@ __all__ = ["ModelCheckpoint"]
 log = logging.getLogger(__name__)
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(Checkpoint):
     """Save checkpoints during training (see [Note: when ModelCheckpoint saves]).
 
     Args:
