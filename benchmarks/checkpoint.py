@@ -42,7 +42,7 @@ wrote, from memory. The tables show medians over the repeats.
 
 Steps inside the plain calls are timed too (the gather, ``torch.save``, the fsync; the sharded
 state dicts, ``dcp.save``), and the checksums on their own: CRC-32 of one rank's files of the
-sharded checkpoint (what each rank computes at a save), and ``fullshard.checkpoint.layout.verify``
+sharded checkpoint (what each rank computes at a save), and ``fullshard.checkpoint.archive.verify``
 of each checkpoint (which reads every byte) in a process of its own, as ``fullshard checkpoint
 inspect --verify`` runs it.
 
@@ -122,10 +122,10 @@ VERIFY_ROWS = (
     ("sharded", "Sharded load", "sharded_load/unverified", "sharded_load/fullshard"),
 )
 VERIFY_TARGET = 1.10  # a verified load at most this times an unverified one
-# times layout.verify(argv[1]) alone, without the interpreter's start and imports
+# times archive.verify(argv[1]) alone, without the interpreter's start and imports
 VERIFY = (
     "import sys, time\n"
-    "from fullshard.checkpoint.layout import verify\n"
+    "from fullshard.checkpoint.archive import verify\n"
     "start = time.perf_counter()\n"
     "verify(sys.argv[1])\n"
     "print(time.perf_counter() - start)\n"
@@ -362,7 +362,7 @@ class Job:
 
     def measure_checksums(self) -> None:
         """CRC-32 of this rank's files of the sharded checkpoint (what each rank computes at a
-        save), and ``layout.verify`` of each checkpoint (all its bytes), from rank 0."""
+        save), and ``archive.verify`` of each checkpoint (all its bytes), from rank 0."""
         os.sync()
         dist.barrier()
         files = sorted(self.path("fullshard", "sharded").glob(f"data-*/__{self.rank}_*.distcp"))
@@ -522,13 +522,13 @@ def render_parts(result: dict[str, Any]) -> str:
         ("Sharded save: `dcp.save`, files written and fsynced", "dcp_save", *sharded),
         (f"Sharded save: CRC-32 of one rank's files ({shard_mb:.0f} MB)", "crc32", *sharded),
         (
-            "`layout.verify` of the full checkpoint",
+            "`archive.verify` of the full checkpoint",
             "verify_full",
             "full_load/fullshard",
             "fullshard full load",
         ),
         (
-            "`layout.verify` of the sharded checkpoint (every rank's files)",
+            "`archive.verify` of the sharded checkpoint (every rank's files)",
             "verify_sharded",
             "sharded_load/fullshard",
             "fullshard sharded load",
@@ -709,7 +709,7 @@ What is compared:
   `set_model_state_dict` / `set_optimizer_state_dict`. fullshard first checks the commit
   record, every file's size and the saved shapes on rank 0, and the CRC-32s: rank 0 those of
   `.metadata` and `meta.pt`, each rank those of its share of the tensor files.
-- `layout.verify` runs in a process of its own, as `fullshard checkpoint inspect --verify` does:
+- `archive.verify` runs in a process of its own, as `fullshard checkpoint inspect --verify` does:
   all of a checkpoint's bytes in one process.
 
 Checksums are computed at every sharded save and checked at every load (`verify=False` turns

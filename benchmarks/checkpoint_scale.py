@@ -39,7 +39,7 @@ commit
 
 A load is timed whole and in two parts: the checks (rank 0 reads the commit record and checks
 files, sizes and shapes; every rank its share of the checksums, where loads verify) and DCP's
-load into the state dicts plus ``set_state``. ``layout.verify`` (every byte of every file, in
+load into the state dicts plus ``set_state``. ``archive.verify`` (every byte of every file, in
 one process) is timed once per job.
 
 Then, in this process, what DCP's plan and finish steps move and compute at more ranks than the
@@ -78,8 +78,8 @@ def run_worker(args: argparse.Namespace) -> None:
 
     import fullshard
     from fullshard.checkpoint import commit, engine
+    from fullshard.checkpoint.archive import verify
     from fullshard.checkpoint.events import set_event_hook
-    from fullshard.checkpoint.layout import verify
     from fullshard.strategies import FSDP2Strategy, FSDPStrategy
 
     class Block(nn.Module):

@@ -14,7 +14,8 @@ import torch
 
 import fullshard
 from ckpt_helpers import Net, assert_same_state, full_state, run_single
-from fullshard.checkpoint.layout import RECORD_NAME, CommitRecord, rank_record_name, recorded_files, verify
+from fullshard.checkpoint.archive import verify
+from fullshard.checkpoint.layout import RECORD_NAME, CommitRecord, rank_record_name, recorded_files
 from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect
 from fullshard.checkpoint.validate import StateDictMismatchError
 from fullshard.cli import main as cli_main

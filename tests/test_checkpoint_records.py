@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ckpt_helpers import assert_same_state, full_state, run_single
 from conftest import SCRIPTS, check_ok, run_script
+from fullshard.checkpoint.archive import verify
 from fullshard.checkpoint.commit import ShardWriter
 from fullshard.checkpoint.dcp_reading import read_metadata
 from fullshard.checkpoint.events import set_event_hook
@@ -29,7 +30,6 @@ from fullshard.checkpoint.layout import (
     rank_record_name,
     read_rank_record,
     recorded_files,
-    verify,
     write_rank_record,
 )
 from fullshard.checkpoint.tools import inspect
@@ -76,8 +76,8 @@ def _state(saved: Path) -> dict[str, object]:
 # -------------------------------------------------------------------------- the format
 def test_the_commit_record_lists_rank_0s_files_and_each_rank_its_own(saved: Path) -> None:
     record = CommitRecord.read(saved)
-    assert (record.format_version, record.rank_records, set(record.files)) == (2, 1, {".metadata", "meta.pt"})
-    files, problem = read_rank_record(saved / record.data, 0)
+    assert (record.format_version, record.rank_records, set(record.files)) == (3, 1, {".metadata", "meta.pt"})
+    files, problem = read_rank_record(saved / record.data, 0, record.identity)
     assert problem is None and set(files) == {"__0_0.distcp"}
     assert files["__0_0.distcp"]["size"] == (saved / record.data / "__0_0.distcp").stat().st_size
     assert set(recorded_files(saved, record)) == {".metadata", "meta.pt", "__0_0.distcp"}
@@ -108,7 +108,9 @@ def _rewrite(path: Path, change: str) -> Path:
         record.write_text(text[:digit] + str((int(text[digit]) + 1) % 10) + text[digit + 1 :])
     elif change == "other rank's file":
         files, _ = read_rank_record(data, 0)
-        write_rank_record(data, 0, {"__1_0.distcp": files["__0_0.distcp"]})
+        write_rank_record(
+            data, 0, {"__1_0.distcp": files["__0_0.distcp"]}, step=CommitRecord.read(path).global_step
+        )
     else:
         record.write_text("not json")
     return path
@@ -196,7 +198,7 @@ def test_two_ranks_commit_without_gathering_checksums(tmp_path: Path) -> None:
         # every rank's RNG states go to rank 0 alone, which writes them into meta.pt
         assert log["object_gathers"] == ([2] if rank == 0 else [None]), log
         assert log["rng_states_saved"] == 2
-        assert log["record"] == {"files": [".metadata", "meta.pt"], "rank_records": 2, "format_version": 2}
+        assert log["record"] == {"files": [".metadata", "meta.pt"], "rank_records": 2, "format_version": 3}
         assert log["own_record"] == [f"__{rank}_0.distcp"]
         assert log["format_1_same_state"] is True  # an old checkpoint loads at 2 ranks, exactly
         assert log["damaged_record"]["error"] == "CorruptCheckpointError"

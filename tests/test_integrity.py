@@ -27,8 +27,9 @@ import fullshard
 import fullshard.trainer.nonfinite
 from ckpt_helpers import Net, assert_same_state, full_state, make_data, run_single
 from conftest import check_ok, quiet_trainer, run_script
+from fullshard.checkpoint.archive import archive_entries
 from fullshard.checkpoint.events import set_event_hook
-from fullshard.checkpoint.layout import RECORD_NAME, CommitRecord, archive_entries, assign_shares
+from fullshard.checkpoint.layout import RECORD_NAME, CommitRecord, assign_shares
 from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect
 from fullshard.cli import main as cli_main
 from fullshard.errors import (
@@ -403,7 +404,7 @@ def test_commit_record_of_a_newer_format_says_so(saved: dict[str, Path], tmp_pat
     record = json.loads((path / RECORD_NAME).read_text())
     (path / RECORD_NAME).write_text(json.dumps({**record, "format_version": 99, "new_field": 1}))
     with pytest.raises(
-        CheckpointError, match=r"has format version 99; this fullshard reads format 2 and older"
+        CheckpointError, match=r"has format version 99; this fullshard reads format 3 and older"
     ):
         CommitRecord.read(path)
     (path / RECORD_NAME).write_text(json.dumps({**record, "new_field": 1}))  # same format, a field added

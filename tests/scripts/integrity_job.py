@@ -141,15 +141,15 @@ def main() -> None:
                         value.add_(0.5)
     before = state(trainer)
     checked: list[str] = []
-    crc32_of_range = layout._crc32_of_range
+    crc32_of_range = layout.crc32_of_range
 
     def recording(f: Any, buffer: bytearray, size: int | None) -> int:
         checked.append(Path(f.name).name)
         return crc32_of_range(f, buffer, size)
 
-    layout._crc32_of_range = recording  # type: ignore[assignment]
+    layout.crc32_of_range = recording  # type: ignore[assignment]
     attempt(log, "damaged_sharded", lambda: strategy.load_checkpoint(out / "broken", trainer.optimizers))
-    layout._crc32_of_range = crc32_of_range  # type: ignore[assignment]
+    layout.crc32_of_range = crc32_of_range  # type: ignore[assignment]
     log["checked"] = checked
     log["damaged_sharded"]["changed"] = differences(state(trainer), before)
     attempt(log, "damaged_full", lambda: strategy.load_checkpoint(out / "broken.ckpt", trainer.optimizers))

@@ -65,7 +65,7 @@ def fix_record(ckpt: Path) -> None:
         return {f.name: {"size": f.stat().st_size, "crc32": crc32_of(f)} for f in files}
 
     for rank in range(record.rank_records):
-        write_rank_record(data, rank, sums(sorted(data.glob(f"__{rank}_*.distcp"))))
+        write_rank_record(data, rank, sums(sorted(data.glob(f"__{rank}_*.distcp"))), step=record.global_step)
     files = sums(data / name for name in PARSED_BY_RANK0)
     (ckpt / RECORD_NAME).write_text(dataclasses.replace(record, files=files).to_json())
 
@@ -108,17 +108,18 @@ def forge_index(ckpt: Path, marker: Path) -> Path:
 def forge_bytes(ckpt: Path, marker: Path) -> Path:
     """The sharded checkpoint ``ckpt`` rewritten by DCP with a non-tensor model entry
     ``model.evil`` holding code (DCP stores it as ``torch.save`` bytes); returns the data directory."""
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    from fullshard.checkpoint.tools import _read_dcp
+    from fullshard.checkpoint.commit import ShardWriter
+    from fullshard.checkpoint.tools import read_sharded
 
     data = ckpt / CommitRecord.read(ckpt).data
-    state = _read_dcp(data)
+    _, state = read_sharded(ckpt, verify=True, trust=False)
     state["model"]["evil"] = Payload(marker)
     for file in [data / ".metadata", *data.glob("*.distcp")]:
         file.unlink()
-    dcp_save(state, storage_writer=FileSystemWriter(data, single_file_per_rank=True), no_dist=True)
+    # fullshard's own writer: the index carries the save's id, as a forger can make it do
+    dcp_save(state, storage_writer=ShardWriter(data, single_file_per_rank=True), no_dist=True)
     fix_record(ckpt)
     return data
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from typing_extensions import override
 
@@ -58,8 +58,17 @@ if TYPE_CHECKING:
 
 
 class ShardWriter(FileSystemWriter):
-    """DCP's file writer, signalling when this rank's tensor files are on disk (see events), and
-    not sending the index back to every rank ([Note: DCP's finish returns the index to every rank])."""
+    """DCP's file writer, signalling when this rank's tensor files are on disk (see events), not
+    sending the index back to every rank ([Note: DCP's finish returns the index to every rank]),
+    and writing the save's identity into the index: the name of its data directory, as
+    ``storage_meta.save_id`` ([Note: one save, one identity] in layout.py)."""
+
+    @override
+    def storage_meta(self) -> StorageMeta | None:
+        meta = super().storage_meta()
+        if meta is not None:
+            meta.save_id = Path(self.path).name
+        return meta
 
     @override
     def write_data(self, plan: Any, planner: Any) -> Any:
@@ -92,9 +101,10 @@ def record_of(strategy: Strategy, checkpoint: dict[str, Any], data_name: str) ->
     )
 
 
-def write_shards(state: dict[str, Any], data: Path, rank: int, group: Any, no_dist: bool) -> None:
+def write_shards(state: dict[str, Any], data: Path, rank: int, step: int, group: Any, no_dist: bool) -> None:
     """Write this rank's tensors into ``data`` with DCP (collective over ``group``, the default
-    group when None), fsync them, and write this rank's record of their sizes and CRC-32s."""
+    group when None), fsync them, and write this rank's record of their sizes and CRC-32s and of
+    the save's identity (``data``'s name and ``step``)."""
     # DCP would fsync each file before returning; we fsync them ourselves, beside the CRC-32s
     # (see fsync_and_checksum). .metadata is fsynced in commit_sharded, like meta.pt.
     dcp_save(
@@ -104,7 +114,7 @@ def write_shards(state: dict[str, Any], data: Path, rank: int, group: Any, no_di
         no_dist=no_dist,
     )
     checkpoint_event("sharded.metadata_written")
-    write_rank_record(data, rank, fsync_and_checksum(sorted(data.glob(f"__{rank}_*.distcp"))))
+    write_rank_record(data, rank, fsync_and_checksum(sorted(data.glob(f"__{rank}_*.distcp"))), step=step)
 
 
 def commit_sharded(path: Path, record: CommitRecord, write_meta: Callable[[Path], None]) -> None:

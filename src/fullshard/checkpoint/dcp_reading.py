@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterator
+import pickle
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from fullshard.checkpoint.index_checks import check_index
 from fullshard.checkpoint.io import load_torch_file
 from fullshard.checkpoint.trust import MetadataUnpickler
 from fullshard.errors import CheckpointError, CorruptCheckpointError, UntrustedCheckpointError
@@ -34,7 +36,8 @@ from fullshard.errors import CheckpointError, CorruptCheckpointError, UntrustedC
 class SafeReader(FileSystemReader):
     """DCP's file reader, whose index is the ``.metadata`` it unpickled through
     :class:`~fullshard.checkpoint.trust.MetadataUnpickler` when it was made (``trust``: as DCP
-    reads it).
+    reads it), and checked (:func:`~fullshard.checkpoint.index_checks.check_index`, with
+    ``save_id`` and ``recorded``: see there), trusted or not.
 
     Read up front, not in DCP's ``read_metadata`` call: DCP takes a failure there for a missing
     index and falls back to a rank's own ``__<rank>.metadata`` (which fullshard never writes),
@@ -42,18 +45,27 @@ class SafeReader(FileSystemReader):
 
     Raises:
         UntrustedCheckpointError: (not ``trust``) the index names a global that is not DCP's.
+        CorruptCheckpointError: the index points outside the checkpoint or claims what cannot be.
     """
 
-    def __init__(self, path: str | Path, trust: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        trust: bool = False,
+        *,
+        save_id: str | None = None,
+        recorded: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
         super().__init__(str(path))
-        self._metadata = None if trust else self._read_restricted()
+        self._metadata = self._read(trust)
+        check_index(self._metadata, Path(path), save_id=save_id, recorded=recorded)
 
-    def _read_restricted(self) -> Metadata:
+    def _read(self, trust: bool) -> Metadata:
         # what FileSystemReader.read_metadata does (torch 2.13), with the restricted unpickler in
-        # place of pickle.load: there is no hook for the unpickler alone
+        # place of pickle.load unless trusted: there is no hook for the unpickler alone
         path = self._get_metadata_path()
         with self.fs.create_stream(path, "rb") as stream:
-            metadata = MetadataUnpickler(stream, os.fspath(path)).load()
+            metadata = pickle.load(stream) if trust else MetadataUnpickler(stream, os.fspath(path)).load()
         if not isinstance(metadata, Metadata):
             raise CorruptCheckpointError(
                 f"The checkpoint file {str(path)!r} holds a {type(metadata).__name__}, not torch.distributed."
@@ -64,8 +76,6 @@ class SafeReader(FileSystemReader):
         return metadata
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if self._metadata is None:
-            return super().read_metadata(*args, **kwargs)
         if kwargs.get("rank") is not None:
             raise CheckpointError("fullshard's checkpoints have no per-rank index; its .metadata was read")
         self._metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]
@@ -113,9 +123,11 @@ def load_planner(data: Path, trust: bool, *, empty: bool = False, keys: set[str]
     return planner
 
 
-def read_metadata(data: Path, trust: bool = False) -> Metadata:
-    """The ``.metadata`` index of the DCP directory ``data``, read through :class:`SafeReader`."""
-    return SafeReader(data, trust).read_metadata()
+def read_metadata(
+    data: Path, trust: bool = False, *, save_id: str | None = None, recorded: Mapping[str, Mapping[str, int]] | None = None
+) -> Metadata:
+    """The ``.metadata`` index of the DCP directory ``data``, read and checked through :class:`SafeReader`."""
+    return SafeReader(data, trust, save_id=save_id, recorded=recorded).read_metadata()
 
 
 @contextlib.contextmanager

@@ -67,15 +67,18 @@ from fullshard.checkpoint.layout import (
     DATA_PREFIX,
     META_NAME,
     PARSED_BY_RANK0,
+    SAVE_KEY,
     UNVERIFIED_HINT,
     CommitRecord,
+    check_meta_identity,
     damaged_sharded,
     detect_format,
     file_problems,
+    recorded_files,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
 from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
-from fullshard.errors import CheckpointError
+from fullshard.errors import CheckpointError, CorruptCheckpointError
 
 if TYPE_CHECKING:
     from fullshard.strategies.strategy import Strategy
@@ -266,21 +269,22 @@ def _save_sharded(
     checkpoint["optimizer_param_groups"] = [s["param_groups"] for s in optimizer_states]
     state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
     record = record_of(strategy, checkpoint, data_name)
-    rank, no_dist = strategy.global_rank, not strategy.is_distributed
+    step, rank, no_dist = record.global_step, strategy.global_rank, not strategy.is_distributed
     if strategy.async_save:
-        staged, meta, data_name = _stage(strategy, state, checkpoint, path)
+        staged, meta, data_name = _stage(strategy, state, checkpoint, path, step)
         del state, model_state, optimizer_states  # only the copy goes on: training may change these
         record, data = dataclasses.replace(record, data=data_name), path / data_name
         steps = async_save.SaveSteps(
             check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(strategy, staged["model"])),
             prepare=(lambda: data.mkdir(parents=True)) if strategy.is_global_zero else lambda: None,
-            write=lambda staged, group: write_shards(staged, data, rank, group, no_dist),
+            write=lambda staged, group: write_shards(staged, data, rank, step, group, no_dist),
             commit=lambda: commit_sharded(path, record, lambda target: write_bytes(meta, target)),
         )
         return async_save.start(strategy, path, record.global_step, staged, steps)
     failures: list[Failure] = []
     try:
-        write_shards(state, data, rank, None, no_dist)
+        checkpoint[SAVE_KEY] = {"id": data_name, "step": step}  # [Note: one save, one identity]
+        write_shards(state, data, rank, step, None, no_dist)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
         failures = failures_of(err, rank)
     # every rank learns whether every rank succeeded (a flag: each rank's checksums are in its
@@ -310,7 +314,7 @@ def _save_sharded(
 
 
 def _stage(
-    strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path
+    strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path, step: int
 ) -> tuple[Any, bytes, str]:
     """A background save's copy (see [Note: staging off the training thread]), ``meta.pt`` and the
     name of its data directory (rank 0's; its thread makes it), with one collective: a failure on
@@ -320,8 +324,8 @@ def _stage(
         defer = staging.changed_only_by_steps(strategy.module)
         staged = staging.stage(state, defer=defer, buffers=async_save.buffers_for(strategy))
         if strategy.is_global_zero:
-            meta = async_save.serialize(checkpoint)
             name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
+            meta = async_save.serialize({**checkpoint, SAVE_KEY: {"id": name, "step": step}})
     except CheckpointError as err:  # the state's own types
         problem = _portable(err) if strategy.is_distributed else err
     except Exception as err:  # pickling (hyperparameters, callback states), memory
@@ -425,8 +429,15 @@ def _load_full(
     return meta
 
 
-def _dcp_shapes(data: Path, trust: bool) -> dict[str, torch.Size]:
-    metadata = read_metadata(data, trust)
+def _dcp_shapes(path: Path, record: CommitRecord, trust: bool) -> dict[str, torch.Size]:
+    """The tensors' full shapes, from the index, checked against the files the rank records list
+    ([Note: an index is believed only within bounds] in index_checks.py). A rank record that
+    cannot be read is left to :func:`check_shares`, which names every problem of every rank."""
+    try:
+        recorded: Mapping[str, Mapping[str, int]] | None = recorded_files(path, record)
+    except CorruptCheckpointError:
+        recorded = None
+    metadata = read_metadata(path / record.data, trust, save_id=record.save_id, recorded=recorded)
     return {
         key: item.size
         for key, item in metadata.state_dict_metadata.items()
@@ -459,8 +470,9 @@ def _load_sharded(
             if problems:
                 raise damaged_sharded(path, problems, UNVERIFIED_HINT)
         meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
+        check_meta_identity(meta, record, path)
         check_meta(meta, path, optimizers, check, meta.get("optimizer_param_groups"))
-        shapes = _dcp_shapes(data, trust)
+        shapes = _dcp_shapes(path, record, trust)
         saved = {k[len("model.") :]: v for k, v in shapes.items() if k.startswith("model.")}
         # an optimizer saved before its first step has no tensors ([Note: unstepped optimizers])
         stepped = {i for i in range(len(optimizers)) if any(k.startswith(f"optimizers.{i}.") for k in shapes)}
@@ -490,7 +502,7 @@ def _load_sharded(
     if stepped:  # no empty "optimizers": DCP's FSDP1 planner would look for it as a key of its own
         state["optimizers"] = {str(i): optimizer_states[i]["state"] for i in sorted(stepped)}
     data = path / record.data
-    reader = _agreed(strategy, lambda: SafeReader(data, trust))
+    reader = _agreed(strategy, lambda: SafeReader(data, trust, save_id=record.save_id))
     with untrusted_raised():
         dcp_load(
             state,

@@ -21,17 +21,9 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.optim import Optimizer
 
+from fullshard.checkpoint.archive import PICKLE_ENTRY, archive_entries, entry_problems, full_file_error
 from fullshard.checkpoint.io import AfterCommitError
-from fullshard.checkpoint.layout import (
-    PICKLE_ENTRY,
-    UNVERIFIED_HINT,
-    CommitRecord,
-    archive_entries,
-    damaged_sharded,
-    entry_problems,
-    full_file_error,
-    share_problems,
-)
+from fullshard.checkpoint.layout import UNVERIFIED_HINT, CommitRecord, damaged_sharded, share_problems
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS
 from fullshard.errors import CheckpointError, CheckpointSaveError, CorruptCheckpointError
 

@@ -27,7 +27,17 @@ the next save removes them.
 
 Format 1 (fullshard before rank records, still read): the commit record's ``files`` lists every
 file of the data directory with its size and CRC-32, gathered on rank 0 at the commit;
-``rank_records`` is absent (read as 0).
+``rank_records`` is absent (read as 0). Format 2 is format 3 without the save identity below.
+
+[Note: one save, one identity]
+A save's identity is the name of its data directory (``data-<12 hex digits>``, random) and its
+global step. Format 3 writes it into every file that describes the save: the commit record
+(``data``, ``global_step``), each rank record (``save``, ``step``, under the record's own CRC-32),
+DCP's ``.metadata`` (``storage_meta.save_id``) and ``meta.pt`` (``fullshard_save``); the tensor
+files are bound to it through the CRC-32s of the rank record that lists them. A load compares
+each with the commit record before it reads a tensor, so the files of two saves (a directory
+half-synced from another run, a rank's shard and record copied from another checkpoint of the
+same model) never load together, whatever their own checksums say.
 
 [Note: checksums checked on load]
 Every load checks CRC-32s before it changes anything (``verify=False`` turns it off):
@@ -55,8 +65,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
-import zipfile
+import stat
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -73,22 +82,24 @@ from fullshard.errors import (
 RECORD_NAME = "fullshard-checkpoint.json"
 DATA_PREFIX = "data-"
 META_NAME = "meta.pt"
-FORMAT_VERSION = 2  # 2: rank records beside the shards; 1: every file's checksum in the commit record
+# 3: the save's identity in every record ([Note: one save, one identity]); 2: rank records beside the
+# shards; 1: every file's checksum in the commit record
+FORMAT_VERSION = 3
 RANK_RECORD_SUFFIX = ".checksums.json"
 # the files of a sharded checkpoint rank 0 parses itself, and so checksums before reading them
 PARSED_BY_RANK0 = (".metadata", META_NAME)
 Files = dict[str, dict[str, int]]  # file name -> {"size": bytes, "crc32": checksum}
-_CHUNK = 2**20
-_SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp")  # the tensor file a rank wrote (DCP's FileSystemWriter)
+CHUNK = 2**20
+SHARD_FILE = re.compile(r"__(\d+)_\d+\.distcp")  # the tensor file a rank wrote (DCP's FileSystemWriter)
 
 
 def crc32_of(path: Path) -> int:
     """CRC-32 of a file's bytes (about 3 GB/s with zlib)."""
     with open(path, "rb", buffering=0) as f:
-        return _crc32_of_range(f, bytearray(_CHUNK), None)
+        return crc32_of_range(f, bytearray(CHUNK), None)
 
 
-def _crc32_of_range(f: Any, buffer: bytearray, size: int | None) -> int:
+def crc32_of_range(f: Any, buffer: bytearray, size: int | None) -> int:
     """CRC-32 of the next ``size`` bytes of the unbuffered file ``f`` (all the rest: None)."""
     # One reused buffer: a fresh bytes object per read is a fresh mapping, page-faulted in, under
     # FSDP's fixed mmap threshold (see [Note: CPU memory under FSDP]); that halved the speed.
@@ -132,6 +143,17 @@ class CommitRecord:
     rank_records: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def identity(self) -> tuple[str, int] | None:
+        """The save's identity (its data directory's name and its step), which every file of a
+        format 3 checkpoint carries ([Note: one save, one identity]); None for older formats."""
+        return (self.data, self.global_step) if self.format_version >= 3 else None
+
+    @property
+    def save_id(self) -> str | None:
+        """The save's id (its data directory's name) where the checkpoint's files carry it (format 3)."""
+        return self.data if self.format_version >= 3 else None
+
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1, sort_keys=True)
 
@@ -159,7 +181,29 @@ class CommitRecord:
                 f"wrote it ({raw['fullshard_version']!r}) or a newer one."
             )
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})  # later fields of format 1: ignored
+        parsed = cls(**{k: v for k, v in raw.items() if k in known})  # later fields of format 1: ignored
+        problem = _count_problem(directory / parsed.data, parsed.rank_records)
+        if problem is not None:
+            raise _damaged_record(record, problem)
+        return parsed
+
+
+def _count_problem(data: Path, rank_records: int) -> str | None:
+    """A record count the data directory cannot hold (each rank record is a file of it): checked
+    before anything loops over the ranks, so that a forged count ends at once, not after 10**9
+    reads."""
+    if not rank_records:
+        return None
+    try:
+        held = sum(1 for _ in os.scandir(data))
+    except OSError:
+        held = 0
+    if rank_records > held:
+        return (
+            f"field 'rank_records' is {rank_records}, but its data directory {data.name} holds "
+            f"{held} file(s), so it cannot hold that many rank records"
+        )
+    return None
 
 
 # the commit record's fields, their JSON types, and how to say them
@@ -193,13 +237,24 @@ def _record_problem(raw: object) -> str | None:
             return f"field {name!r} is {json.dumps(value)[:40]}, not {said}"
     if not _plain_name(raw["data"]) or not raw["data"].startswith(DATA_PREFIX):
         return f"field 'data' is {raw['data']!r}, not the name of a {DATA_PREFIX}* directory"
+    if raw["world_size"] < 1:
+        return f"field 'world_size' is {raw['world_size']}, not a number of processes (1 or more)"
     if raw["format_version"] >= 2:
         count = raw.get("rank_records")
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             return f"field 'rank_records' is {json.dumps(count)[:40]}, not a number of ranks (1 or more)"
+        if count != raw["world_size"]:
+            return (
+                f"field 'rank_records' is {count}, but the checkpoint was written by {raw['world_size']} "
+                "process(es) (field 'world_size'), each of which writes one"
+            )
     if "extra" in raw and not isinstance(raw["extra"], dict):
         return f"field 'extra' is {json.dumps(raw['extra'])[:40]}, not an object"
-    return _files_problem(raw["files"])
+    problem = _files_problem(raw["files"])
+    unlisted = [name for name in PARSED_BY_RANK0 if name not in raw["files"]]
+    if problem is None and unlisted:
+        problem = f"'files' does not list {' or '.join(unlisted)}, which every sharded save writes"
+    return problem
 
 
 def _files_problem(files: Mapping[str, Any]) -> str | None:
@@ -243,6 +298,10 @@ def detect_format(path: str | Path) -> Format:
         )
     if path.is_file():
         return "full"
+    if not path.is_dir():
+        raise CorruptCheckpointError(
+            f"{str(path)!r} {file_kind(path)}: a checkpoint is a regular file or a directory. Pass the path of one."
+        )
     if (path / RECORD_NAME).is_file():
         return "sharded"
     entries = [p.name for p in path.iterdir()]
@@ -276,25 +335,42 @@ def file_problems(data: Path, files: Mapping[str, Mapping[str, int]], verify: bo
     ``data``: missing, another size, or (``verify``) another CRC-32. Never raises: a file that
     cannot be read is a problem too."""
     problems = []
-    buffer = bytearray(_CHUNK) if verify else bytearray()
+    buffer = bytearray(CHUNK) if verify else bytearray()
     for name, info in sorted(files.items()):
         file = data / name
         try:
-            if not file.is_file():
-                problems.append(f"{name} is missing")
+            found = file_kind(file)
+            if found is not None:
+                problems.append(f"{name} {found}")
                 continue
             size = file.stat().st_size
             if size != info["size"]:
                 problems.append(f"{name} has {size} bytes, {info['size']} were written")
             elif verify:
                 with open(file, "rb", buffering=0) as f:
-                    if _crc32_of_range(f, buffer, None) != info["crc32"]:
+                    if crc32_of_range(f, buffer, None) != info["crc32"]:
                         problems.append(
                             f"{name} fails its CRC-32 check (its bytes changed after it was written)"
                         )
         except OSError as err:
             problems.append(f"{name} cannot be read ({type(err).__name__}: {err})")
     return problems
+
+
+def file_kind(file: Path) -> str | None:
+    """None for a regular file (a symbolic link to one included); otherwise what it is, said as
+    the end of a sentence. A checkpoint is read only from regular files: reading a FIFO blocks
+    forever, a device never ends. Never raises."""
+    try:
+        mode = file.stat().st_mode
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as err:
+        return f"cannot be read ({type(err).__name__}: {err})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+    return f"is {kind}, not a regular file"
 
 
 UNVERIFIED_HINT = (
@@ -321,7 +397,7 @@ def check_sharded_files(directory: Path, record: CommitRecord, verify: bool, hin
     """
     data = directory / record.data
     problems = file_problems(data, record.files, verify)
-    problems += rank_records_problems(data, range(record.rank_records), verify)
+    problems += rank_records_problems(data, range(record.rank_records), verify, record.identity)
     if problems:
         raise damaged_sharded(directory, problems, hint if verify else "")
 
@@ -332,26 +408,34 @@ def rank_record_name(rank: int) -> str:
     return f"__{rank}{RANK_RECORD_SUFFIX}"
 
 
-def _record_crc(rank: int, files: Files) -> int:
-    return zlib.crc32(json.dumps({"files": files, "rank": rank}, sort_keys=True).encode())
+def _record_crc(content: Mapping[str, Any]) -> int:
+    """The CRC-32 of a rank record's content: every field but ``crc32`` itself."""
+    return zlib.crc32(json.dumps({k: v for k, v in content.items() if k != "crc32"}, sort_keys=True).encode())
 
 
-def write_rank_record(data: Path, rank: int, files: Files) -> None:
+def write_rank_record(data: Path, rank: int, files: Files, *, step: int) -> None:
     """Write and fsync the record of rank ``rank``: the size and CRC-32 of each of ``files`` (its
-    tensor files in the data directory ``data``), with a CRC-32 of the record's own content.
+    tensor files in the data directory ``data``) and the save's identity (the directory's name
+    and ``step``: [Note: one save, one identity]), with a CRC-32 of the record's own content.
 
     A fresh file in a data directory no commit record names yet: nothing to replace atomically.
     """
-    text = json.dumps({"files": files, "rank": rank, "crc32": _record_crc(rank, files)}, sort_keys=True)
+    content: dict[str, Any] = {"files": files, "rank": rank, "save": data.name, "step": step}
+    text = json.dumps({**content, "crc32": _record_crc(content)}, sort_keys=True)
     with open(data / rank_record_name(rank), "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_rank_record(data: Path, rank: int) -> tuple[Files, str | None]:
-    """The files the record of rank ``rank`` lists, or what is wrong with it. Never raises."""
+def read_rank_record(
+    data: Path, rank: int, identity: tuple[str, int] | None = None
+) -> tuple[Files, str | None]:
+    """The files the record of rank ``rank`` lists, or what is wrong with it: damaged, or (given
+    the save's ``identity``) of another save. Never raises."""
     name = rank_record_name(rank)
+    if file_kind(data / name) not in (None, "is missing"):
+        return {}, f"{name} {file_kind(data / name)}"
     try:
         raw = json.loads((data / name).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -361,26 +445,33 @@ def read_rank_record(data: Path, rank: int) -> tuple[Files, str | None]:
     if not isinstance(raw, dict) or not isinstance(raw.get("files"), dict) or raw.get("rank") != rank:
         return {}, f"{name} is not the record of rank {rank}"
     problem = _files_problem(raw["files"])
-    if problem is None and raw.get("crc32") != _record_crc(rank, raw["files"]):
+    if problem is None and raw.get("crc32") != _record_crc(raw):
         problem = "it fails its CRC-32 check (its bytes changed after it was written)"
     if problem is None and not all(_written_by(name, rank) for name in raw["files"]):
         problem = f"it lists files rank {rank} did not write"
     if problem is not None:
         return {}, f"{name} is damaged: {problem}"
+    if identity is not None and (raw.get("save"), raw.get("step")) != identity:
+        return {}, (
+            f"{name} belongs to another save ({raw.get('save')!r} at step {raw.get('step')!r}; this checkpoint "
+            f"is {identity[0]!r} at step {identity[1]}): the files of two saves are mixed"
+        )
     return raw["files"], None
 
 
 def _written_by(name: str, rank: int) -> bool:
-    match = _SHARD_FILE.fullmatch(name)
+    match = SHARD_FILE.fullmatch(name)
     return match is not None and int(match[1]) == rank
 
 
-def rank_records_problems(data: Path, ranks: Iterable[int], verify: bool) -> list[str]:
-    """What is wrong with the records of ``ranks`` in the data directory ``data`` and with the
-    files they list (see :func:`file_problems`). Never raises."""
+def rank_records_problems(
+    data: Path, ranks: Iterable[int], verify: bool, identity: tuple[str, int] | None = None
+) -> list[str]:
+    """What is wrong with the records of ``ranks`` in the data directory ``data`` (of another save
+    than ``identity``, given) and with the files they list (see :func:`file_problems`). Never raises."""
     problems: list[str] = []
     for rank in ranks:
-        files, problem = read_rank_record(data, rank)
+        files, problem = read_rank_record(data, rank, identity)
         problems += [problem] if problem is not None else file_problems(data, files, verify)
     return problems
 
@@ -393,7 +484,9 @@ def share_problems(
     ``rank + world_size``, ...; format 1, its share by :func:`assign_shares`. Never raises."""
     data = directory / record.data
     if record.rank_records:
-        return rank_records_problems(data, range(rank, record.rank_records, world_size), verify)
+        return rank_records_problems(
+            data, range(rank, record.rank_records, world_size), verify, record.identity
+        )
     rest = {name: info for name, info in record.files.items() if name not in PARSED_BY_RANK0}
     shares = assign_shares({name: info["size"] for name, info in rest.items()}, world_size)
     return file_problems(data, {name: rest[name] for name in shares[rank]}, verify)
@@ -409,7 +502,7 @@ def recorded_files(directory: Path, record: CommitRecord) -> Files:
     data = directory / record.data
     files = dict(record.files)
     for rank in range(record.rank_records):
-        listed, problem = read_rank_record(data, rank)
+        listed, problem = read_rank_record(data, rank, record.identity)
         if problem is not None:
             raise damaged_sharded(directory, [problem])
         files.update(listed)
@@ -429,7 +522,7 @@ def assign_shares(sizes: Mapping[str, int], world_size: int) -> list[list[str]]:
     loads = [0] * world_size
     rest = []
     for name in sorted(sizes):
-        match = _SHARD_FILE.fullmatch(name)
+        match = SHARD_FILE.fullmatch(name)
         if match is not None and int(match[1]) < world_size:
             shares[int(match[1])].append(name)
             loads[int(match[1])] += sizes[name]
@@ -442,111 +535,26 @@ def assign_shares(sizes: Mapping[str, int], world_size: int) -> list[list[str]]:
     return shares
 
 
-# ---------------------------------------------------------------------- full checkpoint files
-_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local header: 30 bytes
-_ZIP_MAGIC = b"PK\x03\x04"
-PICKLE_ENTRY = "data.pkl"  # torch.save's pickle: every other entry is read through it
+SAVE_KEY = "fullshard_save"  # meta.pt's copy of the save's identity: {"id": data directory name, "step": int}
 
 
-@dataclass(frozen=True)
-class ArchiveEntry:
-    """One entry of a ``torch.save`` archive: where its bytes are and the CRC-32 recorded for them."""
-
-    name: str
-    offset: int
-    size: int
-    crc32: int
-
-
-def _damaged_file(path: Path, detail: str, hint: str = "") -> CorruptCheckpointError:
-    return CorruptCheckpointError(
-        f"The checkpoint file {str(path)!r} is damaged{detail}. Nothing was loaded. Resume from an earlier "
-        "checkpoint instead." + (f" {hint}" if hint else "")
-    )
-
-
-def archive_entries(path: Path) -> list[ArchiveEntry] | None:
-    """The entries of the ``torch.save`` archive ``path`` that carry a CRC-32, in file order; None
-    when there is nothing to check against (see [Note: checksums checked on load]).
+def check_meta_identity(meta: dict[str, Any], record: CommitRecord, directory: Path) -> None:
+    """Check that ``meta`` (the parsed ``meta.pt``) is of the save the commit record names, and
+    take the identity out of it (format 3; [Note: one save, one identity]).
 
     Raises:
-        CorruptCheckpointError: the archive's directory or an entry's header is damaged.
+        CorruptCheckpointError: ``meta.pt`` is another save's.
     """
-    with open(path, "rb") as f:
-        if f.read(4) != _ZIP_MAGIC:
-            return None  # torch's legacy (pre-1.6) format: no checksums
-    try:
-        with zipfile.ZipFile(path) as archive:
-            infos = archive.infolist()
-        entries = []
-        with open(path, "rb") as f:
-            for info in infos:
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise zipfile.BadZipFile(
-                        f"entry {info.filename!r} is compressed, which torch.save never does"
-                    )
-                if info.CRC == 0:
-                    continue  # empty, or written with compute_crc32=False
-                f.seek(info.header_offset)
-                header = f.read(_LOCAL_HEADER.size)
-                if len(header) != _LOCAL_HEADER.size or header[:4] != _ZIP_MAGIC:
-                    raise zipfile.BadZipFile(f"the header of entry {info.filename!r} is damaged")
-                *_, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-                offset = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-                entries.append(ArchiveEntry(info.filename, offset, info.file_size, info.CRC))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, struct.error, ValueError) as err:
-        raise _damaged_file(path, f" or not a checkpoint ({err})") from err
-    return sorted(entries, key=lambda e: e.offset) or None
-
-
-def entry_problems(path: Path, entries: Sequence[ArchiveEntry]) -> list[str]:
-    """The entries of ``path`` whose bytes fail their CRC-32 check. Never raises."""
-    problems = []
-    buffer = bytearray(_CHUNK)
-    try:
-        with open(path, "rb", buffering=0) as f:
-            for entry in entries:
-                f.seek(entry.offset)
-                if _crc32_of_range(f, buffer, entry.size) != entry.crc32:
-                    problems.append(f"entry {entry.name!r} fails its CRC-32 check")
-    except OSError as err:
-        problems.append(f"it cannot be read ({type(err).__name__}: {err})")
-    return problems
-
-
-def full_file_error(path: Path, problems: Sequence[str], hint: str = "") -> CorruptCheckpointError:
-    """The error for a checkpoint file whose entries have ``problems``."""
-    return _damaged_file(path, f": {'; '.join(problems)}", hint)
-
-
-def verify_full_file(path: Path, hint: str = "") -> bool:
-    """Check every entry of a checkpoint file against the CRC-32 ``torch.save`` recorded for it.
-
-    ``torch.load`` does not check these, so a flipped byte inside tensor data loads silently.
-    Returns False when the file carries no checksums to check (see [Note: checksums checked on load]).
-
-    Raises:
-        CorruptCheckpointError: an entry fails its check, or the file is not a readable archive.
-    """
-    entries = archive_entries(path)
-    if entries is None:
-        return False
-    problems = entry_problems(path, entries)
-    if problems:
-        raise full_file_error(path, problems, hint)
-    return True
-
-
-def verify(path: str | Path) -> Format:
-    """Check a checkpoint of either format completely, reading every byte. Returns its format."""
-    path = Path(path)
-    fmt = detect_format(path)
-    if fmt == "full":
-        verify_full_file(path)
-    else:
-        record = CommitRecord.read(path)
-        check_sharded_files(path, record, verify=True)
-    return fmt
+    saved = meta.pop(SAVE_KEY, None)
+    identity = record.identity
+    if identity is not None and saved != {"id": identity[0], "step": identity[1]}:
+        found = f"{saved.get('id')!r} at step {saved.get('step')!r}" if isinstance(saved, dict) else "none"
+        raise damaged_sharded(
+            directory,
+            [
+                f"{META_NAME} belongs to another save ({found}; this checkpoint is {identity[0]!r} at step {identity[1]})"
+            ],
+        )
 
 
 def leftover_data_dirs(directory: Path, keep: str | None) -> list[Path]:

@@ -17,9 +17,10 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from fullshard.checkpoint.archive import verify_full_file
 from fullshard.checkpoint.io import load_checkpoint_file
-from fullshard.checkpoint.layout import META_NAME, detect_format, verify_full_file
-from fullshard.checkpoint.tools import _committed, _read_dcp
+from fullshard.checkpoint.layout import detect_format
+from fullshard.checkpoint.tools import read_sharded
 from fullshard.checkpoint.validate import check_state_dict_matches
 from fullshard.errors import CheckpointNotFoundError
 from fullshard.rank_zero import rank_zero_warn
@@ -58,9 +59,8 @@ def _read_sharded(path: Path, map_location: Any, trust: bool) -> dict[str, Any]:
             "map_location must be a device ('cpu', 'cuda:0', torch.device(...)) or None. To remap devices "
             "with a dict or function, consolidate it first: fullshard checkpoint consolidate PATH OUT.ckpt."
         )
-    _, data = _committed(path, verify=True, hint=_LOAD_ANYWAY)
-    checkpoint = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
-    weights = _read_dcp(data, prefix="model.", trust=trust).get("model", {})
+    checkpoint, state = read_sharded(path, verify=True, trust=trust, prefix="model.", hint=_LOAD_ANYWAY)
+    weights = state.get("model", {})
     device = torch.device(map_location) if map_location is not None else None
     checkpoint["state_dict"] = {
         k: v.to(device) if device is not None and isinstance(v, torch.Tensor) else v

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from lightning_utilities.core.imports import RequirementCache
 
+from fullshard.checkpoint.archive import verify, verify_full_file
 from fullshard.checkpoint.io import (
     _FILE_MODE,
     _TMP_PREFIX,
@@ -32,11 +33,10 @@ from fullshard.checkpoint.io import (
 from fullshard.checkpoint.layout import (
     META_NAME,
     CommitRecord,
+    check_meta_identity,
     check_sharded_files,
     detect_format,
     recorded_files,
-    verify,
-    verify_full_file,
 )
 from fullshard.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 
@@ -44,8 +44,25 @@ HF_WEIGHTS_NAME = "model.safetensors"  # the file Hugging Face's from_pretrained
 EXPORT_TIED_KEY = "fullshard.tied_parameters"  # safetensors metadata entry: JSON {alias: canonical}
 
 
-def _read_dcp(data: Path, prefix: str | None = None, trust: bool = False) -> dict[str, Any]:
-    """Every tensor of a DCP directory, assembled whole, as a nested dict.
+def read_sharded(
+    path: Path, *, verify: bool, trust: bool, prefix: str | None = None, hint: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``meta.pt`` entries and the tensors (those whose key starts with ``prefix``; all when
+    None) of the sharded checkpoint ``path``, assembled whole without a process group, after
+    every check of a load: its files (:func:`_committed`; ``verify``: their CRC-32s too, else
+    ``hint`` ends the error), the save's identity, its index."""
+    record, data = _committed(path, verify=verify, hint=NO_VERIFY_HINT if hint is None else hint)
+    meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
+    check_meta_identity(meta, record, path)
+    return meta, _read_dcp(path, record, prefix, trust)
+
+
+def _read_dcp(
+    directory: Path, record: CommitRecord, prefix: str | None = None, trust: bool = False
+) -> dict[str, Any]:
+    """Every tensor of the sharded checkpoint ``directory`` (whose files :func:`_committed`
+    checked), assembled whole, as a nested dict; its index checked first ([Note: an index is
+    believed only within bounds] in index_checks.py).
 
     torch offers no public call that loads a DCP checkpoint without a template state dict (its
     ``format_utils.dcp_to_torch_save`` writes straight to a file), so the private empty-template
@@ -57,17 +74,18 @@ def _read_dcp(data: Path, prefix: str | None = None, trust: bool = False) -> dic
     """
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, read_metadata, untrusted_raised
+    from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, untrusted_raised
 
+    data = directory / record.data
+    reader = SafeReader(data, trust, save_id=record.save_id, recorded=recorded_files(directory, record))
     keys = None
     if prefix is not None:
-        metadata = read_metadata(data, trust)
-        keys = {k for k in metadata.state_dict_metadata if k.startswith(prefix)}
+        keys = {k for k in reader.read_metadata().state_dict_metadata if k.startswith(prefix)}
     state: dict[str, Any] = {}
     with untrusted_raised():
         _load_state_dict(
             state,
-            storage_reader=SafeReader(data, trust),
+            storage_reader=reader,
             planner=load_planner(data, trust, empty=True, keys=keys),
             no_dist=True,
         )
@@ -106,9 +124,7 @@ def consolidate(
         raise CheckpointError(
             f"{str(sharded)!r} is a full checkpoint file already; there is nothing to consolidate."
         )
-    _, data = _committed(sharded, verify=verify)
-    meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust_checkpoint)
-    state = _read_dcp(data, trust=trust_checkpoint)
+    meta, state = read_sharded(sharded, verify=verify, trust=trust_checkpoint)
     groups = meta.pop("optimizer_param_groups", [])
     optimizers = state.get("optimizers", {})
     checkpoint = {
@@ -141,6 +157,7 @@ class Inspection:
     epoch: int | None = None
     global_step: int | None = None
     fullshard_version: str | None = None
+    save_id: str | None = None  # a sharded checkpoint's: its data directory's name
     total_bytes: int = 0
     tensors: list[TensorInfo] = field(default_factory=list)
     tied: dict[str, str] = field(default_factory=dict)  # {alias: canonical}, each tensor stored once
@@ -192,7 +209,11 @@ def inspect(path: str | Path, verify_checksums: bool = False, trust_checkpoint: 
             record, data = _committed(path)
             result.total_bytes = sum(f["size"] for f in recorded_files(path, record).values())
             meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust_checkpoint)
-            metadata = read_metadata(data, trust_checkpoint)
+            check_meta_identity(meta, record, path)
+            result.save_id = record.data
+            metadata = read_metadata(
+                data, trust_checkpoint, save_id=record.save_id, recorded=recorded_files(path, record)
+            )
             result.tensors = [
                 TensorInfo(k, tuple(v.size), str(v.properties.dtype).replace("torch.", ""))
                 for k, v in sorted(metadata.state_dict_metadata.items())
@@ -243,9 +264,8 @@ def _model_weights(
         checkpoint = load_checkpoint_file(path, trust=trust)
         weights, recorded = checkpoint["state_dict"], checkpoint.get(TIED_KEY)
     else:
-        _, data = _committed(path, verify=verify)
-        recorded = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust).get(TIED_KEY)
-        weights = _read_dcp(data, prefix="model.", trust=trust).get("model", {})
+        meta, state = read_sharded(path, verify=verify, trust=trust, prefix="model.")
+        recorded, weights = meta.get(TIED_KEY), state.get("model", {})
     restore_tied(weights, recorded)
     return {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}, recorded
 

@@ -37,6 +37,8 @@ def _inspect(args: argparse.Namespace) -> int:
             f"written by:  {result.strategy} with {result.world_size} process(es), fullshard {result.fullshard_version}"
         )
         print(f"position:    epoch {result.epoch}, global step {result.global_step}")
+        if result.save_id is not None:
+            print(f"save id:     {result.save_id}")
         print(f"size:        {_size(result.total_bytes)} on disk, {len(result.tensors)} tensors")
     for alias, canonical in result.tied.items():
         print(f"tied:        {alias} -> {canonical} (stored once)")
