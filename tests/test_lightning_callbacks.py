@@ -24,6 +24,7 @@ from fullshard.callbacks import (
     GradientAccumulationScheduler,
     LambdaCallback,
     LearningRateFinder,
+    ModelPruning,
     ModelSummary,
     OnExceptionCheckpoint,
     RichProgressBar,
@@ -36,6 +37,7 @@ from fullshard.callbacks import (
     measure_flops,
 )
 from fullshard.errors import MisconfigurationError
+from fullshard.strategies import FSDP2Strategy, FSDPStrategy, ModelParallelStrategy
 from fullshard.tuner import Tuner
 
 
@@ -86,6 +88,8 @@ _LIGHTNING = {
     "ema": (64, [-2.4666, -15.55892, -0.84691, -0.11585]),
     "wa": (64, [-0.49994, -8.97052, -2.17213, -0.30862]),
     "finetune": (64, [0.71934, -1.37809, -8.09662, 0.492]),
+    "prune": (64, [-2.62672, -8.64838, 2.62844, 0.0]),
+    "prune_local": (64, [-17.35887, -2.28637, -0.19966, 7.25238]),
 }
 
 
@@ -97,6 +101,19 @@ def _callbacks(case: str) -> list[Any]:
         "swa_bn": [swa],
         "ema": [EMAWeightAveraging(decay=0.9)],
         "wa": [WeightAveraging()],
+        "prune": [ModelPruning("l1_unstructured", amount=0.3)],
+        "prune_local": [
+            ModelPruning(
+                "ln_structured",
+                amount=0.25,
+                use_global_unstructured=False,
+                parameter_names=["weight"],
+                pruning_dim=0,
+                pruning_norm=2,
+                use_lottery_ticket_hypothesis=False,
+                make_pruning_permanent=False,
+            )
+        ],
         "finetune": [BackboneFinetuning(unfreeze_backbone_at_epoch=2, lambda_func=lambda e: 1.5)],
     }[case]
 
@@ -112,6 +129,9 @@ def test_weights_equal_lightnings_on_one_process(tmp_path: Path, case: str) -> N
     # statistics; fullshard recomputes them in a pass after the last epoch. Same weights.
     assert trainer.global_step == (64 if case == "swa_bn" else steps)
     assert _sums(model) == pytest.approx(sums, abs=2e-5)
+    if case == "prune_local":  # the masks stay (make_pruning_permanent=False), as in Lightning
+        assert sorted(n for n, _ in model.named_parameters())[1] == "backbone.0.weight_orig"
+        assert int((model.backbone[0].weight == 0).sum()) == 24
     if case == "finetune":
         assert [g["lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx([0.02, 0.003])
 
@@ -157,11 +177,29 @@ def test_tuner_leaves_the_model_as_it_was(tmp_path: Path) -> None:
         (lambda: LearningRateFinder(mode="cubic"), ValueError, "use one of"),
         (lambda: BatchSizeFinder(margin=1.0), ValueError, r"fraction in \[0, 1\)"),
         (lambda: ThroughputMonitor(len, windowsize=3), TypeError, "window_size, separator"),
+        (lambda: ModelPruning("l0_unstructured"), MisconfigurationError, "torch's pruning functions are"),
+        (
+            lambda: ModelPruning("ln_structured", use_global_unstructured=False),
+            MisconfigurationError,
+            "pruning_dim",
+        ),
+        (
+            lambda: ModelPruning("l1_unstructured", parameter_names=["gamma"]),
+            MisconfigurationError,
+            "can be pruned",
+        ),
     ],
 )
 def test_bad_arguments_say_what_is_accepted(make: Any, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         make()
+
+
+@pytest.mark.parametrize("strategy", [FSDPStrategy, FSDP2Strategy, ModelParallelStrategy])
+def test_pruning_refuses_sharded_strategies(strategy: type[Any]) -> None:
+    trainer: Any = type("T", (), {"strategy": strategy()})()
+    with pytest.raises(MisconfigurationError, match=f"{strategy.__name__} manages the parameters itself"):
+        ModelPruning("l1_unstructured").setup(trainer, _Net(), "fit")
 
 
 def test_gradient_accumulation_with_the_trainer_argument_is_refused(tmp_path: Path) -> None:
@@ -253,3 +291,5 @@ def test_callbacks_and_tuner_on_two_processes_match_one(tmp_path: Path) -> None:
         assert got["lr_suggested"] == pytest.approx(results["ddp"]["lr_suggested"]), name
         assert got["swa"] == pytest.approx(results["ddp"]["swa"], abs=1e-4), name
         assert got["exception_checkpoint_step"] == 3, name
+    assert results["ddp"]["pruned"] == pytest.approx(reference["pruned"], abs=1e-4)
+    assert results["ddp"]["zeros"] == reference["zeros"] > 0

@@ -8,7 +8,8 @@ run ended with to a JSON file (rank 0):
    them (CSVLogger): the final (averaged) weights.
 2. Tuner.lr_find, then StochasticWeightAveraging: the suggestion, whether the weights were left
    as they were, and the final weights.
-3. OnExceptionCheckpoint: every rank raises at step 3; the checkpoint's global step.
+3. ModelPruning (one process and ddp; sharded strategies refuse it): the pruned weights.
+4. OnExceptionCheckpoint: every rank raises at step 3; the checkpoint's global step.
 
 Two processes see batches of 4 each, the reference one of 8 (the same global batches, in order).
 """
@@ -33,6 +34,7 @@ from fullshard.callbacks import (
     EMAWeightAveraging,
     GradientAccumulationScheduler,
     LambdaCallback,
+    ModelPruning,
     ModelSummary,
     OnExceptionCheckpoint,
     SpikeDetection,
@@ -153,7 +155,15 @@ def main(name: str, out: Path) -> None:
     trainer.fit(model, loader)
     result["swa"] = weights(trainer)
 
-    # 3. a checkpoint when every rank raises
+    # 3. pruning (torch.nn.utils.prune: whole parameters, so one process or DDP)
+    if name in ("single", "ddp"):
+        fullshard.seed_everything(0)
+        trainer = trainer_for(name, out, [ModelPruning("l1_unstructured", amount=0.3)])
+        trainer.fit(Net(), loader)
+        result["pruned"] = weights(trainer)
+        result["zeros"] = sum(int((v == 0).sum()) for v in trainer.strategy.module_state_dict().values())
+
+    # 4. a checkpoint when every rank raises (last: a KeyboardInterrupt ends the job's processes)
     fullshard.seed_everything(0)
     trainer = trainer_for(name, out, [OnExceptionCheckpoint(out / "failed")])
     with contextlib.suppress(KeyboardInterrupt):

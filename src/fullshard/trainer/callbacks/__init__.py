@@ -13,6 +13,7 @@ from fullshard.trainer.callbacks.model_summary import ModelSummary, RichModelSum
 from fullshard.trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
 from fullshard.trainer.callbacks.progress_bar import ProgressBar
+from fullshard.trainer.callbacks.pruning import ModelPruning
 from fullshard.trainer.callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
 from fullshard.trainer.callbacks.spike import SpikeDetection, TrainingSpikeException
 from fullshard.trainer.callbacks.stochastic_weight_avg import StochasticWeightAveraging
@@ -33,6 +34,7 @@ __all__ = [
     "LambdaCallback",
     "LearningRateMonitor",
     "ModelCheckpoint",
+    "ModelPruning",
     "ModelSummary",
     "OnExceptionCheckpoint",
     "ProgressBar",
