@@ -141,7 +141,7 @@ class ModelPruning(Callback):
             )
         if verbose not in (0, 1, 2):
             raise MisconfigurationError(f"ModelPruning(verbose={verbose!r}): use 0, 1 or 2.")
-        self.pruning_fn = pruning_fn
+        self.pruning_fn: Any = pruning_fn
         self._apply_pruning = apply_pruning
         self._make_pruning_permanent = make_pruning_permanent
         self.amount = amount
