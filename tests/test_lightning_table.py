@@ -32,6 +32,7 @@ import importlib
 import inspect
 import json
 import re
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -400,3 +401,179 @@ def test_hook_order_block_is_the_recorded_order() -> None:
     assert block == documented_order(), (
         "the hook order in docs/lightning.md is not the recorded one; paste `python tests/porting/order.py` into it"
     )
+
+
+# -------------------------------------------------------- Lightning's whole public surface
+SURFACE_FIXTURE = Path(__file__).parent / "fixtures" / "lightning_2.6.6_surface.json"
+SURFACE_SCRIPT = Path(__file__).parent / "scripts" / "lightning_surface.py"
+SURFACE_STATUSES = ("ported", "differs:", "not supported:", "in progress:")
+# Written by other engineers now (issue 30): until each exists, its row may say "in progress";
+# the test reports them, and fails for one that exists but is not marked ported or differs.
+IN_PROGRESS_ALLOWED = {
+    *(
+        f"callbacks.{name}"
+        for name in (
+            "BackboneFinetuning", "BaseFinetuning", "GradientAccumulationScheduler", "StochasticWeightAveraging",
+            "WeightAveraging", "EMAWeightAveraging", "ModelSummary", "RichModelSummary", "RichProgressBar",
+            "ThroughputMonitor", "OnExceptionCheckpoint", "LearningRateFinder", "BatchSizeFinder",
+            "DeviceStatsMonitor", "SpikeDetection", "LambdaCallback", "ModelPruning",
+        )
+    ),
+    "loggers.WandbLogger", "loggers.MLFlowLogger", "loggers.CometLogger",
+    "Tuner.lr_find", "Tuner.scale_batch_size", "Trainer.progress_bar_callback",
+}  # fmt: skip
+_SURFACE_FORMS = (
+    ("top", r"L\.(\w+)"),
+    ("package", r"(callbacks|loggers|profilers|utilities)\.(\w+)"),
+    ("tuner", r"Tuner\.(\w+)"),
+    ("argument", r"(\w+)\((\w+)=\)"),
+    ("member", r"(\w+)\.(\w+)"),
+)
+_STRATEGY_NAMES = ("SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "ModelParallelStrategy")
+
+
+def _surface_rows() -> list[tuple[list[str], str]]:
+    """(Lightning names, status) of each row of the "Lightning's public surface" table."""
+    section = DOC.read_text().split("## Lightning's public surface", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith(("| Lightning |", "| ---")):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        assert len(cells) == 2, f"a row of docs/lightning.md's surface table does not have 2 cells: {line}"
+        rows.append((re.findall(r"`([^`]+)`", cells[0]), cells[1]))
+    return rows
+
+
+def _keys_of_what_ports_table() -> dict[str, str]:
+    """The surface names the "What ports" table accounts for, with the row's status."""
+    accounted = {}
+    for _, ids, status in ROWS:
+        for ident in ids:
+            key = _surface_key(ident)
+            if key is not None:
+                accounted.setdefault(key, status)
+    return accounted
+
+
+def _surface_key(ident: str) -> str | None:
+    """The surface name a "What ports" identifier names (None for forms the surface has not)."""
+    kind, parts = _parse(ident)
+    if kind in ("trainer_arg",):
+        return f"Trainer({parts[0]}=)"
+    if kind in ("trainer_method_arg",):
+        return f"Trainer.{parts[0]}"
+    if kind == "trainer_attr":
+        return f"Trainer.{parts[0]}"
+    if kind == "log_arg":
+        return "LightningModule.log"
+    if kind in ("module", "callback", "datamodule"):
+        cls = {"module": "LightningModule", "callback": "Callback", "datamodule": "LightningDataModule"}[kind]
+        return f"{cls}.{parts[0]}"
+    if kind in ("class_arg", "class_attr"):
+        return f"{parts[0]}.{parts[1]}"
+    if kind == "seed_arg":
+        return "L.seed_everything"
+    if kind == "import":
+        dotted = parts[0].split(".")
+        if len(dotted) == 2:
+            return f"L.{dotted[1]}"
+        if len(dotted) == 3 and dotted[1] in ("callbacks", "loggers", "profilers", "utilities"):
+            return f"{dotted[1]}.{dotted[2]}"
+    return None
+
+
+def _fullshard_has(key: str) -> bool:
+    """Whether fullshard has what the Lightning surface name ``key`` maps to: ``L.x`` ->
+    ``fullshard.x``; ``callbacks.X`` -> ``fullshard.callbacks.X`` (and loggers, profilers,
+    utilities); ``Tuner.x`` -> ``fullshard.tuner.Tuner.x``; ``C(a=)`` -> a named parameter of
+    fullshard's ``C.__init__``; ``C.x`` -> a member of fullshard's ``C`` (a Trainer instance's for
+    the Trainer); ``Strategy.x`` -> a member of each of fullshard's four strategies."""
+    kind, groups = _surface_form(key)
+    if kind == "top":
+        return _resolve(f"fullshard.{groups[0]}") is not None
+    if kind == "package":
+        return _resolve(f"fullshard.{groups[0]}.{groups[1]}") is not None
+    if kind == "tuner":
+        return _resolve(f"fullshard.tuner.Tuner.{groups[0]}") is not None
+    classes = _surface_classes(groups[0])
+    if kind == "argument":
+        return all(groups[1] in _parameters(cls.__init__) for cls in classes)
+    if groups[0] == "Trainer":
+        return groups[1] in _trainer_attributes()
+    return all(groups[1] in dir(_instance_or_class(cls)) for cls in classes)  # instance attributes too
+
+
+def _surface_form(key: str) -> tuple[str, tuple[str, ...]]:
+    for kind, pattern in _SURFACE_FORMS:
+        match = re.fullmatch(pattern, key)
+        if match:
+            return kind, match.groups()
+    raise AssertionError(f"{key!r} is in none of the surface forms (tests/scripts/lightning_surface.py)")
+
+
+def _surface_classes(name: str) -> list[type]:
+    strategies = importlib.import_module("fullshard.strategies")
+    if name == "Strategy":
+        return [getattr(strategies, s) for s in _STRATEGY_NAMES]
+    if name in _STRATEGY_NAMES:
+        return [getattr(strategies, name)]
+    return [{"Callback": fullshard.Callback}.get(name) or getattr(fullshard, name)]
+
+
+def _surface_accounting() -> dict[str, str]:
+    """Every surface name docs/lightning.md accounts for, with its status (the surface table's
+    rows first, then the "What ports" table's)."""
+    accounted: dict[str, str] = {}
+    for keys, status in _surface_rows():
+        for key in keys:
+            assert key not in accounted, f"docs/lightning.md: {key} has two rows in the surface table"
+            accounted[key] = status
+    for key, status in _keys_of_what_ports_table().items():
+        accounted.setdefault(key, status)
+    return accounted
+
+
+def test_the_recorded_surface_is_lightnings() -> None:
+    """tests/fixtures/lightning_2.6.6_surface.json is what Lightning 2.6.6 has (read in its own
+    environment); rerun the script to record it again."""
+    from lckpt_models import NO_LIGHTNING, lightning_python
+
+    python = lightning_python()
+    if python is None:
+        pytest.skip(NO_LIGHTNING)
+    result = subprocess.run([python, str(SURFACE_SCRIPT)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(SURFACE_FIXTURE.read_text()), (
+        f"Lightning's surface changed: {python} {SURFACE_SCRIPT} > {SURFACE_FIXTURE}"
+    )
+
+
+def test_every_name_of_lightnings_surface_is_accounted_for() -> None:
+    surface = json.loads(SURFACE_FIXTURE.read_text())
+    accounted = _surface_accounting()
+    missing = [key for key in surface if key not in accounted]
+    assert not missing, (
+        f"{len(missing)} names of Lightning's public surface have no row in docs/lightning.md "
+        f'("Lightning\'s public surface"): {missing}'
+    )
+    stale = [key for keys, _ in _surface_rows() for key in keys if key not in surface]
+    assert not stale, f"rows of the surface table name what Lightning 2.6.6 does not have: {stale}"
+    problems = []
+    for key in surface:
+        status = accounted[key]
+        if not status.startswith(SURFACE_STATUSES):
+            problems.append(f"{key}: status {status!r} is not one of {SURFACE_STATUSES}")
+        elif status.startswith(("ported", "differs:")) and not _fullshard_has(key):
+            problems.append(f"{key} is marked {status.split(':')[0]}, but fullshard has no such name there")
+        elif status.startswith("not supported:") and _fullshard_has(key):
+            problems.append(f"{key} is marked not supported, but fullshard has it: say what it does")
+        elif status.startswith("in progress:"):
+            if key not in IN_PROGRESS_ALLOWED:
+                problems.append(f"{key}: only the names being written now may be 'in progress'")
+            elif _fullshard_has(key):
+                problems.append(f"{key} exists now: mark it ported (or differs)")
+    assert not problems, "\n".join(problems)
+    counts = {s.rstrip(":"): sum(accounted[k].startswith(s) for k in surface) for s in SURFACE_STATUSES}
+    in_progress = sorted(k for k in surface if accounted[k].startswith("in progress:"))
+    print(f"Lightning 2.6.6's surface, {len(surface)} names: {counts}; in progress: {in_progress}")
