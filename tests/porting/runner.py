@@ -30,6 +30,8 @@ SCRIPTS = (
     "warmup_optimizer_step",
     "metrics_writer_multi_val",
     "model_parallel_tp",
+    "finetune_ema_schedule",
+    "lora_adapter",
 )
 # The strategy a script is recorded with under Lightning (regenerate.py) and the strategies it
 # runs with under fullshard (tests/test_porting.py); the rest: Lightning "ddp", fullshard ddp

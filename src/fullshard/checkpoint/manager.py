@@ -305,7 +305,8 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
         "lr_schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
         "grad_scaler": strategy.precision.state_dict(),
         "loops": loops,
-        "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+        # as Lightning: a callback whose state is empty is not saved, so its load_state_dict is not called
+        "callbacks": {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())},
         # Rank 0 writes the checkpoint's metadata: only it receives every rank's states.
         "rng_states": [_portable(s) for s in strategy.gather_object(rng_states()) or []],
         "hyper_parameters": dict(getattr(module, "hparams", {})),
