@@ -412,8 +412,8 @@ def test_module_trainer_and_strategy_surface_behave_as_lightnings(tmp_path: Path
     (tmp_path / "fs").mkdir()
     ours = json.loads(json.dumps(behaviour(fullshard, strategies, tmp_path / "fs")))
     # documented in docs/lightning.md: the views outlive the call (Lightning's are reset, but the
-    # last predict's), and empty_init builds parameters on the meta device, filled with their
-    # initial values when the strategy sets the model up (Lightning: uninitialised memory)
+    # last predict's), and empty_init builds parameters on the meta device, initialised by their
+    # layers when the strategy sets the model up (Lightning: uninitialised memory)
     assert lightning["no_batch_idx"].pop("dataloaders") == ["NoneType", "NoneType", "NoneType", "DataLoader"]
     assert ours["no_batch_idx"].pop("dataloaders") == ["DataLoader"] * 4
     assert (lightning.pop("init_module_empty_init_device"), ours.pop("init_module_empty_init_device")) == (
@@ -498,3 +498,61 @@ def test_strategy_precision_views_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"save_checkpoint\(storage_options=\{'a': 1\}\): fullshard writes"):
         single.strategy.save_checkpoint({}, tmp_path / "x.ckpt", {"a": 1})
     single.strategy.remove_checkpoint(tmp_path / "absent.ckpt")  # nothing there: nothing to do
+
+
+def test_barebones_refusals_say_what_to_do(tmp_path: Path) -> None:
+    for option, value, what in [
+        ("logger", True, "Logging can slow the loop down"),
+        ("enable_checkpointing", True, "Checkpointing can slow the loop down"),
+        ("num_sanity_val_steps", 2, "Sanity checking can slow the loop down"),
+        ("fast_dev_run", 1, "A development run is off in barebones mode"),
+        ("profiler", "simple", "Profiling is off in barebones mode"),
+    ]:
+        with pytest.raises(
+            ValueError,
+            match=rf"Trainer\(barebones=True, {option}={value!r}\) was passed. {what}.*leave {option} out, or drop "
+            r"barebones=True",
+        ):
+            fullshard.Trainer(accelerator="cpu", barebones=True, **{option: value})
+    trainer = fullshard.Trainer(
+        accelerator="cpu", devices=1, barebones=True, max_steps=1, default_root_dir=tmp_path
+    )
+    assert (trainer.barebones, trainer.loggers, trainer.checkpoint_callback) == (True, [], None)
+
+    class Logs(Recorder):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.log("dropped", 1.0)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.warns(UserWarning, match=r"self.log\('dropped'\) was called with Trainer\(barebones=True\)"):
+        trainer.fit(Logs(), DataLoader(make_data(), batch_size=16))
+    assert trainer.callback_metrics == {} and not list(tmp_path.iterdir())
+
+
+def test_step_signatures_decide_batch_idx() -> None:
+    """Lightning's rule: batch_idx is passed to a step that names it, takes *args, or has two
+    positional parameters (whatever their names)."""
+    from fullshard.strategies.step_args import step_arguments
+
+    class Steps:
+        def training_step(self, batch: Any) -> None: ...
+        def validation_step(self, batch: Any, idx: int) -> None: ...
+        def test_step(self, *args: Any) -> None: ...
+        def predict_step(self, batch: Any, *, batch_idx: int = 0) -> None: ...
+
+    steps = Steps()
+    assert step_arguments(steps, "training_step", "b", 3, ()) == ("b",)
+    assert step_arguments(steps, "validation_step", "b", 3, (1,)) == ("b", 3, 1)
+    assert step_arguments(steps, "test_step", "b", 3, ()) == ("b", 3)
+    assert step_arguments(steps, "predict_step", "b", 3, ()) == ("b", 3)
+
+
+def test_trainer_save_checkpoint_refuses_storage_options(tmp_path: Path) -> None:
+    trainer = quiet_trainer(tmp_path, max_steps=1)
+    trainer.fit(Recorder(), DataLoader(make_data(), batch_size=16))
+    with pytest.raises(
+        TypeError, match=r"save_checkpoint\(storage_options=\{'bucket': 'b'\}\): fullshard writes"
+    ):
+        trainer.save_checkpoint(tmp_path / "x.ckpt", storage_options={"bucket": "b"})
+    trainer.save_checkpoint(tmp_path / "x.ckpt", storage_options=None)
+    assert (tmp_path / "x.ckpt").exists()

@@ -1,5 +1,7 @@
 """docs/lightning.md stays true: its table is read and every row checked against fullshard and
 against the porting scripts (tests/porting/), and its hook-order block against the recordings.
+Its "Lightning's public surface" table, with the first, must account for every public name of
+Lightning 2.6.6 (the last part of this file; see test_every_name_of_lightnings_surface_is_accounted_for).
 
 The second column of the table names the feature in fullshard, one or more code spans, each in
 one of these forms (NAME: an identifier; V: a Python literal):

@@ -31,7 +31,6 @@ from fullshard.rank_zero import rank_zero_info, rank_zero_warn, set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, nonfinite, preemption
 from fullshard.trainer.callbacks import Callback, ModelSummary
-from fullshard.tuner.exit import TunerExit
 from fullshard.trainer.devices import (
     configure_torch,
     more_processes_than_cores,
@@ -55,6 +54,7 @@ from fullshard.trainer.preflight import (
 from fullshard.trainer.properties import TrainerProperties
 from fullshard.trainer.spawn_result import apply_spawn_report, spawn_report
 from fullshard.trainer.summary import format_results, model_summary
+from fullshard.tuner.exit import TunerExit
 
 log = logging.getLogger("fullshard")
 
