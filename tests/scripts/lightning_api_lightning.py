@@ -9,6 +9,7 @@ process through :func:`behaviour`), so both sides are measured by one script.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import sys
@@ -73,6 +74,22 @@ def behaviour(L: Any, strategies: Any, root: Path) -> dict[str, Any]:
         seen["save_checkpoint_storage_options"] = "accepted"
     except TypeError:
         seen["save_checkpoint_storage_options"] = "TypeError"
+
+    # a call that raises: interrupted from the callbacks' on_exception on; no SIGTERM was received
+    flags: list[bool] = []
+
+    class Boom(NoBatchIdx):
+        def training_step(self, batch: Any) -> torch.Tensor:
+            raise RuntimeError("boom")
+
+    class SeesIt(L.Callback):
+        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+            flags.append(trainer.interrupted)
+
+    failing = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, callbacks=[SeesIt()], **quiet)
+    with contextlib.suppress(RuntimeError):
+        failing.fit(Boom(), loader)
+    seen["interrupted"] = [flags, failing.interrupted, trainer.interrupted, trainer.received_sigterm]
 
     # barebones: what it turns off, what it refuses
     with warnings.catch_warnings(record=True) as caught:

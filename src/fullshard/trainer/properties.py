@@ -4,6 +4,7 @@ attributes they read are declared at the top of :class:`TrainerProperties`."""
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Any
 
 from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint, ProgressBar
@@ -309,6 +310,13 @@ class TrainerProperties:
     def early_stopping_callbacks(self) -> list[EarlyStopping]:
         """Every :class:`EarlyStopping` among the callbacks."""
         return [cb for cb in self.callbacks if isinstance(cb, EarlyStopping)]
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether this process received SIGTERM during ``fit`` (one of ``preemption_signals``:
+        the run then stops at an agreed step, saves and ends with ``TrainingPreempted``)."""
+        preempt = self.fit_loop.preemption
+        return preempt.requested and preempt.signum == signal.SIGTERM
 
     @property
     def evaluating(self) -> bool:

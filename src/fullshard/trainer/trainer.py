@@ -303,6 +303,8 @@ class Trainer(TrainerProperties):
 
         self.should_stop = False
         self.sanity_checking = False
+        #: Whether the last call ended with an exception (True from the callbacks' on_exception on).
+        self.interrupted = False
         self.is_last_batch = False
         self.batch_idx_start = 0
         self.optimizers: list[Optimizer] = []
@@ -528,6 +530,7 @@ class Trainer(TrainerProperties):
         strategy.setup_environment()
         set_global_rank(self.global_rank)
         self._stage = stage
+        self.interrupted = False
         self._module = model
         self._datamodule = datamodule = sources.datamodule
         self._metrics.reset()  # as in Lightning, each call starts with no metrics
@@ -551,6 +554,7 @@ class Trainer(TrainerProperties):
         except TunerExit:  # a tuner's search ended this call on purpose (fullshard.tuner.Tuner)
             return None
         except BaseException as exception:
+            self.interrupted = True
             strategy.on_exception(exception)
             for cb in self.callbacks:
                 cb.on_exception(self, model, exception)
