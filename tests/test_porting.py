@@ -24,6 +24,12 @@ Only what legitimately differs is normalised; each item is applied in ``_normali
    through the checkpoint, so the optimizers must exist first (docs/lightning.md, "Differs on
    purpose"). In Lightning's record the call is moved to just before those hooks.
 
+4. Lightning's ``WeightAveraging``/``EMAWeightAveraging`` call the module's ``configure_model`` in
+   their ``setup`` hook, before the module's own ``setup``, to copy the whole model; fullshard keeps
+   the average as each process's share of the weights and builds the model once, where the
+   strategy builds it (docs/callbacks.md). A ``configure_model`` call before the module's
+   ``setup`` (right after the callbacks' ``setup``) is dropped from Lightning's record.
+
 Nothing else is normalised: the same hooks, in the same order, with the same batch indices and
 samples (``x0``: the first number of a batch, i.e. the same sampler order), at the same epoch and
 global step; the same metric names at the same points.
@@ -75,13 +81,16 @@ _RESTORE_HOOKS = ("on_load_checkpoint", "load_state_dict")
 
 def _normalise(rank_record: dict[str, Any]) -> list[tuple[str, str]]:
     """(event, state) pairs of Lightning's record without the hooks fullshard does not call (1.),
-    with configure_optimizers ahead of a resume's restore hooks (3.)."""
+    with configure_optimizers ahead of a resume's restore hooks (3.), without a weight averaging
+    callback's early configure_model (4.)."""
     pairs: list[tuple[str, str]] = []
     for event, state in zip(rank_record["events"], rank_record["states"], strict=True):
         who, _, rest = event.partition(" ")
         hook = rest.split("(")[0]
         if who == "M" and hook in NOT_CALLED_BY_FULLSHARD:
             continue
+        if who == "M" and hook == "configure_model" and pairs and pairs[-1][0].startswith("C setup("):
+            continue  # 4.: called from a callback's setup, before the module's
         if who == "M" and hook == "configure_optimizers":
             at = len(pairs)
             while at and pairs[at - 1][0].partition(" ")[2].split("(")[0] in _RESTORE_HOOKS:

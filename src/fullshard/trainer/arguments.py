@@ -12,6 +12,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.rank_zero import rank_zero_info
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar, Timer
+from fullshard.trainer.callbacks.base import Checkpoint
 from fullshard.trainer.callbacks.timer import parse_duration
 from fullshard.trainer.data import limit_batches
 from fullshard.trainer.loggers import CSVLogger, Logger
@@ -276,7 +277,7 @@ def build_callbacks(
                 f"callbacks must be fullshard Callback instances, got {type(cb).__name__}. Subclass "
                 "fullshard.Callback (a Lightning callback ports by changing its import)."
             )
-    if checkpointing and not any(isinstance(cb, ModelCheckpoint) for cb in given):
+    if checkpointing and not any(isinstance(cb, Checkpoint) for cb in given):  # OnExceptionCheckpoint counts
         given.append(ModelCheckpoint())
     if progress_bar and not any(isinstance(cb, ProgressBar) for cb in given):
         given.insert(0, ProgressBar())
@@ -287,8 +288,8 @@ def build_callbacks(
         else:
             given.append(Timer(duration=max_time, interval="step"))
     # As in Lightning, checkpointing callbacks act last, after every other callback.
-    return [cb for cb in given if not isinstance(cb, ModelCheckpoint)] + [
-        cb for cb in given if isinstance(cb, ModelCheckpoint)
+    return [cb for cb in given if not isinstance(cb, Checkpoint)] + [
+        cb for cb in given if isinstance(cb, Checkpoint)
     ]
 
 
@@ -314,8 +315,8 @@ def attach_model_callbacks(callbacks: list[Callback], module: Any) -> list[Callb
             f"passed to Trainer: {', '.join(sorted(t.__name__ for t in replaced))}"
         )
     merged = [cb for cb in callbacks if type(cb) not in replaced] + extra
-    return [cb for cb in merged if not isinstance(cb, ModelCheckpoint)] + [
-        cb for cb in merged if isinstance(cb, ModelCheckpoint)
+    return [cb for cb in merged if not isinstance(cb, Checkpoint)] + [
+        cb for cb in merged if isinstance(cb, Checkpoint)
     ]
 
 

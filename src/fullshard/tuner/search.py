@@ -55,7 +55,7 @@ class Snapshot:
         self.modes = {name: m.training for name, m in module.named_modules()}
 
     def restore(self, trainer: Trainer, module: Module) -> None:
-        copy_into(local_tensors(module), self.tensors)
+        copy_into(local_tensors(module), self.tensors, trainer.strategy.model)
         for name, value in self.settings.items():
             setattr(trainer, name, value)
         for optimizer, state in zip(trainer.optimizers, self.optimizer_states, strict=True):

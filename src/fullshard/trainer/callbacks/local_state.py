@@ -39,17 +39,38 @@ def clone_to(tensors: list[torch.Tensor], device: torch.device | None) -> list[t
     return [t.detach().clone() if device is None else t.detach().to(device, copy=True) for t in tensors]
 
 
+def drop_gathered_copies(model: nn.Module | None) -> None:
+    """Free the gathered parameters FSDP1 kept after a forward, so that the next forward
+    gathers the shards afresh (see [Note: FSDP1 keeps the root's gathered parameters]). Nothing
+    to do for other models."""
+    if model is None:
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for unit in model.modules():
+        handle = getattr(unit, "_handle", None) if isinstance(unit, FullyShardedDataParallel) else None
+        if handle is not None and handle.uses_sharded_strategy and not handle.needs_unshard():
+            handle.reshard(True)
+            handle.post_reshard()
+
+
 @torch.no_grad()
-def copy_into(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """Write ``sources`` into ``targets`` element by element (devices may differ)."""
+def copy_into(
+    targets: list[torch.Tensor], sources: list[torch.Tensor], root: nn.Module | None = None
+) -> None:
+    """Write ``sources`` into ``targets`` element by element (devices may differ). ``root``: the
+    model ``targets`` belong to, as the strategy runs it, when they are its weights."""
     for target, source in zip(targets, sources, strict=True):
         target.copy_(source.to(target.device))
+    drop_gathered_copies(root)
 
 
 @torch.no_grad()
-def swap(first: list[torch.Tensor], second: list[torch.Tensor]) -> None:
-    """Exchange the values of two lists of tensors of the same shapes."""
+def swap(first: list[torch.Tensor], second: list[torch.Tensor], root: nn.Module | None = None) -> None:
+    """Exchange the values of two lists of tensors of the same shapes (``root``: as for
+    :func:`copy_into`)."""
     for a, b in zip(first, second, strict=True):
         held = a.clone()
         a.copy_(b.to(a.device))
         b.copy_(held.to(b.device))
+    drop_gathered_copies(root)

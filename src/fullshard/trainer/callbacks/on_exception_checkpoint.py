@@ -10,14 +10,14 @@ from typing_extensions import override
 
 from fullshard.errors import RankDivergenceError
 from fullshard.rank_zero import rank_zero_warn
-from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.base import Checkpoint
 
 if TYPE_CHECKING:
     from fullshard.module import Module
     from fullshard.trainer.trainer import Trainer
 
 
-class OnExceptionCheckpoint(Callback):
+class OnExceptionCheckpoint(Checkpoint):
     """Saves ``<dirpath>/<filename>.ckpt`` with ``trainer.save_checkpoint`` when the run raises
     (a ``KeyboardInterrupt`` included), so that training can resume from where it failed. A run
     that ends without an error removes the file an earlier failure left, as Lightning does.
@@ -26,6 +26,9 @@ class OnExceptionCheckpoint(Callback):
     ``KeyboardInterrupt``, a signal to the job, or an error every rank meets at the same step
     do). The processes first check that they all failed; when one did not (it is still inside a
     collective), nothing is saved and a warning says so, instead of waiting for it forever.
+
+    A :class:`Checkpoint`, as in Lightning: with it in ``callbacks`` the Trainer adds no default
+    ``ModelCheckpoint``, and it acts after the other callbacks.
 
     Args:
         dirpath: the directory of the checkpoint (made when needed).

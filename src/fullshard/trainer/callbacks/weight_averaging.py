@@ -160,17 +160,17 @@ class WeightAveraging(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: Module) -> None:
         self._in_fit = False
         if self._average is not None:
-            copy_into(local_tensors(pl_module), self._average.tensors)
+            copy_into(local_tensors(pl_module), self._average.tensors, trainer.strategy.model)
 
     @override
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: Module) -> None:
         if self._in_fit and self._average is not None:
-            swap(self._average.tensors, local_tensors(pl_module))
+            swap(self._average.tensors, local_tensors(pl_module), trainer.strategy.model)
 
     @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
         if self._in_fit and self._average is not None:
-            swap(self._average.tensors, local_tensors(pl_module))
+            swap(self._average.tensors, local_tensors(pl_module), trainer.strategy.model)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -190,11 +190,11 @@ class WeightAveraging(Callback):
             return
         strategy = trainer.strategy
         # the average in the strategy's own format: swapped into the model for the read (collective)
-        swap(self._average.tensors, local_tensors(pl_module))
+        swap(self._average.tensors, local_tensors(pl_module), strategy.model)
         try:
             average_state = strategy.get_state((), full=strategy.state_dict_type != "sharded")[0]
         finally:
-            swap(self._average.tensors, local_tensors(pl_module))
+            swap(self._average.tensors, local_tensors(pl_module), trainer.strategy.model)
         checkpoint["current_model_state"] = checkpoint["state_dict"]
         checkpoint["state_dict"] = average_state
         checkpoint["averaging_state"] = {"n_averaged": self._average.n_averaged.clone()}
