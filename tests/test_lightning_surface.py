@@ -450,6 +450,17 @@ def test_module_trainer_and_strategy_surface_on_two_processes(tmp_path: Path) ->
         assert seen["hand_written"] == {"note": "by hand", "state_keys": keys}
         assert seen["loaded_rest"] == {"global_step": 4, "has_state_dict": False}
         assert seen["reloaded_sum"] == seen["state_sum"]
+    assert {seen["built_on"] for seen in results.values()} == {"cpu"}
+    # init_module(empty_init=True): built on the meta device, initialised when each strategy sets it up
+    for strategy in ("ddp", "fsdp2"):
+        out = tmp_path / f"{strategy}-empty"
+        out.mkdir()
+        check_ok(
+            run_script("lightning_api_job.py", "--out", str(out), "--strategy", strategy, "--empty-init")
+        )
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+        assert ranks[0] == ranks[1] and ranks[0]["built_on"] == "meta" and ranks[0]["global_step"] == 4
+        assert math.isfinite(ranks[0]["state_sum"]) and ranks[0]["reloaded_sum"] == ranks[0]["state_sum"]
     assert results["fsdp"]["state_sum"] == pytest.approx(results["ddp"]["state_sum"], rel=1e-5)
     assert results["fsdp2"]["state_sum"] == pytest.approx(results["ddp"]["state_sum"], rel=1e-5)
     assert results["fsdp"]["val_loss"] == pytest.approx(results["ddp"]["val_loss"], rel=1e-5)

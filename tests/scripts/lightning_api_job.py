@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--strategy", default="ddp")
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument(
+        "--empty-init", action="store_true", help="build the model in init_module(empty_init=True)"
+    )
     args = parser.parse_args()
 
     g = torch.Generator().manual_seed(0)
@@ -84,12 +87,14 @@ def main() -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    with trainer.init_module():
+    with trainer.init_module(empty_init=True if args.empty_init else None):
         torch.manual_seed(1)
         model = NoBatchIdx()
+    seen_device = next(model.parameters()).device.type  # "meta" with empty_init until set up
     trainer.fit(model, DataLoader(data, batch_size=4), DataLoader(data, batch_size=8))
     strategy = trainer.strategy
     seen = dict(model.seen)
+    seen["built_on"] = seen_device
     seen["global_step"] = trainer.global_step
     seen["val_loss"] = float(trainer.callback_metrics["val_loss"])
 
