@@ -31,6 +31,7 @@ SCRIPTS = (
     "metrics_writer_multi_val",
     "model_parallel_tp",
     "finetune_ema_schedule",
+    "tuner_lr_find",
     "lora_adapter",
 )
 # The strategy a script is recorded with under Lightning (regenerate.py) and the strategies it

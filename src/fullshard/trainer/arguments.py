@@ -13,6 +13,8 @@ from fullshard.rank_zero import rank_zero_info
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar, Timer
 from fullshard.trainer.callbacks.base import Checkpoint
+from fullshard.trainer.callbacks.batch_size_finder import BatchSizeFinder
+from fullshard.trainer.callbacks.lr_finder import LearningRateFinder
 from fullshard.trainer.callbacks.timer import parse_duration
 from fullshard.trainer.data import limit_batches
 from fullshard.trainer.loggers import CSVLogger, Logger
@@ -288,9 +290,16 @@ def build_callbacks(
         else:
             given.append(Timer(duration=max_time, interval="step"))
     # As in Lightning, checkpointing callbacks act last, after every other callback.
-    return [cb for cb in given if not isinstance(cb, Checkpoint)] + [
-        cb for cb in given if isinstance(cb, Checkpoint)
-    ]
+    return _lightning_order(given)
+
+
+def _lightning_order(callbacks: list[Callback]) -> list[Callback]:
+    """Lightning's order: the tuner's callbacks first (their search runs before the others'
+    ``on_fit_start``), checkpointing callbacks last, the rest as given."""
+    first: list[Callback] = [cb for cb in callbacks if isinstance(cb, BatchSizeFinder)]
+    first += [cb for cb in callbacks if isinstance(cb, LearningRateFinder)]
+    last = [cb for cb in callbacks if isinstance(cb, Checkpoint) and cb not in first]
+    return first + [cb for cb in callbacks if cb not in first and cb not in last] + last
 
 
 def attach_model_callbacks(callbacks: list[Callback], module: Any) -> list[Callback]:
@@ -315,9 +324,7 @@ def attach_model_callbacks(callbacks: list[Callback], module: Any) -> list[Callb
             f"passed to Trainer: {', '.join(sorted(t.__name__ for t in replaced))}"
         )
     merged = [cb for cb in callbacks if type(cb) not in replaced] + extra
-    return [cb for cb in merged if not isinstance(cb, Checkpoint)] + [
-        cb for cb in merged if isinstance(cb, Checkpoint)
-    ]
+    return _lightning_order(merged)
 
 
 def build_loggers(logger: Logger | Iterable[Logger] | bool | None, default_root_dir: str) -> list[Logger]:

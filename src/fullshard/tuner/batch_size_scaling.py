@@ -11,7 +11,7 @@ import torch
 
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.tuner.lr_finder import _has_attr, _set_attr
-from fullshard.tuner.search import Snapshot, run_trial
+from fullshard.tuner.search import Snapshot, rebuild_train_loader, run_trial
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -148,6 +148,7 @@ def scale_batch_size(
         log.info(f"Finished batch size finder, will continue with full run using batch size {size}")
     finally:
         snapshot.restore(trainer, module)
+        rebuild_train_loader(trainer, module)
         if bar is not None and was_enabled:
             bar.enable()
     return size

@@ -16,7 +16,7 @@ from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import rng_states, set_rng_states
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.optimizers import LRSchedulerConfig
-from fullshard.tuner.search import Snapshot, run_trial
+from fullshard.tuner.search import Snapshot, rebuild_train_loader, run_trial
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -262,6 +262,7 @@ def lr_find(
     finally:
         recorder.close()
         snapshot.restore(trainer, model)
+        rebuild_train_loader(trainer, model)
         if bar is not None and show_bar:
             bar.enable()
     if update_attr and finished:

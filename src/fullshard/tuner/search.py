@@ -72,6 +72,13 @@ class Snapshot:
         trainer.is_last_batch = False
 
 
+def rebuild_train_loader(trainer: Trainer, module: Module) -> None:
+    """Build the training loader afresh after a search (at the batch size found), as Lightning
+    does, so that the fit that follows asks for it once, before its ``on_fit_start`` hooks."""
+    sources: Any = trainer._data  # the running fit's data sources
+    trainer.fit_loop.setup_train_loader(sources.get("train", module))
+
+
 def run_trial(trainer: Trainer, module: Module, callbacks: Iterable[Callback]) -> None:
     """Run the fit loop once with only ``callbacks`` (and the module's own hooks), as set up
     by the caller (``max_steps``, limits, schedulers). No sanity validation, no loggers."""
