@@ -461,6 +461,13 @@ def test_module_trainer_and_strategy_surface_on_two_processes(tmp_path: Path) ->
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
         assert ranks[0] == ranks[1] and ranks[0]["built_on"] == "meta" and ranks[0]["global_step"] == 4
         assert math.isfinite(ranks[0]["state_sum"]) and ranks[0]["reloaded_sum"] == ranks[0]["state_sum"]
+    # DDPStrategy(ddp_comm_hook=): fp16 compression of the gradients, close to ddp's weights, not equal
+    out = tmp_path / "ddp_fp16_hook"
+    out.mkdir()
+    check_ok(run_script("lightning_api_job.py", "--out", str(out), "--strategy", "ddp_fp16_hook"))
+    compressed = json.loads((out / "rank0.json").read_text())["state_sum"]
+    assert compressed == pytest.approx(results["ddp"]["state_sum"], rel=1e-4)
+    assert compressed != results["ddp"]["state_sum"]
     assert results["fsdp"]["state_sum"] == pytest.approx(results["ddp"]["state_sum"], rel=1e-5)
     assert results["fsdp2"]["state_sum"] == pytest.approx(results["ddp"]["state_sum"], rel=1e-5)
     assert results["fsdp"]["val_loss"] == pytest.approx(results["ddp"]["val_loss"], rel=1e-5)
@@ -480,6 +487,8 @@ def test_lightning_plugin_arguments_are_refused_at_once() -> None:
         FSDP2Strategy(precision_plugin=1)
     with pytest.raises(MisconfigurationError, match=r"DDPStrategy\(checkpoint_io='io'\).*state_dict_type="):
         DDPStrategy(checkpoint_io="io")
+    with pytest.raises(MisconfigurationError, match=r"configure a communication hook: pass the hook too"):
+        DDPStrategy(ddp_comm_state=object())
 
 
 def test_strategy_precision_views_and_refusals(tmp_path: Path) -> None:

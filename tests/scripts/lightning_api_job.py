@@ -58,6 +58,10 @@ class NoBatchIdx(fullshard.LightningModule):
 def make_strategy(name: str) -> Any:
     if name == "ddp":
         return DDPStrategy()
+    if name == "ddp_fp16_hook":  # Lightning's DDPStrategy(ddp_comm_hook=): gradients sent in float16
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        return DDPStrategy(ddp_comm_hook=default_hooks.fp16_compress_hook)
     if name == "fsdp":
         return FSDPStrategy(auto_wrap_policy={nn.Linear})
     return FSDP2Strategy(auto_wrap_policy={nn.Linear})

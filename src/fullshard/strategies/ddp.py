@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.strategies.forward_redirection import redirected_call
 from fullshard.strategies.lightning_api import refuse_lightning_plugins
@@ -34,6 +36,10 @@ class DDPStrategy(ParallelStrategy):
         state_dict_type: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         rank_agreement_timeout: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
         stuck_rank_timeout: see :class:`~fullshard.strategies.parallel.ParallelStrategy`.
+        ddp_comm_hook: a DDP communication hook (``torch.distributed.algorithms.ddp_comm_hooks``:
+            ``default_hooks.fp16_compress_hook``, PowerSGD's ``powerSGD_hook``, ...), registered on
+            the wrapped model with ``ddp_comm_state`` as its state; ``ddp_comm_wrapper`` wraps it
+            (``default_hooks.fp16_compress_wrapper``). As Lightning's, also on CPU processes (gloo).
         **ddp_kwargs: passed on to ``DistributedDataParallel`` (``find_unused_parameters``,
             ``gradient_as_bucket_view``, ``static_graph``, ...).
     """
@@ -49,6 +55,9 @@ class DDPStrategy(ParallelStrategy):
         state_dict_type: str = "full",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable[..., Any] | None = None,
+        ddp_comm_wrapper: Callable[..., Any] | None = None,
         **ddp_kwargs: Any,
     ) -> None:
         refuse_lightning_plugins("DDPStrategy", ddp_kwargs)
@@ -61,6 +70,12 @@ class DDPStrategy(ParallelStrategy):
             stuck_rank_timeout=stuck_rank_timeout,
         )
         self.ddp_kwargs = ddp_kwargs
+        if ddp_comm_hook is None and (ddp_comm_state is not None or ddp_comm_wrapper is not None):
+            raise MisconfigurationError(
+                "DDPStrategy(ddp_comm_state=/ddp_comm_wrapper=) configure a communication hook: pass the hook "
+                "too (ddp_comm_hook=, e.g. torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook)."
+            )
+        self._comm_hook = (ddp_comm_state, ddp_comm_hook, ddp_comm_wrapper)
 
     @classmethod
     @override
@@ -99,7 +114,11 @@ class DDPStrategy(ParallelStrategy):
     @override
     def _wrap(self, module: nn.Module) -> nn.Module:
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
+        model = DistributedDataParallel(module, device_ids=device_ids, **self.ddp_kwargs)
+        state, hook, wrapper = self._comm_hook
+        if hook is not None:
+            model.register_comm_hook(state, wrapper(hook) if wrapper is not None else hook)
+        return model
 
     @override
     def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
