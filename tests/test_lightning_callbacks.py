@@ -136,6 +136,31 @@ def test_weights_equal_lightnings_on_one_process(tmp_path: Path, case: str) -> N
         assert [g["lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx([0.02, 0.003])
 
 
+def test_ema_resumes_exactly(tmp_path: Path) -> None:
+    """A checkpoint holds the average as state_dict and the trained weights as current_model_state;
+    resuming from it continues both (2 + 2 epochs equal 4)."""
+
+    def fit(tag: str, epochs: int, ckpt: Path | None = None) -> list[float]:
+        fullshard.seed_everything(0)
+        checkpoints = fullshard.ModelCheckpoint(dirpath=tmp_path / tag, save_last=True)
+        trainer = quiet_trainer(
+            tmp_path, max_epochs=epochs, callbacks=[EMAWeightAveraging(decay=0.9), checkpoints]
+        )
+        model = _Net(sched=True)
+        trainer.fit(model, ckpt_path=ckpt)
+        return _sums(model)
+
+    whole = fit("whole", 4)
+    fit("half", 2)
+    saved = torch.load(tmp_path / "half" / "last.ckpt", weights_only=True)
+    assert _sums_of(saved["state_dict"]) != _sums_of(saved["current_model_state"])  # average, trained
+    assert fit("resumed", 4, tmp_path / "half" / "last.ckpt") == whole
+
+
+def _sums_of(state: dict[str, torch.Tensor]) -> list[float]:
+    return [round(float(v.sum()), 5) for _, v in sorted(state.items())]
+
+
 def test_tuner_leaves_the_model_as_it_was(tmp_path: Path) -> None:
     fullshard.seed_everything(0)
     model = _Net(lr=1e-3)
@@ -282,6 +307,7 @@ def test_callbacks_and_tuner_on_two_processes_match_one(tmp_path: Path) -> None:
         check_ok(run_script("callbacks_job.py", name, str(tmp_path), timeout=240))
         results[name] = json.loads((tmp_path / f"{name}.json").read_text())
     reference = results.pop("single")
+    assert reference["ema_resumed"] == reference["ema_straight"]
     for name, got in results.items():
         assert got["averaged"] == pytest.approx(reference["averaged"], abs=1e-4), name
         assert got["groups"] == pytest.approx(reference["groups"]), name
@@ -291,5 +317,6 @@ def test_callbacks_and_tuner_on_two_processes_match_one(tmp_path: Path) -> None:
         assert got["lr_suggested"] == pytest.approx(results["ddp"]["lr_suggested"]), name
         assert got["swa"] == pytest.approx(results["ddp"]["swa"], abs=1e-4), name
         assert got["exception_checkpoint_step"] == 3, name
+        assert got["ema_resumed"] == pytest.approx(reference["ema_straight"], abs=1e-4), name
     assert results["ddp"]["pruned"] == pytest.approx(reference["pruned"], abs=1e-4)
     assert results["ddp"]["zeros"] == reference["zeros"] > 0

@@ -6,6 +6,7 @@ run ended with to a JSON file (rank 0):
 1. EMAWeightAveraging + GradientAccumulationScheduler + BackboneFinetuning, with
    ThroughputMonitor, DeviceStatsMonitor, SpikeDetection, LambdaCallback and ModelSummary beside
    them (CSVLogger): the final (averaged) weights.
+   Then EMAWeightAveraging alone, resumed after 2 of 4 epochs.
 2. Tuner.lr_find, then StochasticWeightAveraging: the suggestion, whether the weights were left
    as they were, and the final weights.
 3. ModelPruning (one process and ddp; sharded strategies refuse it): the pruned weights.
@@ -34,6 +35,7 @@ from fullshard.callbacks import (
     EMAWeightAveraging,
     GradientAccumulationScheduler,
     LambdaCallback,
+    ModelCheckpoint,
     ModelPruning,
     ModelSummary,
     OnExceptionCheckpoint,
@@ -141,6 +143,26 @@ def main(name: str, out: Path) -> None:
             logged = set(f.readline().strip().split(","))
     result["throughput_logged"] = "train/device/samples_per_sec" in logged
     result["device_stats_logged"] = "DeviceStatsMonitor.on_train_batch_end/cpu_percent" in logged
+
+    # 1b. EMA resumed from a checkpoint of epoch 2 (the single run also trains 4 epochs straight)
+    for tag, epochs, ckpt in (
+        ("straight", 4, None),
+        ("half", 2, None),
+        ("resumed", 4, out / name / "half" / "last.ckpt"),
+    ):
+        if tag == "straight" and name != "single":
+            continue
+        fullshard.seed_everything(0)
+        checkpoints = ModelCheckpoint(dirpath=out / name / tag, save_last=True)
+        trainer = trainer_for(
+            name,
+            out,
+            [EMAWeightAveraging(decay=0.9), checkpoints],
+            enable_checkpointing=True,
+            max_epochs=epochs,
+        )
+        trainer.fit(Net(), loader, ckpt_path=ckpt)
+        result[f"ema_{tag}"] = weights(trainer)
 
     # 2. the tuner's learning rate finder leaves the model as it was; then SWA
     fullshard.seed_everything(0)

@@ -30,6 +30,10 @@ MultiAvgFn = Callable[[list[torch.Tensor], list[torch.Tensor], torch.Tensor], No
 _AVERAGED_MODEL_OPTIONS = ("avg_fn", "multi_avg_fn")
 
 
+def _copied(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
 class ShardAverage:
     """A running average of a model's local tensors (parameters, then buffers), updated as
     ``AveragedModel.update_parameters`` updates its copy."""
@@ -189,13 +193,16 @@ class WeightAveraging(Callback):
             )
             return
         strategy = trainer.strategy
+        # The states may hold the parameters themselves (one process, DDP, sharded checkpoints),
+        # which the swap below changes: both are copied.
+        current_state = _copied(checkpoint["state_dict"])
         # the average in the strategy's own format: swapped into the model for the read (collective)
         swap(self._average.tensors, local_tensors(pl_module), strategy.model)
         try:
-            average_state = strategy.get_state((), full=strategy.state_dict_type != "sharded")[0]
+            average_state = _copied(strategy.get_state((), full=strategy.state_dict_type != "sharded")[0])
         finally:
-            swap(self._average.tensors, local_tensors(pl_module), trainer.strategy.model)
-        checkpoint["current_model_state"] = checkpoint["state_dict"]
+            swap(self._average.tensors, local_tensors(pl_module), strategy.model)
+        checkpoint["current_model_state"] = current_state
         checkpoint["state_dict"] = average_state
         checkpoint["averaging_state"] = {"n_averaged": self._average.n_averaged.clone()}
 
