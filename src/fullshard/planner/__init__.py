@@ -1,0 +1,20 @@
+"""The memory planner: predict each process's peak memory, activations included, for every FSDP
+configuration of a model, and choose the fastest that fits (docs/fsdp/plan.md).
+
+- :func:`plan` (also ``fullshard.plan``): the prediction and the choice, a :class:`Plan`.
+- ``fullshard plan SCRIPT:FACTORY ...``: the same from the command line (:mod:`fullshard.cli.plan`).
+- ``FSDPStrategy(plan="auto")`` / ``FSDP2Strategy(plan="auto")`` / ``strategy="fsdp_auto"``: plan
+  before wrapping and apply the choice.
+
+Files: ``api.py`` (:func:`plan`), ``candidates.py`` (what to weigh, fewer-layer simulation),
+``simulate.py`` (one fake step), ``cost.py`` (the step-time model), ``result.py`` (rows, table,
+choice), ``config.py`` (candidates, device numbers, sizes), ``torch_tools.py`` (torch's private
+tools, the only place they are imported).
+"""
+
+from fullshard.planner.api import plan
+from fullshard.planner.config import Candidate, DeviceSpec, parse_bytes
+from fullshard.planner.result import Plan, PlanRow
+from fullshard.planner.torch_tools import PlannerUnavailableError
+
+__all__ = ["Candidate", "DeviceSpec", "Plan", "PlanRow", "PlannerUnavailableError", "parse_bytes", "plan"]

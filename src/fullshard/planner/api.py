@@ -1,0 +1,336 @@
+"""``fullshard.plan``: predict each process's peak memory for every FSDP configuration of a model,
+and choose the fastest that fits.
+
+[Note: planning inside a running job]
+The simulation needs this process to be rank 0 of a fake process group of the planned size, but
+a strategy plans (``plan="auto"``) after the job's real group is up, and a process has one default
+group. So where a group exists, the planner forks: the child forgets the parent's group (never
+using it), plans, sends the :class:`~fullshard.planner.result.Plan` back through a pipe and exits
+at once with ``os._exit``, so nothing of the parent's group is torn down. Nothing is computed on
+real tensors in the child (fake tensors only), so the parent's thread pools are not needed there.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from fullshard.errors import MisconfigurationError
+from fullshard.planner import torch_tools
+from fullshard.planner.candidates import (
+    SCALE_POINTS,
+    cut_blocks,
+    enumerate_candidates,
+    repeated_blocks,
+    scalable_depth,
+)
+from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec, parse_bytes
+from fullshard.planner.cost import step_cost
+from fullshard.planner.result import Plan, PlanRow
+from fullshard.planner.simulate import Simulated, meta_copy, simulate
+
+_SIM_KEYS = {
+    "FULL_SHARD": "FULL_SHARD",
+    "SHARD_GRAD_OP": "SHARD_GRAD_OP",
+    "HYBRID_SHARD": "HYBRID_SHARD",
+    "NO_SHARD": "NO_SHARD",
+}
+
+
+def plan(
+    module: nn.Module,
+    example_batch: Any,
+    *,
+    devices: int,
+    num_nodes: int = 1,
+    device_memory: int | float | str | None = None,
+    device_type: str | None = None,
+    precision: str = "32-true",
+    headroom: float = 0.1,
+    wrap: tuple[str, ...] | list[str] | None = None,
+    engines: tuple[str, ...] = ("fsdp2", "fsdp"),
+    candidates: list[Candidate] | None = None,
+    device: DeviceSpec | None = None,
+) -> Plan:
+    """Predict rank 0's peak memory and step cost for each FSDP configuration; choose the fastest that fits.
+
+    Nothing of the model is allocated: it is copied to the meta device and run on fake tensors
+    through its own ``training_step`` (a plain module: ``forward``, the output summed) with its
+    own optimizer (docs/fsdp/plan.md).
+
+    Args:
+        module: the model (a ``fullshard.Module`` or any ``nn.Module``; on any device, meta included).
+        example_batch: one batch as one process gets it (tensors: shapes and dtypes matter, not values).
+        devices: processes per node; ``num_nodes``: nodes.
+        device_memory: bytes per process (``"80GiB"``); None: the free memory of this CUDA device.
+        device_type: ``"cuda"`` or ``"cpu"``; None: ``"cuda"`` when CUDA is available, else ``"cpu"``.
+        precision: the Trainer's precision string (``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ...).
+        headroom: the fraction of ``device_memory`` kept free for what is not a tensor (CUDA context,
+            NCCL buffers, allocator fragmentation).
+        wrap: class names of the blocks to wrap; None: the model's outermost repeated classes.
+        engines: which strategies to weigh: ``"fsdp2"`` (FSDP2Strategy) and/or ``"fsdp"`` (FSDPStrategy).
+        candidates: weigh these instead of the enumerated ones.
+        device: compute and link speeds for the step-time model; None: :meth:`DeviceSpec.for_type`.
+
+    Returns:
+        A :class:`~fullshard.planner.result.Plan`: ``print(plan.table())``, ``plan.choice``.
+
+    Raises:
+        MisconfigurationError: an argument is out of range, the model has no repeated blocks and
+            ``wrap`` is not given, or the step cannot be simulated.
+        PlannerUnavailableError: this torch lacks a tool the planner needs.
+    """
+    started = time.perf_counter()
+    device_type = _check_args(devices, num_nodes, precision, headroom, engines, device_type)
+    memory = _device_memory(device_memory, device_type)
+    spec = device or DeviceSpec.for_type(device_type, memory)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return _in_child(
+            lambda: plan(
+                module,
+                example_batch,
+                devices=devices,
+                num_nodes=num_nodes,
+                device_memory=memory,
+                device_type=device_type,
+                precision=precision,
+                headroom=headroom,
+                wrap=wrap,
+                engines=engines,
+                candidates=candidates,
+                device=spec,
+            )
+        )
+    model = meta_copy(module)
+    wrap = tuple(wrap) if wrap else repeated_blocks(model)
+    if not wrap:
+        raise MisconfigurationError(
+            f"{type(module).__name__} has no repeated blocks for the planner to wrap (no module class occurs twice with "
+            "parameters). Pass wrap=('MyBlock',) naming the classes to make FSDP units."
+        )
+    missing = [name for name in wrap if not any(type(m).__name__ == name for m in model.modules())]
+    if missing:
+        raise MisconfigurationError(
+            f"wrap={list(wrap)} names {missing}, which {type(module).__name__} does not contain. "
+            f"Its repeated classes are {list(repeated_blocks(model))}."
+        )
+    world = devices * num_nodes
+    num_blocks = sum(1 for m in model.modules() if type(m).__name__ in wrap)
+    todo = candidates or enumerate_candidates(
+        wrap,
+        num_blocks=num_blocks,
+        num_nodes=num_nodes,
+        world_size=world,
+        device_type=device_type,
+        engines=engines,
+    )
+    notes: list[str] = []
+    depth = scalable_depth(model, wrap)
+    if depth is not None:
+        notes.append(
+            f"simulated with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks per list and extended to {depth} "
+            "(the model's blocks are identical: see [Note: simulating fewer layers])"
+        )
+    sims: dict[tuple[str, int], Simulated] = {}
+    for candidate in todo:
+        key = (candidate.sharding, candidate.checkpoint_every)
+        if key not in sims:
+            probe = Candidate("fsdp2", candidate.sharding, wrap, candidate.checkpoint_every, False)
+            sims[key] = _simulate(module, model, example_batch, probe, depth, devices, num_nodes, precision)
+    rows = [
+        _row(c, sims[(c.sharding, c.checkpoint_every)], memory, headroom, precision, devices, num_nodes, spec)
+        for c in todo
+    ]
+    if any(c.engine == "fsdp" for c in todo):
+        notes.append("FSDP1 rows (~) are FSDP2's simulation: the same units gather and free the same bytes")
+    if any(c.cpu_offload for c in todo):
+        notes.append(
+            "offload rows (~) take the sharded parameters, gradients and optimizer state out of the peak"
+        )
+    rows.sort(key=lambda r: (r.seconds, r.candidate.engine != "fsdp2", r.peak))
+    fitting = [r for r in rows if r.fits]
+    return Plan(
+        rows,
+        fitting[0] if fitting else None,
+        memory,
+        headroom,
+        world,
+        num_nodes,
+        precision,
+        time.perf_counter() - started,
+        notes,
+    )
+
+
+def _simulate(
+    module: nn.Module,
+    model: nn.Module,
+    batch: Any,
+    candidate: Candidate,
+    depth: int | None,
+    devices: int,
+    num_nodes: int,
+    precision: str,
+) -> Simulated:
+    world = devices * num_nodes
+    mesh_shape = {"HYBRID_SHARD": (num_nodes, devices), "NO_SHARD": (world, 1)}.get(
+        candidate.sharding, (world,)
+    )
+    if depth is None:
+        return simulate(model, batch, candidate, world_size=world, mesh_shape=mesh_shape, precision=precision)
+    a, b = SCALE_POINTS
+    points = []
+    for cut in (a, b):
+        with cut_blocks(model, candidate.wrap, cut):
+            points.append(
+                simulate(
+                    model, batch, candidate, world_size=world, mesh_shape=mesh_shape, precision=precision
+                )
+            )
+    low, high = points
+    scale = (depth - a) / (b - a)
+
+    def line(x: int, y: int) -> int:
+        return int(round(x + (y - x) * scale))
+
+    return Simulated(
+        peak=line(low.peak, high.peak),
+        split={k: line(low.split[k], high.split[k]) for k in low.split},
+        offloadable={k: line(low.offloadable[k], high.offloadable[k]) for k in low.offloadable},
+        step_flops=line(low.step_flops, high.step_flops),
+        param_numel=sum(p.numel() for p in model.parameters()),
+    )
+
+
+def _row(
+    candidate: Candidate,
+    sim: Simulated,
+    memory: int,
+    headroom: float,
+    precision: str,
+    devices: int,
+    num_nodes: int,
+    spec: DeviceSpec,
+) -> PlanRow:
+    peak, split, modelled = sim.peak, dict(sim.split), ""
+    if candidate.engine == "fsdp":
+        modelled = "FSDP1 from FSDP2's simulation"
+    if candidate.cpu_offload:
+        for kind, value in sim.offloadable.items():
+            split[kind] -= value
+        peak -= sum(sim.offloadable.values())
+        modelled = "offload: sharded state moved to the host"
+    half = {"bf16-mixed": 2, "16-mixed": 2, "bf16-true": 2, "16-true": 2}.get(precision, 4)
+    cost = step_cost(
+        candidate,
+        numel=sim.param_numel,
+        flops=sim.step_flops,
+        compute_bytes=half,
+        reduce_bytes=4 if precision.endswith("mixed") or precision == "32-true" else 2,
+        param_bytes=2 if precision.endswith("true") and precision != "32-true" else 4,
+        devices=devices,
+        num_nodes=num_nodes,
+        device=spec,
+    )
+    return PlanRow(
+        candidate,
+        peak,
+        split,
+        cost.comm_bytes,
+        cost.host_bytes,
+        cost.flops,
+        cost.seconds,
+        peak <= memory * (1 - headroom),
+        modelled,
+    )
+
+
+def _check_args(
+    devices: int,
+    num_nodes: int,
+    precision: str,
+    headroom: float,
+    engines: tuple[str, ...],
+    device_type: str | None,
+) -> str:
+    for name, value in (("devices", devices), ("num_nodes", num_nodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MisconfigurationError(
+                f"{name}={value!r} must be an int of at least 1 (processes per node, nodes)."
+            )
+    if devices * num_nodes < 2:
+        raise MisconfigurationError(
+            f"devices={devices} x num_nodes={num_nodes} is one process, which FSDP shards nothing over. Plan for 2 or more."
+        )
+    if precision not in PRECISIONS:
+        raise MisconfigurationError(
+            f"precision={precision!r} is not one the planner knows; accepted: {', '.join(PRECISIONS)}."
+        )
+    if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:
+        raise MisconfigurationError(
+            f"headroom={headroom!r} must be a fraction in [0, 1), such as 0.1 (10% kept free)."
+        )
+    bad = (
+        [e for e in engines if e not in ("fsdp", "fsdp2")] if isinstance(engines, tuple | list) else [engines]
+    )
+    if bad or not engines:
+        raise MisconfigurationError(
+            f"engines={engines!r} must name 'fsdp2' and/or 'fsdp', such as ('fsdp2',)."
+        )
+    if device_type is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type not in ("cuda", "cpu"):
+        raise MisconfigurationError(f"device_type={device_type!r} must be 'cuda' or 'cpu'.")
+    return device_type
+
+
+def _device_memory(value: int | float | str | None, device_type: str) -> int:
+    if value is not None:
+        return parse_bytes(value)
+    if device_type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    raise MisconfigurationError(
+        f"device_memory is needed to plan for {device_type} devices (only a CUDA device's free memory can be read). "
+        "Pass device_memory='80GiB' (bytes per process)."
+    )
+
+
+def _in_child(run: Any) -> Plan:
+    """Run ``run()`` in a forked child and return its Plan (see [Note: planning inside a running job])."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 0
+        try:
+            os.close(read)
+            torch_tools.forget_process_group()
+            try:
+                payload: tuple[bool, Any] = (True, run())
+            except BaseException as error:  # sent back and raised in the parent
+                payload = (False, error)
+            data = pickle.dumps(payload)
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(data)
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise MisconfigurationError(
+            f"The planner's child process (planning beside the job's process group) ended with status {status} "
+            "and no result. Plan before the job starts: fullshard.plan(...) or `fullshard plan SCRIPT:FACTORY`."
+        )
+    ok, value = pickle.loads(data)
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]

@@ -1,0 +1,105 @@
+"""The planner's answer: one row per candidate, the table, and the choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fullshard.planner.config import Candidate
+
+_KINDS = ("params", "grads", "optimizer", "activations", "comm")
+
+
+def fmt_bytes(n: float) -> str:
+    """``1.5 GiB``-style sizes."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One candidate's prediction for the busiest process (rank 0).
+
+    Attributes:
+        candidate: the configuration.
+        peak: predicted peak device bytes of tensors during a training step.
+        split: ``peak`` split into params, grads, optimizer, activations and comm (the gathered
+            parameters and the all-gather / reduce-scatter buffers), at the moment of the peak.
+        comm_bytes: bytes the process sends per step; ``host_bytes``: device<->host per step (offload).
+        flops: FLOPs per step (recomputation included); ``seconds``: the modelled step time.
+        fits: ``peak`` within the device memory less the headroom.
+        modelled: how the row was obtained beyond a direct simulation (empty when simulated).
+    """
+
+    candidate: Candidate
+    peak: int
+    split: dict[str, int]
+    comm_bytes: int
+    host_bytes: int
+    flops: int
+    seconds: float
+    fits: bool
+    modelled: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's result: every candidate, and the fastest that fits (None if none does).
+
+    Attributes:
+        rows: one per candidate, fastest first.
+        choice: the chosen row, or None.
+        device_memory: bytes per process planned against; ``headroom``: the fraction kept free.
+        world_size, num_nodes, precision: the job planned for.
+        seconds: wall time the planning took; ``notes``: what the planner assumed.
+    """
+
+    rows: list[PlanRow]
+    choice: PlanRow | None
+    device_memory: int
+    headroom: float
+    world_size: int
+    num_nodes: int
+    precision: str
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def budget(self) -> int:
+        """Bytes a configuration may use: the device memory less the headroom."""
+        return int(self.device_memory * (1 - self.headroom))
+
+    def table(self, limit: int | None = None) -> str:
+        """The candidates as a text table (peak and its split per process, comm, step time)."""
+        header = (
+            f"{'':2}{'configuration':<44} {'peak':>10} {'params':>10} {'grads':>10} {'optim':>10} "
+            f"{'activ':>10} {'comm':>10} {'sent/step':>10} {'step':>9}"
+        )
+        lines = [
+            f"FSDP plan: {self.world_size} process(es) on {self.num_nodes} node(s), {self.precision}, "
+            f"{fmt_bytes(self.device_memory)} per process, {self.headroom:.0%} headroom "
+            f"(budget {fmt_bytes(self.budget)}); planned in {self.seconds:.1f} s",
+            header,
+        ]
+        for row in self.rows[:limit]:
+            mark = "* " if row is self.choice else ("  " if row.fits else "x ")
+            s = row.split
+            lines.append(
+                f"{mark}{row.candidate.label() + (' ~' if row.modelled else ''):<44} {fmt_bytes(row.peak):>10} "
+                + " ".join(f"{fmt_bytes(s.get(k, 0)):>10}" for k in _KINDS)
+                + f" {fmt_bytes(row.comm_bytes):>10} {row.seconds * 1e3:>7.1f}ms"
+            )
+        if limit is not None and len(self.rows) > limit:
+            lines.append(f"  ... {len(self.rows) - limit} more")
+        lines.append(
+            "  * chosen (fastest that fits)   x does not fit   ~ modelled from a simulated row (see notes)"
+        )
+        if self.choice is None:
+            smallest = min(self.rows, key=lambda r: r.peak)
+            lines.append(
+                f"  nothing fits: the smallest, {smallest.candidate.label()}, needs {fmt_bytes(smallest.peak)} "
+                f"of {fmt_bytes(self.budget)}. Use more processes, a smaller batch, or bigger devices."
+            )
+        lines.extend(f"  note: {note}" for note in self.notes)
+        return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""One training step of one candidate, on rank 0 of a simulated job, on fake tensors.
+
+[Note: how a candidate is simulated]
+A copy of the user's model is made on the meta device (no parameter memory), cast as the
+precision asks, then, inside ``FakeTensorMode`` and the fake process group of the job's size,
+sharded as the strategy would shard it: activation checkpointing wrappers first, then
+``fully_shard`` on each selected block, children first, then on the root (FSDP2Strategy's order).
+Its tensors are then made (fake: shapes only), the optimizer built from ``configure_optimizers``,
+and two optimizer steps run through the user's own ``training_step`` under the precision's
+autocast, watched by torch's ``FSDPMemTracker`` (the peak, split by kind) and ``FlopCounterMode``
+(the FLOPs of the step, recomputation included). Two steps, because the optimizer's state exists
+only from the first step on. Optimizers run their for-loop step (``foreach=False``): torch 2.13's
+tracker over-counts the foreach and fused steps on fake tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+from fullshard.errors import MisconfigurationError
+from fullshard.planner import torch_tools
+from fullshard.planner.config import Candidate, every_kth_policy
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """What one simulated step measured on rank 0 (bytes; FLOPs per step, one process)."""
+
+    peak: int
+    split: dict[str, int]
+    offloadable: dict[str, int]  # of the peak, what CPU offload keeps in host memory, by category
+    step_flops: int
+    param_numel: int
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` whose parameters and buffers are on the meta device (nothing allocated)."""
+    memo: dict[int, Any] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        meta = torch.empty_like(tensor, device="meta")
+        memo[id(tensor)] = (
+            nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+        )
+    trainer = getattr(module, "_trainer", None)
+    if trainer is not None:
+        memo[id(trainer)] = None  # the copy does not belong to a Trainer
+    copied = copy.deepcopy(module, memo)
+    for name in ("log", "log_dict"):  # no Trainer to log to while planning: logging does nothing
+        if callable(getattr(copied, name, None)):
+            setattr(copied, name, _no_log)
+    configure = getattr(copied, "configure_model", None)
+    if callable(configure):  # a fullshard.Module may build its layers here: on the meta device too
+        with torch.device("meta"):
+            configure()
+    return copied
+
+
+def _shard(model: nn.Module, candidate: Candidate, mesh: Any, mp_policy: Any) -> None:
+    """Shard ``model`` as FSDP2Strategy would for ``candidate`` (see [Note: FSDP2 units, bottom-up])."""
+    from torch.distributed.fsdp import fully_shard
+
+    from fullshard.policies import normalize_policy
+    from fullshard.strategies.fsdp2 import _apply_checkpointing
+    from fullshard.strategies.meta_init import children_first
+
+    blocks = [m for m in model.modules() if type(m).__name__ in candidate.wrap and m is not model]
+    if candidate.checkpoint_every:
+        policy = normalize_policy(
+            every_kth_policy(candidate.wrap, candidate.checkpoint_every), "activation_checkpointing_policy"
+        )
+        wrappers = _apply_checkpointing(model, policy)
+    else:
+        wrappers = {}
+    reshard: bool | int = candidate.sharding not in ("SHARD_GRAD_OP", "NO_SHARD")
+    shard_mesh = mesh
+    chosen = set(blocks)
+    for block in children_first(list(model.modules())):
+        if block in chosen:
+            fully_shard(
+                wrappers.get(block, block),
+                mesh=shard_mesh,
+                reshard_after_forward=reshard,
+                mp_policy=mp_policy,
+            )
+    fully_shard(
+        model,
+        mesh=shard_mesh,
+        reshard_after_forward=None if reshard is True else reshard,
+        mp_policy=mp_policy,
+    )
+
+
+def _loss_of(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
+    """The loss of one step: ``training_step``'s (a tensor or a dict with ``"loss"``), or the sum of
+    a plain module's output."""
+    from fullshard.strategies.step_args import step_arguments
+
+    with precision.forward_context():
+        if hasattr(model, "training_step"):
+            # called as the root's forward, so that FSDP's and the tracker's module hooks run around
+            # it (the strategy registers training_step with FSDP instead; the same hooks run)
+            step = type(model).training_step
+            model.forward = lambda *args: step(model, *args)  # type: ignore[method-assign]
+            out = model(*step_arguments(model, "training_step", batch, 0, ()))
+        else:
+            out = model(*batch) if isinstance(batch, tuple | list) else model(batch)
+    if isinstance(out, dict):
+        out = out.get("loss")
+    if not isinstance(out, torch.Tensor):
+        raise MisconfigurationError(
+            f"The planner runs training_step (or forward) to find the loss, but it returned {type(out).__name__}. "
+            "Return the loss tensor (or a dict with 'loss') for the planner to run backward on."
+        )
+    return out if out.dim() == 0 else out.sum()
+
+
+def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """The module's optimizer (``configure_optimizers``; AdamW for a plain module), for-loop step."""
+    if hasattr(model, "configure_optimizers"):
+        from fullshard.trainer.optimizers import parse_optimizers
+
+        optimizers, _ = parse_optimizers(model.configure_optimizers())
+        if len(optimizers) != 1:
+            raise MisconfigurationError(
+                f"The planner simulates one optimizer, but configure_optimizers() returned {len(optimizers)}. "
+                "Plan with a module that returns one, or choose the configuration by hand."
+            )
+        optimizer = optimizers[0]
+    else:
+        optimizer = torch.optim.AdamW(model.parameters())
+    for group in optimizer.param_groups:  # see [Note: how a candidate is simulated]
+        for key in ("foreach", "fused"):
+            if key in group:
+                group[key] = False if key == "foreach" else None
+    return optimizer
+
+
+def simulate(
+    module: nn.Module,
+    batch: Any,
+    candidate: Candidate,
+    *,
+    world_size: int,
+    mesh_shape: tuple[int, ...],
+    precision: str,
+) -> Simulated:
+    """Run one simulated step of ``candidate`` (see [Note: how a candidate is simulated])."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fullshard.precision import FSDP2Precision
+
+    prec = FSDP2Precision(precision, "cpu")
+    model = prec.convert_module(meta_copy(module))
+    numel = sum(p.numel() for p in model.parameters())
+    fake_mode = torch_tools.fake_tensor_mode()
+    with torch_tools.simulated_world(world_size, mesh_shape) as world, fake_mode, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _shard(model, candidate, world.mesh, prec.mixed_precision_config)
+        model.to_empty(device="cpu")
+        fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
+        optimizer = _optimizer(model)
+        tracker = torch_tools.memory_tracker(model, optimizer)
+        tracker.track_inputs((fake_batch,))
+        flops = FlopCounterMode(display=False)
+        with tracker:
+            for step in range(2):
+                with flops if step == 1 else _null():
+                    loss = _loss_of(model, fake_batch, prec)
+                    loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                tracker.reset_mod_stats()  # per-module stats only; the peak is kept across steps
+        peak, split = torch_tools.peak_by_category(tracker, torch.device("cpu"))
+        offloadable = torch_tools.offloadable_at_peak(tracker)
+    return Simulated(peak, split, offloadable, int(flops.get_total_flops()), numel)
+
+
+def _no_log(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: Any) -> None:
+        return None

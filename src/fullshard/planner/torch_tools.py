@@ -1,0 +1,167 @@
+"""The one place the planner touches torch's private tools.
+
+[Note: the planner's private torch tools]
+Predicting a rank's memory without its devices needs three things torch has only privately
+(read from torch 2.13): the fake process group (``torch.testing._internal.distributed.fake_pg``:
+one process plays rank 0 of N, every collective returns at once), ``FakeTensorMode``
+(``torch._subclasses``: tensors with shapes and dtypes but no storage), and ``FSDPMemTracker``
+(``torch.distributed._tools``: a dispatch mode that files each live tensor under parameters,
+gradients, optimizer state, activations, temporaries, inputs and FSDP2's all-gather and
+reduce-scatter buffers, and records the peak). There is no public API for any of them, so they
+are imported here and nowhere else; a torch that lacks one raises :class:`PlannerUnavailableError`
+naming it, rather than letting the planner return a wrong number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fullshard.errors import MisconfigurationError
+
+
+class PlannerUnavailableError(MisconfigurationError):
+    """This torch lacks a private tool the planner needs (see [Note: the planner's private torch tools])."""
+
+
+def _missing(what: str, error: BaseException) -> PlannerUnavailableError:
+    return PlannerUnavailableError(
+        f"The memory planner needs {what}, which torch {torch.__version__} does not provide ({error}). "
+        "fullshard's planner is tested on the torch versions its CI pins (torch>=2.6); install one of "
+        "those, or choose the configuration by hand (docs/fsdp/plan.md)."
+    )
+
+
+def fake_tensor_mode() -> Any:
+    """A fresh ``FakeTensorMode`` that accepts real tensors given to it (they become fake)."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError as error:  # pragma: no cover - depends on torch
+        raise _missing("torch._subclasses.fake_tensor.FakeTensorMode", error) from error
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def memory_tracker(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> Any:
+    """torch's ``FSDPMemTracker`` over ``module`` (an FSDP2 model) and ``optimizer``."""
+    try:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    except ImportError as error:  # pragma: no cover - depends on torch
+        raise _missing("torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker", error) from error
+    return FSDPMemTracker(module, optimizer)
+
+
+#: the planner's names for the tracker's categories (``_FSDPRefType`` values, torch 2.13)
+CATEGORIES = {
+    "Sharded Param": "params",
+    "Buffer": "params",
+    "Unsharded Param": "comm",
+    "All Gather": "comm",
+    "Reduce Scatter": "comm",
+    "Sharded Grad": "grads",
+    "Unsharded Grad": "grads",
+    "OptState": "optimizer",
+    "Activation": "activations",
+    "Temp": "activations",
+    "Inputs": "activations",
+}
+
+
+def peak_by_category(tracker: Any, device: torch.device) -> tuple[int, dict[str, int]]:
+    """The tracker's peak total on ``device`` and its split into the planner's categories."""
+    snapshot = tracker.get_tracker_snapshot("peak")
+    by_device = snapshot.get(device) or next(iter(snapshot.values()), {})
+    split = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0, "comm": 0}
+    total = 0
+    for key, value in by_device.items():
+        name = getattr(key, "value", key)
+        if name == "Total":
+            total = int(value)
+            continue
+        if name not in CATEGORIES:
+            raise PlannerUnavailableError(
+                f"torch {torch.__version__}'s memory tracker reports a category {name!r} the planner does not know "
+                f"(known: {', '.join(sorted(CATEGORIES))}); its prediction would be wrong. Use a torch version "
+                "fullshard's CI pins."
+            )
+        split[CATEGORIES[name]] += int(value)
+    return total, split
+
+
+def offloadable_at_peak(tracker: Any) -> dict[str, int]:
+    """Of the tracker's peak, the bytes CPU offload keeps in host memory: the sharded parameters,
+    the sharded gradients and the optimizer state, by the planner's category."""
+    kinds = {"Sharded Param": "params", "Sharded Grad": "grads", "OptState": "optimizer"}
+    found = {"params": 0, "grads": 0, "optimizer": 0}
+    for snapshot in tracker.get_tracker_snapshot("peak").values():
+        for key, value in snapshot.items():
+            name = getattr(key, "value", key)
+            if name in kinds:
+                found[kinds[name]] += int(value)
+    return found
+
+
+@dataclass(frozen=True)
+class SimulatedWorld:
+    """What a simulated job looks like from rank 0: its size and the mesh FSDP2 shards over."""
+
+    world_size: int
+    mesh: Any  # a DeviceMesh over the fake process group
+
+
+@contextlib.contextmanager
+def simulated_world(
+    world_size: int, mesh_shape: tuple[int, ...], device_type: str = "cpu"
+) -> Iterator[SimulatedWorld]:
+    """Make this process rank 0 of ``world_size`` over the fake process group, and a mesh of
+    ``mesh_shape``; the group is destroyed on exit.
+
+    Raises:
+        MisconfigurationError: a process group is already initialised in this process (plan in a
+            fresh process: :func:`fullshard.planner.plan` forks one for that).
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise MisconfigurationError(
+            "simulated_world() needs a process without a process group, but one is initialised here. "
+            "Call fullshard.plan() (it plans in a forked process when a group exists), or plan before "
+            "init_process_group()."
+        )
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as error:  # pragma: no cover - depends on torch
+        raise _missing(
+            "the fake process group (torch.testing._internal.distributed.fake_pg)", error
+        ) from error
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        names = ("replicate", "shard") if len(mesh_shape) == 2 else ("shard",)
+        mesh = init_device_mesh(device_type, mesh_shape, mesh_dim_names=names)
+        yield SimulatedWorld(world_size, mesh)
+    finally:
+        dist.destroy_process_group()
+
+
+def forget_process_group() -> None:
+    """In a forked child of a process with a live process group: forget that group (never using
+    it), so :func:`simulated_world` can make a fake one. Only for a child that exits without
+    touching the parent's group (see [Note: planning inside a running job] in planner/api.py)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    world = c10d._world
+    world.default_pg = None
+    for mapping in (
+        world.pg_map,
+        world.pg_names,
+        world.pg_group_ranks,
+        world.pg_backend_config,
+        world.tags_to_pg,
+        world.pg_to_tag,
+    ):
+        mapping.clear()
