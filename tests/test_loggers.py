@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
+import sys
 import warnings
+from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,6 @@ from typing import Any
 import pytest
 import torch
 
-from fullshard.trainer import loggers
 from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 
 
@@ -47,7 +47,7 @@ def test_csv_rows_share_a_step_and_the_header_grows(tmp_path: Path) -> None:
 
 
 def test_csv_flushes_on_its_own_once_enough_steps_are_buffered(tmp_path: Path) -> None:
-    logger = CSVLogger(tmp_path, flush_every_n_steps=2)
+    logger = CSVLogger(tmp_path, flush_logs_every_n_steps=2)
     logger.log_metrics({"loss": 1.0}, step=0)
     logger.log_metrics({"loss": 2.0}, step=1)
     assert not Path(logger.log_dir).exists()
@@ -83,17 +83,16 @@ def test_csv_resumed_run_appends_to_its_metrics_file(tmp_path: Path) -> None:
     assert _read(after) == "step,loss\n0,1.0\n1,0.5\n"
 
 
-def test_csv_hyperparameters_go_to_a_json_file(tmp_path: Path) -> None:
+def test_csv_hyperparameters_go_to_a_yaml_file(tmp_path: Path) -> None:
     logger = CSVLogger(tmp_path)
-    logger.log_hyperparams({"lr": 0.001, "layers": 2, "root": Path("/data")})
-    logger.log_hyperparams({"lr": 0.01})
-    content = json.loads(Path(logger.log_dir, "hparams.json").read_text())
-    assert content == {"lr": 0.01, "layers": 2, "root": "/data"}
+    logger.log_hyperparams({"lr": 0.001, "layers": 2, "name": "mlp"})
+    logger.log_hyperparams(Namespace(lr=0.01))
+    assert Path(logger.log_dir, "hparams.yaml").read_text() == "layers: 2\nlr: 0.01\nname: mlp\n"
 
 
 def test_csv_logger_errors(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"`flush_every_n_steps` must be a positive integer, got 0"):
-        CSVLogger(tmp_path, flush_every_n_steps=0)
+    with pytest.raises(ValueError, match=r"`flush_logs_every_n_steps` must be a positive integer, got 0"):
+        CSVLogger(tmp_path, flush_logs_every_n_steps=0)
     with pytest.raises(
         ValueError, match=r"`version` must be a non-negative integer, a string or None, got -1"
     ):
@@ -125,10 +124,11 @@ def test_finalize_saves_by_default() -> None:
 def test_tensorboard_logger_without_tensorboard_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(loggers, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     with pytest.raises(
         ModuleNotFoundError,
-        match=r"pip install tensorboard` \(in a fullshard clone: `pip install -e '\.\[tensorboard\]'`\)",
+        match=r'TensorBoardLogger needs the `tensorboard` package, which is not installed\. Install it with '
+        r'`pip install "fullshard\[tensorboard\]"`',
     ):
         TensorBoardLogger(tmp_path)
 
@@ -150,7 +150,7 @@ def test_tensorboard_logger_writes_an_event_file(tmp_path: Path) -> None:
     accumulator.Reload()
     scalars = accumulator.Scalars("loss")
     assert [(event.step, event.value) for event in scalars] == [(0, 1.0), (1, 0.5)]
-    assert json.loads((run_dir / "hparams.json").read_text()) == {"lr": 0.1}
+    assert (run_dir / "hparams.yaml").read_text() == "lr: 0.1\n"
 
 
 @pytest.mark.parametrize(

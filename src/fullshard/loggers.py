@@ -1,5 +1,12 @@
 """Loggers under the names a Lightning script imports them by (``lightning.pytorch.loggers``)."""
 
-from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+from fullshard.trainer.loggers import (
+    CometLogger,
+    CSVLogger,
+    Logger,
+    MLFlowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+)
 
-__all__ = ["CSVLogger", "Logger", "TensorBoardLogger"]
+__all__ = ["CSVLogger", "CometLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]

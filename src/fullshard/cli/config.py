@@ -9,7 +9,7 @@ files Lightning's ``--print_config`` wrote.
 A YAML file written by Lightning's ``LightningCLI --print_config`` names Lightning's classes
 (``lightning.pytorch.callbacks.ModelCheckpoint``) and spells out every argument of Lightning's
 classes, including ones fullshard's counterparts do not take (``trainer.profiler: null``,
-``trainer.model_registry: null``, ``CSVLogger.prefix: ''``). :func:`from_lightning`
+``trainer.model_registry: null``, ``fit.weights_only: true``). :func:`from_lightning`
 rewrites such a document once, before it is parsed:
 
 1. ``lightning.pytorch.X.Name`` and ``pytorch_lightning.X.Name`` become the fullshard class of
@@ -47,10 +47,6 @@ _PACKAGES = {
 # (class name, argument) -> Lightning's default, for arguments fullshard's class does not take:
 # a Lightning config spells them out, and the default is what fullshard does anyway.
 _LIGHTNING_DEFAULTS: dict[tuple[str, str], Any] = {
-    ("CSVLogger", "prefix"): "",
-    ("TensorBoardLogger", "prefix"): "",
-    ("TensorBoardLogger", "log_graph"): False,
-    ("TensorBoardLogger", "default_hp_metric"): True,
     ("fit", "weights_only"): True,
     ("validate", "weights_only"): True,
     ("test", "weights_only"): True,
@@ -62,9 +58,8 @@ _INSTEAD = {
     "pass trust_checkpoint: true (--trust_checkpoint true) instead",
 }
 # (class name, Lightning's argument) -> fullshard's name for it.
-_RENAMED: dict[tuple[str, str], str] = {
-    ("CSVLogger", "flush_logs_every_n_steps"): "flush_every_n_steps",
-}
+# None at present (the loggers take Lightning's arguments under Lightning's names).
+_RENAMED: dict[tuple[str, str], str] = {}
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 

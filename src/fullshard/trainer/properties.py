@@ -175,8 +175,10 @@ class TrainerProperties:
 
     @property
     def log_dir(self) -> str:
-        """The first logger's directory, else ``default_root_dir``."""
-        return self.loggers[0].log_dir if self.loggers else self.default_root_dir
+        """The first logger's directory (its ``save_dir`` for W&B, MLflow, Comet), else ``default_root_dir``."""
+        from fullshard.trainer.loggers import run_dir
+
+        return run_dir(self.loggers, self.default_root_dir)
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:

@@ -39,7 +39,7 @@ from fullshard.trainer.devices import (
     resolve_num_nodes,
 )
 from fullshard.trainer.hooks import Hooks
-from fullshard.trainer.loggers import Logger, finalize_loggers
+from fullshard.trainer.loggers import Logger, finalize_loggers, log_run_start
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.model_setup import set_up_model
@@ -593,6 +593,7 @@ class Trainer(TrainerProperties):
             if ckpt_path is not None
             else (None, None)
         )
+        log_run_start(self, model, sources.datamodule)  # every call, as Lightning: hparams, graph, save
         if loop is not None:
             loop.setup_data(model, sources)
             results = loop.run(hooks, keep_predictions=stage == "predict" and keep_predictions)
@@ -600,9 +601,6 @@ class Trainer(TrainerProperties):
                 self.print(format_results(stage, results))
             finalize_loggers(self, "success")
             return loop.predictions if stage == "predict" else results
-        if self.enable_autolog_hparams and self.is_global_zero and model.hparams:
-            for logger in self.loggers:
-                logger.log_hyperparams(dict(model.hparams))
         own_summary = any(isinstance(cb, ModelSummary) for cb in self.callbacks)  # it prints at on_fit_start
         if self.enable_model_summary and self.is_global_zero and not own_summary:
             log.info(model_summary(model, self._strategy.parameter_sizes(model)))

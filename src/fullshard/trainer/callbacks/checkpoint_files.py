@@ -205,10 +205,12 @@ def check_arguments(
 
 
 def default_dirpath(trainer: Trainer) -> str:
-    """Where a ModelCheckpoint without ``dirpath`` saves: under the first logger's directory,
-    else under ``default_root_dir``."""
-    root = trainer.loggers[0].log_dir if trainer.loggers else trainer.default_root_dir
-    return os.path.join(root, "checkpoints")
+    """Where a ModelCheckpoint without ``dirpath`` saves: under the first logger's
+    ``save_dir/name/version`` (:func:`~fullshard.trainer.loggers.checkpoint_root`), else under
+    ``default_root_dir``."""
+    from fullshard.trainer.loggers import checkpoint_root
+
+    return os.path.join(checkpoint_root(trainer.loggers, trainer.default_root_dir), "checkpoints")
 
 
 def validates_after_epoch(trainer: Trainer) -> bool:

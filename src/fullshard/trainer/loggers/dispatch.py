@@ -1,0 +1,120 @@
+"""What the Trainer sends its loggers: the run's hyperparameters and graph when a call starts,
+logged values, and the end of the call. All from global rank 0 only."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fullshard.rank_zero import rank_zero_warn
+
+if TYPE_CHECKING:
+    from fullshard.datamodule import DataModule
+    from fullshard.module import Module
+    from fullshard.trainer.loggers.base import Logger
+    from fullshard.trainer.trainer import Trainer
+
+
+def run_hyperparams(model: Module, datamodule: DataModule | None) -> dict[str, Any] | None:
+    """The hyperparameters a call logs: those the module and the datamodule recorded with
+    ``save_hyperparameters`` (None when neither did).
+
+    Raises:
+        RuntimeError: a name both recorded, with different values.
+    """
+    # The module's record exists only once save_hyperparameters ran; the datamodule's is always
+    # there, empty until then.
+    from_module = dict(model.hparams_initial) if "_hparams_initial" in vars(model) else None
+    from_data = dict(datamodule.hparams_initial) if datamodule is not None else {}
+    if from_module is None and not from_data:
+        return None
+    merged = dict(from_module or {})
+    clashing = [
+        key
+        for key in merged.keys() & from_data.keys()
+        if key != "_class_path" and not _same(merged[key], from_data[key])
+    ]
+    if clashing:
+        raise RuntimeError(
+            f"The module's and the datamodule's hyperparameters both have {sorted(clashing)}, with different "
+            "values, so the loggers cannot be given one set. Rename one of them, or record it only once."
+        )
+    merged.update(from_data)
+    merged.pop("_class_path", None)  # LightningCLI's record of the class, not a hyperparameter
+    return merged
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a is b
+    return bool(a == b)
+
+
+def log_run_start(trainer: Trainer, model: Module, datamodule: DataModule | None) -> None:
+    """When a call starts (``Trainer(enable_autolog_hparams=True)``): each logger gets the
+    hyperparameters (when the module or datamodule recorded some), the module's graph, and a
+    save; on global rank 0 only."""
+    if not trainer.loggers or not trainer.enable_autolog_hparams:
+        return
+    hparams = run_hyperparams(model, datamodule)
+    if not trainer.is_global_zero:
+        return
+    # Tracing the graph runs forward on rank 0 alone: a sharded module would wait for the
+    # other ranks' shards forever.
+    from fullshard.strategies.model_parallel import ModelParallelStrategy
+    from fullshard.strategies.sharded import ShardedStrategy
+
+    sharded = isinstance(trainer.strategy, ShardedStrategy | ModelParallelStrategy)
+    for logger in trainer.loggers:
+        if hparams is not None:
+            logger.log_hyperparams(hparams)
+        if getattr(logger, "_log_graph", False) and sharded:
+            rank_zero_warn(
+                f"{type(logger).__name__}(log_graph=True) logs no graph under {type(trainer.strategy).__name__}: "
+                "tracing would run forward on one process while the parameters are sharded over all of them. "
+                "Log it from a single-device or ddp run."
+            )
+        else:
+            logger.log_graph(model)
+        logger.save()
+
+
+def send_to_loggers(trainer: Trainer, values: dict[str, float], step: int) -> None:
+    """Send ``values`` (with the current ``epoch``) to the Trainer's loggers, from global rank 0."""
+    if trainer.is_global_zero and trainer.loggers:
+        values = {**values, "epoch": float(trainer.current_epoch)}
+        for logger in trainer.loggers:
+            logger.log_metrics(values, step=step)
+
+
+def finalize_loggers(trainer: Trainer, status: str) -> None:
+    """Tell the Trainer's loggers that the run ended (``status``: ``"success"`` or ``"failed"``),
+    from global rank 0."""
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.finalize(status)
+
+
+def run_dir(loggers: list[Logger], default_root_dir: str) -> str:
+    """``trainer.log_dir``: the first logger's ``log_dir`` (CSV, TensorBoard), else its
+    ``save_dir`` (the trackers), else ``default_root_dir``."""
+    if not loggers:
+        return default_root_dir
+    return loggers[0].log_dir or loggers[0].save_dir or default_root_dir
+
+
+def checkpoint_root(loggers: list[Logger], default_root_dir: str) -> str:
+    """Where a ``ModelCheckpoint`` without ``dirpath`` saves: ``save_dir/name/version`` of the first
+    logger (``version_N`` for an integer version; for the CSV and TensorBoard loggers, their
+    ``log_dir`` without a ``sub_dir``), or ``default_root_dir``; ``/checkpoints`` is added by
+    the callback."""
+    if not loggers:
+        return default_root_dir
+    logger = loggers[0]
+    version = logger.version
+    folder = version if isinstance(version, str) else f"version_{version}"
+    return os.path.join(logger.save_dir or default_root_dir, str(logger.name or ""), folder)
