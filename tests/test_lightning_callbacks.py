@@ -260,6 +260,28 @@ def test_throughput_rates_and_flops() -> None:
     assert measure_flops(linear, lambda: linear(torch.randn(2, 8))) == 2 * 2 * 8 * 4
 
 
+@pytest.mark.parametrize(
+    ("name", "dtype", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, 9.894e14),
+        ("NVIDIA H100 PCIe", torch.float16, 7.56e14),
+        ("NVIDIA H200", torch.bfloat16, 9.89e14),
+        ("NVIDIA A100-SXM4-80GB", torch.float32, 1.95e13),
+        ("NVIDIA L40S", torch.bfloat16, 3.62e14),
+        ("NVIDIA L4", torch.bfloat16, 1.21e14),
+        ("Some Future GPU", torch.bfloat16, None),
+    ],
+)
+def test_peak_flops_by_device_name(
+    monkeypatch: pytest.MonkeyPatch, name: str, dtype: torch.dtype, peak: float | None
+) -> None:
+    from fullshard.trainer.callbacks.throughput import get_available_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert get_available_flops(torch.device("cuda", 0), dtype) == (None if peak is None else int(peak))
+    assert get_available_flops(torch.device("cpu"), dtype) is None
+
+
 def test_spike_detection_raises_and_records_the_batch(tmp_path: Path) -> None:
     spike = SpikeDetection(window=3, warmup=1, exclude_batches_path=tmp_path)
     trainer: Any = type("T", (), {"default_root_dir": str(tmp_path), "is_global_zero": True})()
