@@ -11,7 +11,10 @@ from fullshard.batch_transfer import move_data_to_device
 from fullshard.module import AttributeDict, init_arguments
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
+    from typing_extensions import Self
 
     from fullshard.trainer.trainer import Trainer
 
@@ -43,6 +46,18 @@ class DataModule:
     def hparams_initial(self) -> AttributeDict:
         """A copy of :attr:`hparams` as :meth:`save_hyperparameters` recorded them."""
         return AttributeDict(copy.deepcopy(self._hparams_initial))
+
+    @classmethod
+    def load_from_checkpoint(
+        cls, checkpoint_path: str | Path, trust_checkpoint: bool = False, **kwargs: Any
+    ) -> Self:
+        """Build the DataModule from a checkpoint: ``cls(**hparams, **kwargs)`` with the
+        hyperparameters :meth:`save_hyperparameters` recorded (``kwargs`` override them), then
+        :meth:`load_state_dict` with the state :meth:`state_dict` saved, as Lightning's. Read
+        with ``weights_only=True`` unless ``trust_checkpoint`` (see ``Module.load_from_checkpoint``)."""
+        from fullshard.checkpoint.module_loading import load_datamodule_from_checkpoint
+
+        return load_datamodule_from_checkpoint(cls, checkpoint_path, trust_checkpoint, **kwargs)
 
     @classmethod
     def from_datasets(

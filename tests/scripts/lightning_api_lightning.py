@@ -165,6 +165,35 @@ def behaviour(L: Any, strategies: Any, root: Path) -> dict[str, Any]:
     dm = L.LightningDataModule.from_datasets(data, val_dataset=[data, data], batch_size=8)
     seen["from_datasets"] = [len(dm.train_dataloader()), [len(d) for d in dm.val_dataloader()], dm.name]
 
+    # LightningDataModule.load_from_checkpoint: its hyperparameters and state from a checkpoint
+    class Data(L.LightningDataModule):
+        def __init__(self, batch_size: int = 4) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.loaded: Any = None
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(data, batch_size=self.hparams.batch_size)
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"seen": 3}
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            self.loaded = state_dict
+
+    dm_trainer = L.Trainer(
+        max_steps=1, logger=False, enable_checkpointing=False, default_root_dir=root, **quiet
+    )
+    dm_trainer.fit(NoBatchIdx(), datamodule=Data(batch_size=2))
+    dm_trainer.save_checkpoint(root / "dm" / "data.ckpt")
+    restored = Data.load_from_checkpoint(root / "dm" / "data.ckpt")
+    overridden = Data.load_from_checkpoint(root / "dm" / "data.ckpt", batch_size=8)
+    seen["datamodule_from_checkpoint"] = [
+        dict(restored.hparams),
+        restored.loaded,
+        overridden.hparams.batch_size,
+    ]
+
     # lightning.pytorch.utilities
     utilities = importlib.import_module(f"{L.__name__}.utilities")
     layer = nn.Linear(3, 2)

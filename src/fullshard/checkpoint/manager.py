@@ -314,6 +314,8 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
     datamodule = trainer.datamodule
     if datamodule is not None and (state := datamodule.state_dict()):
         checkpoint[type(datamodule).__qualname__] = state  # where Lightning keeps it
+    if datamodule is not None and datamodule.hparams:  # for DataModule.load_from_checkpoint, as Lightning
+        checkpoint["datamodule_hyper_parameters"] = dict(datamodule.hparams)
     return checkpoint
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -25,7 +25,11 @@ from fullshard.checkpoint.validate import check_state_dict_matches
 from fullshard.errors import CheckpointNotFoundError
 from fullshard.rank_zero import rank_zero_warn
 
+if TYPE_CHECKING:
+    from fullshard.datamodule import DataModule
+
 M = TypeVar("M", bound=nn.Module)
+D = TypeVar("D", bound="DataModule")
 
 
 def _default_map_location(storage: torch.UntypedStorage, location: str) -> Any:
@@ -69,7 +73,7 @@ def _read_sharded(path: Path, map_location: Any, trust: bool) -> dict[str, Any]:
     return checkpoint
 
 
-def _init_arguments(cls: type[M], checkpoint: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _init_arguments(cls: type[Any], checkpoint: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """``cls.__init__``'s arguments: the saved hyperparameters, overridden by ``kwargs``.
 
     As in Lightning, saved hyperparameters that ``__init__`` does not take are left out (unless
@@ -97,6 +101,29 @@ def _init_arguments(cls: type[M], checkpoint: dict[str, Any], kwargs: dict[str, 
     elif not takes_any:
         saved = {k: v for k, v in saved.items() if k in names}
     return {**saved, **kwargs}
+
+
+def load_datamodule_from_checkpoint(
+    cls: type[D], checkpoint_path: str | Path, trust_checkpoint: bool = False, **kwargs: Any
+) -> D:
+    """Create the DataModule ``cls`` as ``cls(**datamodule_hyper_parameters, **kwargs)`` from the
+    checkpoint at ``checkpoint_path`` (fullshard's, full or sharded, or Lightning's) and load the
+    state its ``state_dict`` saved there, as Lightning's ``LightningDataModule.load_from_checkpoint``.
+    The checkpoint is read as for :func:`load_module_from_checkpoint`."""
+    path = Path(checkpoint_path)
+    if not path.exists():
+        raise CheckpointNotFoundError(
+            f"{cls.__name__}.load_from_checkpoint(): nothing at {str(path)!r}. Pass the path of a checkpoint "
+            "file or directory that Trainer.save_checkpoint() or ModelCheckpoint wrote (or a Lightning .ckpt)."
+        )
+    read = _read_full if detect_format(path) == "full" else _read_sharded
+    checkpoint = read(path, "cpu", trust_checkpoint)
+    saved = {"hyper_parameters": checkpoint.get("datamodule_hyper_parameters", {})}
+    datamodule = cls(**_init_arguments(cls, saved, kwargs))
+    state = checkpoint.get(cls.__qualname__)
+    if state is not None:
+        datamodule.load_state_dict(state)
+    return datamodule
 
 
 def load_module_from_checkpoint(
