@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 AvgFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _shards_parameters(trainer: Trainer) -> bool:
+    from fullshard.strategies.model_parallel import ModelParallelStrategy
+    from fullshard.strategies.sharded import ShardedStrategy
+
+    return isinstance(trainer.strategy, ShardedStrategy | ModelParallelStrategy)
+
+
 class StochasticWeightAveraging(Callback):
     """From epoch ``swa_epoch_start`` on, switches the learning rate schedule to ``SWALR``
     (annealing to ``swa_lrs`` over ``annealing_epochs``) and averages the weights at the start
@@ -95,6 +102,7 @@ class StochasticWeightAveraging(Callback):
         self._init_n_averaged = 0
         self._latest_update_epoch = -1
         self._max_epochs = -1
+        self._shares_differ = False
 
     @property
     def swa_start(self) -> int:
@@ -137,7 +145,9 @@ class StochasticWeightAveraging(Callback):
         self._max_epochs = trainer.max_epochs
         params = local_tensors(pl_module, buffers=False)
         self._average = clone_to(params, self._device)
-        if self._average_state is not None:
+        # a sharded average differs by process, and callback states are saved from rank 0 only
+        self._shares_differ = trainer.world_size > 1 and _shards_parameters(trainer)
+        if self._average_state is not None and not self._shares_differ:
             copy_into(self._average, self._average_state)
             self._average_state = None
         if self._scheduler_state is not None and trainer.lr_scheduler_configs:
@@ -240,7 +250,9 @@ class StochasticWeightAveraging(Callback):
             "n_averaged": 0 if self.n_averaged is None else int(self.n_averaged),
             "latest_update_epoch": self._latest_update_epoch,
             "scheduler_state": None if self._swa_scheduler is None else self._swa_scheduler.state_dict(),
-            "average_model_state": None if self._average is None else [t.cpu() for t in self._average],
+            "average_model_state": (
+                None if self._average is None or self._shares_differ else [t.cpu() for t in self._average]
+            ),
         }
 
     @override
