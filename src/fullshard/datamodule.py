@@ -31,6 +31,10 @@ class DataModule:
 
     #: A name for the data (Lightning's attribute; fullshard does not read it).
     name: str | None = None
+    #: The checkpoint entries of a DataModule's hyperparameters, as Lightning names them.
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None

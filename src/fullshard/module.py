@@ -93,6 +93,12 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     #: ``strict_loading = False`` to load it back into a whole model.
     strict_loading: bool = True
 
+    #: The checkpoint entries of the hyperparameters, as Lightning names them (fullshard writes the
+    #: first; the other two come from Lightning's checkpoints: fullshard's hparams are a dict).
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
