@@ -489,6 +489,17 @@ def test_lightning_plugin_arguments_are_refused_at_once() -> None:
         DDPStrategy(checkpoint_io="io")
     with pytest.raises(MisconfigurationError, match=r"configure a communication hook: pass the hook too"):
         DDPStrategy(ddp_comm_state=object())
+    with pytest.warns(DeprecationWarning, match=r"pass activation_checkpointing_policy=\{Linear\} instead"):
+        assert (
+            FSDPStrategy(activation_checkpointing=torch.nn.Linear).activation_checkpointing_policy is not None
+        )
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"got both activation_checkpointing= and activation_checkpointing_policy=",
+    ):
+        FSDPStrategy(
+            activation_checkpointing=[torch.nn.Linear], activation_checkpointing_policy={torch.nn.Linear}
+        )
 
 
 def test_strategy_precision_views_and_refusals(tmp_path: Path) -> None:

@@ -64,6 +64,8 @@ class FSDPStrategy(ShardedStrategy):
             :class:`~fullshard.strategies.sharded.ShardedStrategy`. Without ``auto_wrap_policy``
             the whole model is one unit, unless ``configure_model`` wrapped layers itself with
             ``torch.distributed.fsdp.wrap.wrap``.
+        activation_checkpointing: Lightning's deprecated form of ``activation_checkpointing_policy``
+            (a layer class or a list of them); a ``DeprecationWarning`` says so.
         **kwargs: passed to ``FullyShardedDataParallel`` (``limit_all_gathers``, ``forward_prefetch``,
             ``backward_prefetch``, ``sync_module_states``, ``process_group``, ...).
             ``use_orig_params`` defaults to True, so optimizers may use ``self.parameters()`` and
@@ -90,11 +92,30 @@ class FSDPStrategy(ShardedStrategy):
         start_method: str = "popen",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
+        activation_checkpointing: type[nn.Module] | list[type[nn.Module]] | None = None,
         **kwargs: Any,
     ) -> None:
         # torch's FSDP is imported only to check torch objects given here: [Note: torch's FSDP
         # imported after launch] in fullshard.strategies.fsdp_options
         refuse_lightning_plugins("FSDPStrategy", kwargs)
+        if activation_checkpointing is not None:  # Lightning's deprecated spelling of the policy
+            if activation_checkpointing_policy is not None:
+                raise MisconfigurationError(
+                    "FSDPStrategy got both activation_checkpointing= and activation_checkpointing_policy=: "
+                    "pass the layer classes as activation_checkpointing_policy only."
+                )
+            classes = (
+                activation_checkpointing
+                if isinstance(activation_checkpointing, list)
+                else [activation_checkpointing]
+            )
+            activation_checkpointing_policy = set(classes)
+            warnings.warn(
+                f"FSDPStrategy(activation_checkpointing=...) is deprecated (as in Lightning): pass "
+                f"activation_checkpointing_policy={{{', '.join(c.__name__ for c in classes)}}} instead.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         name = sharding_name(sharding_strategy)
         self._cpu_offload: bool | CPUOffload = (
             bool(cpu_offload)
