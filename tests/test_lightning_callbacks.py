@@ -282,6 +282,47 @@ def test_peak_flops_by_device_name(
     assert get_available_flops(torch.device("cpu"), dtype) is None
 
 
+def test_monitors_log_at_lightnings_steps(tmp_path: Path) -> None:
+    """The names and steps Lightning 2.6.6's CSVLogger got from the same run (2 epochs of 8 steps,
+    log_every_n_steps=2, a validation of 8 batches after each epoch)."""
+    import csv
+
+    from fullshard.callbacks import DeviceStatsMonitor
+    from fullshard.loggers import CSVLogger
+
+    class Linear(_Net):
+        def setup(self, stage: str) -> None:
+            with torch.device("meta"):
+                model, x = nn.Linear(4, 1), torch.randn(8, 4)
+            self.flops_per_batch = measure_flops(model, lambda: model(x), lambda y: y.sum())
+
+    x = torch.randn(64, 4)
+    data = DataLoader(TensorDataset(x, x.sum(1)), batch_size=8)
+    logger = CSVLogger(tmp_path)
+    monitors = [ThroughputMonitor(batch_size_fn=lambda b: len(b[0]), window_size=3), DeviceStatsMonitor()]
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=2, logger=logger, log_every_n_steps=2, callbacks=monitors, num_sanity_val_steps=0
+    )
+    trainer.fit(Linear(), data, data)
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    names = set(rows[0])
+    assert {"train/device/flops_per_sec", "validate/device/samples_per_sec", "train/time"} <= names
+    assert "DeviceStatsMonitor.on_validation_batch_start/cpu_vm_percent" in names
+    assert [r["step"] for r in rows if r["train/samples"]] == [str(s) for s in range(1, 16, 2)]
+    assert [r["step"] for r in rows if r["DeviceStatsMonitor.on_train_batch_end/cpu_percent"]] == [
+        str(s) for s in range(1, 16, 2)
+    ]
+    assert [(r["step"], float(r["validate/samples"])) for r in rows if r["validate/samples"]][:6] == [
+        ("2", 16.0),
+        ("4", 32.0),
+        ("6", 48.0),
+        ("8", 64.0),
+        ("2", 16.0),
+        ("4", 32.0),
+    ]
+
+
 def test_spike_detection_raises_and_records_the_batch(tmp_path: Path) -> None:
     spike = SpikeDetection(window=3, warmup=1, exclude_batches_path=tmp_path)
     trainer: Any = type("T", (), {"default_root_dir": str(tmp_path), "is_global_zero": True})()

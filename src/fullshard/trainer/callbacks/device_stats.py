@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
 from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.log_steps import logs_due
 from fullshard.trainer.loggers import send_to_loggers
 
 if TYPE_CHECKING:
@@ -73,12 +74,10 @@ class DeviceStatsMonitor(Callback):
                 "(or pass cpu_stats=False on a GPU)."
             )
 
-    def _log(self, trainer: Trainer, key: str) -> None:
-        if not trainer.loggers:
+    def _log(self, trainer: Trainer, key: str, eval_batch_idx: int | None = None) -> None:
+        if not trainer.loggers or not logs_due(trainer, eval_batch_idx):
             return
         step = trainer.fit_loop.progress.batches_that_stepped
-        if not ((step + 1) % trainer.log_every_n_steps == 0 or trainer.should_stop):
-            return
         device = trainer.strategy.root_device
         if self._cpu_stats is False and device.type == "cpu":
             return
@@ -102,7 +101,7 @@ class DeviceStatsMonitor(Callback):
     def on_validation_batch_start(
         self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._log(trainer, "on_validation_batch_start")
+        self._log(trainer, "on_validation_batch_start", batch_idx)
 
     @override
     def on_validation_batch_end(
@@ -114,13 +113,13 @@ class DeviceStatsMonitor(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._log(trainer, "on_validation_batch_end")
+        self._log(trainer, "on_validation_batch_end", batch_idx)
 
     @override
     def on_test_batch_start(
         self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._log(trainer, "on_test_batch_start")
+        self._log(trainer, "on_test_batch_start", batch_idx)
 
     @override
     def on_test_batch_end(
@@ -132,4 +131,4 @@ class DeviceStatsMonitor(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._log(trainer, "on_test_batch_end")
+        self._log(trainer, "on_test_batch_end", batch_idx)

@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.log_steps import logs_due
 from fullshard.trainer.loggers import send_to_loggers
 
 if TYPE_CHECKING:
@@ -290,13 +291,8 @@ class ThroughputMonitor(Callback):
         if not due:
             return
         throughput = self._throughputs[stage]
-        metrics = {f"{stage}{throughput.separator}{k}": float(v) for k, v in throughput.compute().items()}
-        send_to_loggers(trainer, metrics, step)
-
-    @staticmethod
-    def _log_due(trainer: Trainer) -> bool:
-        step = trainer.fit_loop.progress.batches_that_stepped + 1
-        return step % trainer.log_every_n_steps == 0 or trainer.should_stop
+        metrics = {f"{stage}{throughput.separator}{k}": v for k, v in throughput.compute().items()}
+        send_to_loggers(trainer, metrics, step)  # type: ignore[arg-type]  # ints stay ints, as in Lightning
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: Module) -> None:
@@ -312,9 +308,7 @@ class ThroughputMonitor(Callback):
         self._update(trainer, pl_module, batch, "train")
         boundary = (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or trainer.is_last_batch
         if boundary:
-            self._log(
-                trainer, "train", trainer.fit_loop.progress.batches_that_stepped, self._log_due(trainer)
-            )
+            self._log(trainer, "train", trainer.fit_loop.progress.batches_that_stepped, logs_due(trainer))
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: Module) -> None:
@@ -333,7 +327,7 @@ class ThroughputMonitor(Callback):
     ) -> None:
         if trainer.is_global_zero and not trainer.sanity_checking:
             self._update(trainer, pl_module, batch, "validate")
-            self._log(trainer, "validate", self._batches["validate"], self._log_due(trainer))
+            self._log(trainer, "validate", self._batches["validate"], logs_due(trainer, batch_idx))
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: Module) -> None:
@@ -367,7 +361,7 @@ class ThroughputMonitor(Callback):
     ) -> None:
         if trainer.is_global_zero:
             self._update(trainer, pl_module, batch, "test")
-            self._log(trainer, "test", self._batches["test"], self._log_due(trainer))
+            self._log(trainer, "test", self._batches["test"], logs_due(trainer, batch_idx))
 
     @override
     def on_predict_start(self, trainer: Trainer, pl_module: Module) -> None:
@@ -386,4 +380,4 @@ class ThroughputMonitor(Callback):
     ) -> None:
         if trainer.is_global_zero:
             self._update(trainer, pl_module, batch, "predict")
-            self._log(trainer, "predict", self._batches["predict"], self._log_due(trainer))
+            self._log(trainer, "predict", self._batches["predict"], logs_due(trainer, batch_idx))
