@@ -587,3 +587,21 @@ def test_trainer_save_checkpoint_refuses_storage_options(tmp_path: Path) -> None
         trainer.save_checkpoint(tmp_path / "x.ckpt", storage_options={"bucket": "b"})
     trainer.save_checkpoint(tmp_path / "x.ckpt", storage_options=None)
     assert (tmp_path / "x.ckpt").exists()
+
+
+def test_single_device_strategy_takes_its_device(tmp_path: Path) -> None:
+    from fullshard.strategies import SingleDeviceStrategy
+
+    trainer = quiet_trainer(tmp_path, max_steps=1, strategy=SingleDeviceStrategy("cpu"))
+    trainer.fit(Recorder(), DataLoader(make_data(), batch_size=16))
+    assert trainer.strategy.root_device == torch.device("cpu") and trainer.global_step == 1
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"SingleDeviceStrategy\(device='cuda:1'\) runs on cuda, but the Trainer's accelerator is 'cpu': pass "
+        r"Trainer\(accelerator='cuda'\)",
+    ):
+        fullshard.Trainer(accelerator="cpu", strategy=SingleDeviceStrategy(1))
+    with pytest.raises(
+        MisconfigurationError, match=r"SingleDeviceStrategy\(precision_plugin='p'\) is a Lightning plugin"
+    ):
+        SingleDeviceStrategy("cpu", precision_plugin="p")
