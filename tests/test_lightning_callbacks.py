@@ -381,5 +381,6 @@ def test_callbacks_and_tuner_on_two_processes_match_one(tmp_path: Path) -> None:
         assert got["swa"] == pytest.approx(results["ddp"]["swa"], abs=1e-4), name
         assert got["exception_checkpoint_step"] == 3, name
         assert got["ema_resumed"] == pytest.approx(reference["ema_straight"], abs=1e-4), name
+        assert got["batch_size"] == got["batch_size_on_model"] == 8 and got["batch_size_left_as_it_was"], name
     assert results["ddp"]["pruned"] == pytest.approx(reference["pruned"], abs=1e-4)
     assert results["ddp"]["zeros"] == reference["zeros"] > 0

@@ -8,7 +8,7 @@ run ended with to a JSON file (rank 0):
    them (CSVLogger): the final (averaged) weights.
    Then EMAWeightAveraging alone, resumed after 2 of 4 epochs.
 2. Tuner.lr_find, then StochasticWeightAveraging: the suggestion, whether the weights were left
-   as they were, and the final weights.
+   as they were, and the final weights; Tuner.scale_batch_size (3 trials: 2, 4, 8).
 3. ModelPruning (one process and ddp; sharded strategies refuse it): the pruned weights.
 4. OnExceptionCheckpoint: every rank raises at step 3; the checkpoint's global step.
 
@@ -77,6 +77,17 @@ class Net(fullshard.LightningModule):
         params = [p for p in self.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=self.lr, momentum=0.9)
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7)}
+
+
+class SizedNet(Net):
+    """Builds its loader from ``self.batch_size``, which the batch size finder sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_size = 2
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(data(), batch_size=self.batch_size)
 
 
 def make_strategy(name: str) -> Any:
@@ -176,6 +187,15 @@ def main(name: str, out: Path) -> None:
     result["left_as_it_was"] = weights(trainer) == before
     trainer.fit(model, loader)
     result["swa"] = weights(trainer)
+
+    # 2b. the batch size finder (the loader rebuilt from model.batch_size at each trial)
+    fullshard.seed_everything(0)
+    sized = SizedNet()
+    before = [round(float(v.sum()), 5) for _, v in sorted(sized.state_dict().items())]
+    trainer = trainer_for(name, out, [])
+    result["batch_size"] = Tuner(trainer).scale_batch_size(sized, max_trials=3)
+    result["batch_size_on_model"] = sized.batch_size
+    result["batch_size_left_as_it_was"] = weights(trainer) == before and trainer.global_step == 0
 
     # 3. pruning (torch.nn.utils.prune: whole parameters, so one process or DDP)
     if name in ("single", "ddp"):
