@@ -87,15 +87,12 @@ class CometLogger(Logger):
         self._kwargs = kwargs
         self._experiment: Any = None
         # Comet's framework integrations would log torch and the Trainer's values a second time.
-        os.environ["COMET_DISABLE_AUTO_LOGGING"] = "1"
+        os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
         import comet_ml
 
-        config = dict(kwargs)
-        if online is False:
-            config["disabled"] = (
-                True  # no connection to Comet's servers (the offline experiment writes locally)
-            )
-        self._comet_config = comet_ml.ExperimentConfig(**config)
+        # Lightning 2.6.6 also passes disabled=True when online=False, which makes comet_ml write
+        # nothing at all; fullshard keeps the offline experiment its docs promise.
+        self._comet_config = comet_ml.ExperimentConfig(**kwargs)
 
     def _create_experiment(self) -> None:
         import comet_ml
