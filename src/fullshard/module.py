@@ -92,6 +92,8 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     #: pair: an ``on_save_checkpoint`` that keeps only the trained part (a LoRA adapter) and
     #: ``strict_loading = False`` to load it back into a whole model.
     strict_loading: bool = True
+    _jit_is_scripting = False  # set while to_torchscript compiles (no annotation: TorchScript reads those)
+    __jit_unused_properties__ = list[str]()  # filled below: [Note: what TorchScript compiles of a Module]
 
     #: The checkpoint entries of the hyperparameters, as Lightning names them (fullshard writes the
     #: first; the other two come from Lightning's checkpoints: fullshard's hparams are a dict).
@@ -177,12 +179,12 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     @property
     def trainer(self) -> Trainer:
         """The Trainer running this module."""
-        if self._trainer is None:
+        if self._trainer is None and not self._jit_is_scripting:
             raise RuntimeError(
                 f"{type(self).__name__} is not attached to a Trainer. `self.trainer` is available inside "
                 "the hooks called by Trainer.fit() / validate() / test() / predict()."
             )
-        return self._trainer
+        return self._trainer  # type: ignore[return-value]  # None only while to_torchscript compiles
 
     @trainer.setter
     def trainer(self, trainer: Trainer | None) -> None:
@@ -220,6 +222,39 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     def on_gpu(self) -> bool:
         """Whether the module computes on a CUDA device."""
         return self.device.type == "cuda"
+
+    def to_torchscript(
+        self,
+        file_path: str | Path | None = None,
+        method: str = "script",
+        example_inputs: Any = None,
+        **kwargs: Any,
+    ) -> torch.jit.ScriptModule:
+        """The module compiled by ``torch.jit.script`` (``method="script"``) or traced by
+        ``torch.jit.trace`` on ``example_inputs`` (default :attr:`example_input_array`), in eval
+        mode (its own mode is put back), saved to ``file_path`` when given; ``kwargs`` go to torch."""
+        training = self.training
+        # TorchScript reads every property while compiling; `trainer` must not raise meanwhile
+        self._jit_is_scripting = True
+        try:
+            if method == "script":
+                compiled = torch.jit.script(self.eval(), **kwargs)
+            elif method == "trace":
+                example = self.example_input_array if example_inputs is None else example_inputs
+                if example is None:
+                    raise ValueError(
+                        "to_torchscript(method='trace') needs inputs to trace with: pass example_inputs= or set "
+                        "self.example_input_array."
+                    )
+                compiled = torch.jit.trace(self.eval(), example_inputs=example, **kwargs)
+            else:
+                raise ValueError(f"to_torchscript(method={method!r}): use 'script' or 'trace'.")
+        finally:
+            self._jit_is_scripting = False
+            self.train(training)
+        if file_path is not None:
+            torch.jit.save(compiled, str(file_path))
+        return compiled  # type: ignore[no-any-return]
 
     def freeze(self) -> None:
         """No parameter requires a gradient, and the module is in eval mode."""
@@ -429,6 +464,22 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
             **kwargs,
         )
 
+
+# [Note: what TorchScript compiles of a Module]
+# torch.jit.script compiles every property of a module's class unless the class lists it in
+# __jit_unused_properties__, and reads every attribute (getattr) while it looks for overloads.
+# The Module's own properties (trainer, device_mesh, current_epoch, ...) are Trainer plumbing, not
+# model code, so all of them are listed; `trainer`, which raises without a Trainer, returns None
+# while to_torchscript compiles (Module._jit_is_scripting). A user's own properties are compiled.
+Module.__jit_unused_properties__ = sorted(
+    {
+        name
+        for klass in Module.__mro__
+        if klass is not nn.Module
+        for name, v in vars(klass).items()
+        if isinstance(v, property)
+    }
+)
 
 LightningModule = Module
 """Lightning's name for :class:`Module`, so ported scripts keep their class statements."""

@@ -149,6 +149,9 @@ def behaviour(L: Any, strategies: Any, root: Path) -> dict[str, Any]:
             self.save_hyperparameters()
             self.net = nn.Linear(2, 2)
 
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
     hyper = Hyper()
     hyper.hparams.lr = 0.5
     hyper.freeze()
@@ -162,6 +165,16 @@ def behaviour(L: Any, strategies: Any, root: Path) -> dict[str, Any]:
         "on_gpu": hyper.on_gpu,
         "example_input_array": hyper.example_input_array,
     }
+    with torch.no_grad():
+        x = torch.ones(3, 2)
+        scripted = hyper.to_torchscript(file_path=root / "scripted.pt")
+        traced = hyper.to_torchscript(method="trace", example_inputs=x)
+        seen["to_torchscript"] = [
+            torch.equal(scripted(x), hyper(x)),
+            torch.equal(torch.jit.load(str(root / "scripted.pt"))(x), hyper(x)),
+            torch.equal(traced(x), hyper(x)),
+            hyper.training,
+        ]
     dm = L.LightningDataModule.from_datasets(data, val_dataset=[data, data], batch_size=8)
     seen["from_datasets"] = [len(dm.train_dataloader()), [len(d) for d in dm.val_dataloader()], dm.name]
 
