@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import warnings
@@ -127,7 +128,7 @@ def test_tensorboard_logger_without_tensorboard_says_how_to_install(
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     with pytest.raises(
         ModuleNotFoundError,
-        match=r'TensorBoardLogger needs the `tensorboard` package, which is not installed\. Install it with '
+        match=r"TensorBoardLogger needs the `tensorboard` package, which is not installed\. Install it with "
         r'`pip install "fullshard\[tensorboard\]"`',
     ):
         TensorBoardLogger(tmp_path)
@@ -199,3 +200,27 @@ class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Any:
         return iter(self.data)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_users_logger_calls_write_from_rank_zero_only(tmp_path: Path, strategy: str) -> None:
+    """The module calls log_hyperparams, log_metrics, experiment and save on both ranks: one run
+    folder per logger, holding rank 0's values only; rank 1's experiment is a stand-in."""
+    from conftest import check_ok, run_script
+
+    check_ok(run_script("logger_ranks_job.py", "--out", str(tmp_path), "--strategy", strategy))
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert seen[0]["experiments"] == ["ExperimentWriter", "SummaryWriter"]
+    assert seen[1]["experiments"] == ["DummyExperiment", "DummyExperiment"]
+    assert seen[0]["log_dirs"] == seen[1]["log_dirs"]
+    logs = tmp_path / "logs"
+    assert sorted(p.name for p in (logs / "fullshard_logs").iterdir()) == ["version_0"]
+    assert sorted(p.name for p in (logs / "tb").iterdir()) == ["version_0"]
+    csv_dir = logs / "fullshard_logs" / "version_0"
+    assert (csv_dir / "hparams.yaml").read_text() == "from_rank: 0\nhidden: 4\n"
+    assert (
+        logs / "tb" / "version_0" / "hparams.yaml"
+    ).read_text() == "hidden: 4\n"  # written at the first save
+    rows = (csv_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0].split(",")[:2] == ["step", "rank_metric"] and rows[1].startswith("0,0.0,")

@@ -12,7 +12,7 @@ from typing import Any
 from typing_extensions import override
 
 from fullshard.rank_zero import rank_zero_only
-from fullshard.trainer.loggers.base import add_prefix, convert_params, scalar
+from fullshard.trainer.loggers.base import add_prefix, convert_params, rank_zero_experiment, scalar
 from fullshard.trainer.loggers.files import HPARAMS_FILE, VersionedLogger, write_hparams_yaml
 
 
@@ -23,6 +23,33 @@ def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]], mode:
         if mode == "w":
             writer.writeheader()
         writer.writerows(rows)
+
+
+class ExperimentWriter:
+    """What ``CSVLogger.experiment`` is on global rank 0 (Lightning's name): the run's files and
+    the logger's own methods under Lightning's writer names."""
+
+    def __init__(self, logger: CSVLogger) -> None:
+        self._logger = logger
+        self.log_dir = logger.log_dir
+        self.metrics_file_path = os.path.join(self.log_dir, logger.METRICS_FILE)
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """Every hyperparameter logged so far."""
+        return self._logger.hparams
+
+    def log_metrics(self, metrics_dict: Mapping[str, float], step: int | None = None) -> None:
+        """Record ``metrics_dict`` at ``step`` (as :meth:`CSVLogger.log_metrics`, without its prefix)."""
+        self._logger._record(metrics_dict, step)
+
+    def log_hparams(self, params: Mapping[str, Any]) -> None:
+        """Add ``params`` to ``hparams.yaml``."""
+        self._logger.log_hyperparams(params)
+
+    def save(self) -> None:
+        """Write the buffered rows."""
+        self._logger.save()
 
 
 class CSVLogger(VersionedLogger):
@@ -72,11 +99,22 @@ class CSVLogger(VersionedLogger):
         self._logged = 0  # rows started so far: the step of a call without one
         self._columns: list[str] | None = None  # header on disk; None until first read or written
         self.hparams: dict[str, Any] = {}
+        self._writer: ExperimentWriter | None = None
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        """The run's :class:`ExperimentWriter` (a do-nothing stand-in on ranks other than 0)."""
+        if self._writer is None:
+            self._writer = ExperimentWriter(self)
+        return self._writer
 
     @override
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        metrics = add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR)
+        self._record(add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR), step)
+
+    def _record(self, metrics: Mapping[str, Any], step: int | None) -> None:
         if "step" in metrics:
             raise ValueError(
                 "The metric name 'step' is reserved for the CSV's step column. Log it under another name."

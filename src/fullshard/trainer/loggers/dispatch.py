@@ -58,6 +58,7 @@ def log_run_start(trainer: Trainer, model: Module, datamodule: DataModule | None
     """When a call starts (``Trainer(enable_autolog_hparams=True)``): each logger gets the
     hyperparameters (when the module or datamodule recorded some), the module's graph, and a
     save; on global rank 0 only."""
+    _agree_on_versions(trainer)
     if not trainer.loggers or not trainer.enable_autolog_hparams:
         return
     hparams = run_hyperparams(model, datamodule)
@@ -81,6 +82,20 @@ def log_run_start(trainer: Trainer, model: Module, datamodule: DataModule | None
         else:
             logger.log_graph(model)
         logger.save()
+
+
+def _agree_on_versions(trainer: Trainer) -> None:
+    """Give every process rank 0's version of each file-based logger (collective), so that
+    ``logger.log_dir`` names the one run folder on every rank: another rank choosing by itself
+    would find rank 0's new ``version_N`` and pick ``version_N+1``."""
+    from fullshard.trainer.loggers.files import VersionedLogger
+
+    loggers = [lg for lg in trainer.loggers if isinstance(lg, VersionedLogger)]
+    if trainer.world_size == 1 or not loggers:
+        return
+    versions = trainer.strategy.broadcast([lg.version if trainer.is_global_zero else None for lg in loggers])
+    for logger, version in zip(loggers, versions, strict=True):
+        logger._version = version
 
 
 def send_to_loggers(trainer: Trainer, values: dict[str, float], step: int) -> None:
