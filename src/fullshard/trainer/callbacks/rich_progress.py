@@ -110,8 +110,11 @@ class RichProgressBar(ProgressBar):
         if not (self.is_enabled and trainer.is_global_zero):
             return
         progress = self._start()
-        if self._train_task is not None:
-            progress.remove_task(self._train_task) if not self.leave else progress.stop_task(self._train_task)
+        if self._train_task is not None:  # the previous epoch's bar: kept on screen or removed
+            if self.leave:
+                progress.stop_task(self._train_task)
+            else:
+                progress.remove_task(self._train_task)
         total = trainer.num_training_batches
         self._train_task = progress.add_task(
             f"Epoch {trainer.current_epoch}",

@@ -209,6 +209,11 @@ class WeightAveraging(Callback):
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: Module, checkpoint: dict[str, Any]) -> None:
         if not self._fitting:
+            rank_zero_warn(
+                "WeightAveraging keeps its average during fit only: a checkpoint loaded for validate, test or predict "
+                "restores no averaging state (its state_dict is the average already, when WeightAveraging wrote it). "
+                "Remove the callback from this Trainer to silence this warning."
+            )
             return
         average = self._ensure_average(pl_module)
         # the model was loaded from "state_dict": the average (or, from a checkpoint written
