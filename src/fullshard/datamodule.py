@@ -46,6 +46,12 @@ class DataModule:
         """Values recorded by :meth:`save_hyperparameters`."""
         return self._hparams
 
+    def remove_ignored_hparams(self, ignore_list: list[str]) -> None:
+        """Drop the hyperparameters named in ``ignore_list`` from :attr:`hparams` (a subclass
+        dropping what its base class's ``save_hyperparameters`` recorded), as Lightning's."""
+        for key in ignore_list:
+            self._hparams.pop(key, None)
+
     @property
     def hparams_initial(self) -> AttributeDict:
         """A copy of :attr:`hparams` as :meth:`save_hyperparameters` recorded them."""

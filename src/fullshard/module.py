@@ -195,6 +195,12 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         """The hyperparameters recorded by :meth:`save_hyperparameters` (``self.hparams.lr``)."""
         return self._hparams
 
+    def remove_ignored_hparams(self, ignore_list: list[str]) -> None:
+        """Drop the hyperparameters named in ``ignore_list`` from :attr:`hparams` (a subclass
+        dropping what its base class's ``save_hyperparameters`` recorded), as Lightning's."""
+        for key in ignore_list:
+            self._hparams.pop(key, None)
+
     @property
     def hparams_initial(self) -> AttributeDict:
         """A copy of :attr:`hparams` as :meth:`save_hyperparameters` recorded them (later changes

@@ -175,6 +175,8 @@ def behaviour(L: Any, strategies: Any, root: Path) -> dict[str, Any]:
             torch.equal(traced(x), hyper(x)),
             hyper.training,
         ]
+    hyper.remove_ignored_hparams(["lr", "absent"])
+    seen["remove_ignored_hparams"] = [dict(hyper.hparams), dict(hyper.hparams_initial)]
     dm = L.LightningDataModule.from_datasets(data, val_dataset=[data, data], batch_size=8)
     seen["from_datasets"] = [len(dm.train_dataloader()), [len(d) for d in dm.val_dataloader()], dm.name]
 
