@@ -161,6 +161,18 @@ def test_simple_profiler_writes_lightnings_actions_to_the_log_dir(tmp_path: Path
     assert (tmp_path / "validate-profiler.txt").read_text().startswith("VALIDATE Profiler Report")
 
 
+def test_a_profiler_times_steps_of_several_evaluation_dataloaders(tmp_path: Path) -> None:
+    class TwoLoaders(Net):
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            self.log("v", self.layer(batch[0]).mean())
+
+    loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+    quiet_trainer(tmp_path, profiler="simple").validate(TwoLoaders(), [loader, loader])
+    report = (tmp_path / "validate-profiler.txt").read_text()
+    row = next(line for line in report.splitlines() if "SingleDeviceStrategy.validation_step" in line)
+    assert int(row.split("|")[3]) == 4  # 2 batches of each loader, dataloader_idx passed through
+
+
 def test_no_profiler_wraps_nothing(tmp_path: Path) -> None:
     noop = Noop()
     trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[noop])

@@ -68,9 +68,9 @@ def profiled_call(trainer: Trainer, stage: str) -> Generator[None, None, None]:
         patch(strategy, name, profiler.wrap(f"[Strategy]{kind}.{name}", getattr(strategy, name)))
     evaluation_step = strategy.evaluation_step
 
-    def profiled_evaluation_step(method: str, batch: Any, batch_idx: int) -> Any:
-        with profiler.profile(f"[Strategy]{kind}.{method}"):
-            return evaluation_step(method, batch, batch_idx)
+    def profiled_evaluation_step(method: str, batch: Any, batch_idx: int, *extra: Any) -> Any:
+        with profiler.profile(f"[Strategy]{kind}.{method}"):  # extra: dataloader_idx with several loaders
+            return evaluation_step(method, batch, batch_idx, *extra)
 
     patch(strategy, "evaluation_step", profiled_evaluation_step)
     patch(trainer.fit_loop, "run_epoch", profiler.wrap("run_training_epoch", trainer.fit_loop.run_epoch))
