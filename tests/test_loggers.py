@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+import fullshard
 from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 
 
@@ -224,3 +225,94 @@ def test_a_users_logger_calls_write_from_rank_zero_only(tmp_path: Path, strategy
     ).read_text() == "hidden: 4\n"  # written at the first save
     rows = (csv_dir / "metrics.csv").read_text().splitlines()
     assert rows[0].split(",")[:2] == ["step", "rank_metric"] and rows[1].startswith("0,0.0,")
+
+
+def _events(run_dir: Path) -> Any:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "scalars": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def _hparams(events: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {k: MessageToDict(v) for k, v in info.hparams.items()}
+
+
+def test_tensorboard_prefix_sub_dir_and_hp_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tensorboard")
+    monkeypatch.setenv("RUN_GROUP", "g1")
+    logger = TensorBoardLogger(tmp_path, name="tb", version=2, prefix="run", sub_dir="$RUN_GROUP/train")
+    assert logger.log_dir == str(tmp_path / "tb" / "version_2" / "g1" / "train")
+    logger.log_hyperparams({"lr": 0.1, "opt": {"name": "sgd"}})
+    logger.log_metrics({"loss": 1.0, "pair": {"a": 1.0, "b": 2.0}}, step=3)
+    logger.finalize("success")
+    events = _events(Path(logger.log_dir))
+    assert [(e.step, e.value) for e in events.Scalars("run-loss")] == [(3, 1.0)]
+    assert [(e.step, e.value) for e in events.Scalars("run-hp_metric")] == [(0, -1.0)]
+    assert _hparams(events) == {"lr": 0.1, "opt/name": "sgd"}  # flattened, in the HParams tab
+    # a dict is a group of scalars (add_scalars): one event folder per member
+    assert sorted(p.name for p in Path(logger.log_dir).glob("run-pair_*")) == ["run-pair_a", "run-pair_b"]
+    assert [(e.step, e.value) for e in _events(Path(logger.log_dir, "run-pair_b")).Scalars("run-pair")] == [
+        (3, 2.0)
+    ]
+    assert Path(logger.log_dir, "hparams.yaml").read_text() == "lr: 0.1\nopt:\n  name: sgd\n"
+
+    quiet = TensorBoardLogger(tmp_path, name="quiet", default_hp_metric=False)
+    quiet.log_hyperparams({"lr": 0.1})  # no metric: nothing for TensorBoard's HParams tab
+    quiet.log_hyperparams({"lr": 0.2}, metrics={"best": 0.5}, step=1)
+    quiet.finalize("success")
+    events = _events(Path(quiet.log_dir))
+    assert "hp_metric" not in events.Tags()["scalars"]
+    assert [(e.step, e.value) for e in events.Scalars("best")] == [(1, 0.5)]
+    with pytest.raises(ValueError, match=r"TensorBoardLogger cannot log loss='high': log a number"):
+        quiet.log_metrics({"loss": "high"}, step=0)
+
+
+class _Graphed(fullshard.LightningModule):
+    def __init__(self, example: Any = None) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.example_input_array = example
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_tensorboard_log_graph_traces_the_example_input_when_fit_starts(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from conftest import quiet_trainer
+
+    data = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+    logger = TensorBoardLogger(tmp_path, log_graph=True)
+    quiet_trainer(tmp_path, logger=logger, max_steps=1).fit(_Graphed(torch.randn(3, 2)), data)
+    assert _events(Path(logger.log_dir)).Graph() is not None
+    assert (
+        Path(logger.log_dir, "hparams.yaml").read_text() == "{}\n"
+    )  # written at the start's save, as Lightning
+
+    off = TensorBoardLogger(tmp_path, name="off")  # log_graph=False: no graph
+    quiet_trainer(tmp_path, logger=off, max_steps=1).fit(_Graphed(torch.randn(3, 2)), data)
+    with pytest.raises(ValueError, match="There is no graph in this EventAccumulator"):
+        _events(Path(off.log_dir)).Graph()
+
+    missing = TensorBoardLogger(tmp_path, name="missing", log_graph=True)
+    with pytest.warns(UserWarning, match=r"logs no graph: the module's `example_input_array` is not set"):
+        quiet_trainer(tmp_path, logger=missing, max_steps=1).fit(_Graphed(), data)
+    with pytest.warns(
+        UserWarning, match=r"logs no graph: the input is a list, which TensorBoard cannot trace"
+    ):
+        missing.log_graph(_Graphed(), [torch.randn(1, 2)])
