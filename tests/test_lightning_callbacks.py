@@ -379,8 +379,13 @@ def test_callbacks_and_tuner_on_two_processes_match_one(tmp_path: Path) -> None:
         assert got["left_as_it_was"] and got["lr_points"] == 20, name
         assert got["lr_suggested"] == pytest.approx(results["ddp"]["lr_suggested"]), name
         assert got["swa"] == pytest.approx(results["ddp"]["swa"], abs=1e-4), name
-        assert got["exception_checkpoint_step"] == 3, name
+        assert got["exception_checkpoint_step"] == 4 and got["skipped_batches"] == [2, 3], (
+            name
+        )  # after step 4
+        assert got["rich_bar"], name
         assert got["ema_resumed"] == pytest.approx(reference["ema_straight"], abs=1e-4), name
         assert got["batch_size"] == got["batch_size_on_model"] == 8 and got["batch_size_left_as_it_was"], name
+    text = (tmp_path / "rich-fsdp2.txt").read_text()
+    assert "Epoch 3" in text and "Validation" not in text  # rank 0 drew the bars; no validation data
     assert results["ddp"]["pruned"] == pytest.approx(reference["pruned"], abs=1e-4)
     assert results["ddp"]["zeros"] == reference["zeros"] > 0

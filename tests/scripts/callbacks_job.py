@@ -7,10 +7,11 @@ run ended with to a JSON file (rank 0):
    ThroughputMonitor, DeviceStatsMonitor, SpikeDetection, LambdaCallback and ModelSummary beside
    them (CSVLogger): the final (averaged) weights.
    Then EMAWeightAveraging alone, resumed after 2 of 4 epochs.
-2. Tuner.lr_find, then StochasticWeightAveraging: the suggestion, whether the weights were left
+2. Tuner.lr_find, then StochasticWeightAveraging with a RichProgressBar: the suggestion, whether the weights were left
    as they were, and the final weights; Tuner.scale_batch_size (3 trials: 2, 4, 8).
 3. ModelPruning (one process and ddp; sharded strategies refuse it): the pruned weights.
-4. OnExceptionCheckpoint: every rank raises at step 3; the checkpoint's global step.
+4. SpikeDetection and OnExceptionCheckpoint: the loss spikes at step 3 on every rank; the
+   batches written to skip, and the checkpoint's global step (4: the spike is seen after the step).
 
 Two processes see batches of 4 each, the reference one of 8 (the same global batches, in order).
 """
@@ -39,9 +40,11 @@ from fullshard.callbacks import (
     ModelPruning,
     ModelSummary,
     OnExceptionCheckpoint,
+    RichProgressBar,
     SpikeDetection,
     StochasticWeightAveraging,
     ThroughputMonitor,
+    TrainingSpikeException,
 )
 from fullshard.loggers import CSVLogger
 from fullshard.strategies import FSDP2Strategy, FSDPStrategy
@@ -55,21 +58,21 @@ def data() -> TensorDataset:
 
 
 class Net(fullshard.LightningModule):
-    def __init__(self, lr: float = 0.02, fail_at: int | None = None) -> None:
+    def __init__(self, lr: float = 0.02, spike_at: int | None = None) -> None:
         super().__init__()
         self.backbone = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
         self.head = nn.Linear(8, 1)
         self.lr = lr
-        self.fail_at = fail_at
+        self.spike_at = spike_at
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(x)).squeeze(-1)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        if self.fail_at is not None and self.global_step == self.fail_at:
-            raise KeyboardInterrupt  # on every rank, at the same step
         x, y = batch
         loss = F.mse_loss(self(x), y)
+        if self.global_step == self.spike_at:
+            loss = loss * 1000  # on every rank, at the same step
         self.log("train_loss", loss)
         return loss
 
@@ -179,7 +182,10 @@ def main(name: str, out: Path) -> None:
     fullshard.seed_everything(0)
     model = Net(lr=1e-3)
     before = [round(float(v.sum()), 5) for _, v in sorted(model.state_dict().items())]
-    trainer = trainer_for(name, out, [StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2)])
+    bar = RichProgressBar(leave=True, console_kwargs={"file": open(out / f"rich-{name}.txt", "w")})  # noqa: SIM115
+    trainer = trainer_for(
+        name, out, [StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2), bar], enable_progress_bar=True
+    )
     finder = Tuner(trainer).lr_find(model, loader, num_training=20, early_stop_threshold=None)
     assert finder is not None
     result["lr_points"] = len(finder.results["lr"])
@@ -187,6 +193,7 @@ def main(name: str, out: Path) -> None:
     result["left_as_it_was"] = weights(trainer) == before
     trainer.fit(model, loader)
     result["swa"] = weights(trainer)
+    result["rich_bar"] = trainer.progress_bar_callback is bar
 
     # 2b. the batch size finder (the loader rebuilt from model.batch_size at each trial)
     fullshard.seed_everything(0)
@@ -205,13 +212,16 @@ def main(name: str, out: Path) -> None:
         result["pruned"] = weights(trainer)
         result["zeros"] = sum(int((v == 0).sum()) for v in trainer.strategy.module_state_dict().values())
 
-    # 4. a checkpoint when every rank raises (last: a KeyboardInterrupt ends the job's processes)
+    # 4. a loss spike at step 3 stops training on every rank, and a checkpoint is written (last:
+    # the exception ends the job's processes)
     fullshard.seed_everything(0)
-    trainer = trainer_for(name, out, [OnExceptionCheckpoint(out / "failed")])
-    with contextlib.suppress(KeyboardInterrupt):
-        trainer.fit(Net(fail_at=3), loader)
-    saved = torch.load(out / "failed" / "on_exception.ckpt", map_location="cpu", weights_only=True)
+    spikes = SpikeDetection(exclude_batches_path=out / name)
+    trainer = trainer_for(name, out, [spikes, OnExceptionCheckpoint(out / name / "failed")])
+    with contextlib.suppress(TrainingSpikeException):
+        trainer.fit(Net(spike_at=3), loader)
+    saved = torch.load(out / name / "failed" / "on_exception.ckpt", map_location="cpu", weights_only=True)
     result["exception_checkpoint_step"] = saved["global_step"]
+    result["skipped_batches"] = json.loads((out / name / "skip_batches.json").read_text())
 
     if trainer.is_global_zero:
         (out / f"{name}.json").write_text(json.dumps(result))
