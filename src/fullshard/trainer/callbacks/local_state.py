@@ -8,6 +8,15 @@ under DDP the whole tensor, under FSDP2 the local shard of each ``DTensor``, und
 view of the flat shard that ``use_orig_params=True`` gives each parameter (an empty tensor on a
 process that holds none of it; with ``use_orig_params=False`` the flat parameter itself). The
 copies therefore take as much memory per process as the parameters do, never a whole model.
+
+[Note: FSDP1 keeps the root's gathered parameters]
+After a forward without a backward (a validation), torch's FSDP1 keeps the root unit's gathered
+(unsharded) parameters, and the next forward uses them without gathering again. Weights written
+into the shards in between (the average swapped in or out, a search's weights put back) would be
+ignored by that forward: training would go on from the values gathered before the write.
+:func:`drop_gathered_copies` frees such a kept copy, so that the next forward gathers what the
+shards hold. It uses FSDP1's flat-parameter handle (``_handle``), as no public API frees the copy;
+this is the one place that does.
 """
 
 from __future__ import annotations
