@@ -359,6 +359,32 @@ def test_model_summary_depth(tmp_path: Path, captured: pytest.LogCaptureFixture)
     assert "backbone.0" in text and "Linear" in text
 
 
+def test_model_summary_subclass_gets_lightnings_arguments(tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    class Recorded(ModelSummary):
+        def summarize(
+            self, summary_data: Any, total: int, trainable: int, size: float, modes: Any, **kw: Any
+        ) -> None:
+            seen.append((summary_data, total, trainable, modes))
+
+    quiet_trainer(tmp_path, max_steps=1, callbacks=[Recorded(max_depth=-1), BackboneFinetuning(10)]).fit(
+        _Net()
+    )
+    (columns, total, trainable, modes) = seen[0]
+    assert [h for h, _ in columns] == [" ", "Name", "Type", "Params", "Mode"]
+    assert columns[1][1] == ["backbone", "backbone.0", "backbone.1", "head"]
+    assert (total, trainable, modes) == (49, 9, {"train": 4, "eval": 0})  # the backbone is frozen
+
+
+def test_rich_model_summary_draws_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fullshard.callbacks import RichModelSummary
+
+    quiet_trainer(tmp_path, max_steps=1, callbacks=[RichModelSummary(max_depth=2)]).fit(_Net())
+    out = capsys.readouterr().out
+    assert "backbone.0" in out and "Total params: 49" in out
+
+
 @pytest.mark.multiprocess
 def test_callbacks_and_tuner_on_two_processes_match_one(tmp_path: Path) -> None:
     """EMA + accumulation schedule + finetuning (with the monitors), the tuner then SWA, and the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +9,7 @@ from typing_extensions import override
 
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.rich_support import require_rich
-from fullshard.trainer.summary import model_summary
+from fullshard.trainer.summary import SummaryData, format_summary, summary_data
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -25,6 +24,9 @@ class ModelSummary(Callback):
     Under FSDP the counts are of the whole model; the share a process holds is shown beside
     the total. Given in ``callbacks``, it replaces the Trainer's default summary.
 
+    Override :meth:`summarize` (Lightning's signature) to show it differently;
+    ``summarize_kwargs`` are passed on to it.
+
     Raises:
         ValueError: for ``max_depth`` below -1.
     """
@@ -36,20 +38,56 @@ class ModelSummary(Callback):
             )
         self._max_depth = max_depth
         self._summarize_kwargs = summarize_kwargs
+        self._data: SummaryData | None = None
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: Module) -> None:
         if self._max_depth == 0 or not trainer.is_global_zero:
             return
-        self.summarize(model_summary(pl_module, trainer.strategy.parameter_sizes(pl_module), self._max_depth))
+        data = summary_data(pl_module, trainer.strategy.parameter_sizes(pl_module), self._max_depth)
+        self._data = data
+        self.summarize(
+            data.columns,
+            data.total_parameters,
+            data.trainable_parameters,
+            data.model_size,
+            data.total_training_modes,
+            total_flops=0,
+            **self._summarize_kwargs,
+        )
 
-    def summarize(self, table: str, **summarize_kwargs: Any) -> None:
-        """Show the summary (logged at INFO, as the Trainer's own summary)."""
-        log.info(table)
+    def summarize(
+        self,
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int = 0,
+        **summarize_kwargs: Any,
+    ) -> None:
+        """Show the summary: ``summary_data`` is a list of (column header, values), one value per
+        layer; the totals follow (``model_size`` in MB). Logged at INFO, as the Trainer's own
+        summary. ``total_flops`` is Lightning's argument; fullshard passes 0 (no FLOPs column)."""
+        data = self._data
+        local = data.local_parameters if data is not None else total_parameters
+        log.info(
+            format_summary(
+                SummaryData(
+                    summary_data,
+                    total_parameters,
+                    trainable_parameters,
+                    local,
+                    model_size,
+                    total_training_modes,
+                )
+            )
+        )
 
 
 class RichModelSummary(ModelSummary):
-    """:class:`ModelSummary` drawn with ``rich`` (``pip install 'fullshard[rich]'``).
+    """:class:`ModelSummary` drawn with ``rich`` (``pip install 'fullshard[rich]'``);
+    ``summarize_kwargs`` are ``rich.table.Table``'s (``header_style="bold magenta"`` by default).
 
     Raises:
         ModuleNotFoundError: when ``rich`` is not installed.
@@ -60,21 +98,29 @@ class RichModelSummary(ModelSummary):
         super().__init__(max_depth, **summarize_kwargs)
 
     @override
-    def summarize(self, table: str, **summarize_kwargs: Any) -> None:
-        from rich.console import Console
+    def summarize(
+        self,
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int = 0,
+        **summarize_kwargs: Any,
+    ) -> None:
+        from rich import get_console
         from rich.table import Table
 
-        lines = table.splitlines()
-        rule = next(i for i, line in enumerate(lines) if line.startswith("-"))
-        end = next(i for i in range(rule + 1, len(lines)) if lines[i].startswith("-"))
-        header = lines[0]
-        starts = [header.index(word) for word in ("Name", "Type", "Params", "Mode")]
-        rich_table = Table(header_style="bold magenta")
-        for title in ("", "Name", "Type", "Params", "Mode"):
-            rich_table.add_column(title)
-        for line in lines[rule + 1 : end]:
-            cuts = [0, *starts, len(line)]
-            rich_table.add_row(*(line[a:b].strip() for a, b in itertools.pairwise(cuts)))
-        console = Console(**self._summarize_kwargs)
-        console.print(rich_table)
-        console.print("\n".join(lines[end + 1 :]))
+        table = Table(**{"header_style": "bold magenta", **summarize_kwargs})
+        for header, _ in summary_data:
+            table.add_column(header.strip())
+        for row in zip(*(values for _, values in summary_data), strict=True):
+            table.add_row(*row)
+        console = get_console()
+        console.print(table)
+        console.print(f"Trainable params: {trainable_parameters}")
+        console.print(f"Non-trainable params: {total_parameters - trainable_parameters}")
+        console.print(f"Total params: {total_parameters}")
+        console.print(f"Total estimated model params size (MB): {model_size:.3f}")
+        console.print(f"Modules in train mode: {total_training_modes['train']}")
+        console.print(f"Modules in eval mode: {total_training_modes['eval']}")
