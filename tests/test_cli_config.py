@@ -264,10 +264,10 @@ def test_lightning_class_paths_map_to_fullshard() -> None:
     assert lightning_class_path("lightning.pytorch.LightningModule") == "fullshard.LightningModule"
     assert lightning_class_path("torch.optim.AdamW") == "torch.optim.AdamW"
     with pytest.raises(ValueError, match=(
-        r"'lightning.pytorch.callbacks.StochasticWeightAveraging' names a Lightning class that fullshard has no "
-        r"counterpart of in `fullshard.callbacks`\. .*Classes there: BasePredictionWriter, Callback, EarlyStopping"
+        r"'lightning.pytorch.strategies.DeepSpeedStrategy' names a Lightning class that fullshard has no "
+        r"counterpart of in `fullshard.strategies`\. .*Classes there: DDPStrategy, FSDP2Strategy, FSDPStrategy"
     )):  # fmt: skip
-        lightning_class_path("lightning.pytorch.callbacks.StochasticWeightAveraging")
+        lightning_class_path("lightning.pytorch.strategies.DeepSpeedStrategy")
     with pytest.raises(
         ValueError, match=r"'lightning.pytorch.tuner.Tuner' names a Lightning class .* in fullshard\."
     ):
@@ -367,18 +367,18 @@ def test_an_unknown_lightning_class_in_a_config_is_named(
         tmp_path / "run.yaml",
         {
             "trainer": {
-                "callbacks": [
+                "logger": [
                     {
-                        "class_path": "lightning.pytorch.callbacks.StochasticWeightAveraging",
-                        "init_args": {"swa_lrs": 0.01},
+                        "class_path": "lightning.pytorch.loggers.LitLogger",
+                        "init_args": {"name": "run"},
                     }
                 ]
             }
         },
     )
     err = _error(capsys, "fit", "--config", str(config), *_quiet(tmp_path))
-    assert "'lightning.pytorch.callbacks.StochasticWeightAveraging' names a Lightning class" in err
-    assert "Classes there: BasePredictionWriter, Callback, EarlyStopping" in err and "run.yaml" in err
+    assert "'lightning.pytorch.loggers.LitLogger' names a Lightning class" in err
+    assert "Classes there: CSVLogger, CometLogger, Logger" in err and "run.yaml" in err
 
 
 def test_a_lightning_only_trainer_option_that_is_on_is_refused(
