@@ -12,6 +12,7 @@ real tensors in the child (fake tensors only), so the parent's thread pools are 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import time
@@ -141,9 +142,14 @@ def plan(
         key = (candidate.sharding, candidate.checkpoint_every)
         if key not in sims:
             probe = Candidate("fsdp2", candidate.sharding, wrap, candidate.checkpoint_every, False)
-            sims[key] = _simulate(module, model, example_batch, probe, depth, devices, num_nodes, precision)
+            sims[key] = _simulate(model, example_batch, probe, depth, devices, num_nodes, precision, not sims)
+    flops = next(iter(sims.values()))
+    for key, sim in sims.items():  # see [Note: the step-time model]
+        sims[key] = dataclasses.replace(
+            sim, forward_flops=flops.forward_flops, backward_flops=flops.backward_flops
+        )
     rows = [
-        _row(c, sims[(c.sharding, c.checkpoint_every)], memory, headroom, precision, devices, num_nodes, spec)
+        _row(c, sims[(c.sharding, c.checkpoint_every)], memory, headroom, precision, devices, num_nodes, spec, num_blocks)
         for c in todo
     ]
     if any(c.engine == "fsdp" for c in todo):
@@ -168,7 +174,6 @@ def plan(
 
 
 def _simulate(
-    module: nn.Module,
     model: nn.Module,
     batch: Any,
     candidate: Candidate,
@@ -176,13 +181,22 @@ def _simulate(
     devices: int,
     num_nodes: int,
     precision: str,
+    count_flops: bool,
 ) -> Simulated:
     world = devices * num_nodes
     mesh_shape = {"HYBRID_SHARD": (num_nodes, devices), "NO_SHARD": (world, 1)}.get(
         candidate.sharding, (world,)
     )
     if depth is None:
-        return simulate(model, batch, candidate, world_size=world, mesh_shape=mesh_shape, precision=precision)
+        return simulate(
+            model,
+            batch,
+            candidate,
+            world_size=world,
+            mesh_shape=mesh_shape,
+            precision=precision,
+            count_flops=count_flops,
+        )
     a, b = SCALE_POINTS
     points = []
     for cut in (a, b):
@@ -196,13 +210,14 @@ def _simulate(
     scale = (depth - a) / (b - a)
 
     def line(x: int, y: int) -> int:
-        return int(round(x + (y - x) * scale))
+        return round(x + (y - x) * scale)
 
     return Simulated(
         peak=line(low.peak, high.peak),
         split={k: line(low.split[k], high.split[k]) for k in low.split},
         offloadable={k: line(low.offloadable[k], high.offloadable[k]) for k in low.offloadable},
-        step_flops=line(low.step_flops, high.step_flops),
+        forward_flops=line(low.forward_flops, high.forward_flops),
+        backward_flops=line(low.backward_flops, high.backward_flops),
         param_numel=sum(p.numel() for p in model.parameters()),
     )
 
@@ -216,6 +231,7 @@ def _row(
     devices: int,
     num_nodes: int,
     spec: DeviceSpec,
+    num_blocks: int,
 ) -> PlanRow:
     peak, split, modelled = sim.peak, dict(sim.split), ""
     if candidate.engine == "fsdp":
@@ -229,7 +245,7 @@ def _row(
     cost = step_cost(
         candidate,
         numel=sim.param_numel,
-        flops=sim.step_flops,
+        flops=_step_flops(sim, candidate, num_blocks),
         compute_bytes=half,
         reduce_bytes=4 if precision.endswith("mixed") or precision == "32-true" else 2,
         param_bytes=2 if precision.endswith("true") and precision != "32-true" else 4,
@@ -248,6 +264,15 @@ def _row(
         peak <= memory * (1 - headroom),
         modelled,
     )
+
+
+def _step_flops(sim: Simulated, candidate: Candidate, num_blocks: int) -> int:
+    """A step's FLOPs: forward, backward, and the forward of the checkpointed blocks again (the
+    blocks taken to hold all of the forward's FLOPs: the head and embeddings are counted as if
+    recomputed too, a small over-count)."""
+    every = candidate.checkpoint_every
+    recomputed = (num_blocks // every) / num_blocks if every else 0.0
+    return int(sim.forward_flops * (1 + recomputed) + sim.backward_flops)
 
 
 def _check_args(

@@ -7,8 +7,9 @@ sharded as the strategy would shard it: activation checkpointing wrappers first,
 ``fully_shard`` on each selected block, children first, then on the root (FSDP2Strategy's order).
 Its tensors are then made (fake: shapes only), the optimizer built from ``configure_optimizers``,
 and two optimizer steps run through the user's own ``training_step`` under the precision's
-autocast, watched by torch's ``FSDPMemTracker`` (the peak, split by kind) and ``FlopCounterMode``
-(the FLOPs of the step, recomputation included). Two steps, because the optimizer's state exists
+autocast, watched by torch's ``FSDPMemTracker`` (the peak, split by kind). FLOPs are counted by
+``FlopCounterMode`` in an untracked step before those (where asked): it cannot watch the tracked
+steps, as it keeps checkpointed activations alive (torch 2.13). Two tracked steps, because the optimizer's state exists
 only from the first step on. Optimizers run their for-loop step (``foreach=False``): torch 2.13's
 tracker over-counts the foreach and fused steps on fake tensors.
 """
@@ -36,7 +37,8 @@ class Simulated:
     peak: int
     split: dict[str, int]
     offloadable: dict[str, int]  # of the peak, what CPU offload keeps in host memory, by category
-    step_flops: int
+    forward_flops: int  # of one step without recomputation; 0 where not counted
+    backward_flops: int
     param_numel: int
 
 
@@ -150,8 +152,10 @@ def simulate(
     world_size: int,
     mesh_shape: tuple[int, ...],
     precision: str,
+    count_flops: bool = False,
 ) -> Simulated:
-    """Run one simulated step of ``candidate`` (see [Note: how a candidate is simulated])."""
+    """Run one simulated step of ``candidate`` (see [Note: how a candidate is simulated]);
+    ``count_flops``: also count the FLOPs of a step, in a step of its own before the tracked ones."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from fullshard.precision import FSDP2Precision
@@ -168,27 +172,26 @@ def simulate(
         optimizer = _optimizer(model)
         tracker = torch_tools.memory_tracker(model, optimizer)
         tracker.track_inputs((fake_batch,))
-        flops = FlopCounterMode(display=False)
+        forward_flops = backward_flops = 0
+        if count_flops:  # an untracked step of its own: the counter keeps checkpointed activations alive
+            forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
+            with forward:
+                loss = _loss_of(model, fake_batch, prec)
+            with backward:
+                loss.backward()
+            optimizer.zero_grad()
+            forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
         with tracker:
-            for step in range(2):
-                with flops if step == 1 else _null():
-                    loss = _loss_of(model, fake_batch, prec)
-                    loss.backward()
+            for _ in range(2):
+                loss = _loss_of(model, fake_batch, prec)
+                loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
                 tracker.reset_mod_stats()  # per-module stats only; the peak is kept across steps
         peak, split = torch_tools.peak_by_category(tracker, torch.device("cpu"))
         offloadable = torch_tools.offloadable_at_peak(tracker)
-    return Simulated(peak, split, offloadable, int(flops.get_total_flops()), numel)
+    return Simulated(peak, split, offloadable, forward_flops, backward_flops, numel)
 
 
 def _no_log(*args: Any, **kwargs: Any) -> None:
     return None
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *args: Any) -> None:
-        return None
