@@ -111,6 +111,7 @@ class WeightAveraging(Callback):
         self._latest_update_epoch = -1
         self._fitting = False  # between setup and teardown of fit
         self._in_fit = False  # between on_fit_start and on_train_end: validation uses the average
+        self._warned_sharded = False
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
         """Whether to update after optimizer step ``step_idx`` (from 0) or at the end of epoch
@@ -195,16 +196,28 @@ class WeightAveraging(Callback):
         strategy = trainer.strategy
         # The states may hold the parameters themselves (one process, DDP, sharded checkpoints),
         # which the swap below changes: both are copied.
-        current_state = _copied(checkpoint["state_dict"])
+        sharded = strategy.state_dict_type == "sharded"
+        current_state = None if sharded else _copied(checkpoint["state_dict"])
         # the average in the strategy's own format: swapped into the model for the read (collective)
         swap(self._average.tensors, local_tensors(pl_module), strategy.model)
         try:
-            average_state = _copied(strategy.get_state((), full=strategy.state_dict_type != "sharded")[0])
+            average_state = _copied(strategy.get_state((), full=not sharded)[0])
         finally:
             swap(self._average.tensors, local_tensors(pl_module), strategy.model)
-        checkpoint["current_model_state"] = current_state
         checkpoint["state_dict"] = average_state
         checkpoint["averaging_state"] = {"n_averaged": self._average.n_averaged.clone()}
+        if sharded:
+            # The sharded format writes one model state (state_dict) as shards; a second one would
+            # be pickled as rank 0's shards only. The checkpoint holds the average.
+            if not self._warned_sharded:
+                rank_zero_warn(
+                    "WeightAveraging: a sharded checkpoint holds the averaged weights only (not the trained ones, "
+                    "current_model_state), so a run resumed from it trains on from the average. Use "
+                    "state_dict_type='full' to resume exactly."
+                )
+                self._warned_sharded = True
+            return
+        checkpoint["current_model_state"] = current_state
 
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: Module, checkpoint: dict[str, Any]) -> None:
@@ -221,10 +234,11 @@ class WeightAveraging(Callback):
         copy_into(average.tensors, local_tensors(pl_module))
         current = checkpoint.get("current_model_state")
         if current is None:
-            rank_zero_warn(
-                "The checkpoint was not written with WeightAveraging: the model and the average both start from "
-                "its state_dict."
-            )
+            if "averaging_state" not in checkpoint:
+                rank_zero_warn(
+                    "The checkpoint was not written with WeightAveraging: the model and the average both start from "
+                    "its state_dict."
+                )
             return
         rank_zero_info("WeightAveraging: the model goes on from the checkpoint's current_model_state.")
         strategy = trainer.strategy
