@@ -124,7 +124,11 @@ def load_planner(data: Path, trust: bool, *, empty: bool = False, keys: set[str]
 
 
 def read_metadata(
-    data: Path, trust: bool = False, *, save_id: str | None = None, recorded: Mapping[str, Mapping[str, int]] | None = None
+    data: Path,
+    trust: bool = False,
+    *,
+    save_id: str | None = None,
+    recorded: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Metadata:
     """The ``.metadata`` index of the DCP directory ``data``, read and checked through :class:`SafeReader`."""
     return SafeReader(data, trust, save_id=save_id, recorded=recorded).read_metadata()

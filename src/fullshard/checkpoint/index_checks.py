@@ -92,7 +92,11 @@ def check_index(
 
 
 def _storage_problems(
-    index: Any, info: Any, data: Path, sizes: dict[str, int | None], recorded: Mapping[str, Mapping[str, int]] | None
+    index: Any,
+    info: Any,
+    data: Path,
+    sizes: dict[str, int | None],
+    recorded: Mapping[str, Mapping[str, int]] | None,
 ) -> list[str]:
     """What is wrong with one storage entry: where a chunk's bytes are."""
     name = getattr(info, "relative_path", None)
