@@ -33,6 +33,7 @@ SCRIPTS = (
     "finetune_ema_schedule",
     "tuner_lr_find",
     "lora_adapter",
+    "logger_backends",
 )
 # The strategy a script is recorded with under Lightning (regenerate.py) and the strategies it
 # runs with under fullshard (tests/test_porting.py); the rest: Lightning "ddp", fullshard ddp
