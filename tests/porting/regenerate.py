@@ -5,6 +5,7 @@ that tests/test_porting.py holds fullshard to. Lightning is never a dependency o
 this with a Python that has it, e.g. a throwaway virtual environment:
 
     python3 -m venv /tmp/lvenv && /tmp/lvenv/bin/pip install lightning==2.6.6 torch
+    /tmp/lvenv/bin/pip install tensorboard wandb mlflow  # for logger_backends only
     python tests/porting/regenerate.py --python /tmp/lvenv/bin/python [script ...]
 
 Lightning refuses FSDP on CPU, so the scripts are recorded with ``--strategy ddp``, except those
