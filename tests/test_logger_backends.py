@@ -130,6 +130,12 @@ def test_mlflow_run_on_a_tracking_server_holds_the_metrics_and_hyperparameters(
     assert run["metrics"]["train/loss"] == [(int(r["step"]), float(r["train/loss"])) for r in rows]
     assert logger.name == logger.experiment_id and logger.version == logger.run_id
 
+    # MLflow's rule for metric names, and string values skipped
+    with pytest.warns(RuntimeWarning, match=r"in metric names: logging 'val@acc' as 'valacc'"):
+        logger.log_metrics({"val@acc": 0.5, "note": "text"}, step=9)
+    after = read_mlflow_run(mlflow_server.uri, logger.run_id)["metrics"]
+    assert after["valacc"] == [(9, 0.5)] and "note" not in after
+
 
 @pytest.mark.parametrize(
     ("make", "package", "extra"),

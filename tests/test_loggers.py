@@ -316,3 +316,65 @@ def test_tensorboard_log_graph_traces_the_example_input_when_fit_starts(tmp_path
         UserWarning, match=r"logs no graph: the input is a list, which TensorBoard cannot trace"
     ):
         missing.log_graph(_Graphed(), [torch.randn(1, 2)])
+
+
+def test_csv_prefix_step_default_and_experiment_writer(tmp_path: Path) -> None:
+    logger = CSVLogger(tmp_path, name=None, prefix="run")
+    assert logger.log_dir == str(tmp_path / "version_0")  # no name: versions right under save_dir
+    logger.log_metrics({"loss": 1.0})  # no step: the count of rows so far
+    logger.log_metrics({"loss": 0.5})
+    writer = logger.experiment
+    assert writer.metrics_file_path == str(tmp_path / "version_0" / "metrics.csv")
+    writer.log_metrics({"acc": 0.25}, step=1)  # the writer takes names as given
+    writer.log_hparams({"seed": 3})
+    logger.save()
+    assert _read(logger) == "step,run-loss,acc\n0,1.0,\n1,0.5,0.25\n"
+    assert writer.hparams == {"seed": 3}
+
+
+class _WithHparams(fullshard.LightningModule):
+    def __init__(self, lr: float = 0.1, width: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val", self.layer(batch[0]).sum())
+
+
+class _Data(fullshard.LightningDataModule):
+    def __init__(self, width: int = 2, batch_size: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def val_dataloader(self) -> Any:
+        from torch.utils.data import DataLoader, TensorDataset
+
+        return DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=self.hparams.batch_size)
+
+
+def test_every_call_logs_the_module_and_datamodule_hyperparameters(tmp_path: Path) -> None:
+    from conftest import quiet_trainer
+
+    logger = CSVLogger(tmp_path)
+    quiet_trainer(tmp_path, logger=logger).validate(_WithHparams(), datamodule=_Data())
+    assert Path(logger.log_dir, "hparams.yaml").read_text() == "batch_size: 2\nlr: 0.1\nwidth: 2\n"
+
+    off = CSVLogger(tmp_path, name="off")
+    quiet_trainer(tmp_path, logger=off, enable_autolog_hparams=False).validate(
+        _WithHparams(), datamodule=_Data()
+    )
+    assert not Path(off.log_dir, "hparams.yaml").exists()
+
+    with pytest.raises(
+        RuntimeError,
+        match=r"The module's and the datamodule's hyperparameters both have \['width'\], with different values",
+    ):
+        quiet_trainer(tmp_path, logger=CSVLogger(tmp_path)).validate(
+            _WithHparams(), datamodule=_Data(width=3)
+        )
+
+
+def test_hyperparameters_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"Hyperparameters must be a dict \(or a Namespace\), got list"):
+        CSVLogger(tmp_path).log_hyperparams([("lr", 0.1)])  # type: ignore[arg-type]
