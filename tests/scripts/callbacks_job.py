@@ -9,7 +9,7 @@ run ended with to a JSON file (rank 0):
    Then EMAWeightAveraging alone, resumed after 2 of 4 epochs.
 2. Tuner.lr_find, then StochasticWeightAveraging with a RichProgressBar: the suggestion, whether the weights were left
    as they were, and the final weights; Tuner.scale_batch_size (3 trials: 2, 4, 8).
-3. ModelPruning (one process and ddp; sharded strategies refuse it): the pruned weights.
+3. ModelPruning, global and per parameter: the pruned weights.
 4. SpikeDetection and OnExceptionCheckpoint: the loss spikes at step 3 on every rank; the
    batches written to skip, and the checkpoint's global step (4: the spike is seen after the step).
 
@@ -204,13 +204,19 @@ def main(name: str, out: Path) -> None:
     result["batch_size_on_model"] = sized.batch_size
     result["batch_size_left_as_it_was"] = weights(trainer) == before and trainer.global_step == 0
 
-    # 3. pruning (torch.nn.utils.prune: whole parameters, so one process or DDP)
-    if name in ("single", "ddp"):
-        fullshard.seed_everything(0)
-        trainer = trainer_for(name, out, [ModelPruning("l1_unstructured", amount=0.3)])
-        trainer.fit(Net(), loader)
-        result["pruned"] = weights(trainer)
-        result["zeros"] = sum(int((v == 0).sum()) for v in trainer.strategy.module_state_dict().values())
+    # 3. pruning (torch.nn.utils.prune on one process and DDP; masks of the shards under FSDP)
+    fullshard.seed_everything(0)
+    trainer = trainer_for(name, out, [ModelPruning("l1_unstructured", amount=0.3)])
+    trainer.fit(Net(), loader)
+    result["pruned"] = weights(trainer)
+    result["zeros"] = sum(int((v == 0).sum()) for v in trainer.strategy.module_state_dict().values())
+    fullshard.seed_everything(0)
+    local = ModelPruning(
+        "l1_unstructured", amount=2, use_global_unstructured=False, parameter_names=["weight"]
+    )
+    trainer = trainer_for(name, out, [local])
+    trainer.fit(Net(), loader)
+    result["pruned_per_parameter"] = weights(trainer)
 
     # 4. a loss spike at step 3 stops training on every rank, and a checkpoint is written (last:
     # the exception ends the job's processes)

@@ -28,7 +28,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this process holds (a ``DTensor``'s local shard), aliasing it."""
     tensor = tensor.detach()
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
@@ -37,9 +38,9 @@ def local_tensors(module: nn.Module, *, buffers: bool = True) -> list[torch.Tens
     """The process's own storage of ``module``'s parameters (then buffers): tensors that alias
     it, so that writing them writes the model. See [Note: averaging the local shards]."""
     found: Iterator[torch.Tensor] = iter(module.parameters())
-    tensors = [_local(p) for p in found]
+    tensors = [local_part(p) for p in found]
     if buffers:
-        tensors += [_local(b) for b in module.buffers()]
+        tensors += [local_part(b) for b in module.buffers()]
     return tensors
 
 

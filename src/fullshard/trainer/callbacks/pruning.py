@@ -3,9 +3,10 @@ callback (optionally resetting the kept weights to their initial values: the lot
 hypothesis of Frankle & Carbin, 2018).
 
 ``torch.nn.utils.prune`` replaces a parameter ``weight`` by ``weight_orig`` times a mask, applied
-in a forward pre-hook. That works on whole parameters (one process, DDP); FSDP and FSDP2 manage
-the parameters themselves (they replace them by unsharded ones around each forward), so the
-callback refuses sharded strategies when fit starts, with what to do instead.
+in a forward pre-hook. That works on whole parameters (one process, DDP). FSDP and FSDP2 manage
+the parameters themselves, so there L1 pruning (``"l1_unstructured"``, global or per parameter)
+keeps masks of each process's shards instead ([Note: pruning sharded parameters] in
+``sharded_pruning.py``); the other pruning methods are refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ class ModelPruning(Callback):
         if verbose not in (0, 1, 2):
             raise MisconfigurationError(f"ModelPruning(verbose={verbose!r}): use 0, 1 or 2.")
         self.pruning_fn: Any = pruning_fn
+        self._l1 = self._pruning_method_name in ("L1Unstructured", "l1_unstructured")
+        self._sharded: Any = None  # ShardedMasks under FSDP/FSDP2
+        self._sharded_pending = False
         self._apply_pruning = apply_pruning
         self._make_pruning_permanent = make_pruning_permanent
         self.amount = amount
@@ -196,6 +200,9 @@ class ModelPruning(Callback):
     def apply_lottery_ticket_hypothesis(self) -> None:
         """Reset the kept weights to their values at the start (or new random ones with
         ``resample_parameters``)."""
+        if self._sharded is not None:
+            self._sharded.reset_to_originals()
+            return
         assert self._original_layers is not None
         for layer in self._original_layers.values():
             original = layer["data"]
@@ -205,8 +212,37 @@ class ModelPruning(Callback):
             for index, name in layer["names"]:
                 self._copy_param(self._parameters_to_prune[index][0], original, name)
 
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: Module) -> None:
+        if self._sharded_pending:  # the masks are of the shards, which exist once the model is set up
+            from fullshard.trainer.callbacks.sharded_pruning import ShardedMasks
+
+            self._sharded = ShardedMasks(trainer, self._parameters_to_prune)
+
+    @override
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: Module, optimizer: Any) -> None:
+        if self._sharded is not None and self._prune_on_train_epoch_end and trainer.is_last_batch:
+            self._sharded.remember_forward_weights()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._sharded is not None:
+            self._sharded.apply()  # pruned weights stay zero after the optimizer step
+
     def apply_pruning(self, amount: int | float) -> None:
         """Prune ``amount`` now."""
+        if self._sharded is not None:
+            before = self._sharded.sparsity() if self._verbose else (0, 1)
+            self._sharded.prune(amount, together=self._use_global_unstructured)
+            if self._verbose:
+                (was, total), (now, _) = before, self._sharded.sparsity()
+                log.info(
+                    f"Applied `{self._pruning_method_name}`. Pruned: {was}/{total} ({was / total:.2%}) -> {now}/{total} "
+                    f"({now / total:.2%})"
+                )
+            return
         before = [self._pruned_stats(m, n) for m, n in self._parameters_to_prune] if self._verbose else []
         if self._use_global_unstructured:
             self._global_kwargs["amount"] = amount
@@ -251,15 +287,24 @@ class ModelPruning(Callback):
         from fullshard.strategies.model_parallel import ModelParallelStrategy
         from fullshard.strategies.sharded import ShardedStrategy
 
-        if isinstance(trainer.strategy, ShardedStrategy | ModelParallelStrategy):
+        strategy = trainer.strategy
+        self._sharded = None
+        self._sharded_pending = isinstance(strategy, ShardedStrategy)
+        if isinstance(strategy, ModelParallelStrategy) or (self._sharded_pending and not self._l1):
             raise MisconfigurationError(
-                f"ModelPruning uses torch.nn.utils.prune, which replaces parameters by masked copies; "
-                f"{type(trainer.strategy).__name__} manages the parameters itself (sharded), so the two cannot work "
-                "together. Prune with strategy='ddp' (or one device), or prune before sharding and fine-tune after."
+                f"ModelPruning with {self._pruning_method_name} uses torch.nn.utils.prune, which replaces parameters "
+                f"by masked copies; {type(strategy).__name__} manages the parameters itself, so the two cannot work "
+                "together. Under FSDP and FSDP2 use pruning_fn='l1_unstructured'; for the other methods prune with "
+                "strategy='ddp' (or one device)."
+            )
+        if self._sharded_pending and not getattr(strategy, "fsdp_kwargs", {}).get("use_orig_params", True):
+            raise MisconfigurationError(
+                "ModelPruning under FSDP prunes the module's own parameters, which FSDPStrategy(use_orig_params=False) "
+                "replaces by flat ones: leave use_orig_params at True."
             )
         found = self.sanitize_parameters_to_prune(pl_module, self._parameters_to_prune, self._parameter_names)
         self._parameters_to_prune = self.filter_parameters_to_prune(found)
-        if self._use_lottery_ticket_hypothesis:
+        if self._use_lottery_ticket_hypothesis and not self._sharded_pending:
             self._original_layers = {}
             for index, (module, name) in enumerate(self._parameters_to_prune):
                 entry = self._original_layers.setdefault(id(module), {"data": deepcopy(module), "names": []})
@@ -287,12 +332,16 @@ class ModelPruning(Callback):
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: Module) -> None:
+        if self._sharded_pending:  # the pruned weights are zeros already: nothing to make permanent
+            return
         if self._make_pruning_permanent:
             self.make_pruning_permanent(pl_module)
 
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: Module, checkpoint: dict[str, Any]) -> None:
-        if not self._make_pruning_permanent:
+        if (
+            not self._make_pruning_permanent or self._sharded_pending
+        ):  # sharded: the weights are pruned already
             return
         state = pl_module.state_dict()
         for name in {k[: -len("_mask")] for k in state if k.endswith("_mask")}:
