@@ -337,7 +337,8 @@ def build_loggers(logger: Logger | Iterable[Logger] | bool | None, default_root_
     for lg in loggers:
         if not isinstance(lg, Logger):
             raise MisconfigurationError(
-                f"logger must be a fullshard Logger (CSVLogger, TensorBoardLogger), a list of them, or a "
-                f"bool; got {type(lg).__name__}."
+                f"logger must be a fullshard Logger (CSVLogger, TensorBoardLogger, WandbLogger, MLFlowLogger, "
+                f"CometLogger), a list of them, or a bool; got {type(lg).__name__}. Import loggers from "
+                "fullshard.loggers, not lightning.pytorch.loggers."
             )
     return loggers
