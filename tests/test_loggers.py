@@ -378,3 +378,26 @@ def test_every_call_logs_the_module_and_datamodule_hyperparameters(tmp_path: Pat
 def test_hyperparameters_must_be_a_mapping(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"Hyperparameters must be a dict \(or a Namespace\), got list"):
         CSVLogger(tmp_path).log_hyperparams([("lr", 0.1)])  # type: ignore[arg-type]
+
+
+def test_fast_dev_run_gives_user_code_a_logger_that_writes_nothing(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from conftest import quiet_trainer
+    from fullshard.callbacks import LearningRateMonitor
+    from fullshard.trainer.loggers import DummyLogger
+
+    class Calls(_Graphed):
+        def on_train_start(self) -> None:
+            self.logger.log_hyperparams({"a": 1})
+            self.logger.experiment.add_text("t", "x")
+            self.loggers[0].log_image(key="k", images=[])  # a method only some loggers have
+
+    data = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+    trainer = quiet_trainer(
+        tmp_path, fast_dev_run=1, logger=CSVLogger(tmp_path), callbacks=[LearningRateMonitor()]
+    )
+    trainer.fit(Calls(), data)
+    assert isinstance(trainer.logger, DummyLogger) and trainer.log_dir == str(tmp_path)
+    assert not any(tmp_path.iterdir())
+    assert quiet_trainer(tmp_path, fast_dev_run=1, logger=False).loggers == []

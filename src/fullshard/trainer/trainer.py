@@ -39,7 +39,7 @@ from fullshard.trainer.devices import (
     resolve_num_nodes,
 )
 from fullshard.trainer.hooks import Hooks
-from fullshard.trainer.loggers import Logger, finalize_loggers, log_run_start
+from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log_run_start
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.model_setup import set_up_model
@@ -244,7 +244,8 @@ class Trainer(TrainerProperties):
             limits = dict.fromkeys(limits, self.fast_dev_run)
             max_steps, max_epochs, num_sanity_val_steps = self.fast_dev_run, 1, 0
             val_check_interval, check_val_every_n_epoch = 1.0, 1
-            logger = False
+            # as Lightning: a stand-in that writes nothing, so that user code calling self.logger runs
+            logger = DummyLogger() if logger is not False and logger != [] else False
         if overfit_batches:  # as in Lightning: as many training as validation batches, in order
             limits.update(limit_train_batches=overfit_batches, limit_val_batches=overfit_batches)
         self.overfit_batches = overfit_batches

@@ -8,7 +8,7 @@ holds the interface and the rank-zero rule ([Note: loggers on rank zero]); ``dis
 Trainer calls.
 """
 
-from fullshard.trainer.loggers.base import DummyExperiment, Logger, rank_zero_experiment
+from fullshard.trainer.loggers.base import DummyExperiment, DummyLogger, Logger, rank_zero_experiment
 from fullshard.trainer.loggers.comet import CometLogger
 from fullshard.trainer.loggers.csv_logger import CSVLogger
 from fullshard.trainer.loggers.dispatch import (
@@ -26,6 +26,7 @@ __all__ = [
     "CSVLogger",
     "CometLogger",
     "DummyExperiment",
+    "DummyLogger",
     "Logger",
     "MLFlowLogger",
     "TensorBoardLogger",

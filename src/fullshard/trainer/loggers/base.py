@@ -27,7 +27,7 @@ import torch
 
 from fullshard.rank_zero import rank_zero_only
 
-__all__ = ["DummyExperiment", "Logger", "rank_zero_experiment"]
+__all__ = ["DummyExperiment", "DummyLogger", "Logger", "rank_zero_experiment"]
 
 _T = TypeVar("_T")
 
@@ -108,6 +108,41 @@ class DummyExperiment:
 
     def __setitem__(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+
+class DummyLogger(Logger):
+    """The Trainer's logger under ``fast_dev_run`` when it was given one (as Lightning's): user code
+    that calls ``self.logger`` still runs, and nothing is written. Any method does nothing."""
+
+    def __init__(self) -> None:
+        self._experiment = DummyExperiment()
+
+    @property
+    def experiment(self) -> DummyExperiment:
+        """A :class:`DummyExperiment`."""
+        return self._experiment
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        return None
+
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __getitem__(self, idx: int) -> DummyLogger:
+        return self  # self.logger[0].experiment... in code written for several loggers
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("_"):  # not set up yet (copy, pickle): no stand-in for private names
+            raise AttributeError(name)
+        return self._experiment.nop  # a real logger's method (log_image, watch, ...) does nothing
 
 
 def rank_zero_experiment(fn: Callable[[Any], _T]) -> Callable[[Any], _T]:
