@@ -167,3 +167,18 @@ def test_tracker_arguments_fullshard_refuses(tmp_path: Path) -> None:
         WandbLogger(log_model="all")
     with pytest.raises(ValueError, match=r"MLFlowLogger\(log_model=True\) is not supported by fullshard yet"):
         MLFlowLogger(save_dir=str(tmp_path), log_model=True)
+
+
+def test_comet_takes_lightnings_older_argument_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("comet_ml")
+    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")
+    with pytest.warns(
+        DeprecationWarning, match=r"CometLogger\(project_name=\.\.\.\) is an old name: pass project="
+    ):
+        logger = CometLogger(project_name="p", experiment_name="run", save_dir="offline", offline=True)
+    assert (logger.name, logger.save_dir, logger.version) == ("p", "offline", None)  # nothing started yet
+    assert logger._online is False and logger._comet_config.name == "run"
+    with pytest.raises(
+        ValueError, match=r"`mode` must be None, 'get_or_create', 'get' or 'create', got 'new'"
+    ):
+        CometLogger(mode="new")  # type: ignore[arg-type]
