@@ -161,6 +161,44 @@ def _sums_of(state: dict[str, torch.Tensor]) -> list[float]:
     return [round(float(v.sum()), 5) for _, v in sorted(state.items())]
 
 
+def test_a_search_during_training_leaves_the_run_as_it_was(tmp_path: Path) -> None:
+    """Lightning's documented pattern: a LearningRateFinder subclass searching again at an epoch's
+    start. The run then goes on as if the learning rate had been set by hand there."""
+
+    class AtEpoch(LearningRateFinder):
+        def __init__(self, by_hand: float | None = None) -> None:
+            super().__init__(num_training_steps=20, early_stop_threshold=None)
+            self.by_hand = by_hand
+            self.found: list[float] = []
+
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            return
+
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.current_epoch != 2:
+                return
+            if self.by_hand is None:
+                self.lr_find(trainer, pl_module)
+            else:
+                pl_module.lr = self.by_hand
+                for group in trainer.optimizers[0].param_groups:
+                    group["lr"] = self.by_hand
+            self.found.append(pl_module.lr)
+
+    def fit(callback: AtEpoch) -> tuple[list[float], float]:
+        fullshard.seed_everything(0)
+        trainer = quiet_trainer(tmp_path, max_epochs=4, callbacks=[callback], num_sanity_val_steps=0)
+        model = _Net(lr=1e-3)
+        trainer.fit(model, val_dataloaders=DataLoader(_data(), batch_size=16))
+        assert trainer.global_step == 64
+        return _sums(model), float(trainer.callback_metrics["val_loss"])
+
+    searched = AtEpoch()
+    result = fit(searched)
+    assert searched.found[0] != 1e-3  # the search moved the learning rate
+    assert fit(AtEpoch(by_hand=searched.found[0])) == result
+
+
 def test_tuner_leaves_the_model_as_it_was(tmp_path: Path) -> None:
     fullshard.seed_everything(0)
     model = _Net(lr=1e-3)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from fullshard.trainer.callbacks import Callback
     from fullshard.trainer.trainer import Trainer
 
+_LOOP_STATE = ("_hooks", "preemption", "reload", "val_check_batch")
 _SETTINGS = (
     "max_steps",
     "limit_train_batches",
@@ -53,6 +54,14 @@ class Snapshot:
         self.loader = (fit_loop.train_loader, fit_loop.num_training_batches)
         self.metrics = trainer.metrics_collector.snapshot()
         self.modes = {name: m.training for name, m in module.named_modules()}
+        # A search from a hook inside training (a LearningRateFinder subclass at an epoch's start)
+        # runs the fit loop within the running one: what that run sets up for itself is put back.
+        self.loop_state = {name: getattr(fit_loop, name) for name in _LOOP_STATE}
+        validate = trainer.validate_loop
+        self.val_loaders = (validate.loaders, validate.max_batches)
+        collector = trainer.metrics_collector
+        self.metrics_stage = (collector.stage, collector.in_step)
+        self.batch_state = (trainer.is_last_batch, trainer.batch_idx_start)
 
     def restore(self, trainer: Trainer, module: Module) -> None:
         copy_into(local_tensors(module), self.tensors, trainer.strategy.model)
@@ -66,10 +75,18 @@ class Snapshot:
         vars(fit_loop.progress).clear()
         vars(fit_loop.progress).update(copy.deepcopy(self.progress))
         fit_loop.train_loader, fit_loop.num_training_batches = self.loader
-        trainer.metrics_collector.restore(self.metrics)
+        collector = trainer.metrics_collector
+        collector.restore(self.metrics)
+        collector.stage, collector.in_step = self.metrics_stage
         for name, m in module.named_modules():
             m.train(self.modes.get(name, m.training))
-        trainer.is_last_batch = False
+        trainer.is_last_batch, trainer.batch_idx_start = self.batch_state
+        for name, value in self.loop_state.items():
+            setattr(fit_loop, name, value)
+        trainer.validate_loop.loaders, trainer.validate_loop.max_batches = self.val_loaders
+        outer_hooks = self.loop_state["_hooks"]
+        if outer_hooks is not None:  # searched during training: the running loop's steps use its hooks again
+            fit_loop.optimization.setup(module, outer_hooks, fit_loop.nonfinite)
 
 
 def rebuild_train_loader(trainer: Trainer, module: Module) -> None:
