@@ -204,7 +204,7 @@ class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2"])
 def test_a_users_logger_calls_write_from_rank_zero_only(tmp_path: Path, strategy: str) -> None:
     """The module calls log_hyperparams, log_metrics, experiment and save on both ranks: one run
     folder per logger, holding rank 0's values only; rank 1's experiment is a stand-in."""
