@@ -102,6 +102,12 @@ class TrainerProperties:
         return self.fit_loop.estimated_stepping_batches(lambda: data.get("train", module))
 
     @property
+    def data_sources(self) -> DataSources | None:
+        """Where the running (or last) call's dataloaders come from: the loaders given to it, a
+        DataModule, or the module's ``*_dataloader()`` methods (the tuner rebuilds loaders from it)."""
+        return self._data
+
+    @property
     def progress_bar_callback(self) -> ProgressBar | None:
         """The progress bar among :attr:`callbacks` (``TQDMProgressBar``/``RichProgressBar``), or None."""
         return next((cb for cb in self.callbacks if isinstance(cb, ProgressBar)), None)

@@ -68,7 +68,7 @@ def _free_memory() -> None:
 
 def _dataset_length(trainer: Trainer, module: Module) -> int | None:
     loader = (
-        trainer._data.get("train", module) if trainer._data is not None else None
+        trainer.data_sources.get("train", module) if trainer.data_sources is not None else None
     )  # the running fit's sources
     try:
         return len(loader.dataset)  # type: ignore[union-attr,arg-type]

@@ -92,7 +92,7 @@ class Snapshot:
 def rebuild_train_loader(trainer: Trainer, module: Module) -> None:
     """Build the training loader afresh after a search (at the batch size found), as Lightning
     does, so that the fit that follows asks for it once, before its ``on_fit_start`` hooks."""
-    sources: Any = trainer._data  # the running fit's data sources
+    sources: Any = trainer.data_sources  # the running fit's
     trainer.fit_loop.setup_train_loader(sources.get("train", module))
 
 
@@ -101,7 +101,7 @@ def run_trial(trainer: Trainer, module: Module, callbacks: Iterable[Callback]) -
     by the caller (``max_steps``, limits, schedulers). No sanity validation, no loggers."""
     from fullshard.trainer.hooks import Hooks
 
-    sources: Any = trainer._data  # the running fit's data sources (the search runs inside fit)
+    sources: Any = trainer.data_sources  # the running fit's (the search runs inside fit)
     hooks = Hooks(trainer, list(callbacks), module)
     trainer.num_sanity_val_steps = 0
     trainer.loggers = []

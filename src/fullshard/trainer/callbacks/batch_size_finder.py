@@ -64,7 +64,7 @@ class BatchSizeFinder(Callback):
             raise MisconfigurationError(
                 f"fullshard's BatchSizeFinder searches with training steps, in fit; it was given to {stage}()."
             )
-        data = trainer._data  # the running call's data sources
+        data = trainer.data_sources
         if data is not None and data.loaders.get("train") is not None:
             raise MisconfigurationError(
                 "The batch size finder rebuilds the dataloaders at each batch size, so it cannot use dataloaders "
