@@ -1,5 +1,6 @@
 """Lightning 2.6.6's other callbacks and the tuner: results on one process equal to Lightning's
-(the numbers below were printed by Lightning 2.6.6 running the same script), arguments checked,
+(``_LIGHTNING`` was printed by tests/scripts/callbacks_lightning_reference.py under Lightning 2.6.6;
+the same script prints the same numbers under fullshard), arguments checked,
 and every callback at work under ddp, fsdp and fsdp2 on 2 processes, compared with one process
 (tests/scripts/callbacks_job.py)."""
 
@@ -80,7 +81,7 @@ def _sums(model: nn.Module) -> list[float]:
     return [round(float(p.detach().sum()), 5) for p in model.parameters()]
 
 
-# Printed by Lightning 2.6.6 for the same model, data and seed (4 epochs, batch 4, SGD 0.02).
+# Printed by tests/scripts/callbacks_lightning_reference.py under Lightning 2.6.6 (4 epochs, batch 4, SGD 0.02).
 _LIGHTNING = {
     "gas": (32, [-0.47751, -8.31989, -2.43583, -0.96051]),
     "swa": (64, [1.82982, -8.32923, -2.02329, -0.52561]),
