@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from fullshard.errors import CheckpointError
+from fullshard.errors import CheckpointError, MisconfigurationError
 
 
 def _size(n: int) -> str:
@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     _no_verify(p)
     _trust(p)
     p.set_defaults(run=_export)
+    from fullshard.cli.plan import add_plan_parser
+
+    add_plan_parser(groups)  # `fullshard plan SCRIPT:FACTORY ...` (fullshard.cli.plan)
     return parser
 
 
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except (CheckpointError, ModuleNotFoundError) as err:
+    except (CheckpointError, MisconfigurationError, ModuleNotFoundError) as err:
         print(f"fullshard: error: {err}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `fullshard checkpoint inspect X | head`: the reader left, as it may

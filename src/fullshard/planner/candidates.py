@@ -28,7 +28,8 @@ SCALE_POINTS = (2, 4)  # multiples of every checkpointing period the planner tri
 
 
 def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
-    """Names of the outermost module classes that occur at least twice and hold parameters."""
+    """Names of the outermost module classes that occur at least twice and hold parameters, of
+    those whose instances hold at least a tenth of the largest one's parameters."""
     counts = Counter(
         type(m).__name__
         for m in model.modules()
@@ -37,17 +38,26 @@ def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
         and any(True for _ in m.parameters())
     )
     repeated = {name for name, count in counts.items() if count >= 2}
-    outer: set[str] = set()
+    outer: Counter[str] = Counter()  # instances outside any other repeated instance
 
     def visit(module: nn.Module) -> None:
         for child in module.children():
             if type(child).__name__ in repeated:
-                outer.add(type(child).__name__)
+                outer[type(child).__name__] += 1
             else:
                 visit(child)
 
     visit(model)
-    return tuple(sorted(outer))
+    outer = Counter({name: n for name, n in outer.items() if n >= 2})  # a lone head Linear is no block
+    # a norm beside the blocks repeats too (a final LayerNorm, as in every block): keep the classes
+    # whose instances are of a size with the largest
+    size = {name: max(_numel(m) for m in model.modules() if type(m).__name__ == name) for name in outer}
+    largest = max(size.values(), default=0)
+    return tuple(sorted(name for name in outer if size[name] * 10 >= largest))
+
+
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 def block_lists(model: nn.Module, wrap: tuple[str, ...]) -> list[tuple[nn.Module, str, nn.ModuleList]]:
