@@ -10,6 +10,7 @@ import logging as _logging
 from fullshard import _startup  # noqa: F401  # first: [Note: torch's objects frozen at import]
 from fullshard.datamodule import DataModule, LightningDataModule
 from fullshard.module import LightningModule, Module
+from fullshard.planner import plan
 from fullshard.seed import seed_everything
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.early_stopping import EarlyStopping
@@ -29,6 +30,7 @@ __all__ = [
     "Module",
     "Trainer",
     "__version__",
+    "plan",
     "seed_everything",
 ]
 

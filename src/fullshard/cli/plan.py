@@ -107,16 +107,26 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def add_plan_parser(groups: Any) -> None:
     """Add ``plan`` to the ``fullshard`` command's subcommands."""
-    p = groups.add_parser("plan", help="predict per-process peak memory of each FSDP configuration; choose one")
+    p = groups.add_parser(
+        "plan", help="predict per-process peak memory of each FSDP configuration; choose one"
+    )
     p.add_argument("factory", help="SCRIPT:FACTORY, a function returning (module, example_batch)")
     p.add_argument("--devices", type=int, required=True, help="processes per node")
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    p.add_argument("--device-memory", help="bytes per process, such as 80GiB (default: this CUDA device's free memory)")
+    p.add_argument(
+        "--device-memory", help="bytes per process, such as 80GiB (default: this CUDA device's free memory)"
+    )
     p.add_argument("--device-type", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
     p.add_argument("--precision", default="32-true", help="the Trainer's precision string (default 32-true)")
-    p.add_argument("--headroom", type=float, default=0.1, help="fraction of device memory kept free (default 0.1)")
-    p.add_argument("--engine", action="append", choices=("fsdp2", "fsdp"), help="weigh only this engine (repeatable)")
-    p.add_argument("--wrap", action="append", help="a block class name to wrap (repeatable; default: repeated blocks)")
+    p.add_argument(
+        "--headroom", type=float, default=0.1, help="fraction of device memory kept free (default 0.1)"
+    )
+    p.add_argument(
+        "--engine", action="append", choices=("fsdp2", "fsdp"), help="weigh only this engine (repeatable)"
+    )
+    p.add_argument(
+        "--wrap", action="append", help="a block class name to wrap (repeatable; default: repeated blocks)"
+    )
     p.add_argument("--batch", type=int, help="passed to the factory as batch=N")
     p.add_argument("--arg", action="append", help="NAME=VALUE passed to the factory (repeatable)")
     p.set_defaults(run=run_plan)

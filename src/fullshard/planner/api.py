@@ -57,6 +57,7 @@ def plan(
     engines: tuple[str, ...] = ("fsdp2", "fsdp"),
     candidates: list[Candidate] | None = None,
     device: DeviceSpec | None = None,
+    shardings: tuple[str, ...] | None = None,
 ) -> Plan:
     """Predict rank 0's peak memory and step cost for each FSDP configuration; choose the fastest that fits.
 
@@ -77,6 +78,7 @@ def plan(
         engines: which strategies to weigh: ``"fsdp2"`` (FSDP2Strategy) and/or ``"fsdp"`` (FSDPStrategy).
         candidates: weigh these instead of the enumerated ones.
         device: compute and link speeds for the step-time model; None: :meth:`DeviceSpec.for_type`.
+        shardings: weigh only these sharding strategies (None: all that apply).
 
     Returns:
         A :class:`~fullshard.planner.result.Plan`: ``print(plan.table())``, ``plan.choice``.
@@ -105,6 +107,7 @@ def plan(
                 engines=engines,
                 candidates=candidates,
                 device=spec,
+                shardings=shardings,
             )
         )
     model = meta_copy(module)
@@ -130,6 +133,8 @@ def plan(
         device_type=device_type,
         engines=engines,
     )
+    if shardings is not None:
+        todo = [c for c in todo if c.sharding in shardings]
     notes: list[str] = []
     depth = scalable_depth(model, wrap)
     if depth is not None:
@@ -149,7 +154,17 @@ def plan(
             sim, forward_flops=flops.forward_flops, backward_flops=flops.backward_flops
         )
     rows = [
-        _row(c, sims[(c.sharding, c.checkpoint_every)], memory, headroom, precision, devices, num_nodes, spec, num_blocks)
+        _row(
+            c,
+            sims[(c.sharding, c.checkpoint_every)],
+            memory,
+            headroom,
+            precision,
+            devices,
+            num_nodes,
+            spec,
+            num_blocks,
+        )
         for c in todo
     ]
     if any(c.engine == "fsdp" for c in todo):

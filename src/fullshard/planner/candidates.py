@@ -23,8 +23,8 @@ from torch import nn
 
 from fullshard.planner.config import Candidate
 
-MIN_BLOCKS_TO_SCALE = 8
-SCALE_POINTS = (2, 4)  # multiples of every checkpointing period the planner tries (1 and 2)
+MIN_BLOCKS_TO_SCALE = 12
+SCALE_POINTS = (4, 8)  # multiples of every checkpointing period the planner tries (1 and 2)
 
 
 def repeated_blocks(model: nn.Module) -> tuple[str, ...]:

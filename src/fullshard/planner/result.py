@@ -42,6 +42,11 @@ class PlanRow:
     fits: bool
     modelled: str = ""
 
+    def summary(self) -> str:
+        """One line for the wrap plan: the configuration and its predicted peak, split."""
+        split = ", ".join(f"{kind} {fmt_bytes(self.split.get(kind, 0))}" for kind in _KINDS)
+        return f"planner chose {self.candidate.label()}: predicted peak {fmt_bytes(self.peak)} per process ({split})"
+
 
 @dataclass(frozen=True)
 class Plan:

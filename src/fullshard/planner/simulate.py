@@ -80,7 +80,7 @@ def _shard(model: nn.Module, candidate: Candidate, mesh: Any, mp_policy: Any) ->
         wrappers = _apply_checkpointing(model, policy)
     else:
         wrappers = {}
-    reshard: bool | int = candidate.sharding not in ("SHARD_GRAD_OP", "NO_SHARD")
+    reshard: bool | int = candidate.sharding != "SHARD_GRAD_OP"  # as parse_fsdp2_sharding sets it
     shard_mesh = mesh
     chosen = set(blocks)
     for block in children_first(list(model.modules())):
@@ -108,7 +108,7 @@ def _loss_of(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
         if hasattr(model, "training_step"):
             # called as the root's forward, so that FSDP's and the tracker's module hooks run around
             # it (the strategy registers training_step with FSDP instead; the same hooks run)
-            step = type(model).training_step
+            step: Any = type(model).training_step  # type: ignore[attr-defined]
             model.forward = lambda *args: step(model, *args)  # type: ignore[method-assign]
             out = model(*step_arguments(model, "training_step", batch, 0, ()))
         else:
@@ -128,7 +128,7 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     if hasattr(model, "configure_optimizers"):
         from fullshard.trainer.optimizers import parse_optimizers
 
-        optimizers, _ = parse_optimizers(model.configure_optimizers())
+        optimizers, _ = parse_optimizers(model.configure_optimizers())  # type: ignore[operator]
         if len(optimizers) != 1:
             raise MisconfigurationError(
                 f"The planner simulates one optimizer, but configure_optimizers() returned {len(optimizers)}. "

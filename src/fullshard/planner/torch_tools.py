@@ -74,7 +74,7 @@ CATEGORIES = {
 def peak_by_category(tracker: Any, device: torch.device) -> tuple[int, dict[str, int]]:
     """The tracker's peak total on ``device`` and its split into the planner's categories."""
     snapshot = tracker.get_tracker_snapshot("peak")
-    by_device = snapshot.get(device) or next(iter(snapshot.values()), {})
+    by_device: dict[Any, int] = snapshot.get(device) or next(iter(snapshot.values()), {})
     split = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0, "comm": 0}
     total = 0
     for key, value in by_device.items():

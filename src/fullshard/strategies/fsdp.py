@@ -18,6 +18,7 @@ from typing_extensions import override
 from fullshard.compile import fsdp_units
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
+from fullshard.planner.in_strategy import check_plan_setting
 from fullshard.precision import FSDPPrecision, Precision
 from fullshard.strategies.flat_params import flat_parameter_sizes
 from fullshard.strategies.fsdp_options import (
@@ -66,6 +67,9 @@ class FSDPStrategy(ShardedStrategy):
             ``torch.distributed.fsdp.wrap.wrap``.
         activation_checkpointing: Lightning's deprecated form of ``activation_checkpointing_policy``
             (a layer class or a list of them); a ``DeprecationWarning`` says so.
+        plan, plan_batch, plan_device_memory: ``plan="auto"`` chooses the sharding, wrapping,
+            checkpointing and offload by the memory planner before wrapping, as for
+            :class:`~fullshard.strategies.FSDP2Strategy` (docs/fsdp/plan.md).
         **kwargs: passed to ``FullyShardedDataParallel`` (``limit_all_gathers``, ``forward_prefetch``,
             ``backward_prefetch``, ``sync_module_states``, ``process_group``, ...).
             ``use_orig_params`` defaults to True, so optimizers may use ``self.parameters()`` and
@@ -93,6 +97,9 @@ class FSDPStrategy(ShardedStrategy):
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
         activation_checkpointing: type[nn.Module] | list[type[nn.Module]] | None = None,
+        plan: str | None = None,
+        plan_batch: Any = None,
+        plan_device_memory: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         # torch's FSDP is imported only to check torch objects given here: [Note: torch's FSDP
@@ -138,6 +145,17 @@ class FSDPStrategy(ShardedStrategy):
             start_method=start_method,
             rank_agreement_timeout=rank_agreement_timeout,
             stuck_rank_timeout=stuck_rank_timeout,
+            plan=check_plan_setting(
+                plan,
+                plan_batch,
+                plan_device_memory,
+                given={
+                    "sharding_strategy": sharding_strategy != "FULL_SHARD",
+                    "auto_wrap_policy": auto_wrap_policy is not None,
+                    "activation_checkpointing_policy": activation_checkpointing_policy is not None,
+                    "cpu_offload": bool(cpu_offload),
+                },
+            ),
         )
 
     @property
@@ -161,6 +179,11 @@ class FSDPStrategy(ShardedStrategy):
             description="Fully Sharded Data Parallel with parameters offloaded to host memory.",
             cpu_offload=True,
         )
+
+    @override
+    def _apply_candidate(self, candidate: Any) -> None:
+        super()._apply_candidate(candidate)
+        self._cpu_offload = candidate.cpu_offload
 
     # ------------------------------------------------------------------------ configuration
     @override

@@ -33,6 +33,7 @@ from typing_extensions import override
 from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
+from fullshard.planner.in_strategy import check_plan_setting
 from fullshard.precision import FSDP2Precision, Precision
 from fullshard.strategies.dtensor_ops import (
     clip_grad_norm_over_meshes,
@@ -98,6 +99,13 @@ class FSDP2Strategy(ShardedStrategy):
             empty_init, cpu_mmap_threshold, compile, process_group_backend, timeout,
             start_method, rank_agreement_timeout, stuck_rank_timeout: as for
             :class:`~fullshard.strategies.sharded.ShardedStrategy` (and ``FSDPStrategy``).
+        plan: ``"auto"``: before wrapping, predict each process's peak memory for each sharding,
+            checkpointing and offload choice and apply the fastest that fits (docs/fsdp/plan.md;
+            [Note: plan="auto"] in fullshard.planner.in_strategy); the choice replaces
+            ``sharding_strategy``, ``auto_wrap_policy``, ``activation_checkpointing_policy`` and
+            ``cpu_offload``, which stay at their defaults. ``plan_batch``: one batch as a process
+            gets it (default: the module's ``example_input_array``); ``plan_device_memory``: bytes
+            per process (``"16GiB"``), needed on CPU (CUDA: the device's free memory).
         **kwargs: passed to every ``fully_shard`` call (e.g. ``shard_placement_fn``).
     """
 
@@ -124,6 +132,9 @@ class FSDP2Strategy(ShardedStrategy):
         start_method: str = "popen",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
+        plan: str | None = None,
+        plan_batch: Any = None,
+        plan_device_memory: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         # torch's FSDP is imported only to check torch objects given here: [Note: torch's FSDP
@@ -147,6 +158,17 @@ class FSDP2Strategy(ShardedStrategy):
             start_method=start_method,
             rank_agreement_timeout=rank_agreement_timeout,
             stuck_rank_timeout=stuck_rank_timeout,
+            plan=check_plan_setting(
+                plan,
+                plan_batch,
+                plan_device_memory,
+                given={
+                    "sharding_strategy": sharding_strategy != "FULL_SHARD",
+                    "auto_wrap_policy": auto_wrap_policy is not None,
+                    "activation_checkpointing_policy": activation_checkpointing_policy is not None,
+                    "cpu_offload": bool(cpu_offload),
+                },
+            ),
         )
         #: processes each layer is split over by tensor parallelism before FSDP2 shards it
         self.tensor_parallel_size = check_tensor_parallel(tensor_parallel_size, tp_plan)
@@ -183,6 +205,19 @@ class FSDP2Strategy(ShardedStrategy):
             description="FSDP2 with parameters, gradients and optimizer step offloaded to host memory.",
             cpu_offload=True,
         )
+        registry.register(
+            "fsdp_auto",
+            cls,
+            description="FSDP2 configured by the memory planner: the fastest sharding, checkpointing and offload "
+            "that fit (docs/fsdp/plan.md).",
+            plan="auto",
+        )
+
+    @override
+    def _apply_candidate(self, candidate: Any) -> None:
+        super()._apply_candidate(candidate)
+        self.reshard_after_forward = candidate.sharding != "SHARD_GRAD_OP"
+        self._cpu_offload = candidate.cpu_offload
 
     @property
     def cpu_offload(self) -> Any:

@@ -51,6 +51,10 @@ from fullshard.strategies.parallel_layout import ParallelLayout
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from fullshard.planner.config import Candidate
+    from fullshard.planner.in_strategy import AutoPlan
+    from fullshard.planner.result import Plan
+
 log = logging.getLogger("fullshard")
 
 # [Note: one sharding per module]
@@ -115,6 +119,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         start_method: str = "popen",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
+        plan: AutoPlan | None = None,
     ) -> None:
         super().__init__(
             process_group_backend=process_group_backend,
@@ -139,6 +144,9 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         self._compile_setting = self.compile = parse_compile(compile, type(self).__name__)
         self.wrap_plan: WrapPlan | None = None
         self._mesh: DeviceMesh | None = None
+        self._auto_plan = plan  # plan="auto": [Note: plan="auto"] in fullshard.planner.in_strategy
+        #: with plan="auto", the planner's result on rank 0 (None elsewhere and without it)
+        self.memory_plan: Plan | None = None
 
     @property
     def mixed_precision_config(self) -> Any:
@@ -315,6 +323,33 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         auto_wrap, notes = keep_tied_together(auto_wrap, model)
         return auto_wrap, checkpointing, [str(w.message) for w in caught], notes
 
+    def _plan_automatically(self, module: nn.Module) -> None:
+        """Run the planner and apply its choice (see [Note: plan="auto"] in fullshard.planner.in_strategy)."""
+        from fullshard.planner.in_strategy import choose
+
+        assert self._auto_plan is not None
+        candidate, self.memory_plan = choose(
+            self._auto_plan,
+            module,
+            engine=self.strategy_name,
+            devices=self.num_processes,
+            num_nodes=self.num_nodes,
+            device_type=self.root_device.type,
+            precision=str(self.precision.precision),
+            is_global_zero=self.is_global_zero,
+            broadcast=self.broadcast,
+        )
+        self._apply_candidate(candidate)
+
+    def _apply_candidate(self, candidate: Candidate) -> None:
+        """Take the planner's choice: sharding, wrapped blocks, checkpointing, offload."""
+        kwargs = candidate.strategy_kwargs()
+        self.auto_wrap_policy = normalize_policy(kwargs["auto_wrap_policy"], "auto_wrap_policy")
+        self.activation_checkpointing_policy = normalize_policy(
+            kwargs.get("activation_checkpointing_policy"), "activation_checkpointing_policy"
+        )
+        self._sharding_name = candidate.sharding
+
     def _manually_wrapped(self, module: nn.Module) -> bool:
         """Whether ``configure_model`` sharded layers of ``module`` itself."""
         unit_type = self._unit_type()
@@ -337,6 +372,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         # Full shapes, to check checkpoints against without gathering; with layers sharded by
         # hand they are read at load time instead.
         self._param_shapes = {} if manually_wrapped else _full_shapes(module)
+        if self._auto_plan is not None and not manually_wrapped:
+            self._plan_automatically(module)
         self.wrap_plan = self.plan(module)
         if self.wrap_plan.errors:
             raise MisconfigurationError(
@@ -345,6 +382,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         if self.is_global_zero:  # every rank plans the same model alike: say it once
             for message in self.wrap_plan.warnings:
                 warnings.warn(message, stacklevel=2)
+            if self.memory_plan is not None and self.memory_plan.choice is not None:
+                self.wrap_plan.notes.append(self.memory_plan.choice.summary())
             log.info(self.wrap_plan.summary())
         self.module = module
         self.model = self._wrap(module)
