@@ -73,12 +73,30 @@ def llama_config(size: str) -> Any:
     from transformers import LlamaConfig
 
     shapes = {
-        "tiny": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
-                     num_key_value_heads=4, vocab_size=1024),
-        "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                   num_key_value_heads=32, vocab_size=32000),
-        "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                    num_key_value_heads=8, vocab_size=32000),
+        "tiny": dict(
+            hidden_size=128,
+            intermediate_size=344,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=1024,
+        ),
+        "7b": dict(
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32000,
+        ),
+        "70b": dict(
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            vocab_size=32000,
+        ),
     }
     return LlamaConfig(**shapes[size], max_position_embeddings=4096, use_cache=False)
 
@@ -88,7 +106,9 @@ def gpt2_config(size: str = "tiny") -> Any:
     from transformers import GPT2Config
 
     shapes = {"tiny": dict(n_embd=128, n_layer=4, n_head=4, vocab_size=1024), "small": {}}
-    return GPT2Config(**shapes[size], n_positions=1024, use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2Config(
+        **shapes[size], n_positions=1024, use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
 
 
 def tokens(batch: int, seq: int, vocab: int) -> torch.Tensor:

@@ -9,7 +9,9 @@ Its tensors are then made (fake: shapes only), the optimizer built from ``config
 and two optimizer steps run through the user's own ``training_step`` under the precision's
 autocast, watched by torch's ``FSDPMemTracker`` (the peak, split by kind). FLOPs are counted by
 ``FlopCounterMode`` in an untracked step before those (where asked): it cannot watch the tracked
-steps, as it keeps checkpointed activations alive (torch 2.13). Two tracked steps, because the optimizer's state exists
+steps, as it keeps checkpointed activations alive (torch 2.13). The steps run in the Trainer's (and Lightning's) order: forward, ``zero_grad``, backward,
+optimizer step, so the gradients of the step before are alive through forward. Two tracked
+steps, because the optimizer's state exists
 only from the first step on. Optimizers run their for-loop step (``foreach=False``): torch 2.13's
 tracker over-counts the foreach and fused steps on fake tensors.
 """
@@ -182,11 +184,11 @@ def simulate(
             optimizer.zero_grad()
             forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
         with tracker:
-            for _ in range(2):
+            for _ in range(2):  # the Trainer's order: the step before's gradients live through forward
                 loss = _loss_of(model, fake_batch, prec)
+                optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-                optimizer.zero_grad()
                 tracker.reset_mod_stats()  # per-module stats only; the peak is kept across steps
         peak, split = torch_tools.peak_by_category(tracker, torch.device("cpu"))
         offloadable = torch_tools.offloadable_at_peak(tracker)

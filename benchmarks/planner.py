@@ -1,0 +1,329 @@
+"""python benchmarks/planner.py --write-docs
+
+The memory planner's accuracy: its predicted per-process peak of tensor memory against the peak measured in real training runs of the same configurations on 2 and 4 CPU processes.
+
+Run it from the repository root; without ``--write-docs`` it prints the table and leaves
+docs/fsdp/plan.md alone. ``--only NAME`` runs the cases whose name contains NAME. It takes
+about 15 minutes on 2 busy cores.
+
+Each case (a model, engine, sharding, activation checkpointing, precision, batch and number of
+processes) is predicted here with ``fullshard.plan(..., candidates=[that one])`` and run as its
+own command (``--worker``): ``fullshard.Trainer(devices=N, strategy=FSDP2Strategy(...) or
+FSDPStrategy(...))`` on CPU with gloo, 3 optimizer steps. Each rank measures independently of the
+planner's tracker: at the start of the second step it sums the bytes of the distinct storages
+alive in its parameters, buffers, gradients, optimizer state and batch, then records torch's
+profiler memory events (the CPU allocator's allocations and frees) over steps 2 and 3; the
+measured peak is that sum plus the highest running total of the events. The planner predicts
+rank 0, so rank 0's measurement is compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import REPO, make_parser, markers, parse_args, table, today, worker_env, write_marked
+
+DOC = REPO / "docs" / "fsdp" / "plan.md"
+PLOT = REPO / "docs" / "fsdp" / "plan-accuracy.png"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration to predict and measure."""
+
+    model: str  # mlp, demo, gpt2, llama
+    engine: str  # fsdp2, fsdp
+    sharding: str
+    checkpoint_every: int
+    precision: str
+    batch: int
+    devices: int
+
+    @property
+    def name(self) -> str:
+        ac = {0: "noac", 1: "ac"}.get(self.checkpoint_every, f"ac{self.checkpoint_every}")
+        return f"{self.model}-{self.engine}-{self.sharding.lower()}-{ac}-{self.precision}-b{self.batch}-n{self.devices}"
+
+
+def cases() -> list[Case]:
+    """The matrix: every model under a spread of settings (not the full product: it runs on 2 cores)."""
+    out = []
+    for model in ("mlp", "demo", "gpt2", "llama"):
+        out += [
+            Case(model, "fsdp2", "FULL_SHARD", 0, "32-true", 4, 2),
+            Case(model, "fsdp2", "SHARD_GRAD_OP", 1, "32-true", 4, 2),
+            Case(model, "fsdp2", "FULL_SHARD", 1, "bf16-mixed", 4, 4),
+            Case(model, "fsdp2", "FULL_SHARD", 0, "32-true", 8, 4),
+        ]
+    out += [
+        Case("llama", "fsdp", "FULL_SHARD", 0, "32-true", 4, 2),
+        Case("gpt2", "fsdp", "SHARD_GRAD_OP", 1, "32-true", 4, 2),
+    ]
+    return out
+
+
+def build(case: Case) -> tuple[Any, Any, str]:
+    """The module, one process's batch, and the block class name, for ``case``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _planner_models import MLP, CausalLM, gpt2_config, llama_config, tokens
+
+    generator = torch.Generator().manual_seed(0)
+    if case.model == "mlp":
+        x = torch.randn(case.batch, 64, 256, generator=generator)
+        return MLP(256, 4), (x, torch.randn(x.shape, generator=generator)), "Block"
+    if case.model == "demo":
+        from fullshard.demos.__main__ import LanguageModel
+
+        ids = torch.randint(0, 256, (case.batch, 64), generator=generator)
+        return LanguageModel(256, 64, 2, 128, 4, 1e-3), (ids, ids.roll(-1, 1)), "TransformerEncoderLayer"
+    config = gpt2_config("tiny") if case.model == "gpt2" else llama_config("tiny")
+    block = "GPT2Block" if case.model == "gpt2" else "LlamaDecoderLayer"
+    return CausalLM(config), tokens(case.batch, 128, 1024), block
+
+
+def candidate_of(case: Case, block: str) -> Any:
+    from fullshard.planner import Candidate
+
+    wrap = ("TransformerEncoderLayer", "TransformerDecoderLayer") if case.model == "demo" else (block,)
+    return Candidate(case.engine, case.sharding, wrap, case.checkpoint_every, False)
+
+
+# ------------------------------------------------------------------------------------ the worker
+def _storages(*trees: Any) -> int:
+    """Bytes of the distinct storages of the tensors in ``trees`` (a DTensor: its local shard)."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_leaves
+
+    seen: dict[int, int] = {}
+    for leaf in tree_leaves(list(trees)):
+        if isinstance(leaf, torch.Tensor):
+            local = leaf.to_local() if isinstance(leaf, DTensor) else leaf
+            storage = local.untyped_storage()
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(seen.values())
+
+
+def run_worker(case: Case, out_dir: Path) -> None:
+    """Train ``case`` on this rank (rank 0 starts the others) and write its measurement."""
+    import fullshard
+    from fullshard.strategies import FSDP2Strategy, FSDPStrategy
+
+    module, batch, block = build(case)
+    kwargs = candidate_of(case, block).strategy_kwargs()
+    strategy = (FSDP2Strategy if case.engine == "fsdp2" else FSDPStrategy)(**kwargs)
+    probe = Probe()
+    with tempfile.TemporaryDirectory() as root:
+        trainer = fullshard.Trainer(
+            accelerator="cpu",
+            devices=case.devices,
+            strategy=strategy,
+            precision=case.precision,
+            max_steps=3,
+            callbacks=[probe],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=root,
+        )
+        data = [batch] * (3 * case.devices)
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=None))
+    result = {
+        "rank": trainer.global_rank,
+        "measured": probe.baseline + probe.peak_delta,
+        "baseline": probe.baseline,
+        "step_s": probe.step_s,
+    }
+    (out_dir / f"{case.name}-rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+class Probe:
+    """Measures live storages at the second step's start and allocator events to the end."""
+
+    def __init__(self) -> None:
+        from fullshard import Callback
+
+        self.__class__ = type("Probe", (Probe, Callback), {})
+        self.baseline = self.peak_delta = 0
+        self.step_s: list[float] = []
+        self._profiler: Any = None
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        self._start = time.perf_counter()
+        if batch_idx == 1:
+            optimizer = trainer.optimizers[0]
+            grads = [p.grad for p in module.parameters() if p.grad is not None]
+            self.baseline = _storages(
+                list(module.parameters()),
+                list(module.buffers()),
+                grads,
+                optimizer.state_dict()["state"],
+                batch,
+            )
+            self._profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+            self._profiler.__enter__()
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.step_s.append(time.perf_counter() - self._start)
+        if batch_idx == 2 and self._profiler is not None:
+            self._profiler.__exit__(None, None, None)
+            events = sorted(
+                (e.start_ns(), e.nbytes())
+                for e in self._profiler.profiler.kineto_results.events()
+                if e.name() == "[memory]"
+            )
+            running = 0
+            for _, nbytes in events:
+                running += nbytes
+                self.peak_delta = max(self.peak_delta, running)
+
+
+# ------------------------------------------------------------------------------------ the driver
+def predict(case: Case) -> tuple[int, dict[str, int], float]:
+    import fullshard
+
+    module, batch, block = build(case)
+    started = time.perf_counter()
+    result = fullshard.plan(
+        module,
+        batch,
+        devices=case.devices,
+        device_memory="1TiB",
+        device_type="cpu",
+        precision=case.precision,
+        candidates=[candidate_of(case, block)],
+    )
+    row = result.rows[0]
+    return row.peak, row.split, time.perf_counter() - started
+
+
+def measure(case: Case, out_dir: Path) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        json.dumps(asdict(case)),
+        "--out",
+        str(out_dir),
+    ]
+    done = subprocess.run(command, env=worker_env(1), cwd=REPO, capture_output=True, text=True, timeout=900)
+    path = out_dir / f"{case.name}-rank0.json"
+    if done.returncode != 0 or not path.exists():
+        raise RuntimeError(f"{case.name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = make_parser(__file__, __doc__, write_docs="the measured block of docs/fsdp/plan.md")
+    parser.add_argument("--only", help="run the cases whose name contains this")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parse_args(parser, argv)
+    if args.worker:
+        run_worker(Case(**json.loads(args.worker)), Path(args.out))
+        return
+    rows, errors = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases():
+            if args.only and args.only not in case.name:
+                continue
+            predicted, split, seconds = predict(case)
+            measured = measure(case, Path(tmp))["measured"]
+            error = (predicted - measured) / measured
+            errors.append(error)
+            rows.append((case, predicted, measured, error, split, seconds))
+            print(
+                f"{case.name}: predicted {predicted / 2**20:.2f} MiB, measured {measured / 2**20:.2f} MiB, "
+                f"{error:+.1%} (planned in {seconds:.1f} s)",
+                flush=True,
+            )
+    if not rows:
+        return
+    abs_errors = [abs(e) for e in errors]
+    summary = (
+        f"{len(rows)} cases; |error| median {statistics.median(abs_errors):.1%}, max {max(abs_errors):.1%}; "
+        f"within 5%: {sum(e <= 0.05 for e in abs_errors)} of {len(rows)}"
+    )
+    print(summary)
+    body = "\n".join(
+        [
+            f"Measured {today()} with `{args.command}` (torch {torch.__version__}, CPU, gloo).",
+            "",
+            table(
+                [
+                    "model",
+                    "engine",
+                    "sharding",
+                    "checkpointing",
+                    "precision",
+                    "batch",
+                    "processes",
+                    "predicted MiB",
+                    "measured MiB",
+                    "error",
+                    "activations MiB (predicted)",
+                ],
+                [
+                    [
+                        c.model,
+                        c.engine,
+                        c.sharding,
+                        {0: "none", 1: "every block"}[c.checkpoint_every],
+                        c.precision,
+                        str(c.batch),
+                        str(c.devices),
+                        f"{p / 2**20:.2f}",
+                        f"{m / 2**20:.2f}",
+                        f"{e:+.1%}",
+                        f"{s['activations'] / 2**20:.2f}",
+                    ]
+                    for c, p, m, e, s, _ in rows
+                ],
+            ),
+            "",
+            summary + ".",
+        ]
+    )
+    print(body)
+    if args.write_docs:
+        write_marked(body, DOC, *markers("planner.py"))
+        _plot(rows)
+
+
+def _plot(rows: list[Any]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    figure, axes = plt.subplots(figsize=(5, 5))
+    measured = [m / 2**20 for _, _, m, _, _, _ in rows]
+    predicted = [p / 2**20 for _, p, _, _, _, _ in rows]
+    axes.loglog(measured, predicted, "o")
+    low, high = min(measured + predicted) * 0.8, max(measured + predicted) * 1.25
+    axes.plot([low, high], [low, high], "k--", linewidth=0.8, label="predicted = measured")
+    axes.set_xlabel("measured peak per process (MiB)")
+    axes.set_ylabel("predicted peak (MiB)")
+    axes.set_title("fullshard.plan: predicted vs measured")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(PLOT, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
