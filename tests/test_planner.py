@@ -1,0 +1,228 @@
+"""The memory planner (fullshard.planner): arguments, the choice of blocks, simulations against
+their own arithmetic, the fewer-layer extension against a whole simulation, torch's tools behind
+one module, the command line, and plan="auto" in a real 2-process job on CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fullshard
+from fullshard.errors import MisconfigurationError
+from fullshard.planner import Candidate, PlannerUnavailableError, parse_bytes, plan, torch_tools
+from fullshard.planner.candidates import repeated_blocks
+from fullshard.planner.in_strategy import check_plan_setting
+from proc_helpers import clean_env
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.relu(self.up(x)))
+
+
+class Net(fullshard.Module):
+    def __init__(self, depth: int = 2, width: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, width)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        for block in self.blocks:
+            x = block(x)
+        self.log("loss", 1.0)  # logging does nothing while planning
+        return F.mse_loss(self.head(self.norm(x)), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters())
+
+
+def batch(rows: int = 8, width: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(rows, 16, width), torch.randn(rows, 16, width)
+
+
+def test_sizes_parse_and_bad_ones_say_the_form() -> None:
+    assert parse_bytes("80GiB") == 80 * 2**30
+    assert parse_bytes("1.5 GB") == 1_500_000_000
+    assert parse_bytes(1024) == 1024
+    with pytest.raises(MisconfigurationError, match=r"device_memory='80 gigs' is not a size.*'80GiB'"):
+        parse_bytes("80 gigs")
+    with pytest.raises(MisconfigurationError, match="must be a positive size"):
+        parse_bytes(0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"devices": 1}, r"devices=1 x num_nodes=1 is one process"),
+        ({"devices": 0}, r"devices=0 must be an int of at least 1"),
+        ({"precision": "bf16"}, r"precision='bf16' is not one the planner knows; accepted: 32-true"),
+        ({"headroom": 1.5}, r"headroom=1.5 must be a fraction in \[0, 1\)"),
+        ({"engines": ("fsdp3",)}, r"engines=\('fsdp3',\) must name 'fsdp2' and/or 'fsdp'"),
+        ({"device_memory": None}, r"device_memory is needed to plan for cpu devices"),
+        (
+            {"wrap": ("Decoder",)},
+            r"wrap=\['Decoder'\] names \['Decoder'\], which Net does not contain.*\['Block'\]",
+        ),
+        ({"device_type": "tpu"}, r"device_type='tpu' must be 'cuda' or 'cpu'"),
+    ],
+)
+def test_bad_arguments_say_what_is_accepted(kwargs: dict[str, Any], message: str) -> None:
+    arguments: dict[str, Any] = {"devices": 2, "device_memory": "1GiB", "device_type": "cpu", **kwargs}
+    with pytest.raises(MisconfigurationError, match=message):
+        plan(Net(), batch(), **arguments)
+
+
+def test_a_model_without_repeated_blocks_asks_for_wrap() -> None:
+    with pytest.raises(MisconfigurationError, match=r"has no repeated blocks.*Pass wrap=\('MyBlock',\)"):
+        plan(
+            nn.Sequential(nn.Linear(4, 4), nn.ReLU()),
+            torch.randn(2, 4),
+            devices=2,
+            device_memory="1GiB",
+            device_type="cpu",
+        )
+
+
+def test_repeated_blocks_are_the_outer_ones_not_a_lone_head_or_a_norm() -> None:
+    from fullshard.demos import Transformer
+
+    assert repeated_blocks(Net(depth=3)) == ("Block",)  # not Linear (inside blocks, one head), not LayerNorm
+    assert repeated_blocks(Transformer(nlayers=2)) == ("TransformerDecoderLayer", "TransformerEncoderLayer")
+
+
+def test_the_plan_shards_state_checkpointing_saves_activations_and_the_choice_fits() -> None:
+    module = Net(depth=4, width=64)
+    numel = sum(p.numel() for p in module.parameters())
+    result = plan(
+        module, batch(16, 64), devices=2, device_memory="4MiB", device_type="cpu", engines=("fsdp2",)
+    )
+    rows = {(r.candidate.sharding, r.candidate.checkpoint_every): r for r in result.rows}
+    assert len(rows) == 9  # 3 shardings x (none, every block, every 2nd)
+    full, replicated = rows[("FULL_SHARD", 0)], rows[("NO_SHARD", 0)]
+    # each rank holds half of the float32 parameters and Adam's two states (chunks pad a little)
+    assert numel * 4 / 2 <= full.split["params"] <= numel * 4 / 2 * 1.05
+    assert full.split["optimizer"] == pytest.approx(2 * full.split["params"], rel=0.01)
+    assert replicated.split["params"] == numel * 4
+    assert rows[("FULL_SHARD", 1)].split["activations"] < full.split["activations"]
+    assert rows[("FULL_SHARD", 1)].flops > full.flops  # the recomputed forward
+    assert result.choice is not None and result.choice.fits and result.choice.peak <= result.budget
+    assert all(r.peak > result.budget for r in result.rows if r.seconds < result.choice.seconds)
+    table = result.table()
+    assert "* fsdp2" in table and "FSDP plan: 2 process(es)" in table
+
+
+def test_fewer_layers_extended_match_the_whole_simulation() -> None:
+    """[Note: simulating fewer layers]: 12 blocks simulated as 4 and 8, against all 12."""
+    from fullshard.planner import api
+    from fullshard.planner.simulate import meta_copy, simulate
+
+    module, data = Net(depth=12, width=32), batch(8, 32)
+    candidate = Candidate("fsdp2", "FULL_SHARD", ("Block",), 0, False)
+    whole = simulate(meta_copy(module), data, candidate, world_size=2, mesh_shape=(2,), precision="32-true")
+    extended = api._simulate(meta_copy(module), data, candidate, 12, 2, 1, "32-true", False)
+    assert extended.peak == pytest.approx(whole.peak, rel=0.05)
+    assert extended.split["params"] == pytest.approx(whole.split["params"], rel=0.02)
+
+
+def test_torch_without_the_tracker_raises_rather_than_guessing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch.distributed._tools.fsdp2_mem_tracker", None)
+    with pytest.raises(
+        PlannerUnavailableError, match=r"needs torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker"
+    ):
+        torch_tools.memory_tracker(nn.Linear(2, 2), None)
+
+    class Tracker:
+        def get_tracker_snapshot(self, kind: str) -> dict[Any, dict[str, int]]:
+            return {torch.device("cpu"): {"Total": 1, "Something New": 1}}
+
+    with pytest.raises(PlannerUnavailableError, match=r"category 'Something New' the planner does not know"):
+        torch_tools.peak_by_category(Tracker(), torch.device("cpu"))
+
+
+def test_plan_auto_refuses_the_settings_it_chooses() -> None:
+    from fullshard.strategies import FSDP2Strategy, FSDPStrategy
+
+    with pytest.raises(
+        MisconfigurationError, match=r"plan='auto' chooses sharding_strategy, auto_wrap_policy itself"
+    ):
+        FSDP2Strategy(plan="auto", sharding_strategy="SHARD_GRAD_OP", auto_wrap_policy={Block})
+    with pytest.raises(MisconfigurationError, match=r"plan='fast' is not accepted: pass plan='auto'"):
+        FSDPStrategy(plan="fast")
+    with pytest.raises(
+        MisconfigurationError, match=r"plan_batch= and plan_device_memory= are for plan='auto'"
+    ):
+        check_plan_setting(None, batch(), None, given={})
+    strategy = fullshard.strategies.STRATEGY_REGISTRY.get("fsdp_auto")
+    assert isinstance(strategy, FSDP2Strategy) and strategy._auto_plan is not None
+
+
+def test_the_command_prints_the_table_and_the_choice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fullshard.cli import main
+
+    script = tmp_path / "make.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def make(batch=4):\n"
+        "    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(2)])\n"
+        "    return model, torch.randn(batch, 8)\n"
+    )
+    status = main(["plan", f"{script}:make", "--devices", "2", "--device-memory", "1MiB", "--device-type", "cpu",
+                   "--engine", "fsdp2", "--batch", "2"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert (
+        status == 0
+        and "FSDP plan: 2 process(es)" in out
+        and "choice: FSDP2Strategy(sharding_strategy=" in out
+    )
+    assert main(["plan", f"{script}:nothing", "--devices", "2", "--device-memory", "1MiB"]) == 1
+    assert "has no function 'nothing'. Its functions and classes: make" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_plan_auto_in_a_two_process_job(tmp_path: Path) -> None:
+    """Rank 0 plans beside the job's gloo group (forked), both ranks apply the same choice and train."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            import torch
+            import fullshard
+            from fullshard.strategies import FSDP2Strategy
+            from test_planner import Net, batch
+
+            data = [batch(4, 32) for _ in range(4)]
+            strategy = FSDP2Strategy(plan="auto", plan_batch=data[0], plan_device_memory="2MiB")
+            trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=2, logger=False,
+                                        enable_checkpointing=False, enable_progress_bar=False,
+                                        enable_model_summary=False)
+            trainer.fit(Net(depth=2), torch.utils.data.DataLoader(data, batch_size=None))
+            print("rank", trainer.global_rank, strategy._sharding_name,
+                  strategy.activation_checkpointing_policy is not None, flush=True)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], env=clean_env(), capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
+    assert len(lines) == 2 and lines[0].split()[2:] == lines[1].split()[2:]
+    assert "planner chose fsdp2" in done.stderr and "FSDP plan: 2 process(es)" in done.stderr
