@@ -147,7 +147,9 @@ def plan(
         key = (candidate.sharding, candidate.checkpoint_every)
         if key not in sims:
             probe = Candidate("fsdp2", candidate.sharding, wrap, candidate.checkpoint_every, False)
-            sims[key] = _simulate(model, example_batch, probe, depth, devices, num_nodes, precision, not sims)
+            sims[key] = _simulate(
+                model, example_batch, probe, depth, devices, num_nodes, precision, not sims, device_type
+            )
     flops = next(iter(sims.values()))
     for key, sim in sims.items():  # see [Note: the step-time model]
         sims[key] = dataclasses.replace(
@@ -197,6 +199,7 @@ def _simulate(
     num_nodes: int,
     precision: str,
     count_flops: bool,
+    device_type: str = "cuda",
 ) -> Simulated:
     world = devices * num_nodes
     mesh_shape = {"HYBRID_SHARD": (num_nodes, devices), "NO_SHARD": (world, 1)}.get(
@@ -211,6 +214,7 @@ def _simulate(
             mesh_shape=mesh_shape,
             precision=precision,
             count_flops=count_flops,
+            device_type=device_type,
         )
     a, b = SCALE_POINTS
     points = []
@@ -218,7 +222,14 @@ def _simulate(
         with cut_blocks(model, candidate.wrap, cut):
             points.append(
                 simulate(
-                    model, batch, candidate, world_size=world, mesh_shape=mesh_shape, precision=precision
+                    model,
+                    batch,
+                    candidate,
+                    world_size=world,
+                    mesh_shape=mesh_shape,
+                    precision=precision,
+                    count_flops=count_flops,
+                    device_type=device_type,
                 )
             )
     low, high = points

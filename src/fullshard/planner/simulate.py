@@ -18,6 +18,7 @@ tracker over-counts the foreach and fused steps on fake tensors.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from dataclasses import dataclass
@@ -155,6 +156,7 @@ def simulate(
     mesh_shape: tuple[int, ...],
     precision: str,
     count_flops: bool = False,
+    device_type: str = "cuda",
 ) -> Simulated:
     """Run one simulated step of ``candidate`` (see [Note: how a candidate is simulated]);
     ``count_flops``: also count the FLOPs of a step, in a step of its own before the tracked ones."""
@@ -168,8 +170,9 @@ def simulate(
     fake_mode = torch_tools.fake_tensor_mode()
     with torch_tools.simulated_world(world_size, mesh_shape) as world, fake_mode, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _shard(model, candidate, world.mesh, prec.mixed_precision_config)
+        # fake tensors before sharding: to_empty on FSDP2's DTensors would untie tied weights
         model.to_empty(device="cpu")
+        _shard(model, candidate, world.mesh, prec.mixed_precision_config)
         fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
         optimizer = _optimizer(model)
         tracker = torch_tools.memory_tracker(model, optimizer)
@@ -183,7 +186,8 @@ def simulate(
                 loss.backward()
             optimizer.zero_grad()
             forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
-        with tracker:
+        staging = torch_tools.gloo_staging() if device_type == "cpu" else contextlib.nullcontext()
+        with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
             for _ in range(2):  # the Trainer's order: the step before's gradients live through forward
                 loss = _loss_of(model, fake_batch, prec)
                 optimizer.zero_grad(set_to_none=True)

@@ -165,3 +165,56 @@ def forget_process_group() -> None:
         world.pg_to_tag,
     ):
         mapping.clear()
+
+
+class _StagedWork:
+    """A collective's work that keeps gloo's staging buffer alive until it is waited on."""
+
+    def __init__(self, work: Any, staging: torch.Tensor) -> None:
+        self._work, self._staging = work, staging
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._staging = None  # type: ignore[assignment]
+        return True if self._work is None else self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def gloo_staging() -> Iterator[None]:
+    """Make the fake collectives FSDP2 calls hold the staging copy gloo makes on CPU.
+
+    [Note: gloo's staging copies]
+    On CPU, gloo's ``all_gather_into_tensor`` gathers into a flat buffer of its own the size of
+    the output and copies it out, and ``reduce_scatter_tensor`` copies its input likewise
+    (measured with torch 2.13: 8 MiB extra for an 8 MiB output or input); the buffer lives until
+    the work is waited on. NCCL on CUDA makes no such copy. The fake process group makes none, so
+    for a CPU target the planner allocates the same buffer (fake) around FSDP2's
+    ``all_gather_single`` / ``reduce_scatter_single`` calls, and the tracker counts it.
+    """
+    import torch.distributed as dist
+
+    gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
+
+    def staged(call: Any, size_of: str) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            bound = {
+                "output": args[0] if args else kwargs.get("output", kwargs.get("output_tensor")),
+                "input": args[1] if len(args) > 1 else kwargs.get("input", kwargs.get("input_tensor")),
+            }
+            staging = torch.empty_like(bound[size_of])
+            work = call(*args, **kwargs)
+            if kwargs.get("async_op"):
+                return _StagedWork(work, staging)
+            del staging
+            return work
+
+        return run
+
+    dist.all_gather_single = staged(gather, "output")  # type: ignore[assignment]
+    dist.reduce_scatter_single = staged(scatter, "input")  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dist.all_gather_single, dist.reduce_scatter_single = gather, scatter  # type: ignore[assignment]
