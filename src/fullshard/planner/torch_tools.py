@@ -199,7 +199,7 @@ def gloo_staging() -> Iterator[None]:
 
     def staged(call: Any, size_of: str) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
-            bound = {
+            bound: dict[str, Any] = {
                 "output": args[0] if args else kwargs.get("output", kwargs.get("output_tensor")),
                 "input": args[1] if len(args) > 1 else kwargs.get("input", kwargs.get("input_tensor")),
             }
