@@ -224,11 +224,17 @@ def measure(case: Case, out_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's command line."""
     parser = make_parser(__file__, __doc__, write_docs="the measured block of docs/fsdp/plan.md")
     parser.add_argument("--only", help="run the cases whose name contains this")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parse_args(parser, argv)
     if args.worker:
         run_worker(Case(**json.loads(args.worker)), Path(args.out))

@@ -33,11 +33,12 @@ SCRIPTS = {
     "parallel_2d": "benchmarks",
     "clip_norm": "benchmarks",
     "compile": "compile",
+    "planner": "plan",
     "nonfinite_check": None,
     "gpu_check": "benchmarks",
     "_lightning_overhead": None,
 }
-HELPERS = {"_common", "_gpu_parts"}  # modules the scripts import, not scripts
+HELPERS = {"_common", "_gpu_parts", "_planner_models"}  # modules the scripts import, not scripts
 
 
 @pytest.fixture(scope="module")
