@@ -15,6 +15,7 @@ naming it, rather than letting the planner return a wrong number.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -139,6 +140,7 @@ def simulated_world(
         raise _missing(
             "the fake process group (torch.testing._internal.distributed.fake_pg)", error
         ) from error
+    excepthook = sys.excepthook  # init_process_group wraps it to prefix "[rank0]:" each time
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     try:
         names = ("replicate", "shard") if len(mesh_shape) == 2 else ("shard",)
@@ -146,6 +148,7 @@ def simulated_world(
         yield SimulatedWorld(world_size, mesh)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
 def forget_process_group() -> None:
