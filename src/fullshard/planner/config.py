@@ -122,7 +122,10 @@ class Candidate:
         """``none``, ``every layer`` or ``every k-th``."""
         if self.checkpoint_every == 0:
             return "none"
-        return "every layer" if self.checkpoint_every == 1 else f"every {self.checkpoint_every}th"
+        if self.checkpoint_every == 1:
+            return "every layer"
+        nth = {2: "2nd", 3: "3rd"}.get(self.checkpoint_every, f"{self.checkpoint_every}th")
+        return f"every {nth}"
 
     def label(self) -> str:
         """A short name for tables and logs."""
