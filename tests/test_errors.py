@@ -328,10 +328,11 @@ def test_missing_optional_packages_say_how_to_install_them(
     from fullshard.checkpoint import tools
     from fullshard.trainer import loggers
 
-    monkeypatch.setattr(loggers, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     with pytest.raises(
         ModuleNotFoundError,
-        match=r"Install it with `pip install tensorboard` \(in a fullshard clone: `pip install -e '\.\[tensorboard\]'`\)",
+        match=r"TensorBoardLogger needs the `tensorboard` package, which is not installed\. Install it with "
+        r'`pip install "fullshard\[tensorboard\]"` \(in a fullshard clone: `pip install -e "\.\[tensorboard\]"`\)',
     ):
         loggers.TensorBoardLogger(tmp_path)
     monkeypatch.setattr(tools, "_SAFETENSORS_AVAILABLE", False)
