@@ -10,10 +10,10 @@ Each case (a model, engine, sharding, activation checkpointing, precision, batch
 processes) is predicted here with ``fullshard.plan(..., candidates=[that one])`` and run as its
 own command (``--worker``): ``fullshard.Trainer(devices=N, strategy=FSDP2Strategy(...) or
 FSDPStrategy(...))`` on CPU with gloo, 3 optimizer steps. Each rank measures independently of the
-planner's tracker: at the start of the second step it sums the bytes of the distinct storages
-alive in its parameters, buffers, gradients, optimizer state and batch, then records torch's
-profiler memory events (the CPU allocator's allocations and frees) over steps 2 and 3; the
-measured peak is that sum plus the highest running total of the events. The planner predicts
+planner's tracker: at the start of the first step it sums the bytes of the distinct storages
+alive in its parameters, buffers and batch, then records torch's profiler memory events (the CPU
+allocator's allocations and frees) over the 3 steps; the measured peak is that sum plus the
+highest running total of the events. The planner predicts
 rank 0, so rank 0's measurement is compared.
 """
 
@@ -147,7 +147,15 @@ def run_worker(case: Case, out_dir: Path) -> None:
 
 
 class Probe:
-    """Measures live storages at the second step's start and allocator events to the end."""
+    """Measures live storages at the first step's start and allocator events to the end.
+
+    [Note: measuring from the first step]
+    The profiler does not record the free of a block allocated before it started ("Memory block of
+    unknown size was allocated before the profiling started"), so a window opened after the first
+    step would miss the free of last step's gradients at ``zero_grad`` and read high by their size.
+    So it opens before the first step, when only the parameters, buffers and the batch are alive
+    (measured as storages), and everything allocated later is allocated, and freed, in view.
+    """
 
     def __init__(self) -> None:
         from fullshard import Callback
@@ -159,7 +167,7 @@ class Probe:
 
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
         self._start = time.perf_counter()
-        if batch_idx == 1:
+        if batch_idx == 0:  # see [Note: measuring from the first step]
             optimizer = trainer.optimizers[0]
             grads = [p.grad for p in module.parameters() if p.grad is not None]
             self.baseline = _storages(

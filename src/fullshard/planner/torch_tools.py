@@ -171,13 +171,13 @@ def forget_process_group() -> None:
 
 
 class _StagedWork:
-    """A collective's work that keeps gloo's staging buffer alive until it is waited on."""
+    """A collective's work that keeps gloo's staging buffer alive as long as the work is referenced
+    (gloo's work object owns the buffer)."""
 
     def __init__(self, work: Any, staging: torch.Tensor) -> None:
         self._work, self._staging = work, staging
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self._staging = None  # type: ignore[assignment]
         return True if self._work is None else self._work.wait(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -191,8 +191,8 @@ def gloo_staging() -> Iterator[None]:
     [Note: gloo's staging copies]
     On CPU, gloo's ``all_gather_into_tensor`` gathers into a flat buffer of its own the size of
     the output and copies it out, and ``reduce_scatter_tensor`` copies its input likewise
-    (measured with torch 2.13: 8 MiB extra for an 8 MiB output or input); the buffer lives until
-    the work is waited on. NCCL on CUDA makes no such copy. The fake process group makes none, so
+    (measured with torch 2.13: 8 MiB extra for an 8 MiB output or input); gloo's work object owns
+    the buffer, so it lives as long as the work is referenced. NCCL on CUDA makes no such copy. The fake process group makes none, so
     for a CPU target the planner allocates the same buffer (fake) around FSDP2's
     ``all_gather_single`` / ``reduce_scatter_single`` calls, and the tracker counts it.
     """
