@@ -226,3 +226,23 @@ def test_plan_auto_in_a_two_process_job(tmp_path: Path) -> None:
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
     assert len(lines) == 2 and lines[0].split()[2:] == lines[1].split()[2:]
     assert "planner chose fsdp2" in done.stderr and "FSDP plan: 2 process(es)" in done.stderr
+
+
+def test_the_step_cost_counts_ring_volumes_and_offload() -> None:
+    """[Note: the step-time model]: FULL_SHARD gathers twice, SHARD_GRAD_OP once, NO_SHARD all-reduces."""
+    from fullshard.planner import DeviceSpec
+    from fullshard.planner.cost import step_cost
+
+    device = DeviceSpec.for_type("cuda", 80 * 2**30)
+    common: dict[str, Any] = dict(numel=1000, flops=0, compute_bytes=2, reduce_bytes=4, param_bytes=4, devices=4, num_nodes=1, device=device)  # fmt: skip
+
+    def cost(sharding: str, offload: bool = False) -> Any:
+        return step_cost(Candidate("fsdp2", sharding, ("B",), 0, offload), **common)
+
+    assert cost("FULL_SHARD").comm_bytes == (2 * 2000 + 4000) * 3 // 4
+    assert cost("SHARD_GRAD_OP").comm_bytes == (2000 + 4000) * 3 // 4
+    assert cost("NO_SHARD").comm_bytes == 2 * 4000 * 3 // 4
+    assert cost("FULL_SHARD", offload=True).host_bytes == 250 * (2 * 4 + 4)
+    assert cost("FULL_SHARD", offload=True).seconds > cost("FULL_SHARD").seconds
+    with pytest.raises(MisconfigurationError, match=r"DeviceSpec got unknown field\(s\) \['flop'\]"):
+        DeviceSpec.for_type("cuda", 1, flop=1.0)
