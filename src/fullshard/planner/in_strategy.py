@@ -37,6 +37,18 @@ class AutoPlan:
     headroom: float
 
 
+def settings_a_plan_replaces(
+    sharding_strategy: Any, auto_wrap_policy: Any, activation_checkpointing_policy: Any, cpu_offload: Any
+) -> dict[str, bool]:
+    """Which of the settings ``plan="auto"`` chooses itself a strategy was given (its ``given=``)."""
+    return {
+        "sharding_strategy": sharding_strategy != "FULL_SHARD",
+        "auto_wrap_policy": auto_wrap_policy is not None,
+        "activation_checkpointing_policy": activation_checkpointing_policy is not None,
+        "cpu_offload": bool(cpu_offload),
+    }
+
+
 def check_plan_setting(
     plan: Any, batch: Any, device_memory: Any, *, given: dict[str, Any], headroom: float = 0.1
 ) -> AutoPlan | None:

@@ -18,7 +18,7 @@ from typing_extensions import override
 from fullshard.compile import fsdp_units
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
-from fullshard.planner.in_strategy import check_plan_setting
+from fullshard.planner.in_strategy import check_plan_setting, settings_a_plan_replaces
 from fullshard.precision import FSDPPrecision, Precision
 from fullshard.strategies.flat_params import flat_parameter_sizes
 from fullshard.strategies.fsdp_options import (
@@ -149,12 +149,9 @@ class FSDPStrategy(ShardedStrategy):
                 plan,
                 plan_batch,
                 plan_device_memory,
-                given={
-                    "sharding_strategy": sharding_strategy != "FULL_SHARD",
-                    "auto_wrap_policy": auto_wrap_policy is not None,
-                    "activation_checkpointing_policy": activation_checkpointing_policy is not None,
-                    "cpu_offload": bool(cpu_offload),
-                },
+                given=settings_a_plan_replaces(
+                    sharding_strategy, auto_wrap_policy, activation_checkpointing_policy, cpu_offload
+                ),
             ),
         )
 

@@ -33,7 +33,7 @@ from typing_extensions import override
 from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
-from fullshard.planner.in_strategy import check_plan_setting
+from fullshard.planner.in_strategy import check_plan_setting, settings_a_plan_replaces
 from fullshard.precision import FSDP2Precision, Precision
 from fullshard.strategies.dtensor_ops import (
     clip_grad_norm_over_meshes,
@@ -162,12 +162,9 @@ class FSDP2Strategy(ShardedStrategy):
                 plan,
                 plan_batch,
                 plan_device_memory,
-                given={
-                    "sharding_strategy": sharding_strategy != "FULL_SHARD",
-                    "auto_wrap_policy": auto_wrap_policy is not None,
-                    "activation_checkpointing_policy": activation_checkpointing_policy is not None,
-                    "cpu_offload": bool(cpu_offload),
-                },
+                given=settings_a_plan_replaces(
+                    sharding_strategy, auto_wrap_policy, activation_checkpointing_policy, cpu_offload
+                ),
             ),
         )
         #: processes each layer is split over by tensor parallelism before FSDP2 shards it
