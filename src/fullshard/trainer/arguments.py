@@ -112,6 +112,19 @@ def check_optional_count(name: str, value: Any, minimum: int) -> None:
         raise MisconfigurationError(f"{name}={value!r} is invalid: use None or an int >= {minimum}.")
 
 
+def batch_limits(train: Any, val: Any, test: Any, predict: Any) -> dict[str, int | float]:
+    """The ``limit_*_batches`` arguments, checked, by name (None: all batches, 1.0)."""
+    limits = {
+        "limit_train_batches": train,
+        "limit_val_batches": val,
+        "limit_test_batches": test,
+        "limit_predict_batches": predict,
+    }
+    checked: dict[str, int | float] = {k: (1.0 if v is None else v) for k, v in limits.items()}
+    check_limits(**checked)
+    return checked
+
+
 def check_limits(**limits: Any) -> None:
     """Each ``limit_*_batches`` is a fraction in [0, 1] or a count."""
     for name, limit in limits.items():

@@ -1,5 +1,6 @@
-"""Resolving the Trainer's ``accelerator`` and ``devices`` arguments, and applying its torch
-settings for the device (``deterministic``, ``benchmark``) in each process."""
+"""Resolving the Trainer's ``accelerator``, ``devices``, ``num_nodes`` and ``strategy`` arguments
+into a configured strategy, and applying its torch settings for the device (``deterministic``,
+``benchmark``) in each process."""
 
 from __future__ import annotations
 
@@ -9,7 +10,50 @@ from typing import Any
 import torch
 
 from fullshard.errors import MisconfigurationError, did_you_mean
-from fullshard.launch import ClusterEnvironment
+from fullshard.launch import ClusterEnvironment, select_cluster_environment
+from fullshard.precision import alias_warning
+from fullshard.rank_zero import rank_zero_warn, set_global_rank
+from fullshard.strategies import Strategy
+from fullshard.trainer.arguments import resolve_strategy
+
+
+def configured_strategy(
+    accelerator: str,
+    strategy: Any,
+    devices: Any,
+    num_nodes: Any,
+    precision: Any,
+    compile_config: Any,
+    sync_batchnorm: bool,
+) -> tuple[str, Strategy]:
+    """The accelerator's name and the strategy, configured for the devices and nodes of this job
+    (its cluster environment read here); warns (rank 0) of a precision alias and of more processes
+    than CPU cores."""
+    accelerator = resolve_accelerator(accelerator)
+    environment = select_cluster_environment()
+    num_nodes = resolve_num_nodes(num_nodes, environment)
+    device_list = resolve_devices(devices, accelerator, environment, num_nodes)
+    configured = resolve_strategy(strategy, len(device_list) * num_nodes)
+    configured.configure(
+        devices=device_list,
+        num_nodes=num_nodes,
+        cluster_environment=environment,
+        precision=precision,
+        compile=compile_config,
+    )
+    configured.sync_batchnorm = sync_batchnorm
+    set_global_rank(configured.global_rank)  # warnings before fit: rank 0 only
+    if (note := alias_warning(precision)) is not None:
+        rank_zero_warn(note, stacklevel=3)
+    if (
+        accelerator == "cpu"
+        and configured.launcher is not None
+        and not environment.creates_processes_externally  # this process starts the others
+        and (note := more_processes_than_cores(len(device_list))) is not None
+    ):
+        rank_zero_warn(note, stacklevel=3)
+    return accelerator, configured
+
 
 _ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 _OTHER_HARDWARE = ("tpu", "mps", "hpu", "ipu", "xla")  # Lightning's other accelerators

@@ -23,21 +23,14 @@ from fullshard.checkpoint.manager import CheckpointManager, LoadOptions, best_ch
 from fullshard.compile import parse_compile
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
-from fullshard.launch import SpawnLauncher, select_cluster_environment
+from fullshard.launch import SpawnLauncher
 from fullshard.module import Module
-from fullshard.precision import alias_warning
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
-from fullshard.rank_zero import rank_zero_info, rank_zero_warn, set_global_rank
+from fullshard.rank_zero import rank_zero_info, set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, nonfinite, preemption
 from fullshard.trainer.callbacks import Callback, ModelSummary
-from fullshard.trainer.devices import (
-    configure_torch,
-    more_processes_than_cores,
-    resolve_accelerator,
-    resolve_devices,
-    resolve_num_nodes,
-)
+from fullshard.trainer.devices import configure_torch, configured_strategy
 from fullshard.trainer.hooks import Hooks
 from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log_run_start
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
@@ -224,14 +217,9 @@ class Trainer(TrainerProperties):
             gradient_clip_algorithm=gradient_clip_algorithm,
             requeue_on_preemption=requeue_on_preemption,
         )
-        given_limits = {
-            "limit_train_batches": limit_train_batches,
-            "limit_val_batches": limit_val_batches,
-            "limit_test_batches": limit_test_batches,
-            "limit_predict_batches": limit_predict_batches,
-        }
-        limits: dict[str, int | float] = {k: (1.0 if v is None else v) for k, v in given_limits.items()}
-        arguments.check_limits(**limits)
+        limits = arguments.batch_limits(
+            limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches
+        )
         arguments.check_deterministic(deterministic)
         arguments.check_data_options(overfit_batches, reload_dataloaders_every_n_epochs, sync_batchnorm)
         self.profiler = resolve_profiler(profiler)
@@ -273,29 +261,9 @@ class Trainer(TrainerProperties):
         self.enable_model_summary = enable_model_summary is not False
         self.default_root_dir = str(default_root_dir) if default_root_dir is not None else os.getcwd()
 
-        self._accelerator = resolve_accelerator(accelerator)
-        environment = select_cluster_environment()
-        num_nodes = resolve_num_nodes(num_nodes, environment)
-        device_list = resolve_devices(devices, self._accelerator, environment, num_nodes)
-        self._strategy = arguments.resolve_strategy(strategy, len(device_list) * num_nodes)
-        self._strategy.configure(
-            devices=device_list,
-            num_nodes=num_nodes,
-            cluster_environment=environment,
-            precision=precision,
-            compile=compile_config,
+        self._accelerator, self._strategy = configured_strategy(
+            accelerator, strategy, devices, num_nodes, precision, compile_config, sync_batchnorm
         )
-        self._strategy.sync_batchnorm = sync_batchnorm
-        set_global_rank(self.global_rank)  # warnings before fit: rank 0 only
-        if (note := alias_warning(precision)) is not None:
-            rank_zero_warn(note, stacklevel=2)
-        if (
-            self._accelerator == "cpu"
-            and self._strategy.launcher is not None
-            and not environment.creates_processes_externally  # this process starts the others
-            and (note := more_processes_than_cores(len(device_list))) is not None
-        ):
-            rank_zero_warn(note, stacklevel=2)
 
         self.callbacks = arguments.build_callbacks(
             callbacks, enable_checkpointing is not False, enable_progress_bar is not False, max_time
