@@ -33,6 +33,7 @@ from fullshard.checkpoint.io import (
 from fullshard.checkpoint.layout import (
     META_NAME,
     CommitRecord,
+    Files,
     check_meta_identity,
     check_sharded_files,
     detect_format,
@@ -51,33 +52,34 @@ def read_sharded(
     None) of the sharded checkpoint ``path``, assembled whole without a process group, after
     every check of a load: its files (:func:`_committed`; ``verify``: their CRC-32s too, else
     ``hint`` ends the error), the save's identity, its index."""
-    record, data = _committed(path, verify=verify, hint=NO_VERIFY_HINT if hint is None else hint)
+    record, data, files = _committed(path, verify=verify, hint=NO_VERIFY_HINT if hint is None else hint)
     meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
     check_meta_identity(meta, record, path)
-    return meta, _read_dcp(path, record, prefix, trust)
+    state = _read_dcp(data, record, files, prefix, trust)
+    if isinstance(state.get("model"), dict):  # [Note: tied parameters stored once] in io.py
+        restore_tied(state["model"], meta.get(TIED_KEY))
+    return meta, state
 
 
 def _read_dcp(
-    directory: Path, record: CommitRecord, prefix: str | None = None, trust: bool = False
+    data: Path, record: CommitRecord, files: Files, prefix: str | None = None, trust: bool = False
 ) -> dict[str, Any]:
-    """Every tensor of the sharded checkpoint ``directory`` (whose files :func:`_committed`
-    checked), assembled whole, as a nested dict; its index checked first ([Note: an index is
-    believed only within bounds] in index_checks.py).
+    """Every tensor of the data directory ``data`` of a sharded checkpoint whose ``files``
+    :func:`_committed` checked, assembled whole, as a nested dict; its index checked first
+    ([Note: an index is believed only within bounds] in index_checks.py).
 
     torch offers no public call that loads a DCP checkpoint without a template state dict (its
     ``format_utils.dcp_to_torch_save`` writes straight to a file), so the private empty-template
     planner it uses is called here, in this one place. Each tensor is read once: peak memory is
-    the size of the model state, not times the number of ranks that wrote it. The tied aliases
-    meta.pt records are put back into ``state["model"]`` ([Note: tied parameters stored once]
-    in io.py). ``trust``: unpickle the index and non-tensor values unrestricted (see
-    [Note: loading without running code] in trust.py).
+    the size of the model state, not times the number of ranks that wrote it. ``trust``:
+    unpickle the index and non-tensor values unrestricted (see [Note: loading without running
+    code] in trust.py).
     """
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, untrusted_raised
 
-    data = directory / record.data
-    reader = SafeReader(data, trust, save_id=record.save_id, recorded=recorded_files(directory, record))
+    reader = SafeReader(data, trust, save_id=record.save_id, recorded=files)
     keys = None
     if prefix is not None:
         keys = {k for k in reader.read_metadata().state_dict_metadata if k.startswith(prefix)}
@@ -89,9 +91,6 @@ def _read_dcp(
             planner=load_planner(data, trust, empty=True, keys=keys),
             no_dist=True,
         )
-    if isinstance(state.get("model"), dict) and (data / META_NAME).is_file():
-        meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
-        restore_tied(state["model"], meta.get(TIED_KEY))
     return state
 
 
@@ -99,12 +98,14 @@ def _read_dcp(
 NO_VERIFY_HINT = "To read it regardless, damaged bytes and all, pass --no-verify (verify=False)."
 
 
-def _committed(path: Path, verify: bool = False, hint: str = NO_VERIFY_HINT) -> tuple[CommitRecord, Path]:
-    """The record and data directory of a sharded checkpoint, every file checked: there, of its
-    size, and (``verify``) of its CRC-32."""
+def _committed(
+    path: Path, verify: bool = False, hint: str = NO_VERIFY_HINT
+) -> tuple[CommitRecord, Path, Files]:
+    """The record, data directory and files (with their recorded sizes and CRC-32s) of a sharded
+    checkpoint, every file checked: there, of its size, and (``verify``) of its CRC-32."""
     record = CommitRecord.read(path)
     check_sharded_files(path, record, verify=verify, hint=hint)
-    return record, path / record.data
+    return record, path / record.data, recorded_files(path, record)
 
 
 def consolidate(
@@ -206,14 +207,12 @@ def inspect(path: str | Path, verify_checksums: bool = False, trust_checkpoint: 
                 }
             )
         else:
-            record, data = _committed(path)
-            result.total_bytes = sum(f["size"] for f in recorded_files(path, record).values())
+            record, data, files = _committed(path)
+            result.total_bytes = sum(f["size"] for f in files.values())
             meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust_checkpoint)
             check_meta_identity(meta, record, path)
             result.save_id = record.data
-            metadata = read_metadata(
-                data, trust_checkpoint, save_id=record.save_id, recorded=recorded_files(path, record)
-            )
+            metadata = read_metadata(data, trust_checkpoint, save_id=record.save_id, recorded=files)
             result.tensors = [
                 TensorInfo(k, tuple(v.size), str(v.properties.dtype).replace("torch.", ""))
                 for k, v in sorted(metadata.state_dict_metadata.items())
