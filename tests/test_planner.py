@@ -78,6 +78,7 @@ def test_sizes_parse_and_bad_ones_say_the_form() -> None:
             r"wrap=\['Decoder'\] names \['Decoder'\], which Net does not contain.*\['Block'\]",
         ),
         ({"device_type": "tpu"}, r"device_type='tpu' must be 'cuda' or 'cpu'"),
+        ({"workers": 0}, r"workers=0 must be an int of at least 1 \(processes to simulate in\)"),
     ],
 )
 def test_bad_arguments_say_what_is_accepted(kwargs: dict[str, Any], message: str) -> None:
@@ -123,6 +124,72 @@ def test_the_plan_shards_state_checkpointing_saves_activations_and_the_choice_fi
     assert all(r.peak > result.budget for r in result.rows if r.seconds < result.choice.seconds)
     table = result.table()
     assert "* fsdp2" in table and "FSDP plan: 2 process(es)" in table
+
+
+def test_simulations_on_several_cores_give_the_plan_of_one() -> None:
+    """[Note: simulating on several cores]: forked workers return each simulation in order."""
+    kwargs: dict[str, Any] = dict(devices=2, device_memory="4MiB", device_type="cpu", engines=("fsdp2",))
+    inline = plan(Net(depth=4), batch(), workers=1, **kwargs)
+    forked = plan(Net(depth=4), batch(), workers=3, **kwargs)
+    assert [(r.candidate, r.peak, r.split, r.flops) for r in forked.rows] == [
+        (r.candidate, r.peak, r.split, r.flops) for r in inline.rows
+    ]
+
+
+def test_a_failing_simulation_in_a_worker_raises_its_error_here() -> None:
+    class Broken(Net):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            raise ValueError("broken step 42")
+
+    with pytest.raises(ValueError, match="broken step 42"):
+        plan(Broken(depth=4), batch(), devices=2, device_memory="4MiB", device_type="cpu", workers=2)
+
+
+class TiedNet(Net):
+    """Net with an embedding tied to its output head (as GPT-2's)."""
+
+    def __init__(self) -> None:
+        super().__init__(depth=2, width=32)
+        self.embed = nn.Embedding(512, 32)
+        self.out = nn.Linear(32, 512, bias=False)
+        self.out.weight = self.embed.weight
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x = self.embed(batch)
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.out(x).flatten(0, 1), batch.flatten())
+
+
+def test_a_tied_weight_is_one_parameter_with_one_gradient_and_one_state() -> None:
+    module = TiedNet()
+    numel = sum(p.numel() for p in module.parameters())  # the tied weight once
+    result = plan(
+        module,
+        torch.randint(0, 512, (4, 16)),
+        devices=2,
+        device_memory="1GiB",
+        device_type="cpu",
+        engines=("fsdp2",),
+        candidates=[Candidate("fsdp2", "NO_SHARD", ("Block",), 0, False)],
+    )
+    row = result.rows[0]
+    assert row.split["params"] == numel * 4
+    steps = 4 * len(list(module.parameters()))  # AdamW's float32 step count per parameter
+    assert row.split["optimizer"] == 2 * numel * 4 + steps
+
+
+def test_a_given_candidate_is_simulated_with_its_own_blocks() -> None:
+    """Wrapping fewer classes than the model's repeated ones changes what is gathered at once."""
+    kwargs: dict[str, Any] = dict(devices=2, device_memory="1GiB", device_type="cpu", workers=1)
+    module = Net(depth=4)
+    assert repeated_blocks(module) == ("Block",)
+    whole = plan(module, batch(), candidates=[Candidate("fsdp2", "FULL_SHARD", ("Net",), 0, False)], **kwargs)
+    blocks = plan(
+        module, batch(), candidates=[Candidate("fsdp2", "FULL_SHARD", ("Block",), 0, False)], **kwargs
+    )
+    # one unit (the root) gathers every parameter for the whole step; per-block units one block at a time
+    assert whole.rows[0].split["comm"] > blocks.rows[0].split["comm"]
 
 
 def test_fewer_layers_extended_match_the_whole_simulation() -> None:

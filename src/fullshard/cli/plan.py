@@ -96,6 +96,7 @@ def run_plan(args: argparse.Namespace) -> int:
         headroom=args.headroom,
         engines=tuple(args.engine) if args.engine else ("fsdp2", "fsdp"),
         wrap=tuple(args.wrap) if args.wrap else None,
+        workers=args.workers,
     )
     print(result.table())
     if result.choice is not None:
@@ -127,6 +128,7 @@ def add_plan_parser(groups: Any) -> None:
     p.add_argument(
         "--wrap", action="append", help="a block class name to wrap (repeatable; default: repeated blocks)"
     )
+    p.add_argument("--workers", type=int, help="processes to simulate in (default: one per usable core)")
     p.add_argument("--batch", type=int, help="passed to the factory as batch=N")
     p.add_argument("--arg", action="append", help="NAME=VALUE passed to the factory (repeatable)")
     p.set_defaults(run=run_plan)

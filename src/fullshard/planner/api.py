@@ -1,20 +1,11 @@
 """``fullshard.plan``: predict each process's peak memory for every FSDP configuration of a model,
-and choose the fastest that fits.
-
-[Note: planning inside a running job]
-The simulation needs this process to be rank 0 of a fake process group of the planned size, but
-a strategy plans (``plan="auto"``) after the job's real group is up, and a process has one default
-group. So where a group exists, the planner forks: the child forgets the parent's group (never
-using it), plans, sends the :class:`~fullshard.planner.result.Plan` back through a pipe and exits
-at once with ``os._exit``, so nothing of the parent's group is torn down. Nothing is computed on
-real tensors in the child (fake tensors only), so the parent's thread pools are not needed there.
+and choose the fastest that fits (docs/fsdp/plan.md). Where the work runs: planner/forked.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
+import functools
 import time
 from typing import Any
 
@@ -22,7 +13,6 @@ import torch
 from torch import nn
 
 from fullshard.errors import MisconfigurationError
-from fullshard.planner import torch_tools
 from fullshard.planner.candidates import (
     SCALE_POINTS,
     cut_blocks,
@@ -32,15 +22,9 @@ from fullshard.planner.candidates import (
 )
 from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec, parse_bytes
 from fullshard.planner.cost import step_cost
+from fullshard.planner.forked import run_forked, usable_cores
 from fullshard.planner.result import Plan, PlanRow
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
-
-_SIM_KEYS = {
-    "FULL_SHARD": "FULL_SHARD",
-    "SHARD_GRAD_OP": "SHARD_GRAD_OP",
-    "HYBRID_SHARD": "HYBRID_SHARD",
-    "NO_SHARD": "NO_SHARD",
-}
 
 
 def plan(
@@ -58,6 +42,7 @@ def plan(
     candidates: list[Candidate] | None = None,
     device: DeviceSpec | None = None,
     shardings: tuple[str, ...] | None = None,
+    workers: int | None = None,
 ) -> Plan:
     """Predict rank 0's peak memory and step cost for each FSDP configuration; choose the fastest that fits.
 
@@ -79,6 +64,8 @@ def plan(
         candidates: weigh these instead of the enumerated ones.
         device: compute and link speeds for the step-time model; None: :meth:`DeviceSpec.for_type`.
         shardings: weigh only these sharding strategies (None: all that apply).
+        workers: processes to simulate in (None: one per usable core; see [Note: simulating on
+            several cores] in planner/forked.py).
 
     Returns:
         A :class:`~fullshard.planner.result.Plan`: ``print(plan.table())``, ``plan.choice``.
@@ -89,27 +76,33 @@ def plan(
         PlannerUnavailableError: this torch lacks a tool the planner needs.
     """
     started = time.perf_counter()
-    device_type = _check_args(devices, num_nodes, precision, headroom, engines, device_type)
+    device_type = _check_args(devices, num_nodes, precision, headroom, engines, device_type, workers)
     memory = _device_memory(device_memory, device_type)
     spec = device or DeviceSpec.for_type(device_type, memory)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return _in_child(
-            lambda: plan(
-                module,
-                example_batch,
-                devices=devices,
-                num_nodes=num_nodes,
-                device_memory=memory,
-                device_type=device_type,
-                precision=precision,
-                headroom=headroom,
-                wrap=wrap,
-                engines=engines,
-                candidates=candidates,
-                device=spec,
-                shardings=shardings,
-            )
-        )
+        # see [Note: planning inside a running job] in planner/forked.py
+        return run_forked(
+            [
+                lambda: plan(
+                    module,
+                    example_batch,
+                    devices=devices,
+                    num_nodes=num_nodes,
+                    device_memory=memory,
+                    device_type=device_type,
+                    precision=precision,
+                    headroom=headroom,
+                    wrap=wrap,
+                    engines=engines,
+                    candidates=candidates,
+                    device=spec,
+                    shardings=shardings,
+                    workers=workers,
+                )
+            ],
+            1,
+            forget_group=True,
+        )[0]
     model = meta_copy(module)
     wrap = tuple(wrap) if wrap else repeated_blocks(model)
     if not wrap:
@@ -142,14 +135,26 @@ def plan(
             f"simulated with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks per list and extended to {depth} "
             "(the model's blocks are identical: see [Note: simulating fewer layers])"
         )
-    sims: dict[tuple[str, int], Simulated] = {}
-    for candidate in todo:
-        key = (candidate.sharding, candidate.checkpoint_every)
-        if key not in sims:
-            probe = Candidate("fsdp2", candidate.sharding, wrap, candidate.checkpoint_every, False)
-            sims[key] = _simulate(
-                model, example_batch, probe, depth, devices, num_nodes, precision, not sims, device_type
-            )
+    probes: dict[tuple[str, tuple[str, ...], int], Candidate] = {}
+    for candidate in todo:  # one simulation per memory behaviour: FSDP1 and offload rows share FSDP2's
+        key = (candidate.sharding, candidate.wrap, candidate.checkpoint_every)
+        probes.setdefault(key, Candidate("fsdp2", *key, False))
+    jobs = [
+        functools.partial(
+            _simulate,
+            model,
+            example_batch,
+            probe,
+            scalable_depth(model, probe.wrap),
+            devices,
+            num_nodes,
+            precision,
+            index == 0,  # the FLOPs are counted once
+            device_type,
+        )
+        for index, probe in enumerate(probes.values())
+    ]
+    sims = dict(zip(probes, run_forked(jobs, workers or usable_cores()), strict=True))
     flops = next(iter(sims.values()))
     for key, sim in sims.items():  # see [Note: the step-time model]
         sims[key] = dataclasses.replace(
@@ -158,7 +163,7 @@ def plan(
     rows = [
         _row(
             c,
-            sims[(c.sharding, c.checkpoint_every)],
+            sims[(c.sharding, c.wrap, c.checkpoint_every)],
             memory,
             headroom,
             precision,
@@ -308,6 +313,7 @@ def _check_args(
     headroom: float,
     engines: tuple[str, ...],
     device_type: str | None,
+    workers: int | None = None,
 ) -> str:
     for name, value in (("devices", devices), ("num_nodes", num_nodes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -333,6 +339,10 @@ def _check_args(
         raise MisconfigurationError(
             f"engines={engines!r} must name 'fsdp2' and/or 'fsdp', such as ('fsdp2',)."
         )
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise MisconfigurationError(
+            f"workers={workers!r} must be an int of at least 1 (processes to simulate in), or None for one per core."
+        )
     if device_type is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device_type not in ("cuda", "cpu"):
@@ -350,38 +360,3 @@ def _device_memory(value: int | float | str | None, device_type: str) -> int:
         f"device_memory is needed to plan for {device_type} devices (only a CUDA device's free memory can be read). "
         "Pass device_memory='80GiB' (bytes per process)."
     )
-
-
-def _in_child(run: Any) -> Plan:
-    """Run ``run()`` in a forked child and return its Plan (see [Note: planning inside a running job])."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        status = 0
-        try:
-            os.close(read)
-            torch_tools.forget_process_group()
-            try:
-                payload: tuple[bool, Any] = (True, run())
-            except BaseException as error:  # sent back and raised in the parent
-                payload = (False, error)
-            data = pickle.dumps(payload)
-            with os.fdopen(write, "wb") as pipe:
-                pipe.write(data)
-        except BaseException:
-            status = 1
-        finally:
-            os._exit(status)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        raise MisconfigurationError(
-            f"The planner's child process (planning beside the job's process group) ended with status {status} "
-            "and no result. Plan before the job starts: fullshard.plan(...) or `fullshard plan SCRIPT:FACTORY`."
-        )
-    ok, value = pickle.loads(data)
-    if not ok:
-        raise value
-    return value  # type: ignore[no-any-return]
