@@ -312,3 +312,30 @@ def test_the_step_cost_counts_ring_volumes_and_offload() -> None:
     assert cost("FULL_SHARD", offload=True).seconds > cost("FULL_SHARD").seconds
     with pytest.raises(MisconfigurationError, match=r"DeviceSpec got unknown field\(s\) \['flop'\]"):
         DeviceSpec.for_type("cuda", 1, flop=1.0)
+
+
+def test_the_step_time_overlaps_on_cuda_adds_up_on_cpu_and_counts_each_collective() -> None:
+    """[Note: the step-time model]: longer of compute and communication with overlap, their sum
+    without; a fixed latency per collective, three per unit for FULL_SHARD, two for SHARD_GRAD_OP."""
+    from fullshard.planner import DeviceSpec
+    from fullshard.planner.cost import step_cost
+
+    def seconds(sharding: str, device: DeviceSpec, units: int = 1) -> float:
+        return step_cost(
+            Candidate("fsdp2", sharding, ("B",), 0, False),
+            numel=10**6, flops=10**9, compute_bytes=4, reduce_bytes=4, param_bytes=4, devices=2, num_nodes=1,
+            device=device, units=units,
+        ).seconds  # fmt: skip
+
+    # 1 s of compute; FULL_SHARD sends (2 x 4 MB + 4 MB) / 2 = 6 MB a step: 0.75 s at 8 MB/s
+    quiet: dict[str, Any] = dict(flops=1e9, intra_node_bandwidth=8e6, collective_latency=0.0)
+    overlapped = DeviceSpec.for_type("cuda", 2**30, **quiet)
+    serial = DeviceSpec.for_type("cpu", 2**30, **quiet)
+    assert serial.overlap is False and overlapped.overlap is True
+    assert seconds("FULL_SHARD", overlapped) == pytest.approx(1.0)  # the 0.75 s hidden under compute
+    assert seconds("FULL_SHARD", serial) == pytest.approx(1.0 + 0.75)
+    slow = DeviceSpec.for_type("cpu", 2**30, **{**quiet, "collective_latency": 0.01})
+    extra = seconds("FULL_SHARD", slow, units=5) - seconds("FULL_SHARD", serial, units=5)
+    assert extra == pytest.approx(3 * 5 * 0.01)
+    extra = seconds("SHARD_GRAD_OP", slow, units=5) - seconds("SHARD_GRAD_OP", serial, units=5)
+    assert extra == pytest.approx(2 * 5 * 0.01)

@@ -139,6 +139,8 @@ def plan(
     for candidate in todo:  # one simulation per memory behaviour: FSDP1 and offload rows share FSDP2's
         key = (candidate.sharding, candidate.wrap, candidate.checkpoint_every)
         probes.setdefault(key, Candidate("fsdp2", *key, False))
+    # the FLOPs are counted once, on a step without checkpointing where there is one
+    counted = next((key for key, probe in probes.items() if not probe.checkpoint_every), next(iter(probes)))
     jobs = [
         functools.partial(
             _simulate,
@@ -149,16 +151,20 @@ def plan(
             devices,
             num_nodes,
             precision,
-            index == 0,  # the FLOPs are counted once
+            key == counted,
             device_type,
         )
-        for index, probe in enumerate(probes.values())
+        for key, probe in probes.items()
     ]
     sims = dict(zip(probes, run_forked(jobs, workers or usable_cores()), strict=True))
-    flops = next(iter(sims.values()))
+    flops = sims[counted]
     for key, sim in sims.items():  # see [Note: the step-time model]
         sims[key] = dataclasses.replace(
-            sim, forward_flops=flops.forward_flops, backward_flops=flops.backward_flops
+            sim,
+            forward_flops=flops.forward_flops,
+            backward_flops=flops.backward_flops,
+            block_forward_flops=flops.block_forward_flops,
+            counted_every=flops.counted_every,
         )
     rows = [
         _row(
@@ -250,6 +256,8 @@ def _simulate(
         forward_flops=line(low.forward_flops, high.forward_flops),
         backward_flops=line(low.backward_flops, high.backward_flops),
         param_numel=sum(p.numel() for p in model.parameters()),
+        block_forward_flops=line(low.block_forward_flops, high.block_forward_flops),
+        counted_every=low.counted_every,
     )
 
 
@@ -283,6 +291,7 @@ def _row(
         devices=devices,
         num_nodes=num_nodes,
         device=spec,
+        units=num_blocks + 1,
     )
     return PlanRow(
         candidate,
@@ -298,12 +307,15 @@ def _row(
 
 
 def _step_flops(sim: Simulated, candidate: Candidate, num_blocks: int) -> int:
-    """A step's FLOPs: forward, backward, and the forward of the checkpointed blocks again (the
-    blocks taken to hold all of the forward's FLOPs: the head and embeddings are counted as if
-    recomputed too, a small over-count)."""
-    every = candidate.checkpoint_every
-    recomputed = (num_blocks // every) / num_blocks if every else 0.0
-    return int(sim.forward_flops * (1 + recomputed) + sim.backward_flops)
+    """A step's FLOPs: forward, backward, and the forward of the checkpointed blocks again (every
+    ``k``-th of ``num_blocks`` identical blocks: ``num_blocks // k`` of the blocks' forward FLOPs).
+    The counted backward already holds the recomputation of the step it was counted on."""
+
+    def recomputed(every: int) -> float:
+        return sim.block_forward_flops * (num_blocks // every) / num_blocks if every and num_blocks else 0.0
+
+    backward = sim.backward_flops - recomputed(sim.counted_every)
+    return int(sim.forward_flops + backward + recomputed(candidate.checkpoint_every))
 
 
 def _check_args(

@@ -67,6 +67,9 @@ class DeviceSpec:
         inter_node_bandwidth: bytes/s each process sends across nodes.
         host_bandwidth: bytes/s between device and host memory (CPU offload).
         host_optimizer_bandwidth: bytes/s the host streams through an offloaded optimizer step.
+        collective_latency: seconds each collective costs besides its bytes (launch, handshake).
+        overlap: whether communication runs beside compute (CUDA streams), so that a step takes
+            the longer of the two; False (a CPU process with gloo): it takes their sum.
     """
 
     type: str
@@ -76,25 +79,37 @@ class DeviceSpec:
     inter_node_bandwidth: float
     host_bandwidth: float
     host_optimizer_bandwidth: float = 20e9
+    collective_latency: float = 30e-6
+    overlap: bool = True
 
     @classmethod
     def for_type(cls, device_type: str, memory: int, **overrides: Any) -> DeviceSpec:
         """Round numbers for a device type: ``"cuda"`` an H100-class GPU with NVLink in a node and
-        400 Gb/s between nodes; ``"cpu"`` a CPU process with gloo over local TCP."""
+        400 Gb/s between nodes; ``"cpu"`` a CPU process with gloo over local TCP (no overlap of
+        communication and compute)."""
+        base: dict[str, Any]
         if device_type == "cuda":
             base = dict(
                 flops=400e12, intra_node_bandwidth=150e9, inter_node_bandwidth=40e9, host_bandwidth=20e9
             )
         elif device_type == "cpu":
-            base = dict(flops=50e9, intra_node_bandwidth=2e9, inter_node_bandwidth=1e9, host_bandwidth=1e12)
+            base = dict(
+                flops=50e9,
+                intra_node_bandwidth=2e9,
+                inter_node_bandwidth=1e9,
+                host_bandwidth=1e12,
+                collective_latency=200e-6,
+                overlap=False,
+            )
         else:
             raise MisconfigurationError(
                 f"device type {device_type!r} is not one the planner knows: use 'cuda' or 'cpu'."
             )
-        unknown = set(overrides) - {*base, "host_optimizer_bandwidth"}
+        known = {*base, "host_optimizer_bandwidth", "collective_latency", "overlap"}
+        unknown = set(overrides) - known
         if unknown:
             raise MisconfigurationError(
-                f"DeviceSpec got unknown field(s) {sorted(unknown)}; accepted: {sorted({*base, 'host_optimizer_bandwidth'})}."
+                f"DeviceSpec got unknown field(s) {sorted(unknown)}; accepted: {sorted(known)}."
             )
         return cls(type=device_type, memory=memory, **{**base, **overrides})  # type: ignore[arg-type]
 

@@ -7,9 +7,13 @@ moves, at ring-collective volumes: FULL_SHARD all-gathers the parameters twice (
 backward) and reduce-scatters the gradients; SHARD_GRAD_OP all-gathers once; NO_SHARD all-reduces
 the gradients; HYBRID_SHARD does FULL_SHARD within a node and all-reduces its shard of the
 gradients across nodes. A collective spanning nodes runs at the inter-node bandwidth. FSDP
-overlaps communication with compute (prefetching), so the step takes the longer of the two;
+overlaps communication with compute on CUDA (prefetching on streams), so the step takes the longer
+of the two; a CPU process with gloo computes nothing while it waits, so there the step takes
+their sum (``DeviceSpec.overlap``). Each collective also costs a fixed latency: FULL_SHARD runs
+two all-gathers and a reduce-scatter per unit, SHARD_GRAD_OP one of each, NO_SHARD one
+all-reduce, HYBRID_SHARD FULL_SHARD's and an all-reduce; on small models on CPU these dominate.
 CPU offload adds the host copies and the host optimizer step, which are not overlapped. It ranks
-configurations; it is not a profiler (docs/fsdp/plan.md, "Step cost").
+configurations; it is not a profiler (docs/fsdp/plan.md, "Reading the table").
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ def step_cost(
     devices: int,
     num_nodes: int,
     device: DeviceSpec,
+    units: int = 1,
 ) -> StepCost:
-    """The cost of one optimizer step of ``candidate`` (see [Note: the step-time model])."""
+    """The cost of one optimizer step of ``candidate`` with ``units`` FSDP units (the wrapped
+    blocks and the root; see [Note: the step-time model])."""
     world = devices * num_nodes
     params, grads = numel * compute_bytes, numel * reduce_bytes
     intra, inter = device.intra_node_bandwidth, device.inter_node_bandwidth
@@ -73,5 +79,9 @@ def step_cost(
         seconds_host = (
             host / device.host_bandwidth + shard_numel * 4 * 4 * 2 / device.host_optimizer_bandwidth
         )
-    seconds = max(flops / device.flops, seconds_comm) + seconds_host
+    per_unit = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1, "HYBRID_SHARD": 4}[candidate.sharding]
+    seconds_comm += per_unit * units * device.collective_latency
+    seconds_compute = flops / device.flops
+    overlapped = max(seconds_compute, seconds_comm) if device.overlap else seconds_compute + seconds_comm
+    seconds = overlapped + seconds_host
     return StepCost(int(comm), int(host), flops, seconds)

@@ -42,9 +42,11 @@ class Simulated:
     peak: int
     split: dict[str, int]
     offloadable: dict[str, int]  # of the peak, what CPU offload keeps in host memory, by category
-    forward_flops: int  # of one step without recomputation; 0 where not counted
-    backward_flops: int
+    forward_flops: int  # of the counted step's forward; 0 where not counted
+    backward_flops: int  # of its backward (the recomputed forward of checkpointed blocks included)
     param_numel: int
+    block_forward_flops: int = 0  # of the forward, those inside the wrapped blocks
+    counted_every: int = 0  # the checkpointing period of the step whose FLOPs were counted
 
 
 def meta_copy(module: nn.Module) -> nn.Module:
@@ -69,8 +71,9 @@ def meta_copy(module: nn.Module) -> nn.Module:
     return copied
 
 
-def _shard(model: nn.Module, candidate: Candidate, mesh: Any, mp_policy: Any) -> None:
-    """Shard ``model`` as FSDP2Strategy would for ``candidate`` (see [Note: FSDP2 units, bottom-up])."""
+def _shard(model: nn.Module, candidate: Candidate, mesh: Any, mp_policy: Any) -> list[str]:
+    """Shard ``model`` as FSDP2Strategy would for ``candidate`` (see [Note: FSDP2 units, bottom-up]);
+    the paths of the blocks made units."""
     from torch.distributed.fsdp import fully_shard
 
     from fullshard.policies import keep_tied_together, normalize_policy, resolve_policy
@@ -83,6 +86,7 @@ def _shard(model: nn.Module, candidate: Candidate, mesh: Any, mp_policy: Any) ->
         resolve_policy(normalize_policy(set(candidate.wrap), "auto_wrap_policy"), model), model
     )
     blocks = wrap_policy.selected(model) if wrap_policy is not None else []
+    paths = {m: name for name, m in model.named_modules()}
     if candidate.checkpoint_every:
         policy = normalize_policy(
             every_kth_policy(candidate.wrap, candidate.checkpoint_every), "activation_checkpointing_policy"
@@ -107,6 +111,7 @@ def _shard(model: nn.Module, candidate: Candidate, mesh: Any, mp_policy: Any) ->
         reshard_after_forward=None if reshard is True else reshard,
         mp_policy=mp_policy,
     )
+    return [paths[block] for block in blocks]
 
 
 def _loss_of(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
@@ -178,12 +183,12 @@ def simulate(
     with torch_tools.simulated_world(world_size, mesh_shape) as world, fake_mode, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _to_empty_keeping_ties(model)  # fake tensors before sharding, as FSDP2 shards real ones
-        _shard(model, candidate, world.mesh, prec.mixed_precision_config)
+        block_paths = _shard(model, candidate, world.mesh, prec.mixed_precision_config)
         fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
         optimizer = _optimizer(model)
         tracker = torch_tools.memory_tracker(model, optimizer)
         tracker.track_inputs((fake_batch,))
-        forward_flops = backward_flops = 0
+        forward_flops = backward_flops = block_flops = 0
         if count_flops:  # an untracked step of its own: the counter keeps checkpointed activations alive
             forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
             with forward:
@@ -192,6 +197,7 @@ def simulate(
                 loss.backward()
             optimizer.zero_grad()
             forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
+            block_flops = _flops_inside(forward.get_flop_counts(), block_paths, forward_flops)
         _as_after_a_step(model, optimizer)
         staging = torch_tools.gloo_staging() if device_type == "cpu" else contextlib.nullcontext()
         with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
@@ -201,7 +207,24 @@ def simulate(
             optimizer.step()
         peak, split = torch_tools.peak_by_category(tracker, torch.device("cpu"))
         offloadable = torch_tools.offloadable_at_peak(tracker)
-    return Simulated(peak, split, offloadable, forward_flops, backward_flops, numel)
+    return Simulated(
+        peak,
+        split,
+        offloadable,
+        forward_flops,
+        backward_flops,
+        numel,
+        block_flops,
+        candidate.checkpoint_every,
+    )
+
+
+def _flops_inside(counts: dict[str, dict[Any, int]], paths: list[str], whole: int) -> int:
+    """The FLOPs ``FlopCounterMode`` counted inside the modules at ``paths`` (it names a module by
+    its root's class and its path); ``whole`` (the forward's) when one of them was not seen."""
+    by_path = {key.split(".", 1)[1]: sum(ops.values()) for key, ops in counts.items() if "." in key}
+    found = [by_path.get(path) for path in paths]
+    return whole if not found or None in found else sum(f for f in found if f is not None)
 
 
 def _to_empty_keeping_ties(model: nn.Module) -> None:

@@ -384,6 +384,11 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
                 warnings.warn(message, stacklevel=2)
             if self.memory_plan is not None and self.memory_plan.choice is not None:
                 self.wrap_plan.notes.append(self.memory_plan.choice.summary())
+            else:
+                self.wrap_plan.notes.append(
+                    "the estimate leaves out activations: plan='auto' (or fullshard.plan, `fullshard plan`) "
+                    "predicts the whole peak (docs/fsdp/plan.md)"
+                )
             log.info(self.wrap_plan.summary())
         self.module = module
         self.model = self._wrap(module)
