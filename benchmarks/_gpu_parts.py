@@ -239,6 +239,30 @@ def estimate_figures(strategy: Any) -> dict[str, Any]:
     }
 
 
+def planner_figures(module: Any, batch: Any, devices: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The memory planner's prediction of this run's peak (FSDP2 FULL_SHARD, the decoder layers
+    wrapped and checkpointed, bf16-mixed), in MB: on CUDA, to hold against
+    ``torch.cuda.max_memory_allocated``."""
+    from fullshard.planner import Candidate, plan
+
+    cuda = on_cuda(args)
+    result = plan(
+        module,
+        batch,
+        devices=devices,
+        device_memory=torch.cuda.get_device_properties(0).total_memory if cuda else "1TiB",
+        device_type="cuda" if cuda else "cpu",
+        precision="bf16-mixed",
+        candidates=[Candidate("fsdp2", "FULL_SHARD", ("LlamaDecoderLayer",), 1, False)],
+    )
+    row = result.rows[0]
+    return {
+        "planner_peak_mb": row.peak / 1e6,
+        "planner_parts_mb": {kind: value / 1e6 for kind, value in row.split.items()},
+        "planner_s": result.seconds,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # The seed guide's model under fullshard or Lightning.
 
@@ -400,7 +424,8 @@ def model_flops_per_token(module: Any, size: LlamaSize) -> float:
 
 def llama(args: argparse.Namespace) -> dict[str, Any]:
     """20 steps of the Llama under FSDP2, bf16-mixed, activation checkpointing on the decoder
-    layers, empty_init: tokens/s, MFU, peak memory against the wrap plan's estimate."""
+    layers, empty_init: tokens/s, MFU, peak memory against the wrap plan's estimate and the
+    memory planner's prediction."""
     import fullshard
 
     size = TINY_LLAMA if args.tiny else LlamaSize()
@@ -420,6 +445,11 @@ def llama(args: argparse.Namespace) -> dict[str, Any]:
         "world_size": trainer.world_size,
         "rank": trainer.global_rank,
     }
+    if trainer.global_rank == 0:  # a fresh module: this one is sharded now
+        example = RandomTokens(size.vocab, size.seq, size.batch).tokens
+        result.update(
+            planner_figures(llama_module(size), (example[:, :-1], example[:, 1:]), trainer.world_size, args)
+        )
     flops = model_flops_per_token(module, size)
     peak = bf16_peak(result["device"])
     result["model_tflops_per_s"] = flops * result["tokens_per_s"] / 1e12

@@ -36,7 +36,9 @@ The parts:
     A Hugging Face ``LlamaForCausalLM`` of 1.1B parameters built with ``empty_init``, FSDP2,
     bf16-mixed, activation checkpointing on the decoder layers, 20 steps of 8 x 2048 tokens:
     tokens/s, model FLOPs utilisation against the card's bf16 peak, peak memory against the wrap
-    plan's estimate (parameters, gradients and optimizer state: activations are not in it).
+    plan's estimate (parameters, gradients and optimizer state: activations are not in it) and
+    against the memory planner's prediction for the same configuration (``fullshard.plan``,
+    activations included, planned on fake tensors before the run's numbers are read).
 ``llama-save``
     The same model after two steps: how long training is blocked by a synchronous sharded save,
     and by an asynchronous one (``FSDP2Strategy(async_save=True)``: the call, plus the next
@@ -301,7 +303,14 @@ def render(report: dict[str, Any]) -> str:
             f"{fig['tokens_per_s']:,.0f} tokens/s ({fig['step_s']:.3f} s a step), "
             f"{fig['model_tflops_per_s']:.0f} model TFLOP/s, MFU {mfu}; peak memory "
             f"{fig['peak_memory_mb']:,.0f} MB against the wrap plan's estimate of {fig.get('estimate_mb', 0):,.0f} MB "
-            "(parameters, gradients and optimizer state: no activations).",
+            "(parameters, gradients and optimizer state: no activations)"
+            + (
+                f" and the memory planner's prediction of {fig['planner_peak_mb']:,.0f} MB, activations included "
+                f"({(fig['planner_peak_mb'] - fig['peak_memory_mb']) / fig['peak_memory_mb']:+.1%}; "
+                f"planned in {fig['planner_s']:.1f} s)."
+                if fig.get("planner_peak_mb")
+                else "."
+            ),
         ]
     fig = parts.get("llama-save", {}).get("figures")
     if fig:

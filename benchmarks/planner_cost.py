@@ -15,6 +15,7 @@ and the fit answers they come with, go between the ``fit answers`` markers of do
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -71,13 +72,23 @@ def run(factory: str, devices: int, nodes: int) -> dict[str, Any]:
         "rss": peak,
         "planned": float(planned.group(1)) if planned else float("nan"),
         "rows": sum(1 for line in out.splitlines() if line[:2] in ("* ", "x ", "  ") and "GiB" in line),
-        "chosen": re.sub(r"\s+", " ", chosen[2:]).strip(),
+        "chosen": _label(chosen[2:]),
     }
 
 
+def _label(row: str) -> str:
+    """A table row's configuration and predicted peak: ``fsdp2 FULL_SHARD AC every layer, 21.11 GiB``."""
+    found = re.match(r"\s*(.*?)\s+([0-9.]+ [KMGT]?i?B)\b", row)
+    return f"{found.group(1)}, {found.group(2)}" if found else row.strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The script's command line."""
+    return make_parser(__file__, __doc__, write_docs="the planning-cost block of docs/fsdp/plan.md")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = make_parser(__file__, __doc__, write_docs="the planning-cost block of docs/fsdp/plan.md")
-    args = parse_args(parser, argv)
+    args = parse_args(build_parser(), argv)
     rows, cpu_before = [], 0.0
     for factory, devices, nodes in PLANS:
         result = run(factory, devices, nodes)
@@ -108,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                     "wall s (with imports)",
                     "CPU s",
                     "peak RSS MiB (all processes)",
-                    "chosen row",
+                    "chosen (predicted peak)",
                 ],
                 rows,
             ),

@@ -34,6 +34,8 @@ SCRIPTS = {
     "clip_norm": "benchmarks",
     "compile": "compile",
     "planner": "plan",
+    "planner_choice": "plan",
+    "planner_cost": "plan",
     "nonfinite_check": None,
     "gpu_check": "benchmarks",
     "_lightning_overhead": None,

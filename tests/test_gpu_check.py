@@ -45,6 +45,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     assert ours["estimate_mb"] > 0 and ours["units"] == 5  # the root and 2 + 2 Transformer layers
     llama = parts["llama-fsdp2"]["figures"]
     assert llama["checkpointed"] == 2 and llama["timed_steps"] == 3 and llama["peak_memory_mb"] > 0
+    assert llama["planner_peak_mb"] > 0 and llama["planner_parts_mb"]["activations"] > 0
     save = parts["llama-save"]["figures"]
     assert save["async_committed"] and save["checkpoint_mb"] > 0 and save["sync_blocked_s"] > 0
     if lightning_there:

@@ -67,7 +67,6 @@ def test_sizes_parse_and_bad_ones_say_the_form() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"devices": 1}, r"devices=1 x num_nodes=1 is one process"),
         ({"devices": 0}, r"devices=0 must be an int of at least 1"),
         ({"precision": "bf16"}, r"precision='bf16' is not one the planner knows; accepted: 32-true"),
         ({"headroom": 1.5}, r"headroom=1.5 must be a fraction in \[0, 1\)"),
@@ -85,6 +84,38 @@ def test_bad_arguments_say_what_is_accepted(kwargs: dict[str, Any], message: str
     arguments: dict[str, Any] = {"devices": 2, "device_memory": "1GiB", "device_type": "cpu", **kwargs}
     with pytest.raises(MisconfigurationError, match=message):
         plan(Net(), batch(), **arguments)
+
+
+def test_one_process_plans_too() -> None:
+    """FSDP on one device (a single-GPU run): nothing is sharded, so every sharding holds it all."""
+    result = plan(
+        Net(depth=4), batch(), devices=1, device_memory="1GiB", device_type="cpu", engines=("fsdp2",)
+    )
+    numel = sum(p.numel() for p in Net(depth=4).parameters())
+    assert {r.split["params"] for r in result.rows if r.candidate.checkpoint_every == 0} == {numel * 4}
+    assert result.choice is not None and result.choice.comm_bytes == 0
+
+
+class CallsItself(Net):
+    """A training_step that runs the model through ``self(x)``, as most LightningModules do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.mse_loss(self(x), y)
+
+
+def test_a_training_step_calling_self_runs_the_modules_forward() -> None:
+    kwargs: dict[str, Any] = dict(
+        devices=2, device_memory="1GiB", device_type="cpu", engines=("fsdp2",), workers=1
+    )
+    torch.manual_seed(0)
+    itself, direct = plan(CallsItself(depth=4), batch(), **kwargs), plan(Net(depth=4), batch(), **kwargs)
+    assert [(r.candidate, r.peak) for r in itself.rows] == [(r.candidate, r.peak) for r in direct.rows]
 
 
 def test_a_model_without_repeated_blocks_asks_for_wrap() -> None:

@@ -332,10 +332,6 @@ def _check_args(
             raise MisconfigurationError(
                 f"{name}={value!r} must be an int of at least 1 (processes per node, nodes)."
             )
-    if devices * num_nodes < 2:
-        raise MisconfigurationError(
-            f"devices={devices} x num_nodes={num_nodes} is one process, which FSDP shards nothing over. Plan for 2 or more."
-        )
     if precision not in PRECISIONS:
         raise MisconfigurationError(
             f"precision={precision!r} is not one the planner knows; accepted: {', '.join(PRECISIONS)}."

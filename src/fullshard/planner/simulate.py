@@ -114,6 +114,29 @@ def _shard(model: nn.Module, candidate: Candidate, mesh: Any, mp_policy: Any) ->
     return [paths[block] for block in blocks]
 
 
+def _step_as_forward(model: nn.Module) -> Any:
+    """The root's forward for a simulated step: ``training_step``, called as the root's forward so
+    that FSDP's and the tracker's module hooks run around it (the strategy registers
+    ``training_step`` with FSDP instead; the same hooks run). Within it, ``self(x)`` runs the
+    module's own ``forward`` without the root's hooks again: they ran already (FSDP's are a no-op
+    the second time; the tracker refuses a second root forward in a step)."""
+    step: Any = type(model).training_step  # type: ignore[attr-defined]
+    outer = type(model)
+    forward: Any = outer.forward
+    inner = type(
+        outer.__name__, (outer,), {"__call__": lambda self, *args, **kwargs: forward(self, *args, **kwargs)}
+    )
+
+    def root_forward(*args: Any, **kwargs: Any) -> Any:
+        model.__class__ = inner
+        try:
+            return step(model, *args, **kwargs)
+        finally:
+            model.__class__ = outer
+
+    return root_forward
+
+
 def _loss_of(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
     """The loss of one step: ``training_step``'s (a tensor or a dict with ``"loss"``), or the sum of
     a plain module's output."""
@@ -121,10 +144,7 @@ def _loss_of(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
 
     with precision.forward_context():
         if hasattr(model, "training_step"):
-            # called as the root's forward, so that FSDP's and the tracker's module hooks run around
-            # it (the strategy registers training_step with FSDP instead; the same hooks run)
-            step: Any = type(model).training_step  # type: ignore[attr-defined]
-            model.forward = lambda *args: step(model, *args)  # type: ignore[method-assign]
+            model.forward = _step_as_forward(model)  # type: ignore[method-assign]
             out = model(*step_arguments(model, "training_step", batch, 0, ()))
         else:
             out = model(*batch) if isinstance(batch, tuple | list) else model(batch)
