@@ -370,3 +370,24 @@ def test_the_step_time_overlaps_on_cuda_adds_up_on_cpu_and_counts_each_collectiv
     assert extra == pytest.approx(3 * 5 * 0.01)
     extra = seconds("SHARD_GRAD_OP", slow, units=5) - seconds("SHARD_GRAD_OP", serial, units=5)
     assert extra == pytest.approx(2 * 5 * 0.01)
+
+
+def test_offload_rows_keep_the_state_in_host_memory_which_a_node_must_hold() -> None:
+    """A CUDA plan (made here on fake tensors: no GPU needed) whose device budget only offload
+    rows meet; given a node's host memory, they fit only when its processes' state fits it."""
+    kwargs: dict[str, Any] = dict(
+        devices=2, device_type="cuda", engines=("fsdp2",), workers=1, shardings=("FULL_SHARD",)
+    )
+    roomy = plan(Net(depth=4, width=64), batch(16, 64), device_memory="1GiB", **kwargs)
+    rows = {(r.candidate.checkpoint_every, r.candidate.cpu_offload): r for r in roomy.rows}
+    kept, offloaded = rows[(1, False)], rows[(1, True)]
+    shards = kept.split["params"]
+    assert offloaded.host_peak == shards + shards + kept.split["optimizer"] and kept.host_peak == 0
+    assert offloaded.peak < kept.peak and "host" in roomy.table()
+    tight = int((offloaded.peak + kept.peak) / 2 / 0.9)  # between the two: only offload rows fit
+    enough = plan(Net(depth=4, width=64), batch(16, 64), device_memory=tight, host_memory="1GiB", **kwargs)
+    assert enough.choice is not None and enough.choice.candidate.cpu_offload
+    short = int(offloaded.host_peak * 2 * 0.9 * 0.9)  # the node's 2 processes' state does not fit
+    starved = plan(Net(depth=4, width=64), batch(16, 64), device_memory=tight, host_memory=short, **kwargs)
+    assert not any(r.fits for r in starved.rows if r.candidate.cpu_offload)
+    assert starved.choice is None and "fits the device, but its node's 2 process(es) keep 2 x" in starved.table()

@@ -97,6 +97,7 @@ def run_plan(args: argparse.Namespace) -> int:
         engines=tuple(args.engine) if args.engine else ("fsdp2", "fsdp"),
         wrap=tuple(args.wrap) if args.wrap else None,
         workers=args.workers,
+        host_memory=args.host_memory,
     )
     print(result.table())
     if result.choice is not None:
@@ -116,6 +117,10 @@ def add_plan_parser(groups: Any) -> None:
     p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     p.add_argument(
         "--device-memory", help="bytes per process, such as 80GiB (default: this CUDA device's free memory)"
+    )
+    p.add_argument(
+        "--host-memory",
+        help="host memory of one node, such as 1TiB: CPU-offload rows must fit it (default: not checked)",
     )
     p.add_argument("--device-type", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
     p.add_argument("--precision", default="32-true", help="the Trainer's precision string (default 32-true)")

@@ -23,7 +23,7 @@ from fullshard.planner.candidates import (
 from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec, parse_bytes
 from fullshard.planner.cost import step_cost
 from fullshard.planner.forked import run_forked, usable_cores
-from fullshard.planner.result import Plan, PlanRow
+from fullshard.planner.result import Plan, PlanRow, fmt_bytes
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
 
 
@@ -43,6 +43,7 @@ def plan(
     device: DeviceSpec | None = None,
     shardings: tuple[str, ...] | None = None,
     workers: int | None = None,
+    host_memory: int | float | str | None = None,
 ) -> Plan:
     """Predict rank 0's peak memory and step cost for each FSDP configuration; choose the fastest that fits.
 
@@ -66,6 +67,8 @@ def plan(
         shardings: weigh only these sharding strategies (None: all that apply).
         workers: processes to simulate in (None: one per usable core; see [Note: simulating on
             several cores] in planner/forked.py).
+        host_memory: host memory of one node (``"1TiB"``): a CPU-offload row fits only when the
+            node's processes' offloaded state fits it less the headroom; None: not checked.
 
     Returns:
         A :class:`~fullshard.planner.result.Plan`: ``print(plan.table())``, ``plan.choice``.
@@ -78,6 +81,7 @@ def plan(
     started = time.perf_counter()
     device_type = _check_args(devices, num_nodes, precision, headroom, engines, device_type, workers)
     memory = _device_memory(device_memory, device_type)
+    host = None if host_memory is None else parse_bytes(host_memory, "host_memory")
     spec = device or DeviceSpec.for_type(device_type, memory)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # see [Note: planning inside a running job] in planner/forked.py
@@ -98,6 +102,7 @@ def plan(
                     device=spec,
                     shardings=shardings,
                     workers=workers,
+                    host_memory=host,
                 )
             ],
             1,
@@ -171,6 +176,7 @@ def plan(
             c,
             sims[(c.sharding, c.wrap, c.checkpoint_every)],
             memory,
+            host,
             headroom,
             precision,
             devices,
@@ -184,7 +190,13 @@ def plan(
         notes.append("FSDP1 rows (~) are FSDP2's simulation: the same units gather and free the same bytes")
     if any(c.cpu_offload for c in todo):
         notes.append(
-            "offload rows (~) take the sharded parameters, gradients and optimizer state out of the peak"
+            "offload rows (~) take the sharded parameters, gradients and optimizer state out of the peak "
+            "and keep them in host memory (column host, per process)"
+            + (
+                f"; {devices} process(es) a node share {fmt_bytes(host)} of it"
+                if host is not None
+                else "; host memory not checked (host_memory=)"
+            )
         )
     rows.sort(key=lambda r: (r.seconds, r.candidate.engine != "fsdp2", r.peak))
     fitting = [r for r in rows if r.fits]
@@ -198,6 +210,7 @@ def plan(
         precision,
         time.perf_counter() - started,
         notes,
+        host,
     )
 
 
@@ -265,6 +278,7 @@ def _row(
     candidate: Candidate,
     sim: Simulated,
     memory: int,
+    host: int | None,
     headroom: float,
     precision: str,
     devices: int,
@@ -275,11 +289,16 @@ def _row(
     peak, split, modelled = sim.peak, dict(sim.split), ""
     if candidate.engine == "fsdp":
         modelled = "FSDP1 from FSDP2's simulation"
+    host_peak = 0
     if candidate.cpu_offload:
         for kind, value in sim.offloadable.items():
             split[kind] -= value
         peak -= sum(sim.offloadable.values())
         modelled = "offload: sharded state moved to the host"
+        shards = (
+            sim.offloadable
+        )  # in host memory: the shards, a gradient as big for each, the optimizer's state
+        host_peak = shards["params"] + max(shards["grads"], shards["params"]) + shards["optimizer"]
     half = {"bf16-mixed": 2, "16-mixed": 2, "bf16-true": 2, "16-true": 2}.get(precision, 4)
     cost = step_cost(
         candidate,
@@ -301,8 +320,9 @@ def _row(
         cost.host_bytes,
         cost.flops,
         cost.seconds,
-        peak <= memory * (1 - headroom),
+        peak <= memory * (1 - headroom) and (host is None or host_peak * devices <= host * (1 - headroom)),
         modelled,
+        host_peak,
     )
 
 

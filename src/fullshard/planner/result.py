@@ -28,8 +28,11 @@ class PlanRow:
             parameters and the all-gather / reduce-scatter buffers), at the moment of the peak.
         comm_bytes: bytes the process sends per step; ``host_bytes``: device<->host per step (offload).
         flops: FLOPs per step (recomputation included); ``seconds``: the modelled step time.
-        fits: ``peak`` within the device memory less the headroom.
+        fits: ``peak`` within the device memory less the headroom (and, where the plan was given a
+            node's host memory, the node's ``host_peak`` within it less the headroom).
         modelled: how the row was obtained beyond a direct simulation (empty when simulated).
+        host_peak: host bytes the process keeps under CPU offload: its shards of the parameters, a
+            gradient as big for each, and the optimizer's state (0 without offload).
     """
 
     candidate: Candidate
@@ -41,6 +44,7 @@ class PlanRow:
     seconds: float
     fits: bool
     modelled: str = ""
+    host_peak: int = 0
 
     def summary(self) -> str:
         """One line for the wrap plan: the configuration and its predicted peak, split."""
@@ -58,6 +62,7 @@ class Plan:
         device_memory: bytes per process planned against; ``headroom``: the fraction kept free.
         world_size, num_nodes, precision: the job planned for.
         seconds: wall time the planning took; ``notes``: what the planner assumed.
+        host_memory: one node's host memory, where offload rows were checked against it.
     """
 
     rows: list[PlanRow]
@@ -69,6 +74,7 @@ class Plan:
     precision: str
     seconds: float
     notes: list[str] = field(default_factory=list)
+    host_memory: int | None = None  # of one node, where CPU-offload rows were checked against it
 
     @property
     def budget(self) -> int:
@@ -77,9 +83,11 @@ class Plan:
 
     def table(self, limit: int | None = None) -> str:
         """The candidates as a text table (peak and its split per process, comm, step time)."""
+        offload = any(row.candidate.cpu_offload for row in self.rows)
         header = (
             f"{'':2}{'configuration':<44} {'peak':>10} {'params':>10} {'grads':>10} {'optim':>10} "
             f"{'activ':>10} {'comm':>10} {'sent/step':>10} {'step':>9}"
+            + (f" {'host':>10}" if offload else "")
         )
         lines = [
             f"FSDP plan: {self.world_size} process(es) on {self.num_nodes} node(s), {self.precision}, "
@@ -94,6 +102,7 @@ class Plan:
                 f"{mark}{row.candidate.label() + (' ~' if row.modelled else ''):<44} {fmt_bytes(row.peak):>10} "
                 + " ".join(f"{fmt_bytes(s.get(k, 0)):>10}" for k in _KINDS)
                 + f" {fmt_bytes(row.comm_bytes):>10} {row.seconds * 1e3:>7.1f}ms"
+                + (f" {fmt_bytes(row.host_peak) if row.host_peak else '-':>10}" if offload else "")
             )
         if limit is not None and len(self.rows) > limit:
             lines.append(f"  ... {len(self.rows) - limit} more")
@@ -102,9 +111,17 @@ class Plan:
         )
         if self.choice is None:
             smallest = min(self.rows, key=lambda r: r.peak)
-            lines.append(
-                f"  nothing fits: the smallest, {smallest.candidate.label()}, needs {fmt_bytes(smallest.peak)} "
-                f"of {fmt_bytes(self.budget)}. Use more processes, a smaller batch, or bigger devices."
-            )
+            if smallest.peak <= self.budget and self.host_memory is not None:  # short of host memory
+                per_node = self.world_size // self.num_nodes
+                lines.append(
+                    f"  nothing fits: {smallest.candidate.label()} fits the device, but its node's {per_node} "
+                    f"process(es) keep {per_node} x {fmt_bytes(smallest.host_peak)} in host memory, of "
+                    f"{fmt_bytes(self.host_memory * (1 - self.headroom))}. Use more nodes, or hosts with more memory."
+                )
+            else:
+                lines.append(
+                    f"  nothing fits: the smallest, {smallest.candidate.label()}, needs {fmt_bytes(smallest.peak)} "
+                    f"of {fmt_bytes(self.budget)}. Use more processes, a smaller batch, or bigger devices."
+                )
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
