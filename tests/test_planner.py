@@ -390,4 +390,6 @@ def test_offload_rows_keep_the_state_in_host_memory_which_a_node_must_hold() -> 
     short = int(offloaded.host_peak * 2 * 0.9 * 0.9)  # the node's 2 processes' state does not fit
     starved = plan(Net(depth=4, width=64), batch(16, 64), device_memory=tight, host_memory=short, **kwargs)
     assert not any(r.fits for r in starved.rows if r.candidate.cpu_offload)
-    assert starved.choice is None and "fits the device, but its node's 2 process(es) keep 2 x" in starved.table()
+    assert (
+        starved.choice is None and "fits the device, but its node's 2 process(es) keep 2 x" in starved.table()
+    )
