@@ -132,6 +132,18 @@ def test_a_model_without_repeated_blocks_asks_for_wrap() -> None:
 def test_repeated_blocks_are_the_outer_ones_not_a_lone_head_or_a_norm() -> None:
     from fullshard.demos import Transformer
 
+    class InSequential(nn.Module):  # blocks in an nn.Sequential, whose own blocks hold a Sequential
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.Sequential(
+                *(nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)) for _ in range(3))
+            )
+            self.head = nn.Linear(8, 1)
+
+    assert repeated_blocks(InSequential()) == ("Sequential",)  # the three inner ones, not the holder
+    stacked = nn.Sequential(*(Block(8) for _ in range(3)), nn.Linear(8, 1))
+    assert repeated_blocks(nn.Sequential(stacked, nn.Linear(1, 1))) == ("Block",)
+
     assert repeated_blocks(Net(depth=3)) == ("Block",)  # not Linear (inside blocks, one head), not LayerNorm
     assert repeated_blocks(Transformer(nlayers=2)) == ("TransformerDecoderLayer", "TransformerEncoderLayer")
 

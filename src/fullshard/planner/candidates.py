@@ -38,20 +38,25 @@ def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
         and any(True for _ in m.parameters())
     )
     repeated = {name for name, count in counts.items() if count >= 2}
-    outer: Counter[str] = Counter()  # instances outside any other repeated instance
+    looked_through: set[int] = set()  # instances that are no block: a lone head, the list's holder
 
-    def visit(module: nn.Module) -> None:
-        for child in module.children():
-            if type(child).__name__ in repeated:
-                outer[type(child).__name__] += 1
+    def visit(module: nn.Module, found: dict[str, list[nn.Module]]) -> dict[str, list[nn.Module]]:
+        for child in module.children():  # instances outside any other repeated instance
+            if type(child).__name__ in repeated and id(child) not in looked_through:
+                found.setdefault(type(child).__name__, []).append(child)
             else:
-                visit(child)
+                visit(child, found)
+        return found
 
-    visit(model)
-    outer = Counter({name: n for name, n in outer.items() if n >= 2})  # a lone head Linear is no block
+    while True:  # a class with one outer instance (a lone head Linear, the nn.Sequential holding
+        outer = visit(model, {})  # the blocks) is no block there: look inside that instance instead
+        lone = [m for instances in outer.values() if len(instances) < 2 for m in instances]
+        if not lone:
+            break
+        looked_through.update(id(m) for m in lone)
     # a norm beside the blocks repeats too (a final LayerNorm, as in every block): keep the classes
     # whose instances are of a size with the largest
-    size = {name: max(_numel(m) for m in model.modules() if type(m).__name__ == name) for name in outer}
+    size = {name: max(_numel(m) for m in instances) for name, instances in outer.items()}
     largest = max(size.values(), default=0)
     return tuple(sorted(name for name in outer if size[name] * 10 >= largest))
 
