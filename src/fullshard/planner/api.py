@@ -26,6 +26,9 @@ from fullshard.planner.forked import run_forked, usable_cores
 from fullshard.planner.result import Plan, PlanRow, fmt_bytes
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
 
+#: default cap on simulation workers: each holds the model's fake copy (about 0.5 GB for a 7B one)
+MAX_WORKERS = 8
+
 
 def plan(
     module: nn.Module,
@@ -65,8 +68,8 @@ def plan(
         candidates: weigh these instead of the enumerated ones.
         device: compute and link speeds for the step-time model; None: :meth:`DeviceSpec.for_type`.
         shardings: weigh only these sharding strategies (None: all that apply).
-        workers: processes to simulate in (None: one per usable core; see [Note: simulating on
-            several cores] in planner/forked.py).
+        workers: processes to simulate in (None: one per usable core, at most
+            :data:`MAX_WORKERS`; see [Note: simulating on several cores] in planner/forked.py).
         host_memory: host memory of one node (``"1TiB"``): a CPU-offload row fits only when the
             node's processes' offloaded state fits it less the headroom; None: not checked.
 
@@ -161,7 +164,7 @@ def plan(
         )
         for key, probe in probes.items()
     ]
-    sims = dict(zip(probes, run_forked(jobs, workers or usable_cores()), strict=True))
+    sims = dict(zip(probes, run_forked(jobs, workers or min(usable_cores(), MAX_WORKERS)), strict=True))
     flops = sims[counted]
     for key, sim in sims.items():  # see [Note: the step-time model]
         sims[key] = dataclasses.replace(
