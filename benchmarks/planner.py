@@ -120,7 +120,7 @@ def run_worker(case: Case, out_dir: Path) -> None:
     module, batch, block = build(case)
     kwargs = candidate_of(case, block).strategy_kwargs()
     strategy = (FSDP2Strategy if case.engine == "fsdp2" else FSDPStrategy)(**kwargs)
-    _collectives_complete_on_this_thread()
+    collectives_complete_on_this_thread()
     probe = Probe()
     with tempfile.TemporaryDirectory() as root:
         trainer = fullshard.Trainer(
@@ -147,7 +147,7 @@ def run_worker(case: Case, out_dir: Path) -> None:
     (out_dir / f"{case.name}-rank{trainer.global_rank}.json").write_text(json.dumps(result))
 
 
-def _collectives_complete_on_this_thread() -> None:
+def collectives_complete_on_this_thread() -> None:
     """Wait for each asynchronous collective where it is started (see [Note: frees the profiler sees])."""
     import torch.distributed as dist
 
@@ -252,10 +252,11 @@ def predict(case: Case) -> tuple[int, dict[str, int], float]:
     return row.peak, row.split, time.perf_counter() - started
 
 
-def measure(case: Case, out_dir: Path) -> dict[str, Any]:
+def measure(case: Case, out_dir: Path, script: Path = Path(__file__)) -> dict[str, Any]:
+    """Run ``script --worker CASE`` (this one's worker, or another script's) and read rank 0's result."""
     command = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        str(script.resolve()),
         "--worker",
         json.dumps(asdict(case)),
         "--out",

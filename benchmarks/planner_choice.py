@@ -39,13 +39,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from _common import REPO, make_parser, markers, parse_args, rotations, table, today, worker_env, write_marked
-from planner import Case, Probe, _collectives_complete_on_this_thread, build, candidate_of
+from planner import Case, Probe, build, candidate_of, collectives_complete_on_this_thread, measure
 
 DOC = REPO / "docs" / "fsdp" / "plan.md"
 HEADROOM = 0.1
@@ -90,7 +89,7 @@ def run_worker(case: Case, out_dir: Path) -> None:
     strategy = FSDP2Strategy(**candidate_of(case, block).strategy_kwargs())
     names = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor")
     originals = {name: getattr(dist, name) for name in names}
-    _collectives_complete_on_this_thread()
+    collectives_complete_on_this_thread()
 
     def restore() -> None:
         for name, call in originals.items():
@@ -197,22 +196,6 @@ def model_flops_per_second(model: str) -> float:
     return counter.get_total_flops() * 5 / (time.perf_counter() - started)
 
 
-def measure(case: Case, out_dir: Path) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--worker",
-        json.dumps(asdict(case)),
-        "--out",
-        str(out_dir),
-    ]
-    done = subprocess.run(command, env=worker_env(1), cwd=REPO, capture_output=True, text=True, timeout=900)
-    path = out_dir / f"{case.name}-rank0.json"
-    if done.returncode != 0 or not path.exists():
-        raise RuntimeError(f"{case.name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(path.read_text())  # type: ignore[no-any-return]
-
-
 def plan_for(model: str, memory: int, spec: Any) -> Any:
     import fullshard
 
@@ -294,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 for order in rotations(candidates_of(model), REPEATS):
                     for case in order:
-                        run = measure(case, Path(tmp))
+                        run = measure(case, Path(tmp), Path(__file__))
                         kept = runs.setdefault(case.name, run)
                         kept["step_s"] = min(kept["step_s"], run["step_s"])
                         kept["measured"] = max(kept["measured"], run["measured"])
