@@ -48,6 +48,7 @@ from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.launch import stuck_ranks
+from fullshard.rank_zero import rank_zero_info
 from fullshard.seed import rng_states, set_rng_states
 
 if TYPE_CHECKING:
@@ -92,10 +93,19 @@ class CheckpointManager:
             warn_not_plain({k: v for k, v in checkpoint.items() if k not in TENSOR_ENTRIES})
         return checkpoint
 
-    def save(self, path: str | Path, weights_only: bool = False) -> None:
+    def save(self, path: str | Path, weights_only: bool = False, storage_options: Any = None) -> None:
         """Build the checkpoint (:meth:`dump`) and write it to ``path`` in the strategy's format;
         with ``async_save`` the files are written in the background (see
-        [Note: asynchronous commit] in async_save.py). Collective."""
+        [Note: asynchronous commit] in async_save.py). Collective.
+
+        Raises:
+            TypeError: ``storage_options`` given (fullshard writes the files itself).
+        """
+        if storage_options is not None:
+            raise TypeError(
+                f"save_checkpoint(storage_options={storage_options!r}): fullshard writes checkpoints itself and "
+                "takes no storage options; leave them out."
+            )
         checkpoint = self.dump(weights_only)
         self.write(checkpoint, path, () if weights_only else self._trainer.optimizers)
 
@@ -388,6 +398,18 @@ def best_checkpoint_path(trainer: Trainer) -> str | None:
     """The best checkpoint of the first ModelCheckpoint, if it saved one."""
     callback = trainer.checkpoint_callback
     return callback.best_model_path or None if callback is not None else None
+
+
+def previous_fits_best(trainer: Trainer, stage: str) -> str | None:
+    """``"best"`` when a ``validate``/``test``/``predict`` without a model and a ``ckpt_path`` can
+    use the best checkpoint of the fit before (saying so on rank 0), else None."""
+    if best_checkpoint_path(trainer) is None:
+        return None
+    rank_zero_info(
+        f"Trainer.{stage}() without a model uses the best checkpoint of the previous fit; pass "
+        f"ckpt_path='last' or a path to choose another."
+    )
+    return "best"
 
 
 def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path, stage: str) -> str | None:

@@ -19,14 +19,14 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from fullshard.checkpoint.manager import CheckpointManager, LoadOptions, best_checkpoint_path, load_options
+from fullshard.checkpoint.manager import CheckpointManager, LoadOptions, load_options, previous_fits_best
 from fullshard.compile import parse_compile
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
 from fullshard.launch import SpawnLauncher
 from fullshard.module import Module
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
-from fullshard.rank_zero import rank_zero_info, set_global_rank
+from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, nonfinite, preemption
 from fullshard.trainer.callbacks import Callback, ModelSummary
@@ -416,12 +416,8 @@ class Trainer(TrainerProperties):
                     f"model: trainer.{stage}(model, dataloaders)."
                 )
             model = self._module
-            if ckpt_path is None and self._fitted and best_checkpoint_path(self) is not None:
-                ckpt_path = "best"
-                rank_zero_info(
-                    f"Trainer.{stage}() without a model uses the best checkpoint of the previous fit; pass "
-                    f"ckpt_path='last' or a path to choose another."
-                )
+            if ckpt_path is None and self._fitted:
+                ckpt_path = previous_fits_best(self, stage)
         kind = "val" if stage == "validate" else stage
         sources = make_sources(datamodule, **{kind: dataloaders})
         self._preflight(stage, model, sources)
@@ -454,16 +450,11 @@ class Trainer(TrainerProperties):
         once: the state is copied (the next optimizer step waits for that) and committed in the
         background; the next save, the end of ``fit`` or the process exit wait (docs/checkpoints.md).
         """
-        if storage_options is not None:
-            raise TypeError(
-                f"save_checkpoint(storage_options={storage_options!r}): fullshard writes checkpoints itself and "
-                "takes no storage options; leave them out."
-            )
         if self._module is None or self._strategy.module is None:
             raise RuntimeError(
                 "save_checkpoint() needs a model that was set up by fit(), validate(), test() or predict() first."
             )
-        self.checkpoint_manager.save(filepath, weights_only)
+        self.checkpoint_manager.save(filepath, weights_only, storage_options)
 
     def _preflight(self, stage: str, model: Any, sources: DataSources) -> None:
         check_call(stage, model, sources)
@@ -525,8 +516,7 @@ class Trainer(TrainerProperties):
         except BaseException as exception:
             self.interrupted = True
             strategy.on_exception(exception)
-            for cb in self.callbacks:
-                cb.on_exception(self, model, exception)
+            hooks.call("on_exception", exception)
             if datamodule is not None:
                 datamodule.on_exception(exception)
             self.checkpoint_manager.finish_after_failure(exception)
@@ -554,14 +544,9 @@ class Trainer(TrainerProperties):
         loop = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}.get(
             stage
         )
-        (
-            checkpoint,
-            self.ckpt_path,
-        ) = (  # before the loaders are built, as Lightning (on_load_checkpoint first)
-            self.checkpoint_manager.load(ckpt_path, stage, self._ckpt_options)
-            if ckpt_path is not None
-            else (None, None)
-        )
+        checkpoint, self.ckpt_path = None, None  # loaded before the loaders are built, as Lightning
+        if ckpt_path is not None:  # (on_load_checkpoint first)
+            checkpoint, self.ckpt_path = self.checkpoint_manager.load(ckpt_path, stage, self._ckpt_options)
         log_run_start(self, model, sources.datamodule)  # every call, as Lightning: hparams, graph, save
         if loop is not None:
             loop.setup_data(model, sources)
