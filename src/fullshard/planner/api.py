@@ -232,33 +232,24 @@ def _simulate(
     mesh_shape = {"HYBRID_SHARD": (num_nodes, devices), "NO_SHARD": (world, 1)}.get(
         candidate.sharding, (world,)
     )
+    run = functools.partial(
+        simulate,
+        model,
+        batch,
+        candidate,
+        world_size=world,
+        mesh_shape=mesh_shape,
+        precision=precision,
+        count_flops=count_flops,
+        device_type=device_type,
+    )
     if depth is None:
-        return simulate(
-            model,
-            batch,
-            candidate,
-            world_size=world,
-            mesh_shape=mesh_shape,
-            precision=precision,
-            count_flops=count_flops,
-            device_type=device_type,
-        )
+        return run()
     a, b = SCALE_POINTS
     points = []
     for cut in (a, b):
         with cut_blocks(model, candidate.wrap, cut):
-            points.append(
-                simulate(
-                    model,
-                    batch,
-                    candidate,
-                    world_size=world,
-                    mesh_shape=mesh_shape,
-                    precision=precision,
-                    count_flops=count_flops,
-                    device_type=device_type,
-                )
-            )
+            points.append(run())
     low, high = points
     scale = (depth - a) / (b - a)
 
@@ -298,9 +289,8 @@ def _row(
             split[kind] -= value
         peak -= sum(sim.offloadable.values())
         modelled = "offload: sharded state moved to the host"
-        shards = (
-            sim.offloadable
-        )  # in host memory: the shards, a gradient as big for each, the optimizer's state
+        # in host memory: the shards, a gradient as big for each, the optimizer's state
+        shards = sim.offloadable
         host_peak = shards["params"] + max(shards["grads"], shards["params"]) + shards["optimizer"]
     half = {"bf16-mixed": 2, "16-mixed": 2, "bf16-true": 2, "16-true": 2}.get(precision, 4)
     cost = step_cost(

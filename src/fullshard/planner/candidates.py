@@ -48,8 +48,10 @@ def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
                 visit(child, found)
         return found
 
-    while True:  # a class with one outer instance (a lone head Linear, the nn.Sequential holding
-        outer = visit(model, {})  # the blocks) is no block there: look inside that instance instead
+    # a class with one outer instance (a lone head Linear, the nn.Sequential holding the blocks) is
+    # no block there: look inside that instance instead, until every outer class repeats
+    while True:
+        outer = visit(model, {})
         lone = [m for instances in outer.values() if len(instances) < 2 for m in instances]
         if not lone:
             break
