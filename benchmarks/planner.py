@@ -196,7 +196,8 @@ class Probe:
     def __init__(self) -> None:
         from fullshard import Callback
 
-        self.__class__ = type("Probe", (Probe, Callback), {})
+        cls = type(self)  # a Callback too, keeping a subclass's own hooks
+        self.__class__ = type(cls.__name__, (cls, Callback), {})
         self.baseline = self.peak_delta = 0
         self.step_s: list[float] = []
         self._profiler: Any = None

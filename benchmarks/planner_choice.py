@@ -76,6 +76,7 @@ class TimedProbe(Probe):
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx == 3:
             self._restore()
+            self.restored = True
         super().on_train_batch_start(trainer, module, batch, batch_idx)
 
 
@@ -110,6 +111,8 @@ def run_worker(case: Case, out_dir: Path) -> None:
             default_root_dir=root,
         )
         trainer.fit(module, torch.utils.data.DataLoader([batch] * (STEPS * case.devices), batch_size=None))
+    if not getattr(probe, "restored", False):
+        raise RuntimeError("the timed steps ran with the waited collectives: TimedProbe's hook did not run")
     result = {"measured": probe.baseline + probe.peak_delta, "step_s": statistics.median(probe.step_s[4:])}
     (out_dir / f"{case.name}-rank{trainer.global_rank}.json").write_text(json.dumps(result))
 
