@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fullshard import hyperparameters
 from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
@@ -320,12 +321,14 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
         # Rank 0 writes the checkpoint's metadata: only it receives every rank's states.
         "rng_states": [_portable(s) for s in strategy.gather_object(rng_states()) or []],
         "hyper_parameters": dict(getattr(module, "hparams", {})),
+        **hyperparameters.checkpoint_entries(module),
     }
     datamodule = trainer.datamodule
     if datamodule is not None and (state := datamodule.state_dict()):
         checkpoint[type(datamodule).__qualname__] = state  # where Lightning keeps it
     if datamodule is not None and datamodule.hparams:  # for DataModule.load_from_checkpoint, as Lightning
         checkpoint["datamodule_hyper_parameters"] = dict(datamodule.hparams)
+        checkpoint.update(hyperparameters.checkpoint_entries(datamodule, "datamodule_"))
     return checkpoint
 
 
