@@ -6,9 +6,19 @@ in tests/twins/trainer_pins.py."""
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
 import pytest
 
 import compare
+import fullshard
+from fullshard import hyperparameters
+from fullshard.callbacks import OnExceptionCheckpoint
+from fullshard.checkpoint.manager import load_options
+from fullshard.errors import MisconfigurationError
+from fullshard.module import AttributeDict
 
 twins = compare.Twins("trainer_pins.py")
 
@@ -22,3 +32,76 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> compare.Runs:
 @pytest.mark.parametrize("case", twins.cases)
 def test_same_as_lightning(runs: compare.Runs, case: str) -> None:
     compare.same(runs, case)
+
+
+# --------------------------------------------------------- what only fullshard can show (no twin)
+def test_a_dict_config_is_recorded_as_a_plain_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """omegaconf is recognised by its type's module, never imported: a stand-in module named
+    omegaconf shows the path a real ``DictConfig`` takes (omegaconf is not installed here)."""
+    omegaconf = types.ModuleType("omegaconf")
+
+    class DictConfig:
+        __module__ = "omegaconf.dictconfig"
+
+        def __init__(self, content: dict[str, Any]) -> None:
+            self.content = content
+
+    class OmegaConf:
+        @staticmethod
+        def to_container(config: DictConfig, resolve: bool = False) -> dict[str, Any]:
+            assert resolve
+            return dict(config.content)
+
+    omegaconf.DictConfig, omegaconf.OmegaConf = DictConfig, OmegaConf  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "omegaconf", omegaconf)
+
+    class FromConfig(fullshard.LightningModule):
+        def __init__(self, cfg: Any) -> None:
+            super().__init__()
+            self.save_hyperparameters(cfg)
+
+    model = FromConfig(DictConfig({"lr": 0.5, "layers": 2}))
+    assert type(model.hparams) is AttributeDict and dict(model.hparams) == {"lr": 0.5, "layers": 2}
+    assert hyperparameters.checkpoint_entries(model) == {"hparams_name": "cfg"}
+
+
+def test_save_hyperparameters_refuses_what_is_no_config() -> None:
+    class Bad(fullshard.LightningModule):
+        def __init__(self, value: Any) -> None:
+            super().__init__()
+            self.save_hyperparameters(value)
+
+    with pytest.raises(
+        ValueError, match=r"save_hyperparameters\(5\): a single value cannot be the hyperparameters"
+    ):
+        Bad(5)
+    with pytest.raises(
+        ValueError, match=r"save_hyperparameters got a object; it takes the names of __init__"
+    ):
+        Bad(object())
+    assert dict(Bad({}).hparams) == {}  # an empty config records nothing, as in Lightning
+
+
+def test_weights_only_maps_to_the_trust_rules() -> None:
+    assert not load_options("x.ckpt", False, True, False, True).trust
+    assert load_options("x.ckpt", False, True, False, False).trust
+    assert not load_options("x.ckpt", False, True, False, None).trust
+    with pytest.raises(
+        MisconfigurationError, match=r"weights_only=True \(read plain data only\) and trust_checkpoint=True"
+    ):
+        load_options("x.ckpt", False, True, True, True)
+    with pytest.raises(
+        MisconfigurationError, match=r"weights_only='yes' is invalid: pass True, False or None"
+    ):
+        load_options("x.ckpt", False, True, False, "yes")
+
+
+def test_checkpointing_off_with_a_checkpoint_callback_is_refused() -> None:
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"enable_checkpointing=False \(or barebones=True\) and callbacks holding OnExceptionCheckpoint, "
+        r"which saves checkpoints \(Lightning refuses it too\). Remove the ModelCheckpoint",
+    ):
+        fullshard.Trainer(
+            accelerator="cpu", enable_checkpointing=False, callbacks=[OnExceptionCheckpoint("ckpts")]
+        )

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
-from twin import imp, jsonable, main
+from twin import imp, jsonable, main, raised
 
 L = imp()
 callbacks = imp("callbacks")
@@ -303,6 +303,283 @@ def case_hparams_from_dict_and_namespace(tmp: Path) -> Any:
     out["whole_namespace"] = {"keys": sorted(kept.hparams), "lr": kept.hparams["hparams"].lr}
     empty = FromDict({})
     out["empty"] = dict(empty.hparams)
+    return out
+
+
+# ------------------------------------------------------------------------- validation switched off
+class HookNames(L.Callback):
+    """The names of the hooks called, in order, each once."""
+
+    def __init__(self) -> None:
+        self.called: list[str] = []
+
+    def _saw(self, name: str) -> None:
+        if name not in self.called:
+            self.called.append(name)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._saw("setup")
+
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_sanity_check_start")
+
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_sanity_check_end")
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_validation_start")
+
+    def on_validation_batch_end(self, *args: Any) -> None:
+        self._saw("on_validation_batch_end")
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_validation_end")
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_train_start")
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_train_end")
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._saw("teardown")
+
+
+def case_validation_skipped(tmp: Path) -> Any:
+    out = {}
+    hooks = HookNames()
+    t = trainer(tmp, callbacks=[hooks])
+    t.fit(Base(), data(), val_dataloaders=[])
+    out["empty_list"] = {"hooks": hooks.called, "metrics": sorted(t.callback_metrics)}
+    hooks = HookNames()
+    model = Base()
+    model.validation_step = None
+    t = trainer(tmp, callbacks=[hooks])
+    t.fit(model, data(), data())
+    out["step_none"] = {"hooks": hooks.called, "metrics": sorted(t.callback_metrics)}
+    out["validate_empty"] = trainer(tmp).validate(Base(), [], verbose=False)
+    out["test_empty"] = trainer(tmp).test(Base(), [], verbose=False)
+    return out
+
+
+# ----------------------------------------------------------------------------------- trainer.state
+def describe(state: Any) -> list[Any]:
+    return [
+        None if state.fn is None else state.fn.value,
+        state.status.value,
+        None if state.stage is None else state.stage.value,
+    ]
+
+
+class StateRecorder(L.Callback):
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def _saw(self, name: str, trainer: Any) -> None:
+        self.seen.append([name, *describe(trainer.state)])
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._saw("setup", trainer)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_fit_start", trainer)
+
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_sanity_check_start", trainer)
+
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_sanity_check_end", trainer)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_train_start", trainer)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0:
+            self._saw("on_train_batch_start", trainer)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_validation_start", trainer)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_validation_end", trainer)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_train_epoch_end", trainer)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_train_end", trainer)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_fit_end", trainer)
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_test_start", trainer)
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saw("on_predict_start", trainer)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._saw(f"on_exception {type(exception).__name__}", trainer)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._saw("teardown", trainer)
+
+
+def case_state_through_each_call(tmp: Path) -> Any:
+    states = imp("trainer.states")
+    recorder = StateRecorder()
+    t = trainer(tmp, callbacks=[recorder], limit_train_batches=2, limit_val_batches=1)
+    out: dict[str, Any] = {"init": describe(t.state), "finished_at_init": t.state.finished}
+    model = Base()
+    t.fit(model, data(), data())
+    out["after_fit"] = [*describe(t.state), t.state.finished, t.state.stopped]
+    out["enum_checks"] = [
+        t.state.fn == states.TrainerFn.FITTING,
+        t.state.fn == "FIT",
+        t.state.status == "finished",
+        isinstance(t.state.fn, str),
+        states.RunningStage.SANITY_CHECKING.evaluating,
+        states.RunningStage.TRAINING.evaluating,
+        states.RunningStage.SANITY_CHECKING.dataloader_prefix,
+        states.TrainerStatus.INTERRUPTED.stopped,
+        sorted(m.value for m in states.TrainerFn),
+        sorted(m.value for m in states.RunningStage),
+        sorted(m.value for m in states.TrainerStatus),
+    ]
+    t.validate(model, data(), verbose=False)
+    out["after_validate"] = describe(t.state)
+    t.test(model, data(), verbose=False)
+    out["after_test"] = describe(t.state)
+    t.predict(model, data())
+    out["after_predict"] = describe(t.state)
+    out["hooks"] = recorder.seen
+    return out
+
+
+class Fails(Base):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 1:
+            raise RuntimeError("boom")
+        return self.loss(batch)
+
+
+def case_state_after_an_exception(tmp: Path) -> Any:
+    recorder = StateRecorder()
+    logger = Recorder()
+    t = trainer(tmp, callbacks=[recorder], logger=logger, limit_val_batches=0)
+    out: dict[str, Any] = {"raised": None}
+    try:
+        t.fit(Fails(), data())
+    except RuntimeError as err:
+        out["raised"] = str(err)
+    out["state"] = [*describe(t.state), t.state.finished, t.state.stopped, t.interrupted]
+    # fullshard also calls the teardown hooks after a failure (docs/lightning.md, Callback.on_exception)
+    out["hooks"] = [h for h in recorder.seen if h[0] != "teardown"][-3:]
+    out["finalized"] = logger.statuses
+    return out
+
+
+# ------------------------------------------------------------------------------------ interrupts
+class CtrlC(Base):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == 2:
+            raise KeyboardInterrupt
+        return self.loss(batch)
+
+
+def case_keyboard_interrupt(tmp: Path) -> Any:
+    recorder = StateRecorder()
+    logger = Recorder()
+    checkpoint = callbacks.ModelCheckpoint(dirpath=tmp / "ckpts", save_on_exception=True)
+    t = trainer(
+        tmp,
+        callbacks=[recorder, checkpoint],
+        logger=logger,
+        limit_val_batches=0,
+        max_epochs=3,
+        enable_checkpointing=True,
+    )
+    out: dict[str, Any] = {}
+    try:
+        t.fit(CtrlC(), data())
+        out["caller_saw"] = None
+    except SystemExit as err:
+        out["caller_saw"] = ["SystemExit", err.code, type(err.__context__).__name__]
+    except BaseException as err:
+        out["caller_saw"] = [type(err).__name__]
+    out["state"] = [*describe(t.state), t.interrupted, t.global_step]
+    # fullshard also calls the teardown hooks after a failure (docs/lightning.md, Callback.on_exception)
+    out["hooks"] = [h[0] for h in recorder.seen if h[0] not in ("setup", "on_fit_start", "teardown")]
+    out["finalized"] = logger.statuses
+    out["files"] = sorted(p.name for p in (tmp / "ckpts").iterdir()) if (tmp / "ckpts").exists() else []
+    return out
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+class FailsAtStart(Base):
+    def on_train_start(self) -> None:
+        raise RuntimeError("before the first step")
+
+
+def case_save_on_exception_before_first_step(tmp: Path) -> Any:
+    checkpoint = callbacks.ModelCheckpoint(dirpath=tmp / "ckpts", save_on_exception=True)
+    t = trainer(tmp, callbacks=[checkpoint], limit_val_batches=0, enable_checkpointing=True)
+    return {
+        "fit": raised(lambda: t.fit(FailsAtStart(), data())),
+        "files": sorted(p.name for p in (tmp / "ckpts").iterdir()) if (tmp / "ckpts").exists() else [],
+        "global_step": t.global_step,
+    }
+
+
+def case_checkpoint_configurations_refused(tmp: Path) -> Any:
+    refused = misconfigured(
+        lambda: trainer(tmp, enable_checkpointing=False, callbacks=[callbacks.ModelCheckpoint()])
+    )
+    message = refused.pop("message", "")
+    refused["says"] = ["enable_checkpointing=False" in message, "ModelCheckpoint" in message]
+    top_k = misconfigured(lambda: callbacks.ModelCheckpoint(monitor=None, save_top_k=2))
+    message = top_k.pop("message", "")
+    top_k["says"] = ["save_top_k=2" in message, "monitor=None" in message]
+    allowed = [
+        misconfigured(lambda k=k: callbacks.ModelCheckpoint(monitor=None, save_top_k=k))["misconfiguration"]
+        for k in (-1, 0, 1)
+    ]
+    return {"enable_checkpointing": refused, "top_k": top_k, "allowed": allowed}
+
+
+# --------------------------------------------------------------------------------- weights_only
+class ExtraEntry(Base):
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["note"] = Namespace(kind="not plain data")
+
+
+def case_weights_only_keyword(tmp: Path) -> Any:
+    model = Base()
+    t = trainer(tmp, limit_val_batches=0)
+    t.fit(model, data())
+    t.save_checkpoint(tmp / "plain.ckpt")
+    out: dict[str, Any] = {}
+    for flag in (True, False):
+        t = trainer(tmp, limit_val_batches=0, max_epochs=2)
+        t.fit(Base(), data(), ckpt_path=tmp / "plain.ckpt", weights_only=flag)
+        out[f"fit_{flag}"] = t.global_step
+        out[f"validate_{flag}"] = trainer(tmp).validate(
+            Base(), data(), ckpt_path=tmp / "plain.ckpt", weights_only=flag, verbose=False
+        )
+        out[f"test_{flag}"] = trainer(tmp).test(Base(), data(), tmp / "plain.ckpt", False, None, flag)
+        predictions = trainer(tmp).predict(Base(), data(), ckpt_path=tmp / "plain.ckpt", weights_only=flag)
+        out[f"predict_{flag}"] = jsonable(predictions[0])
+    t = trainer(tmp, limit_val_batches=0)
+    t.fit(ExtraEntry(), data())
+    t.save_checkpoint(tmp / "extra.ckpt")
+    for flag in (True, False):
+        try:
+            trainer(tmp).validate(
+                ExtraEntry(), data(), ckpt_path=tmp / "extra.ckpt", weights_only=flag, verbose=False
+            )
+            out[f"extra_{flag}"] = "loaded"
+        except Exception:  # the type differs: torch's UnpicklingError, fullshard's UntrustedCheckpointError
+            out[f"extra_{flag}"] = "refused"
     return out
 
 

@@ -30,6 +30,7 @@ from fullshard.trainer import data_setup
 from fullshard.trainer.loggers import send_to_loggers
 from fullshard.trainer.loops.prediction_indices import BatchIndexRecorder, prediction_writers
 from fullshard.trainer.preflight import overrides
+from fullshard.trainer.states import RunningStage
 
 if TYPE_CHECKING:
     from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
@@ -132,6 +133,9 @@ class EvaluationLoop:
         name = _HOOK_STAGE[stage]
         module = trainer.lightning_module
         several = len(self.loaders) > 1
+        in_training = trainer.state.stage == RunningStage.TRAINING  # fit's validation: its own stage
+        if in_training:
+            trainer.state.stage = RunningStage.VALIDATING
         _check_dataloader_idx(module, name, several)
         writers = self._start_collecting(keep_predictions)
         metrics.stage = stage
@@ -167,6 +171,8 @@ class EvaluationLoop:
         if not keep_predictions:
             self._predictions = []
         self._epoch_batch_indices = []
+        if in_training:
+            trainer.state.stage = RunningStage.TRAINING
         return results
 
     def _start_collecting(self, keep_predictions: bool) -> list[BasePredictionWriter]:
