@@ -74,8 +74,9 @@ def record(
     ``frame`` records for ``owner`` (None: an empty config was given, nothing is recorded); the
     argument's name and ``logger`` are kept on ``owner`` for :func:`checkpoint_entries` and
     :func:`sent_to_loggers`."""
+    setattr(owner, _LOG_ATTRIBUTE, logger)
     if len(args) == 1 and not isinstance(args[0], str) and not args[0]:
-        return None  # an empty config, as Lightning: nothing changes
+        return None  # an empty config, as Lightning: nothing recorded (the loggers get an empty set)
     ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
     names = tuple(a for a in args if isinstance(a, str))
     configs = [a for a in args if not isinstance(a, str)]
@@ -90,7 +91,6 @@ def record(
     hparams = {k: v for k, v in hparams.items() if k not in ignored}
     hparams.update(values)
     setattr(owner, _NAME_ATTRIBUTE, name)
-    setattr(owner, _LOG_ATTRIBUTE, logger)
     return hparams
 
 

@@ -303,6 +303,9 @@ def case_hparams_from_dict_and_namespace(tmp: Path) -> Any:
     out["whole_namespace"] = {"keys": sorted(kept.hparams), "lr": kept.hparams["hparams"].lr}
     empty = FromDict({})
     out["empty"] = dict(empty.hparams)
+    recorder = Recorder()
+    trainer(tmp, logger=recorder, limit_val_batches=0, max_steps=1).fit(empty, data())
+    out["empty_sent"] = recorder.hparams
     return out
 
 
