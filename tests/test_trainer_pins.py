@@ -14,6 +14,7 @@ import pytest
 
 import compare
 import fullshard
+from conftest import run_script
 from fullshard import hyperparameters
 from fullshard.callbacks import OnExceptionCheckpoint
 from fullshard.checkpoint.manager import load_options
@@ -105,3 +106,12 @@ def test_checkpointing_off_with_a_checkpoint_callback_is_refused() -> None:
         fullshard.Trainer(
             accelerator="cpu", enable_checkpointing=False, callbacks=[OnExceptionCheckpoint("ckpts")]
         )
+
+
+def test_ctrl_c_ends_a_script_with_status_1_and_no_traceback() -> None:
+    result = run_script("ctrl_c_job.py")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in output and "fit returned" not in output
+    assert "Detected KeyboardInterrupt, attempting graceful shutdown" in output
+    assert "exiting; SIGINT handler is the default: True" in output
