@@ -211,12 +211,17 @@ def case_eval_on_step_gives_epoch_value(tmp: Path) -> Any:
     validated = t.validate(EvalOnStep(), data(), verbose=False)
     after_validate = metrics(t)
     tested = t.test(EvalOnStep(), data(), verbose=False)
+    in_fit = Recorder()  # two validations in fit: the step count goes on; the sanity run logs nothing
+    trainer(tmp, logger=in_fit, max_epochs=2, limit_train_batches=1, limit_val_batches=2).fit(
+        EvalOnStep(), data(), data()
+    )
     return {
         "validate": validated,
         "after_validate": after_validate,
         "test": tested,
         "after_test": metrics(t),
         "rows": recorder.rows,
+        "rows_in_fit": in_fit.rows,
     }
 
 
