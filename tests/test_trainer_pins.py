@@ -11,10 +11,12 @@ import types
 from typing import Any
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 import compare
 import fullshard
-from conftest import run_script
+from conftest import quiet_trainer, run_script
 from fullshard import hyperparameters
 from fullshard.callbacks import OnExceptionCheckpoint
 from fullshard.checkpoint.manager import load_options
@@ -115,3 +117,30 @@ def test_ctrl_c_ends_a_script_with_status_1_and_no_traceback() -> None:
     assert "Traceback" not in output and "fit returned" not in output
     assert "Detected KeyboardInterrupt, attempting graceful shutdown" in output
     assert "exiting; SIGINT handler is the default: True" in output
+
+
+def test_a_datamodule_given_a_config_loads_back_from_a_checkpoint(tmp_path: Any) -> None:
+    class Data(fullshard.LightningDataModule):
+        def __init__(self, config: dict[str, Any]) -> None:
+            super().__init__()
+            self.save_hyperparameters(config)
+
+        def train_dataloader(self) -> Any:
+            return DataLoader(TensorDataset(torch.randn(4, 4), torch.randn(4, 1)), batch_size=2)
+
+    class Net(fullshard.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = quiet_trainer(tmp_path, max_steps=1)
+    trainer.fit(Net(), datamodule=Data({"batch": 2, "root": "data"}))
+    trainer.save_checkpoint(tmp_path / "d.ckpt")
+    loaded = Data.load_from_checkpoint(tmp_path / "d.ckpt")
+    assert dict(loaded.hparams) == {"batch": 2, "root": "data"}
