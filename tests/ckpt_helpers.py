@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fullshard
-from conftest import SCRIPTS, check_ok, run_script
+from conftest import SCRIPTS, check_ok, has_checkpoint_callback, run_script
 from fullshard.checkpoint.events import set_event_hook
 from fullshard.strategies import SingleDeviceStrategy
 
@@ -37,7 +37,8 @@ def run_single(
     """Train ``Net`` in this process (single device), optionally resuming and saving."""
     fullshard.seed_everything(11)
     model = model if model is not None else Net()
-    kwargs: dict[str, Any] = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    checkpointing = has_checkpoint_callback(trainer_kwargs.get("callbacks"))
+    kwargs: dict[str, Any] = dict(logger=False, enable_checkpointing=checkpointing, enable_progress_bar=False)
     kwargs.update(trainer_kwargs)
     trainer = fullshard.Trainer(
         accelerator="cpu",

@@ -43,15 +43,25 @@ def _no_leaks() -> Iterator[None]:
     assert not live_group, "test left a torch.distributed process group alive"
 
 
+def has_checkpoint_callback(callbacks: Any) -> bool:
+    """Whether ``Trainer(callbacks=...)`` holds a ``ModelCheckpoint`` (or another checkpoint callback)."""
+    from fullshard.callbacks import Checkpoint
+
+    given = [callbacks] if not isinstance(callbacks, list | tuple) else list(callbacks)
+    return any(isinstance(cb, Checkpoint) for cb in given)
+
+
 def quiet_trainer(root: Path, **kwargs: Any) -> Any:
-    """A one-process CPU Trainer without logger, checkpoints or progress bar (``kwargs`` override)."""
+    """A one-process CPU Trainer without logger, checkpoints or progress bar (``kwargs`` override;
+    checkpoints are enabled when ``callbacks`` holds a checkpoint callback, as the Trainer refuses
+    one with ``enable_checkpointing=False``)."""
     import fullshard
 
     defaults: dict[str, Any] = dict(
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=has_checkpoint_callback(kwargs.get("callbacks")),
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,

@@ -425,15 +425,22 @@ def test_monitor_none_keeps_the_newest(tmp_path: Path) -> None:
     for _ in range(3):
         _step(cb, trainer)
     assert _files(tmp_path / "c") == ["epoch=0-step=3.ckpt"]
-    # fullshard extension: Lightning refuses save_top_k > 1 without a monitor; we keep the k newest
-    cb = ModelCheckpoint(dirpath=tmp_path / "d", every_n_train_steps=1, save_top_k=2)
+    # save_top_k > 1 without a monitor is refused, as in Lightning; monitor="step" keeps the k newest
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"ModelCheckpoint\(save_top_k=2, monitor=None\) is invalid, as in Lightning: without a monitored "
+        r"metric there is nothing to rank the checkpoints by, so only -1 \(keep all\), 0 and 1 \(keep the newest\) "
+        r"are accepted. Pass monitor='<logged metric>' to keep the best 2, or monitor='step', mode='max' to keep "
+        r"the 2 newest.",
+    ):
+        ModelCheckpoint(dirpath=tmp_path / "d", every_n_train_steps=1, save_top_k=2)
+    cb = ModelCheckpoint(
+        dirpath=tmp_path / "d", every_n_train_steps=1, save_top_k=2, monitor="step", mode="max"
+    )
     _start(cb, trainer)
     for _ in range(3):
         _step(cb, trainer)
     assert _files(tmp_path / "d") == ["epoch=0-step=5.ckpt", "epoch=0-step=6.ckpt"]
-    assert cb.state_dict()["newest_model_paths"] == [
-        str(Path(cb.dirpath or "", n)) for n in _files(tmp_path / "d")
-    ]
 
 
 def test_save_last_link_points_at_the_newest_checkpoint(tmp_path: Path) -> None:
@@ -528,7 +535,7 @@ def test_state_dict_round_trip_and_a_moved_directory(tmp_path: Path) -> None:
     state = cb.state_dict()
     assert set(state) == {
         "monitor", "best_model_score", "best_model_path", "current_score", "dirpath", "best_k_models",
-        "kth_best_model_path", "kth_value", "last_model_path", "newest_model_paths",
+        "kth_best_model_path", "kth_value", "last_model_path",
     }  # fmt: skip
     same = ModelCheckpoint(dirpath=tmp_path / "c", monitor="loss")
     same.load_state_dict(state)

@@ -301,7 +301,12 @@ def test_overwrite_and_leftover_cleanup(tmp_path: Path) -> None:
 
 def test_model_checkpoint_with_sharded_directories(tmp_path: Path) -> None:
     callback = fullshard.ModelCheckpoint(
-        dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=2, save_last=True
+        dirpath=tmp_path / "ckpts",
+        every_n_train_steps=2,
+        save_top_k=2,
+        save_last=True,
+        monitor="step",
+        mode="max",
     )
     run_single(tmp_path, fmt="sharded", max_steps=8, callbacks=[callback], enable_checkpointing=True)
     names = sorted(p.name for p in (tmp_path / "ckpts").iterdir())
@@ -311,7 +316,12 @@ def test_model_checkpoint_with_sharded_directories(tmp_path: Path) -> None:
     (tmp_path / "ckpts" / "epoch=0-step=10.ckpt" / "data-partial").mkdir(parents=True)
     os.utime(tmp_path / "ckpts" / "epoch=0-step=10.ckpt")
     callback = fullshard.ModelCheckpoint(
-        dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=2, save_last=True
+        dirpath=tmp_path / "ckpts",
+        every_n_train_steps=2,
+        save_top_k=2,
+        save_last=True,
+        monitor="step",
+        mode="max",
     )
     trainer, model = run_single(
         tmp_path, fmt="sharded", max_steps=10, resume="last", callbacks=[callback], enable_checkpointing=True

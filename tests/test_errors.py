@@ -211,8 +211,20 @@ def test_bad_log_calls(tmp_path: Path) -> None:
         (BadLog("x"), TypeError, r"log\('bad'\) got a str; log a number"),
         (
             BadLog(1.0, reduce_fx="median"),
-            ValueError,
-            r"reduce_fx must be one of 'mean', 'sum', 'max', 'min'",
+            MisconfigurationError,
+            r"reduce_fx='median'\): reduce_fx must be min, max, mean or sum \(a name, or torch.min, torch.max, "
+            r"torch.mean, torch.sum\). For another reduction, log a torchmetrics.Metric",
+        ),
+        (
+            BadLog(1.0, reduce_fx=torch.median),
+            MisconfigurationError,
+            r"reduce_fx=<built-in method median.*: reduce_fx must be min, max, mean or sum",
+        ),
+        (
+            BadLog(1.0, on_step=False),
+            MisconfigurationError,
+            r"on_step=False and on_epoch=False records nothing \(here on_epoch defaults to False, as in "
+            r"Lightning\): set on_step=True or on_epoch=True",
         ),
         (
             BadLog(1.0, on_step=False, on_epoch=False),

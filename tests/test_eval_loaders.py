@@ -147,10 +147,6 @@ def test_a_required_dataloader_idx_is_refused_with_one_loader(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        (
-            [],
-            r"dataloaders must be a torch.utils.data.DataLoader or a list, tuple or dict of them, got an empty list. Pass at least one dataloader",
-        ),
         ([loader(4), "data"], r"got a str in the list. Wrap each dataset"),
         ({"a": 3}, r"got a int in the dict"),
         ("data", r"got str"),

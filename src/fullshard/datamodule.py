@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from fullshard import hyperparameters
 from fullshard.batch_transfer import move_data_to_device
-from fullshard.module import AttributeDict, init_arguments
+from fullshard.module import AttributeDict
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -107,13 +109,23 @@ class DataModule:
                 )
         return datamodule
 
-    def save_hyperparameters(self, *names: str, **values: Any) -> None:
-        """Record the arguments of the calling ``__init__`` (or ``names`` of them, or ``values``)."""
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        if caller is not None and not values:
-            self._hparams.update(init_arguments(caller, names))
-        self._hparams.update(values)
+    def save_hyperparameters(
+        self,
+        *args: Any,
+        ignore: str | list[str] | None = None,
+        frame: FrameType | None = None,
+        logger: bool = True,
+        **values: Any,
+    ) -> None:
+        """Record the arguments of the calling ``__init__`` (or ``args`` naming some, or one
+        dict/``Namespace``/``DictConfig``, or ``values``), as :meth:`fullshard.Module.save_hyperparameters`."""
+        if frame is None:
+            current = inspect.currentframe()
+            frame = current.f_back if current is not None else None
+        recorded = hyperparameters.record(self, frame, args, ignore, values, logger)
+        if recorded is None:
+            return
+        self._hparams.update(recorded)
         self._hparams_initial = copy.deepcopy(dict(self._hparams))
 
     def prepare_data(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from fullshard import hyperparameters
 from fullshard.module_hooks import DataHooks, ModelHooks, not_defined
 from fullshard.module_optimization import OptimizationHooks
 from fullshard.rank_zero import rank_zero_warn
@@ -50,22 +51,6 @@ class AttributeDict(dict[str, Any]):
 
     def __delattr__(self, key: str) -> None:
         del self[key]
-
-
-def init_arguments(frame: FrameType, names: tuple[str, ...]) -> dict[str, Any]:
-    """The arguments of the function running in ``frame`` (an ``__init__``), all of them or those
-    in ``names``; what ``save_hyperparameters()`` records."""
-    arguments = inspect.getargvalues(frame)
-    local = {k: arguments.locals[k] for k in arguments.args if k != "self"}
-    if arguments.keywords:
-        local.update(arguments.locals.get(arguments.keywords, {}))
-    unknown = [n for n in names if n not in local]
-    if unknown:
-        raise ValueError(
-            f"save_hyperparameters got {unknown}, which are not arguments of the calling "
-            f"function (it has {sorted(local)}). Pass argument names, or keyword values."
-        )
-    return {k: v for k, v in local.items() if not names or k in names}
 
 
 class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
@@ -336,7 +321,7 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         logger: bool | None = None,
         on_step: bool | None = None,
         on_epoch: bool | None = None,
-        reduce_fx: str = "mean",
+        reduce_fx: str | Callable[..., Any] = "mean",
         enable_graph: bool = False,
         sync_dist: bool = False,
         sync_dist_group: Any = None,
@@ -356,9 +341,12 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
             logger: send it to the loggers (default True).
             on_step: record the value of each step. Default: True in ``training_step`` and the
                 training batch hooks, False elsewhere.
-            on_epoch: record the ``reduce_fx`` over the epoch. Default: the opposite of ``on_step``.
-                With both on, the metric appears as ``name_step`` and ``name_epoch``.
-            reduce_fx: ``"mean"``, ``"sum"``, ``"max"`` or ``"min"`` (epoch and cross-process reduction).
+            on_epoch: record the ``reduce_fx`` over the epoch. Default: False in ``training_step``
+                and the training batch hooks, True elsewhere (so ``on_step=True`` in
+                ``validation_step`` logs both). With both on, the metric appears as ``name_step``
+                and ``name_epoch`` (and ``name``, the epoch value, in ``callback_metrics``).
+            reduce_fx: ``"mean"`` (or ``"avg"``), ``"sum"``, ``"max"``, ``"min"``, in any case, or
+                ``torch.mean``/``torch.sum``/``torch.max``/``torch.min`` (epoch and cross-process reduction).
             sync_dist: reduce it across processes (costs a collective each call); an epoch mean
                 then weights every batch of every process by its size.
             batch_size: weight of this value in the epoch mean. Default: inferred from the current
@@ -421,19 +409,31 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         if self._trainer is None or self._trainer.is_global_zero:
             print(*args, **kwargs)
 
-    def save_hyperparameters(self, *names: str, ignore: str | list[str] | None = None, **values: Any) -> None:
+    def save_hyperparameters(
+        self,
+        *args: Any,
+        ignore: str | list[str] | None = None,
+        frame: FrameType | None = None,
+        logger: bool = True,
+        **values: Any,
+    ) -> None:
         """Store constructor arguments in :attr:`hparams` (and so in every checkpoint).
 
         Called without arguments inside ``__init__`` it records every argument of ``__init__``;
-        ``names`` selects some of them, ``ignore`` leaves some out; keyword ``values`` are
-        stored as given.
+        string ``args`` select some of them, ``ignore`` leaves some out; one dict,
+        ``argparse.Namespace`` or omegaconf ``DictConfig`` argument records its entries (and
+        ``load_from_checkpoint`` passes them back as that argument); keyword ``values`` are
+        stored as given. ``logger=False``: the loggers do not get them (Lightning's rules:
+        :mod:`fullshard.hyperparameters`). ``frame``: the frame whose function's arguments are
+        recorded (default: the caller's).
         """
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
-        if caller is not None and not values:
-            self._hparams.update({k: v for k, v in init_arguments(caller, names).items() if k not in ignored})
-        self._hparams.update(values)
+        if frame is None:
+            current = inspect.currentframe()
+            frame = current.f_back if current is not None else None
+        recorded = hyperparameters.record(self, frame, args, ignore, values, logger)
+        if recorded is None:
+            return
+        self._hparams.update(recorded)
         self._hparams_initial = copy.deepcopy(dict(self._hparams))
 
     @classmethod

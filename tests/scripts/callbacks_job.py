@@ -222,7 +222,9 @@ def main(name: str, out: Path) -> None:
     # the exception ends the job's processes)
     fullshard.seed_everything(0)
     spikes = SpikeDetection(exclude_batches_path=out / name)
-    trainer = trainer_for(name, out, [spikes, OnExceptionCheckpoint(out / name / "failed")])
+    trainer = trainer_for(
+        name, out, [spikes, OnExceptionCheckpoint(out / name / "failed")], enable_checkpointing=True
+    )
     with contextlib.suppress(TrainingSpikeException):
         trainer.fit(Net(spike_at=3), loader)
     saved = torch.load(out / name / "failed" / "on_exception.ckpt", map_location="cpu", weights_only=True)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fullshard import hyperparameters
 from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
@@ -320,12 +321,14 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
         # Rank 0 writes the checkpoint's metadata: only it receives every rank's states.
         "rng_states": [_portable(s) for s in strategy.gather_object(rng_states()) or []],
         "hyper_parameters": dict(getattr(module, "hparams", {})),
+        **hyperparameters.checkpoint_entries(module),
     }
     datamodule = trainer.datamodule
     if datamodule is not None and (state := datamodule.state_dict()):
         checkpoint[type(datamodule).__qualname__] = state  # where Lightning keeps it
     if datamodule is not None and datamodule.hparams:  # for DataModule.load_from_checkpoint, as Lightning
         checkpoint["datamodule_hyper_parameters"] = dict(datamodule.hparams)
+        checkpoint.update(hyperparameters.checkpoint_entries(datamodule, "datamodule_"))
     return checkpoint
 
 
@@ -378,14 +381,34 @@ class LoadOptions:
 
 
 def load_options(
-    ckpt_path: str | Path | None, weights_only: object, verify: object, trust: object = False
+    ckpt_path: str | Path | None,
+    weights_only: object,
+    verify: object,
+    trust: object = False,
+    torch_weights_only: object = None,
 ) -> LoadOptions:
-    """The ``ckpt_weights_only``, ``ckpt_verify`` and ``trust_checkpoint`` arguments of
-    fit/validate/test/predict, checked."""
+    """The ``ckpt_weights_only``, ``ckpt_verify``, ``trust_checkpoint`` and ``weights_only``
+    arguments of fit/validate/test/predict, checked.
+
+    ``weights_only`` is Lightning's: how ``torch.load`` reads the checkpoint. True is the
+    allowlist fullshard always reads with (plain data only); False unpickles anything, which is
+    ``trust_checkpoint=True`` (docs/checkpoints.md, "Loading checkpoints you did not write");
+    None leaves ``trust_checkpoint`` to decide. It is not ``ckpt_weights_only``, which loads the
+    weights alone."""
     named = (("ckpt_weights_only", weights_only), ("ckpt_verify", verify), ("trust_checkpoint", trust))
     for name, value in named:
         if not isinstance(value, bool):
             raise MisconfigurationError(f"{name}={value!r} is invalid: pass True or False.")
+    if torch_weights_only is not None and not isinstance(torch_weights_only, bool):
+        raise MisconfigurationError(
+            f"weights_only={torch_weights_only!r} is invalid: pass True, False or None."
+        )
+    if torch_weights_only is True and trust:
+        raise MisconfigurationError(
+            "weights_only=True (read plain data only) and trust_checkpoint=True (unpickle anything) contradict "
+            "each other. Pass one of them: weights_only=False is the same as trust_checkpoint=True."
+        )
+    trust = trust or torch_weights_only is False
     if weights_only and ckpt_path is None:
         raise MisconfigurationError(
             "fit(ckpt_weights_only=True) loads the weights of the checkpoint given as ckpt_path, and none was "

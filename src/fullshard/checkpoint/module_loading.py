@@ -118,7 +118,10 @@ def load_datamodule_from_checkpoint(
         )
     read = _read_full if detect_format(path) == "full" else _read_sharded
     checkpoint = read(path, "cpu", trust_checkpoint)
-    saved = {"hyper_parameters": checkpoint.get("datamodule_hyper_parameters", {})}
+    saved = {
+        "hyper_parameters": checkpoint.get("datamodule_hyper_parameters", {}),
+        "hparams_name": checkpoint.get("datamodule_hparams_name"),  # given as one config argument
+    }
     datamodule = cls(**_init_arguments(cls, saved, kwargs))
     state = checkpoint.get(cls.__qualname__)
     if state is not None:

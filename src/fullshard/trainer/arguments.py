@@ -292,7 +292,15 @@ def build_callbacks(
                 f"callbacks must be fullshard Callback instances, got {type(cb).__name__}. Subclass "
                 "fullshard.Callback (a Lightning callback ports by changing its import)."
             )
-    if checkpointing and not any(isinstance(cb, Checkpoint) for cb in given):  # OnExceptionCheckpoint counts
+    checkpoints = [cb for cb in given if isinstance(cb, Checkpoint)]  # OnExceptionCheckpoint counts
+    if checkpoints and not checkpointing:
+        names = ", ".join(type(cb).__name__ for cb in checkpoints)
+        raise MisconfigurationError(
+            f"Trainer was configured with enable_checkpointing=False (or barebones=True) and callbacks holding "
+            f"{names}, which saves checkpoints (Lightning refuses it too). Remove the ModelCheckpoint from "
+            "callbacks to save none, or drop enable_checkpointing=False."
+        )
+    if checkpointing and not checkpoints:
         given.append(ModelCheckpoint())
     if progress_bar and not any(isinstance(cb, ProgressBar) for cb in given):
         given.insert(0, ProgressBar())

@@ -63,6 +63,37 @@ class _EpochAccumulator:
         self.weight += weight
 
 
+# the callables Lightning takes for each reduction (the builtins too)
+_REDUCE_CALLABLES: tuple[tuple[Any, ReduceOp], ...] = (
+    (torch.mean, "mean"),
+    (torch.sum, "sum"),
+    (sum, "sum"),
+    (torch.max, "max"),
+    (max, "max"),
+    (torch.min, "min"),
+    (min, "min"),
+)
+
+
+def parse_reduce_fx(name: str, reduce_fx: Any) -> ReduceOp:
+    """``log(reduce_fx=...)`` as one of the four reductions, as Lightning reads it: a name
+    (any case; ``"avg"`` is ``"mean"``) or ``torch.mean``/``torch.sum``/``torch.max``/``torch.min``
+    (or the builtins ``sum``, ``max``, ``min``)."""
+    if isinstance(reduce_fx, str):
+        lowered = reduce_fx.lower()
+        lowered = "mean" if lowered == "avg" else lowered
+        if lowered in _REDUCE_FX:
+            return lowered  # type: ignore[return-value]
+    else:
+        for function, op in _REDUCE_CALLABLES:
+            if reduce_fx is function:
+                return op
+    raise MisconfigurationError(
+        f"log({name!r}, reduce_fx={reduce_fx!r}): reduce_fx must be min, max, mean or sum (a name, or torch.min, "
+        "torch.max, torch.mean, torch.sum). For another reduction, log a torchmetrics.Metric that computes it."
+    )
+
+
 def is_metric(value: Any) -> bool:
     """Whether ``value`` is a ``torchmetrics.Metric`` (without importing torchmetrics)."""
     torchmetrics = sys.modules.get("torchmetrics")
@@ -139,29 +170,31 @@ class MetricsCollector:
         sync_dist: bool,
         on_step: bool | None,
         on_epoch: bool | None,
-        reduce_fx: str,
+        reduce_fx: str | Callable[..., Any],
         batch_size: int | None,
         logger: bool,
         add_dataloader_idx: bool = True,
     ) -> None:
         """Record one value; see :meth:`fullshard.Module.log` for the arguments."""
-        if reduce_fx not in _REDUCE_FX:
-            raise ValueError(
-                f"log({name!r}, reduce_fx={reduce_fx!r}): reduce_fx must be one of "
-                f"{', '.join(map(repr, _REDUCE_FX))}."
-            )
+        reduce = parse_reduce_fx(name, reduce_fx)
         in_step = self.in_step
+        # Lightning's defaults, each on its own: the training steps and batch hooks log per step,
+        # everything else per epoch; on_step=True in validation_step keeps the epoch value too
+        step_level = in_step and self.stage == "train"
         if on_step is None:
-            on_step = in_step and self.stage == "train"
+            on_step = step_level
         if on_epoch is None:
-            on_epoch = not on_step
+            on_epoch = not step_level
         if on_step and not in_step:
             raise MisconfigurationError(
                 f"log({name!r}, on_step=True) was called in an epoch-level hook, where there is no step. "
                 "Use on_step=False (the default there), or log it in training_step."
             )
         if not on_step and not on_epoch:
-            raise ValueError(f"log({name!r}) with on_step=False and on_epoch=False records nothing; set one.")
+            raise MisconfigurationError(
+                f"log({name!r}) with on_step=False and on_epoch=False records nothing (here on_epoch defaults to "
+                "False, as in Lightning): set on_step=True or on_epoch=True."
+            )
         # one of several evaluation loaders: Lightning appends this after "_step"/"_epoch"
         idx = self.dataloader_idx
         suffix = f"/dataloader_idx_{idx}" if add_dataloader_idx and in_step and idx is not None else ""
@@ -175,7 +208,6 @@ class MetricsCollector:
             tensor, sync_dist = self._metric_step_value(name, metric, on_step), False
         else:
             tensor = self._to_tensor(name, value)
-        reduce: ReduceOp = reduce_fx  # type: ignore[assignment]
         if on_step and tensor is not None:
             step_value = self._all_reduce(tensor, reduce) if sync_dist else tensor
             key = f"{name}_step{suffix}" if on_epoch else f"{name}{suffix}"

@@ -101,8 +101,11 @@ def check_manual_optimization(trainer: Trainer, model: Module) -> None:
 
 def overrides(obj: Any, base: type, name: str) -> bool:
     """Whether ``obj`` defines ``name`` itself: in its class, or on the instance (LightningCLI's
-    ``--optimizer`` sets ``configure_optimizers`` so)."""
-    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
+    ``--optimizer`` sets ``configure_optimizers`` so; set to None, it counts as not defined, as
+    Lightning's ``is_overridden``)."""
+    if name in vars(obj):  # set on the instance; None switches it off (`model.validation_step = None`)
+        return vars(obj)[name] is not None
+    return getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
 def _argument(kind: str) -> str:
@@ -139,7 +142,9 @@ def _values(loaders: Any) -> list[Any]:
 
 def eval_loaders(loader: Any, kind: str) -> list[DataLoader[Any]]:
     """The evaluation loaders in ``loader``: one DataLoader, or a list, tuple or dict of them (run
-    one after the other, in order, as Lightning's "sequential" CombinedLoader does)."""
+    one after the other, in order, as Lightning's "sequential" CombinedLoader does); an empty
+    one holds none, and the stage then runs no batches (``fit(val_dataloaders=[])`` does not
+    validate), as in Lightning."""
     accepted = f"{_argument(kind)} must be a torch.utils.data.DataLoader or a list, tuple or dict of them"
     fix = "Wrap each dataset: DataLoader(dataset, batch_size=...)."
     if not isinstance(loader, list | tuple | Mapping):
@@ -148,8 +153,6 @@ def eval_loaders(loader: Any, kind: str) -> list[DataLoader[Any]]:
         return [loader]
     loaders = _values(loader)
     container = type(loader).__name__
-    if not loaders:
-        raise MisconfigurationError(f"{accepted}, got an empty {container}. Pass at least one dataloader.")
     for item in loaders:
         if not isinstance(item, DataLoader):
             raise MisconfigurationError(f"{accepted}, got a {type(item).__name__} in the {container}. {fix}")

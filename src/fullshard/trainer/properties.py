@@ -8,6 +8,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint, ProgressBar
+from fullshard.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +45,7 @@ class TrainerProperties:
     _data: DataSources | None
     _stage: str | None
     _metrics: MetricsCollector
+    state: TrainerState
 
     @property
     def strategy(self) -> Strategy:
@@ -74,23 +76,41 @@ class TrainerProperties:
 
     @property
     def training(self) -> bool:
-        """True while the training loop runs (not during its validation)."""
-        return self._stage == "fit" and self._metrics.stage == "train"
+        """True while ``fit`` trains (from its ``setup`` on; not during its validation runs)."""
+        return self.state.stage == RunningStage.TRAINING
 
     @property
     def validating(self) -> bool:
-        """True while a validation run (in fit, or ``validate``) runs."""
-        return self._stage in ("fit", "validate") and self._metrics.stage == "validate"
+        """True while a validation run (in fit, or ``validate``) runs; not the sanity run."""
+        return self.state.stage == RunningStage.VALIDATING
 
     @property
     def testing(self) -> bool:
         """True during ``test``."""
-        return self._stage == "test"
+        return self.state.stage == RunningStage.TESTING
 
     @property
     def predicting(self) -> bool:
         """True during ``predict``."""
-        return self._stage == "predict"
+        return self.state.stage == RunningStage.PREDICTING
+
+    @property
+    def sanity_checking(self) -> bool:
+        """True during the sanity validation before training."""
+        return self.state.stage == RunningStage.SANITY_CHECKING
+
+    @sanity_checking.setter
+    def sanity_checking(self, value: bool) -> None:
+        # the fit loop's switch: in and out of the sanity run, back to training
+        if value:
+            self.state.stage = RunningStage.SANITY_CHECKING
+        elif self.sanity_checking:
+            self.state.stage = RunningStage.TRAINING if self.state.fn == TrainerFn.FITTING else None
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the last call raised (True from the callbacks' ``on_exception`` on, until the next call)."""
+        return self.state.status == TrainerStatus.INTERRUPTED
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -329,7 +349,7 @@ class TrainerProperties:
     @property
     def evaluating(self) -> bool:
         """Whether a validation or test run is going on (the sanity run and ``fit``'s validation included)."""
-        return self.validating or self.testing
+        return self.state.stage is not None and self.state.stage.evaluating
 
     @property
     def enable_validation(self) -> bool:

@@ -5,6 +5,7 @@ its Trainer reads as if it had run the job itself. Rank 0's report is the one th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +26,7 @@ def spawn_report(trainer: Trainer, state_dict: dict[str, torch.Tensor]) -> dict[
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "best_model_path": best_checkpoint_path(trainer),
+        "state": dataclasses.replace(trainer.state),  # FINISHED, as Lightning's parent process reads it
     }
 
 
@@ -35,6 +37,7 @@ def apply_spawn_report(trainer: Trainer, result: dict[str, Any]) -> None:
     trainer.metrics_collector.logged_metrics.update(result["logged_metrics"])
     trainer.global_step = result["global_step"]
     trainer.current_epoch = result["current_epoch"]
+    trainer.state = result["state"]
     callback = trainer.checkpoint_callback
     if callback is not None and result.get("best_model_path"):
         callback.best_model_path = result["best_model_path"]

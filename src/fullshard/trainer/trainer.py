@@ -28,7 +28,7 @@ from fullshard.module import Module
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
-from fullshard.trainer import arguments, nonfinite, preemption
+from fullshard.trainer import arguments, call, nonfinite, preemption, states
 from fullshard.trainer.callbacks import Callback, ModelSummary
 from fullshard.trainer.devices import configure_torch, configured_strategy
 from fullshard.trainer.hooks import Hooks
@@ -271,9 +271,7 @@ class Trainer(TrainerProperties):
         self.loggers = arguments.build_loggers(logger, self.default_root_dir)
 
         self.should_stop = False
-        self.sanity_checking = False
-        #: Whether the last call ended with an exception (True from the callbacks' on_exception on).
-        self.interrupted = False
+        self.state = states.TrainerState()  # the call, its status and stage (fullshard.trainer.states)
         self.is_last_batch = False
         self.batch_idx_start = 0
         self.optimizers: list[Optimizer] = []
@@ -308,6 +306,7 @@ class Trainer(TrainerProperties):
         val_dataloaders: Any = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | Path | None = None,
+        weights_only: bool | None = None,
         *,
         ckpt_weights_only: bool = False,
         ckpt_verify: bool = True,
@@ -328,11 +327,14 @@ class Trainer(TrainerProperties):
         unpickle the checkpoint unrestricted, which runs any code its files name: only for one from
         someone you trust. By default anything but plain data (tensors, numbers, strings, lists,
         dicts) is refused with ``UntrustedCheckpointError`` before anything loads
-        (docs/checkpoints.md, "Loading checkpoints you did not write").
+        (docs/checkpoints.md, "Loading checkpoints you did not write"). ``weights_only``:
+        Lightning's; True reads plain data only (the default), False is ``trust_checkpoint=True``.
         """
         if isinstance(train_dataloaders, DataModule):
             datamodule, train_dataloaders = train_dataloaders, None
-        self._ckpt_options = load_options(ckpt_path, ckpt_weights_only, ckpt_verify, trust_checkpoint)
+        self._ckpt_options = load_options(
+            ckpt_path, ckpt_weights_only, ckpt_verify, trust_checkpoint, weights_only
+        )
         sources = make_sources(datamodule, train=train_dataloaders, val=val_dataloaders)
         self._preflight("fit", model, sources)
         self._launch("fit", model, sources, ckpt_path)
@@ -344,14 +346,15 @@ class Trainer(TrainerProperties):
         ckpt_path: str | Path | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
         *,
         ckpt_verify: bool = True,
         trust_checkpoint: bool = False,
     ) -> list[dict[str, float]]:
         """Run one validation pass; returns the epoch values logged in it, one dict per dataloader
         (``dataloaders``: one DataLoader, or a list, tuple or dict of them, run in turn).
-        ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`."""
-        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
+        ``ckpt_verify``, ``trust_checkpoint``, ``weights_only``: as for :meth:`fit`."""
+        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint, weights_only)
         return self._evaluate("validate", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
     def test(
@@ -361,13 +364,14 @@ class Trainer(TrainerProperties):
         ckpt_path: str | Path | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        weights_only: bool | None = None,
         *,
         ckpt_verify: bool = True,
         trust_checkpoint: bool = False,
     ) -> list[dict[str, float]]:
         """Run one pass over the test data with ``test_step``; returns one metrics dict per dataloader.
-        ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`."""
-        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
+        ``ckpt_verify``, ``trust_checkpoint``, ``weights_only``: as for :meth:`fit`."""
+        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint, weights_only)
         return self._evaluate("test", model, dataloaders, ckpt_path, verbose, datamodule)  # type: ignore[no-any-return]
 
     def predict(
@@ -377,6 +381,7 @@ class Trainer(TrainerProperties):
         datamodule: DataModule | None = None,
         return_predictions: bool | None = None,
         ckpt_path: str | Path | None = None,
+        weights_only: bool | None = None,
         *,
         ckpt_verify: bool = True,
         trust_checkpoint: bool = False,
@@ -390,9 +395,9 @@ class Trainer(TrainerProperties):
         the processes in step), and the list returned is this process's. On global rank 0 with
         the default launcher that is the process that called ``predict``; gather across
         processes with ``self.all_gather`` in ``on_predict_epoch_end`` if you need all of them.
-        ``ckpt_verify``, ``trust_checkpoint``: as for :meth:`fit`.
+        ``ckpt_verify``, ``trust_checkpoint``, ``weights_only``: as for :meth:`fit`.
         """
-        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint)
+        self._ckpt_options = load_options(ckpt_path, False, ckpt_verify, trust_checkpoint, weights_only)
         keep = True if return_predictions is None else return_predictions
         result = self._evaluate("predict", model, dataloaders, ckpt_path, False, datamodule, keep)
         return result if keep else None
@@ -490,7 +495,7 @@ class Trainer(TrainerProperties):
         strategy.setup_environment()
         set_global_rank(self.global_rank)
         self._stage = stage
-        self.interrupted = False
+        call.start(self.state, stage)
         self._module = model
         self._datamodule = datamodule = sources.datamodule
         self._metrics.reset()  # as in Lightning, each call starts with no metrics
@@ -514,19 +519,14 @@ class Trainer(TrainerProperties):
         except TunerExit:  # a tuner's search ended this call on purpose (fullshard.tuner.Tuner)
             return None
         except BaseException as exception:
-            self.interrupted = True
-            strategy.on_exception(exception)
-            hooks.call("on_exception", exception)
-            if datamodule is not None:
-                datamodule.on_exception(exception)
-            self.checkpoint_manager.finish_after_failure(exception)
-            finalize_loggers(self, "failed")
+            call.handle_failure(self, exception, hooks)  # SystemExit(1) after Ctrl+C
             raise
         finally:
             if datamodule is not None:
                 datamodule.teardown(stage)
             hooks.call("teardown", stage)
             self._stage = None
+            call.end(self.state)
 
     def _run_stage(
         self,

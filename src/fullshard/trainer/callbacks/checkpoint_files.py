@@ -176,6 +176,13 @@ def check_arguments(
         raise bad("save_last", save_last, "use True, False, None or 'link'")
     if not is_int(save_top_k) or save_top_k < -1:
         raise bad("save_top_k", save_top_k, "use -1 (keep all), 0 (none besides last) or k >= 1")
+    if monitor is None and save_top_k not in (-1, 0, 1):
+        raise MisconfigurationError(
+            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is invalid, as in Lightning: without a "
+            "monitored metric there is nothing to rank the checkpoints by, so only -1 (keep all), 0 and 1 (keep "
+            f"the newest) are accepted. Pass monitor='<logged metric>' to keep the best {save_top_k}, or "
+            f"monitor='step', mode='max' to keep the {save_top_k} newest."
+        )
     if mode not in ("min", "max"):
         raise bad("mode", mode, "use 'min' or 'max'")
     for name, value in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):

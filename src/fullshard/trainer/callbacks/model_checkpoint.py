@@ -71,13 +71,13 @@ class ModelCheckpoint(Checkpoint):
         filename: name template without extension; fields are ``{epoch}``, ``{step}`` and any
             logged metric, with an optional format spec: ``"{epoch}-{val_loss:.2f}"``. A field
             whose metric is not logged reads 0. Default ``"{epoch}-{step}"``.
-        monitor: metric that ranks checkpoints; None: keep the newest.
+        monitor: metric that ranks checkpoints; None: keep the newest (or all, ``save_top_k=-1``).
         verbose: log each save (and each checkpoint not admitted) at INFO level on rank 0.
         save_last: also write ``last.ckpt`` whenever a checkpoint is saved (True), or make it
             a symbolic link to that checkpoint (``"link"``, no extra write).
         save_top_k: keep the best ``k`` checkpoints (-1: all, 0: none besides ``last``). With
-            ``monitor=None``, Lightning accepts only -1, 0 and 1; fullshard also keeps the ``k``
-            newest for ``k > 1``.
+            ``monitor=None`` only -1, 0 and 1 (the newest) are accepted, as in Lightning; to keep
+            the ``k`` newest, pass ``monitor="step", mode="max"``.
         save_on_exception: save a checkpoint when ``fit`` raises (single-process runs only).
         save_weights_only: leave optimizer and scheduler states out of the checkpoints.
         mode: ``"min"`` or ``"max"``: which end of ``monitor`` is best.
@@ -165,7 +165,6 @@ class ModelCheckpoint(Checkpoint):
         self.best_model_score: torch.Tensor | None = None
         self.current_score: torch.Tensor | None = None
         self.last_model_path = ""
-        self._newest: list[str] = []  # monitor=None, save_top_k > 1: kept paths, oldest first
         self._last_global_step_saved = 0  # nothing to save before the first step
         self._last_checkpoint_saved = ""
         self._last_time_checked: float | None = None
@@ -322,7 +321,6 @@ class ModelCheckpoint(Checkpoint):
             "kth_best_model_path": self.kth_best_model_path,
             "kth_value": self.kth_value,
             "last_model_path": self.last_model_path,
-            "newest_model_paths": list(self._newest),
         }
 
     @override
@@ -334,7 +332,6 @@ class ModelCheckpoint(Checkpoint):
             self.kth_value = state_dict.get("kth_value", self.kth_value)
             self.best_k_models = dict(state_dict.get("best_k_models", self.best_k_models))
             self.last_model_path = state_dict.get("last_model_path", self.last_model_path)
-            self._newest = list(state_dict.get("newest_model_paths", self._newest))
         else:
             rank_zero_warn(
                 f"ModelCheckpoint's dirpath changed from {saved_dir!r} (in the checkpoint) to {self.dirpath!r}: "
@@ -459,15 +456,9 @@ class ModelCheckpoint(Checkpoint):
     def _save_none_monitor_checkpoint(self, trainer: Trainer, candidates: dict[str, torch.Tensor]) -> None:
         filepath = self._get_metric_interpolated_filepath_name(candidates, trainer, self.best_model_path)
         previous, self.best_model_path = self.best_model_path, filepath
-        if self.save_top_k > 1:
-            self._newest = [p for p in self._newest if p != filepath] + [filepath]
         self._save_checkpoint(trainer, filepath)
         if self.save_top_k == 1 and previous and self._should_remove_checkpoint(trainer, previous, filepath):
             self._to_remove.append(previous)
-        while self.save_top_k > 1 and len(self._newest) > self.save_top_k:
-            oldest = self._newest.pop(0)
-            if self._should_remove_checkpoint(trainer, oldest, filepath):
-                self._to_remove.append(oldest)
 
     def _save_last_checkpoint(self, trainer: Trainer, candidates: dict[str, torch.Tensor]) -> None:
         if not self.save_last:
@@ -519,7 +510,6 @@ class ModelCheckpoint(Checkpoint):
             self.last_model_path,
             self._last_checkpoint_saved,
             *self.best_k_models,
-            *self._newest,
         }
         doomed = [p for p in dict.fromkeys(self._to_remove) if p not in live]
         self._to_remove = []

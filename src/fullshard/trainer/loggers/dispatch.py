@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fullshard.hyperparameters import sent_to_loggers
 from fullshard.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
@@ -24,10 +25,11 @@ def run_hyperparams(model: Module, datamodule: DataModule | None) -> dict[str, A
     Raises:
         RuntimeError: a name both recorded, with different values.
     """
-    # The module's record exists only once save_hyperparameters ran; the datamodule's is always
-    # there, empty until then.
-    from_module = dict(model.hparams_initial) if "_hparams_initial" in vars(model) else None
-    from_data = dict(datamodule.hparams_initial) if datamodule is not None else {}
+    # Only what save_hyperparameters recorded, and not with logger=False (Lightning's rule).
+    from_module = dict(model.hparams_initial) if sent_to_loggers(model) else None
+    from_data = (
+        dict(datamodule.hparams_initial) if datamodule is not None and sent_to_loggers(datamodule) else {}
+    )
     if from_module is None and not from_data:
         return None
     merged = dict(from_module or {})
@@ -98,12 +100,26 @@ def _agree_on_versions(trainer: Trainer) -> None:
         logger._version = version
 
 
-def send_to_loggers(trainer: Trainer, values: dict[str, float], step: int) -> None:
-    """Send ``values`` (with the current ``epoch``) to the Trainer's loggers, from global rank 0."""
-    if trainer.is_global_zero and trainer.loggers:
-        values = {**values, "epoch": float(trainer.current_epoch)}
-        for logger in trainer.loggers:
-            logger.log_metrics(values, step=step)
+def send_to_loggers(
+    trainer: Trainer, values: dict[str, float], step: int, *, evaluation_step: bool = False
+) -> None:
+    """Send ``values`` to the Trainer's loggers at ``step``, from global rank 0.
+
+    As Lightning's: a logged ``"step"`` value is the step the loggers get (it is taken out of the
+    values, and no ``epoch`` is added); otherwise the current ``epoch`` is added unless the
+    values have one. The rows of validation/test steps (``evaluation_step``) are sent as they are,
+    at the count of batches the loop has logged.
+    """
+    if not (trainer.is_global_zero and trainer.loggers):
+        return
+    values = dict(values)
+    if not evaluation_step:
+        if "step" in values:
+            step = int(values.pop("step"))
+        else:
+            values.setdefault("epoch", float(trainer.current_epoch))
+    for logger in trainer.loggers:
+        logger.log_metrics(values, step=step)
 
 
 def finalize_loggers(trainer: Trainer, status: str) -> None:

@@ -30,6 +30,7 @@ from fullshard.trainer import data_setup
 from fullshard.trainer.loggers import send_to_loggers
 from fullshard.trainer.loops.prediction_indices import BatchIndexRecorder, prediction_writers
 from fullshard.trainer.preflight import overrides
+from fullshard.trainer.states import RunningStage
 
 if TYPE_CHECKING:
     from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
@@ -57,6 +58,9 @@ class EvaluationLoop:
         """The dataset indices of the batch being predicted (for a ``BasePredictionWriter``)."""
         self._predictions: list[list[Any]] = []
         self._epoch_batch_indices: list[list[list[int]]] = []
+        # per dataloader, the batches run since its loader was built (the sanity run's aside): the
+        # step loggers get for what a step logged, as Lightning counts
+        self._logged_batches: list[int] = []
 
     @property
     def loader(self) -> PreparedLoader | None:
@@ -94,6 +98,7 @@ class EvaluationLoop:
         """Build this stage's loaders (validation only when the module has a ``validation_step``)."""
         self.loaders, self.max_batches = [], []
         kind = _DATA_KIND[self.stage]
+        self._logged_batches = []
         if self.stage == "validate" and not overrides(module, Module, "validation_step"):
             return
         for loader in sources.get_all(kind, module):
@@ -102,6 +107,7 @@ class EvaluationLoop:
                 prepared = BatchIndexRecorder.wrap(prepared)
             self.loaders.append(prepared)
             self.max_batches.append(batches)
+            self._logged_batches.append(0)
 
     @property
     def sanity_batches_per_loader(self) -> list[int | float]:
@@ -127,6 +133,9 @@ class EvaluationLoop:
         name = _HOOK_STAGE[stage]
         module = trainer.lightning_module
         several = len(self.loaders) > 1
+        in_training = trainer.state.stage == RunningStage.TRAINING  # fit's validation: its own stage
+        if in_training:
+            trainer.state.stage = RunningStage.VALIDATING
         _check_dataloader_idx(module, name, several)
         writers = self._start_collecting(keep_predictions)
         metrics.stage = stage
@@ -162,6 +171,8 @@ class EvaluationLoop:
         if not keep_predictions:
             self._predictions = []
         self._epoch_batch_indices = []
+        if in_training:
+            trainer.state.stage = RunningStage.TRAINING
         return results
 
     def _start_collecting(self, keep_predictions: bool) -> list[BasePredictionWriter]:
@@ -226,10 +237,14 @@ class EvaluationLoop:
             for hook in batch_end:
                 hook(output, batch, batch_idx, *extra)
             batch_idx += 1
+            if trainer.sanity_checking:
+                metrics.pop_step_log()
+                continue
             if metrics.has_step_log():
-                values = metrics.pop_step_log()
-                if not trainer.sanity_checking:
-                    send_to_loggers(trainer, values, trainer.logger_step)
+                send_to_loggers(
+                    trainer, metrics.pop_step_log(), self._logged_batches[index], evaluation_step=True
+                )
+            self._logged_batches[index] += 1
 
 
 def _capture_modes(module: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
