@@ -29,7 +29,7 @@ from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, nonfinite, preemption
-from fullshard.trainer.callbacks import Callback, ModelSummary
+from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import configure_torch, configured_strategy
 from fullshard.trainer.hooks import Hooks
 from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log_run_start
@@ -46,7 +46,7 @@ from fullshard.trainer.preflight import (
 )
 from fullshard.trainer.properties import TrainerProperties
 from fullshard.trainer.spawn_result import apply_spawn_report, spawn_report
-from fullshard.trainer.summary import format_results, model_summary
+from fullshard.trainer.summary import format_results
 from fullshard.tuner.exit import TunerExit
 
 log = logging.getLogger("fullshard")
@@ -266,7 +266,11 @@ class Trainer(TrainerProperties):
         )
 
         self.callbacks = arguments.build_callbacks(
-            callbacks, enable_checkpointing is not False, enable_progress_bar is not False, max_time
+            callbacks,
+            enable_checkpointing is not False,
+            enable_progress_bar is not False,
+            max_time,
+            self.enable_model_summary,
         )
         self.loggers = arguments.build_loggers(logger, self.default_root_dir)
 
@@ -555,9 +559,6 @@ class Trainer(TrainerProperties):
                 self.print(format_results(stage, results))
             finalize_loggers(self, "success")
             return loop.predictions if stage == "predict" else results
-        own_summary = any(isinstance(cb, ModelSummary) for cb in self.callbacks)  # it prints at on_fit_start
-        if self.enable_model_summary and self.is_global_zero and not own_summary:
-            log.info(model_summary(model, self._strategy.parameter_sizes(model)))
         self.should_stop = False
         hooks.call("on_fit_start")
         self.fit_loop.run(model, sources, checkpoint, hooks)

@@ -119,7 +119,8 @@ def run_dir(loggers: list[Logger], default_root_dir: str) -> str:
     ``save_dir`` (the trackers), else ``default_root_dir``."""
     if not loggers:
         return default_root_dir
-    return loggers[0].log_dir or loggers[0].save_dir or default_root_dir
+    logger = loggers[0]  # duck-typed loggers may have no log_dir (Lightning reads their save_dir)
+    return getattr(logger, "log_dir", None) or logger.save_dir or default_root_dir
 
 
 def checkpoint_root(loggers: list[Logger], default_root_dir: str) -> str:
