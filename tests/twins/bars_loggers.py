@@ -403,6 +403,15 @@ def case_csv_warns_on_a_used_folder(tmp: Path) -> Any:
             logger.log_metrics({"a": 1.0}, step=0)
             logger.save()
         seen[label] = warned(w, "exists and is not empty")
+    # a run's own checkpoints in its folder are no reason to warn (epoch 0's checkpoint lands
+    # there before the first metrics, logged at step 3)
+    with caught_warnings() as w, _output():
+        trainer = _trainer(
+            tmp / "run", logger=loggers.CSVLogger(tmp / "run"), enable_checkpointing=True, log_every_n_steps=3
+        )
+        trainer.fit(_model_class()(), _loader(2))
+    seen["metrics_written"] = (tmp / "run" / "lightning_logs" / "version_0" / "metrics.csv").is_file()
+    seen["own_checkpoints"] = warned(w, "exists and is not empty")
     return seen
 
 

@@ -135,4 +135,4 @@ class RichModelSummary(ModelSummary):
         console.print(f"Total estimated model params size (MB): {model_size:.3f}")
         console.print(f"Modules in train mode: {total_training_modes['train']}")
         console.print(f"Modules in eval mode: {total_training_modes['eval']}")
-        console.print(f"Total FLOPs: {human_count(total_flops)}")
+        console.print(f"Total FLOPs: {human_count(total_flops).strip()}")

@@ -164,6 +164,7 @@ class CSVLogger(VersionedLogger):
     @override
     @rank_zero_only
     def save(self) -> None:
+        self._check_dir()  # the Trainer saves when a call starts: before its checkpoints land there
         self._flush()
 
     @override
