@@ -40,10 +40,13 @@ def _run_epoch(bar: TQDMProgressBar, trainer: Any, batches: int) -> None:
     bar.on_train_epoch_end(trainer, MODULE)
 
 
-def _run_validation(bar: TQDMProgressBar, trainer: Any, batches: int) -> None:
+def _run_validation(bar: TQDMProgressBar, trainer: Any, batches: int | list[int]) -> None:
+    """``batches``: per dataloader (an int: one dataloader)."""
     bar.on_validation_start(trainer, MODULE)
-    for batch_idx in range(batches):
-        bar.on_validation_batch_end(trainer, MODULE, None, None, batch_idx)
+    for dataloader_idx, count in enumerate([batches] if isinstance(batches, int) else batches):
+        for batch_idx in range(count):
+            bar.on_validation_batch_start(trainer, MODULE, None, batch_idx, dataloader_idx)
+            bar.on_validation_batch_end(trainer, MODULE, None, None, batch_idx, dataloader_idx)
     bar.on_validation_end(trainer, MODULE)
 
 
@@ -111,7 +114,7 @@ def test_validation_bar_is_transient_and_its_metrics_reach_the_training_bar() ->
     trainer.progress_bar_metrics["val_loss"] = 2.0
     _run_validation(bar, trainer, batches=3)
     during = out.getvalue()[before:]
-    assert "Validation: 100%" in during
+    assert "Validation DataLoader 0: 100%" in during
     assert "3/3" in during
     # Shown again right after validation, with the new metric, before any further batch.
     assert _final_line(during).startswith("Epoch 0:  25%")
@@ -122,19 +125,43 @@ def test_standalone_validation_draws_only_the_validation_bar() -> None:
     out = io.StringIO()
     bar = TQDMProgressBar(mininterval=0, file=out)
     _run_validation(bar, _trainer(num_val_batches=[2]), batches=2)
-    assert "Validation: 100%" in out.getvalue()
+    assert "Validation DataLoader 0: 100%" in _final_line(out.getvalue())  # kept
     assert "Epoch" not in out.getvalue()
 
 
-def test_several_loaders_share_one_bar_and_the_sanity_run_has_its_own_total() -> None:
+def test_each_loader_restarts_the_bar_and_the_sanity_run_has_its_own_total() -> None:
     out = io.StringIO()
     bar = TQDMProgressBar(mininterval=0, file=out)
-    trainer = _trainer(num_val_batches=[3, 2], num_sanity_val_batches=[2, 2], sanity_checking=True)
-    _run_validation(bar, trainer, batches=4)
-    assert "Sanity Checking: 100%" in out.getvalue() and "4/4" in out.getvalue()
+    trainer = _trainer(num_val_batches=[3, 2], num_sanity_val_batches=[2, 1], sanity_checking=True)
+    _run_validation(bar, trainer, batches=[2, 1])
+    text = out.getvalue()
+    assert "Sanity Checking DataLoader 0: 100%" in text and "2/2" in text
+    assert "Sanity Checking DataLoader 1: 100%" in text and "1/1" in text
     trainer.sanity_checking = False
-    _run_validation(bar, trainer, batches=5)
-    assert "Validation: 100%" in out.getvalue() and "5/5" in out.getvalue()
+    _run_validation(bar, trainer, batches=[3, 2])
+    text = out.getvalue()
+    assert "Validation DataLoader 0: 100%" in text and "3/3" in text
+    assert "Validation DataLoader 1: 100%" in text and "2/2" in text
+
+
+def test_test_and_predict_bars_stay_with_a_bar_per_loader() -> None:
+    out = io.StringIO()
+    bar = TQDMProgressBar(mininterval=0, file=out)
+    trainer = _trainer(num_test_batches=[2], num_predict_batches=[1, 3])
+    bar.on_test_start(trainer, MODULE)
+    for batch_idx in range(2):
+        bar.on_test_batch_start(trainer, MODULE, None, batch_idx)
+        bar.on_test_batch_end(trainer, MODULE, None, None, batch_idx)
+    bar.on_test_end(trainer, MODULE)
+    assert _final_line(out.getvalue()).startswith("Testing DataLoader 0: 100%")
+    bar.on_predict_start(trainer, MODULE)
+    for dataloader_idx, count in enumerate([1, 3]):
+        for batch_idx in range(count):
+            bar.on_predict_batch_start(trainer, MODULE, None, batch_idx, dataloader_idx)
+            bar.on_predict_batch_end(trainer, MODULE, None, None, batch_idx, dataloader_idx)
+    bar.on_predict_end(trainer, MODULE)
+    final = _final_line(out.getvalue())
+    assert final.startswith("Predicting DataLoader 1: 100%") and "3/3" in final
 
 
 def test_nothing_is_drawn_off_global_rank_zero() -> None:

@@ -48,8 +48,14 @@ def _model_class() -> Any:
             self.log("loss", loss, prog_bar=True)
             return loss
 
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
             self.log("val_loss", self(batch[0]).pow(2).mean(), prog_bar=True)
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("test_loss", self(batch[0]).pow(2).mean())
+
+        def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+            return self(batch[0])
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -134,7 +140,7 @@ def _bars(text: str) -> list[Any]:
     (reported apart; the bar shows that dict in its order)."""
     shown = []
     for number, line in enumerate(_screen(text)):
-        if not line.strip():
+        if "it/s" not in line:  # not a bar (blank, or a printed table)
             continue
         count = re.search(r"(\d+)/(\d+)", line)
         postfix = line[line.rfind("[") :] if "[" in line else ""
@@ -173,6 +179,28 @@ def case_tqdm_bar(tmp: Path) -> Any:
             "flags": [bar.is_enabled, bar.is_disabled, bar.refresh_rate, bar.process_position],
             "is_the_trainers": trainer.progress_bar_callback is bar,
         }
+    return seen
+
+
+def case_tqdm_eval_bars(tmp: Path) -> Any:
+    """The bars of validate (two loaders), test and predict (two loaders)."""
+    model = _model_class()()
+    seen = {}
+    for position in (0, 1):
+        trainer = _trainer(
+            tmp, callbacks=[callbacks.TQDMProgressBar(process_position=position)], logger=False
+        )
+        runs = {
+            "validate": lambda trainer=trainer: trainer.validate(
+                model, [_loader(2), _loader(1)], verbose=False
+            ),
+            "test": lambda trainer=trainer: trainer.test(model, _loader(2), verbose=False),
+            "predict": lambda trainer=trainer: trainer.predict(model, [_loader(1), _loader(3)]),
+        }
+        for stage, run in runs.items():
+            with _output() as out, caught_warnings():
+                run()
+            seen[f"{stage}_{position}"] = _bars(out.getvalue())
     return seen
 
 

@@ -206,9 +206,11 @@ def _format_value(value: Any) -> str:
 
 
 class TQDMProgressBar(ProgressBar):
-    """The default bar: a training bar (``Epoch <n>``, the epoch's batch count, then
-    :meth:`get_metrics`: ``v_num`` and the ``prog_bar`` metrics) and a transient bar for each
-    validation run, drawn with tqdm on standard output by global rank 0.
+    """The default bar without ``rich``: a training bar (``Epoch <n>``, the epoch's batch count,
+    then :meth:`get_metrics`: ``v_num`` and the ``prog_bar`` metrics), a transient bar below it
+    for each validation run, and a bar for ``validate``, ``test`` and ``predict`` (``Testing
+    DataLoader <i>``, started again for each dataloader), drawn with tqdm on standard output by
+    global rank 0.
 
     Args:
         refresh_rate: Advance the bars every this many batches; 0 hides the bar.
@@ -248,9 +250,9 @@ class TQDMProgressBar(ProgressBar):
         self.file = file
         self._enabled = True
         self._train_bar: _Bar | None = None
-        self._val_bar: _Bar | None = None
+        self._eval_bar: _Bar | None = None
         self._train_pending = 0  # batches done but not yet passed to the bar
-        self._val_pending = 0
+        self._eval_pending = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # open bars hold the stream they draw on; a pickled callback (spawn, deepcopy) leaves them
@@ -287,7 +289,7 @@ class TQDMProgressBar(ProgressBar):
 
     @override
     def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
-        bar = self._train_bar or self._val_bar
+        bar = self._train_bar or self._eval_bar  # the open bar that leaves room for the text
         if bar is None:
             print(*args, sep=sep, **kwargs)
         else:
@@ -363,24 +365,23 @@ class TQDMProgressBar(ProgressBar):
     def on_train_end(self, trainer: Trainer, module: Module) -> None:
         self._close_all()
 
-    # ----- validation -----
+    # ----- validation, test, predict: one bar, reset for each dataloader -----
 
     @override
     def on_validation_start(self, trainer: Trainer, module: Module) -> None:
-        self._close_val_bar()
-        if not self._draws(trainer):
-            return
-        self._val_pending = 0
         below_train_bar = self._train_bar is not None
-        batches = trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches
-        self._val_bar = self._new_bar(
-            None,
-            desc=self.sanity_check_description if trainer.sanity_checking else self.validation_description,
-            total=_finite_total(sum(batches)),
-            # a standalone `validate` keeps its finished bar, as the training bar is kept
-            leave=not (below_train_bar or trainer.sanity_checking),
-            position=2 * self._process_position + below_train_bar,
+        # a standalone `validate` keeps its finished bar, as the training bar is kept
+        self._open_eval_bar(
+            trainer, leave=not (below_train_bar or trainer.sanity_checking), lower=below_train_bar
         )
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        desc = self.sanity_check_description if trainer.sanity_checking else self.validation_description
+        batches = trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches
+        self._next_loader(desc, batches, dataloader_idx)
 
     @override
     def on_validation_batch_end(
@@ -392,21 +393,96 @@ class TQDMProgressBar(ProgressBar):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        bar = self._val_bar
-        if bar is None:
-            return
-        self._val_pending += 1
-        if self._val_pending >= self._refresh_rate:
-            bar.update(self._val_pending)
-            self._val_pending = 0
+        self._advance_eval_bar()
 
     @override
     def on_validation_end(self, trainer: Trainer, module: Module) -> None:
-        self._close_val_bar()
+        self._close_eval_bar()
         if self._train_bar is not None:
             # Validation metrics just joined `progress_bar_metrics`; show them without waiting
             # for the next training batch.
             self._train_bar.refresh()
+
+    @override
+    def on_test_start(self, trainer: Trainer, module: Module) -> None:
+        self._open_eval_bar(trainer, leave=True, lower=False)
+
+    @override
+    def on_test_batch_start(
+        self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._next_loader(self.test_description, trainer.num_test_batches, dataloader_idx)
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: Module,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._advance_eval_bar()
+
+    @override
+    def on_test_end(self, trainer: Trainer, module: Module) -> None:
+        self._close_eval_bar()
+
+    @override
+    def on_predict_start(self, trainer: Trainer, module: Module) -> None:
+        self._open_eval_bar(trainer, leave=True, lower=False)
+
+    @override
+    def on_predict_batch_start(
+        self, trainer: Trainer, pl_module: Module, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._next_loader(self.predict_description, trainer.num_predict_batches, dataloader_idx)
+
+    @override
+    def on_predict_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: Module,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._advance_eval_bar()
+
+    @override
+    def on_predict_end(self, trainer: Trainer, module: Module) -> None:
+        self._close_eval_bar()
+
+    def _open_eval_bar(self, trainer: Trainer, leave: bool, lower: bool) -> None:
+        """A bar for an evaluation run, below the training bar when ``lower``; it gets its
+        description and total when the first dataloader starts."""
+        self._close_eval_bar()
+        if not self._draws(trainer):
+            return
+        self._eval_pending = 0
+        self._eval_bar = self._new_bar(
+            None, total=None, leave=leave, position=2 * self._process_position + lower
+        )
+
+    def _next_loader(self, desc: str, batches: list[int | float], dataloader_idx: int) -> None:
+        """At each new dataloader, the bar starts again: ``<desc> DataLoader <i>``, that loader's count."""
+        bar = self._eval_bar
+        if bar is None or not self.has_dataloader_changed(dataloader_idx):
+            return
+        self._eval_pending = 0
+        bar.set_description(f"{desc} DataLoader {dataloader_idx}", refresh=False)
+        bar.reset(total=_finite_total(batches[dataloader_idx]))
+
+    def _advance_eval_bar(self) -> None:
+        bar = self._eval_bar
+        if bar is None:
+            return
+        self._eval_pending += 1
+        if self._eval_pending >= self._refresh_rate:
+            bar.update(self._eval_pending)
+            self._eval_pending = 0
 
     # ----- shutdown -----
 
@@ -429,19 +505,22 @@ class TQDMProgressBar(ProgressBar):
         if self._train_pending:
             bar.update(self._train_pending)
             self._train_pending = 0
+        bar.refresh()  # the final count where the bar stands (update() may have skipped the draw)
         bar.close()
         self._train_bar = None
 
-    def _close_val_bar(self) -> None:
-        bar = self._val_bar
+    def _close_eval_bar(self) -> None:
+        self.reset_dataloader_idx_tracker()
+        bar = self._eval_bar
         if bar is None:
             return
-        if self._val_pending:
-            bar.update(self._val_pending)
-            self._val_pending = 0
+        if self._eval_pending:
+            bar.update(self._eval_pending)
+            self._eval_pending = 0
+        bar.refresh()  # the final count where the bar stands (update() may have skipped the draw)
         bar.close()
-        self._val_bar = None
+        self._eval_bar = None
 
     def _close_all(self) -> None:
-        self._close_val_bar()
+        self._close_eval_bar()
         self._close_train_bar()
