@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fullshard.errors import MisconfigurationError
 from fullshard.trainer.callbacks.progress_bar import ProgressBar, TQDMProgressBar
 
 MODULE: Any = None  # the bar never looks at the module
@@ -257,3 +258,16 @@ def test_invalid_arguments_are_rejected() -> None:
         TQDMProgressBar(process_position=-2)
     with pytest.raises(ValueError, match=r"`mininterval` must be >= 0 seconds, got -1"):
         TQDMProgressBar(mininterval=-1)
+
+
+def test_two_bars_or_a_hidden_bar_are_refused(tmp_path: Any) -> None:
+    import fullshard
+
+    with pytest.raises(
+        MisconfigurationError, match=r"holds 2 progress bars \(TQDMProgressBar, TQDMProgressBar\)"
+    ):
+        fullshard.Trainer(default_root_dir=tmp_path, callbacks=[TQDMProgressBar(), TQDMProgressBar()])
+    with pytest.raises(
+        MisconfigurationError, match=r"enable_progress_bar=False\) was given a TQDMProgressBar"
+    ):
+        fullshard.Trainer(default_root_dir=tmp_path, callbacks=[TQDMProgressBar()], enable_progress_bar=False)

@@ -276,6 +276,24 @@ def case_default_callbacks_without_rich(tmp: Path) -> Any:
         return {k: [type(cb).__name__ for cb in t.callbacks] for k, t in kinds.items()}
 
 
+def case_progress_bar_misconfiguration(tmp: Path) -> Any:
+    """Two bars, or a bar with enable_progress_bar=False, are refused when the Trainer is made."""
+
+    def made(**kwargs: Any) -> bool:
+        try:
+            L.Trainer(default_root_dir=tmp, logger=False, **kwargs)
+        except Exception:  # Lightning's MisconfigurationException, fullshard's MisconfigurationError
+            return False
+        return True
+
+    return {
+        "two": made(callbacks=[callbacks.TQDMProgressBar(), callbacks.TQDMProgressBar()]),
+        "disabled_with_bar": made(callbacks=[callbacks.TQDMProgressBar()], enable_progress_bar=False),
+        "one": made(callbacks=[callbacks.TQDMProgressBar()]),
+        "barebones_with_bar": made(callbacks=[callbacks.TQDMProgressBar()], barebones=True),
+    }
+
+
 def case_summarize_override(tmp: Path) -> Any:
     """A ModelSummary subclass overriding the static summarize gets Lightning's columns and totals."""
     seen = []

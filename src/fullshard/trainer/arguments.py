@@ -315,7 +315,18 @@ def build_callbacks(
         else:
             given.append(Timer(duration=max_time, interval="step"))
     use_rich = rich_available()
-    if progress_bar and not any(isinstance(cb, ProgressBar) for cb in given):
+    bars = [cb for cb in given if isinstance(cb, ProgressBar)]
+    if len(bars) > 1:
+        raise MisconfigurationError(
+            f"Trainer(callbacks=...) holds {len(bars)} progress bars ({', '.join(type(b).__name__ for b in bars)}); "
+            "only one can draw. Keep one of them."
+        )
+    if bars and not progress_bar:
+        raise MisconfigurationError(
+            f"Trainer(enable_progress_bar=False) was given a {type(bars[0]).__name__} in callbacks. Remove the "
+            "bar from callbacks to hide it, or leave enable_progress_bar at True to show it."
+        )
+    if progress_bar and not bars:
         given.append(RichProgressBar() if use_rich else TQDMProgressBar())
     if model_summary and not any(isinstance(cb, ModelSummary) for cb in given):
         given.append(RichModelSummary() if use_rich else ModelSummary())
