@@ -321,7 +321,14 @@ def case_summarize_override(tmp: Path) -> Any:
                 }
             )
 
-    Model = _model_class()
+    import torch
+
+    class WithOwnParameter(_model_class()):  # a parameter of no layer: Lightning's "other params" row
+        def __init__(self, example: bool = False) -> None:
+            super().__init__(example)
+            self.scale = torch.nn.Parameter(torch.ones(5))
+
+    Model = WithOwnParameter
     for example, depth in ((True, 1), (False, 1), (True, -1)):
         trainer = _trainer(
             tmp,

@@ -74,10 +74,17 @@ def summary_data(
     if example is not None:
         columns.append(("In sizes", [str(shapes.get(name, ("?", "?"))[0]) for name, _ in layers]))
         columns.append(("Out sizes", [str(shapes.get(name, ("?", "?"))[1]) for name, _ in layers]))
+    total = sum(s.numel for s in sizes)
+    leftover = total - sum(counts)
+    if leftover > 0:  # parameters of no listed layer (the root's own), in a row of their own
+        for header, values in columns:
+            values.append(
+                {" ": " ", "Name": "other params", "Params": human_count(leftover)}.get(header, "n/a")
+            )
     all_modes = ["train" if m.training else "eval" for name, m in model.named_modules() if name]
     return SummaryData(
         columns=columns,
-        total_parameters=sum(s.numel for s in sizes),
+        total_parameters=total,
         trainable_parameters=sum(s.numel for s in sizes if s.requires_grad),
         local_parameters=sum(s.local_numel for s in sizes),
         model_size=sum(s.numel * s.element_size for s in sizes) / 1e6,
