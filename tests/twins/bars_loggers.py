@@ -168,9 +168,11 @@ def case_tqdm_bar(tmp: Path) -> Any:
         "leave": {"leave": True},
         "position": {"process_position": 1},
         "every_2": {"refresh_rate": 2},
+        "steps_left": {},  # max_epochs=-1, max_steps=4: the second epoch's bar counts the 1 step left
     }.items():
         bar = callbacks.TQDMProgressBar(**kwargs)
-        trainer = _trainer(tmp / label, callbacks=[bar], logger=loggers.CSVLogger(tmp / label))
+        limits = {"max_epochs": -1, "max_steps": 4} if label == "steps_left" else {}
+        trainer = _trainer(tmp / label, callbacks=[bar], logger=loggers.CSVLogger(tmp / label), **limits)
         with _output() as out, caught_warnings():
             trainer.fit(Model(), _loader(3), _loader(2))
         seen[label] = {

@@ -44,6 +44,15 @@ def get_standard_metrics(trainer: Trainer) -> dict[str, int | str]:
     return {"v_num": version[-4:] if isinstance(version, str) else version}
 
 
+def _train_batches(trainer: Trainer) -> int | float:
+    """Batches in the current training epoch; with ``max_epochs=-1`` and ``max_steps`` no more
+    than the steps left."""
+    max_steps = getattr(trainer, "max_steps", -1)
+    if getattr(trainer, "max_epochs", None) == -1 and max_steps is not None and max_steps > 0:
+        return min(trainer.num_training_batches, max_steps - trainer.global_step)
+    return trainer.num_training_batches
+
+
 def _finite_total(count: float) -> int | None:
     """A batch count as tqdm's ``total``: ``None`` when unknown (infinite)."""
     return int(count) if math.isfinite(count) else None
@@ -95,10 +104,7 @@ class ProgressBar(Callback):
     def total_train_batches(self) -> int | float:
         """Batches in the current training epoch (``inf`` for an endless loader); with
         ``max_epochs=-1`` and ``max_steps`` no more than the steps left."""
-        trainer = self.trainer
-        if trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0:
-            return min(trainer.num_training_batches, trainer.max_steps - trainer.global_step)
-        return trainer.num_training_batches
+        return _train_batches(self.trainer)
 
     @property
     def total_val_batches_current_dataloader(self) -> int | float:
@@ -317,7 +323,7 @@ class TQDMProgressBar(ProgressBar):
         if not self._draws(trainer):
             return
         self._train_pending = 0
-        total = _finite_total(trainer.num_training_batches)
+        total = _finite_total(_train_batches(trainer))
         start = getattr(trainer, "batch_idx_start", 0)
         if self._train_bar is None:
             self._train_bar = self._new_bar(
