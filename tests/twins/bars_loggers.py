@@ -369,6 +369,7 @@ def case_duck_typed_logger(tmp: Path) -> Any:
 
     class Duck:
         save_dir = str(tmp)
+        log_dir = str(tmp / "elsewhere")  # trainer.log_dir is save_dir all the same
         name = "duck"
         version = 5
 
