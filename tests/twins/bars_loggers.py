@@ -389,7 +389,7 @@ def case_duck_typed_logger(tmp: Path) -> Any:
             calls.append("finalize:" + status)
 
         def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-            pass  # fullshard's ModelCheckpoint does not call it on any logger (its own issue)
+            pass  # not recorded: fullshard never calls it (docs/loggers.md, "Differences from Lightning")
 
     trainer = _trainer(
         tmp,

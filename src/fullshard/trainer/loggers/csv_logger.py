@@ -65,7 +65,8 @@ class CSVLogger(VersionedLogger):
     ``flush_logs_every_n_steps`` rows are waiting, so ``log_metrics`` costs no disk access on the
     training path. An existing ``metrics.csv`` in the run's folder (a resumed run that reuses
     its ``version``) is appended to; a warning says so when the logger first writes into a
-    folder that is not empty (Lightning deletes its ``metrics.csv`` there instead). Only global rank 0 writes ([Note: loggers on rank zero]).
+    folder that is not empty (Lightning deletes its ``metrics.csv`` there instead). Only global
+    rank 0 writes ([Note: loggers on rank zero]).
 
     Args:
         save_dir: Root folder for all experiments.
