@@ -56,7 +56,7 @@ def main() -> None:
     train, val = random_split(TensorDataset(x, y), [1792, 256], generator=torch.Generator().manual_seed(0))
 
     # a fixed folder, so that a later run finds "last" there (by default checkpoints go into the
-    # logger's folder of this run: <root>/fullshard_logs/version_N/checkpoints, as in Lightning)
+    # logger's folder of this run: <root>/lightning_logs/version_N/checkpoints, as in Lightning)
     checkpoints = fullshard.ModelCheckpoint(
         dirpath=Path(args.root_dir) / "checkpoints",
         monitor="val_loss",

@@ -1051,7 +1051,7 @@ def test_rerun_in_the_same_directory_adds_versions_as_lightning(tmp_path: Path) 
 
 def test_default_directory_is_under_the_logger(tmp_path: Path) -> None:
     _fit(tmp_path, _Scripted(), [ModelCheckpoint()], max_epochs=1, logger=CSVLogger(tmp_path))
-    assert _tree(tmp_path / "fullshard_logs" / "version_0" / "checkpoints") == ["epoch=0-step=6.ckpt"]
+    assert _tree(tmp_path / "lightning_logs" / "version_0" / "checkpoints") == ["epoch=0-step=6.ckpt"]
 
 
 def test_save_weights_only_leaves_optimizer_state_out(tmp_path: Path) -> None:

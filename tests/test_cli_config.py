@@ -661,7 +661,7 @@ def test_save_config_refuses_to_overwrite_unless_asked(tmp_path: Path) -> None:
     args = ["fit", "--trainer.max_epochs=1", "--trainer.logger=CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
             "--trainer.logger.version=run", *_quiet(tmp_path)]  # fmt: skip
     _cli(*args)
-    saved = tmp_path / "fullshard_logs" / "run" / "config.yaml"
+    saved = tmp_path / "lightning_logs" / "run" / "config.yaml"
     assert yaml.safe_load(saved.read_text())["trainer"]["max_epochs"] == 1
     with pytest.raises(
         RuntimeError,

@@ -418,7 +418,7 @@ def test_model_summary_subclass_gets_lightnings_arguments(tmp_path: Path) -> Non
         _Net()
     )
     (columns, total, trainable, modes) = seen[0]
-    assert [h for h, _ in columns] == [" ", "Name", "Type", "Params", "Mode"]
+    assert [h for h, _ in columns] == [" ", "Name", "Type", "Params", "Mode", "FLOPs"]  # no example input
     assert columns[1][1] == ["backbone", "backbone.0", "backbone.1", "head"]
     assert (total, trainable, modes) == (49, 9, {"train": 4, "eval": 0})  # the backbone is frozen
 

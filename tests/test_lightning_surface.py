@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 import fullshard
 from conftest import SCRIPTS, check_ok, quiet_trainer, run_script
 from fullshard.errors import MisconfigurationError
+from fullshard.loggers import CSVLogger
 
 sys.path.insert(0, str(SCRIPTS))
 from train_mlp import MLP, make_data
@@ -97,12 +98,13 @@ def test_epoch_end_logs_reach_monitors_and_loggers_at_once(tmp_path: Path) -> No
         def on_validation_end(self, trainer: Any, module: Any) -> None:
             seen.append(float(trainer.callback_metrics["val_epoch_end_step"]))
 
-    trainer = quiet_trainer(tmp_path, max_epochs=2, callbacks=[Monitor()], logger=True)
+    logger = CSVLogger(tmp_path)
+    trainer = quiet_trainer(tmp_path, max_epochs=2, callbacks=[Monitor()], logger=logger)
     loader = DataLoader(make_data(), batch_size=16)
     trainer.fit(Recorder(), loader, DataLoader(make_data(), batch_size=32))
     assert seen == [0.0, 6.0, 12.0]  # sanity run, then after each epoch of 6 steps: never one behind
     assert trainer.logged_metrics["train_epoch_end_epoch"] == 1.0  # the last epoch's value arrives
-    rows = list(csv.DictReader(next(tmp_path.glob("fullshard_logs/version_0/metrics.csv")).open()))
+    rows = list(csv.DictReader(next(tmp_path.glob("lightning_logs/version_0/metrics.csv")).open()))
     # logged at Lightning's steps (the epoch's last step, 0-based); the sanity run is not logged
     assert [
         (int(r["step"]), float(r["val_epoch_end_step"])) for r in rows if r.get("val_epoch_end_step")
@@ -196,7 +198,7 @@ def test_sanity_run_fast_dev_run_and_validation_schedule(tmp_path: Path) -> None
     trainer = quiet_trainer(tmp_path, fast_dev_run=2, logger=True, enable_checkpointing=True)
     trainer.fit(model, train, val)
     assert (trainer.global_step, model.val_batches) == (2, 2)
-    assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("fullshard_logs"))
+    assert not list(tmp_path.glob("**/*.ckpt")) and not list(tmp_path.glob("lightning_logs"))
 
 
 def test_scheduler_forms_and_estimated_stepping_batches(tmp_path: Path) -> None:
@@ -347,7 +349,7 @@ def test_a_short_run_saves_a_checkpoint_and_writes_its_log_folder(tmp_path: Path
     # (checkpoint) and the run has its log folder
     trainer = quiet_trainer(tmp_path, max_steps=3, logger=True, enable_checkpointing=True)
     trainer.fit(Recorder(), DataLoader(make_data(), batch_size=16))
-    assert (tmp_path / "fullshard_logs" / "version_0").is_dir()
+    assert (tmp_path / "lightning_logs" / "version_0").is_dir()
     assert [p.name for p in tmp_path.glob("**/*.ckpt")] == ["epoch=0-step=3.ckpt"]
 
 

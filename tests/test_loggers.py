@@ -24,9 +24,9 @@ def _read(logger: CSVLogger) -> str:
 
 def test_csv_logger_touches_no_disk_before_the_first_write(tmp_path: Path) -> None:
     logger = CSVLogger(tmp_path / "logs")
-    assert logger.name == "fullshard_logs"
+    assert logger.name == "lightning_logs"
     assert logger.version == 0
-    assert logger.log_dir == str(tmp_path / "logs" / "fullshard_logs" / "version_0")
+    assert logger.log_dir == str(tmp_path / "logs" / "lightning_logs" / "version_0")
     logger.log_metrics({"loss": 1.0}, step=0)  # buffered
     assert not (tmp_path / "logs").exists()
     logger.save()
@@ -145,7 +145,7 @@ def test_tensorboard_logger_writes_an_event_file(tmp_path: Path) -> None:
     logger.log_metrics({"loss": 1.0}, step=0)
     logger.log_metrics({"loss": 0.5}, step=1)
     logger.finalize("success")
-    run_dir = tmp_path / "fullshard_logs" / "version_0"
+    run_dir = tmp_path / "lightning_logs" / "version_0"
     events = list(run_dir.glob("events.out.tfevents.*"))
     assert len(events) == 1
     accumulator = EventAccumulator(str(run_dir))
@@ -216,9 +216,9 @@ def test_a_users_logger_calls_write_from_rank_zero_only(tmp_path: Path, strategy
     assert seen[1]["experiments"] == ["DummyExperiment", "DummyExperiment"]
     assert seen[0]["log_dirs"] == seen[1]["log_dirs"]
     logs = tmp_path / "logs"
-    assert sorted(p.name for p in (logs / "fullshard_logs").iterdir()) == ["version_0"]
+    assert sorted(p.name for p in (logs / "lightning_logs").iterdir()) == ["version_0"]
     assert sorted(p.name for p in (logs / "tb").iterdir()) == ["version_0"]
-    csv_dir = logs / "fullshard_logs" / "version_0"
+    csv_dir = logs / "lightning_logs" / "version_0"
     assert (csv_dir / "hparams.yaml").read_text() == "from_rank: 0\nhidden: 4\n"
     assert (
         logs / "tb" / "version_0" / "hparams.yaml"

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 import fullshard
 from conftest import SCRIPTS, quiet_trainer
 from fullshard.errors import MisconfigurationError
+from fullshard.loggers import CSVLogger
 
 sys.path.insert(0, str(SCRIPTS))
 from train_mlp import MLP, make_data
@@ -125,12 +126,13 @@ def test_step_and_epoch_schedulers(tmp_path: Path) -> None:
 
 
 def test_logging_and_validation(tmp_path: Path) -> None:
-    trainer = _trainer(tmp_path, max_epochs=2, logger=True, log_every_n_steps=2, val_check_interval=3)
+    logger = CSVLogger(tmp_path)
+    trainer = _trainer(tmp_path, max_epochs=2, logger=logger, log_every_n_steps=2, val_check_interval=3)
     trainer.fit(MLP(), DataLoader(make_data(), batch_size=16), DataLoader(make_data(), batch_size=32))
     metrics = trainer.callback_metrics
     assert set(metrics) >= {"train_loss", "val_loss"}
     assert "train_loss" in trainer.progress_bar_metrics
-    log_file = next(Path(tmp_path).glob("fullshard_logs/version_0/metrics.csv"))
+    log_file = next(Path(tmp_path).glob("lightning_logs/version_0/metrics.csv"))
     rows = list(csv.DictReader(log_file.open()))
     # Lightning's step numbers: the step count before the logging step (the 2nd step logs at 1)
     assert [int(r["step"]) for r in rows if r.get("train_loss")] == [1, 3, 5, 7, 9, 11]

@@ -24,14 +24,11 @@ from fullshard.trainer.callbacks.lr_finder import LearningRateFinder
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
-from fullshard.trainer.callbacks.progress_bar import ProgressBar
+from fullshard.trainer.callbacks.progress_bar import ProgressBar, TQDMProgressBar
 from fullshard.trainer.callbacks.rich_progress import RichProgressBarTheme
 from fullshard.trainer.callbacks.spike import TrainingSpikeException
 from fullshard.trainer.callbacks.throughput import Throughput, measure_flops
 from fullshard.trainer.callbacks.timer import Timer
-
-TQDMProgressBar = ProgressBar
-"""Lightning's name for the progress bar."""
 
 __all__ = [
     "BackboneFinetuning",

@@ -7,9 +7,10 @@ import; ``fullshard.LightningModule`` is another name for this class.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -225,11 +226,10 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         ``torch.jit.trace`` on ``example_inputs`` (default :attr:`example_input_array`), in eval
         mode (its own mode is put back), saved to ``file_path`` when given; ``kwargs`` go to torch."""
         training = self.training
-        # TorchScript reads every property while compiling; `trainer` must not raise meanwhile
-        self._jit_is_scripting = True
         try:
             if method == "script":
-                compiled = torch.jit.script(self.eval(), **kwargs)
+                with jit_compiling(self):
+                    compiled = torch.jit.script(self.eval(), **kwargs)
             elif method == "trace":
                 example = self.example_input_array if example_inputs is None else example_inputs
                 if example is None:
@@ -237,11 +237,11 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
                         "to_torchscript(method='trace') needs inputs to trace with: pass example_inputs= or set "
                         "self.example_input_array."
                     )
-                compiled = torch.jit.trace(self.eval(), example_inputs=example, **kwargs)
+                with jit_compiling(self):
+                    compiled = torch.jit.trace(self.eval(), example_inputs=example, **kwargs)
             else:
                 raise ValueError(f"to_torchscript(method={method!r}): use 'script' or 'trace'.")
         finally:
-            self._jit_is_scripting = False
             self.train(training)
         if file_path is not None:
             torch.jit.save(compiled, str(file_path))
@@ -489,3 +489,18 @@ Module.__jit_unused_properties__ = sorted(
 
 LightningModule = Module
 """Lightning's name for :class:`Module`, so ported scripts keep their class statements."""
+
+
+@contextlib.contextmanager
+def jit_compiling(model: nn.Module) -> Iterator[None]:
+    """Inside, TorchScript may compile or trace ``model``: the ``trainer`` of every fullshard
+    :class:`Module` in it gives None instead of raising when none is attached (TorchScript reads
+    every property while it compiles; a logger traces a graph without a Trainer)."""
+    modules = [m for m in model.modules() if isinstance(m, Module)]
+    for module in modules:
+        module._jit_is_scripting = True
+    try:
+        yield
+    finally:
+        for module in modules:
+            module._jit_is_scripting = False

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
+import fullshard.callbacks
 from fullshard.strategies import FSDP2Strategy, FSDPStrategy
 
 
@@ -46,6 +47,7 @@ if __name__ == "__main__":
         trainer = fullshard.Trainer(
             accelerator="cpu", devices=2, strategy=strategy, max_steps=1, logger=False,
             enable_checkpointing=False, enable_progress_bar=False,
+            callbacks=[fullshard.callbacks.ModelSummary()],  # the text table (the default is rich's with rich)
         )  # fmt: skip
         if trainer.is_global_zero:
             print(f"=== {name}", file=sys.stderr, flush=True)  # where the summary goes (logging)

@@ -9,15 +9,26 @@ from collections.abc import Iterable
 from typing import Any
 
 from fullshard.errors import MisconfigurationError
-from fullshard.rank_zero import rank_zero_info
+from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
-from fullshard.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar, Timer
+from fullshard.trainer.callbacks import (
+    Callback,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+    RichModelSummary,
+    RichProgressBar,
+    Timer,
+    TQDMProgressBar,
+)
 from fullshard.trainer.callbacks.base import Checkpoint
 from fullshard.trainer.callbacks.batch_size_finder import BatchSizeFinder
 from fullshard.trainer.callbacks.lr_finder import LearningRateFinder
+from fullshard.trainer.callbacks.rich_support import rich_available
 from fullshard.trainer.callbacks.timer import parse_duration
 from fullshard.trainer.data import limit_batches
-from fullshard.trainer.loggers import CSVLogger, Logger
+from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+from fullshard.trainer.loggers.base import importable
 
 # Lightning Trainer options fullshard does not implement, with the value that means "off" in
 # Lightning: passing that value is accepted (a ported script often spells defaults out).
@@ -282,9 +293,12 @@ def build_callbacks(
     checkpointing: bool,
     progress_bar: bool,
     max_time: Any = None,
+    model_summary: bool = False,
 ) -> list[Callback]:
-    """``Trainer(callbacks=...)`` checked, with the default ModelCheckpoint and progress bar added,
-    and a :class:`Timer` for ``max_time`` (unless one is given, as in Lightning)."""
+    """``Trainer(callbacks=...)`` checked, with the defaults added as Lightning adds them: a
+    ModelCheckpoint, a :class:`Timer` for ``max_time``, the progress bar and the model summary
+    (``RichProgressBar``/``RichModelSummary`` when ``rich`` is importable, else
+    ``TQDMProgressBar``/``ModelSummary``), each unless one of its kind is given."""
     given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
     for cb in given:
         if not isinstance(cb, Callback):
@@ -302,14 +316,28 @@ def build_callbacks(
         )
     if checkpointing and not checkpoints:
         given.append(ModelCheckpoint())
-    if progress_bar and not any(isinstance(cb, ProgressBar) for cb in given):
-        given.insert(0, ProgressBar())
     if max_time is not None:
         if any(isinstance(cb, Timer) for cb in given):
             parse_duration(max_time)  # still checked
             rank_zero_info("Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
         else:
             given.append(Timer(duration=max_time, interval="step"))
+    use_rich = rich_available()
+    bars = [cb for cb in given if isinstance(cb, ProgressBar)]
+    if len(bars) > 1:
+        raise MisconfigurationError(
+            f"Trainer(callbacks=...) holds {len(bars)} progress bars ({', '.join(type(b).__name__ for b in bars)}); "
+            "only one can draw. Keep one of them."
+        )
+    if bars and not progress_bar:
+        raise MisconfigurationError(
+            f"Trainer(enable_progress_bar=False) was given a {type(bars[0]).__name__} in callbacks. Remove the "
+            "bar from callbacks to hide it, or leave enable_progress_bar at True to show it."
+        )
+    if progress_bar and not bars:
+        given.append(RichProgressBar() if use_rich else TQDMProgressBar())
+    if model_summary and not any(isinstance(cb, ModelSummary) for cb in given):
+        given.append(RichModelSummary() if use_rich else ModelSummary())
     # As in Lightning, checkpointing callbacks act last, after every other callback.
     return _lightning_order(given)
 
@@ -349,17 +377,29 @@ def attach_model_callbacks(callbacks: list[Callback], module: Any) -> list[Callb
 
 
 def build_loggers(logger: Logger | Iterable[Logger] | bool | None, default_root_dir: str) -> list[Logger]:
-    """``Trainer(logger=...)`` as a list: a CSVLogger in ``default_root_dir`` for True/None."""
+    """``Trainer(logger=...)`` as a list. True/None: the default logger (:func:`default_logger`).
+    A logger need not derive from :class:`Logger`: as in Lightning, any object with its methods
+    (``log_metrics``, ``log_hyperparams``, ``log_graph``, ``save``, ``finalize``,
+    ``after_save_checkpoint``) and properties (``name``, ``version``, ``save_dir``) is accepted."""
     if logger is None or logger is True:
-        return [CSVLogger(default_root_dir)]
+        return [default_logger(default_root_dir)]
     if logger is False:
         return []
-    loggers = [logger] if isinstance(logger, Logger) else list(logger)  # type: ignore[arg-type]
-    for lg in loggers:
-        if not isinstance(lg, Logger):
-            raise MisconfigurationError(
-                f"logger must be a fullshard Logger (CSVLogger, TensorBoardLogger, WandbLogger, MLFlowLogger, "
-                f"CometLogger), a list of them, or a bool; got {type(lg).__name__}. Import loggers from "
-                "fullshard.loggers, not lightning.pytorch.loggers."
-            )
-    return loggers
+    if isinstance(logger, Logger) or not isinstance(logger, Iterable):
+        return [logger]  # type: ignore[list-item]  # a logger of its own class (duck-typed)
+    return list(logger)
+
+
+def default_logger(default_root_dir: str) -> Logger:
+    """Lightning's default logger: a ``TensorBoardLogger`` in ``default_root_dir/lightning_logs``
+    when ``tensorboard`` is importable, else a ``CSVLogger`` there, with a warning saying so.
+    (Lightning also takes ``tensorboardX`` alone; fullshard's TensorBoardLogger writes through
+    ``torch.utils.tensorboard``, which needs ``tensorboard``.)"""
+    if importable("tensorboard"):
+        return TensorBoardLogger(default_root_dir)
+    rank_zero_warn(
+        "`logger=True` uses a `CSVLogger` as the default logger, as the `tensorboard` package is not installed. "
+        'Install it (pip install "fullshard[tensorboard]") to log to TensorBoard by default, or pass '
+        "`logger=CSVLogger(...)` to choose the CSV logger and silence this warning."
+    )
+    return CSVLogger(default_root_dir)

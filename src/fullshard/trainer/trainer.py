@@ -9,7 +9,6 @@ Modules outside this file use the Trainer's public surface only (``src/fullshard
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -29,7 +28,7 @@ from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, call, nonfinite, preemption, states
-from fullshard.trainer.callbacks import Callback, ModelSummary
+from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import configure_torch, configured_strategy
 from fullshard.trainer.hooks import Hooks
 from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log_run_start
@@ -46,10 +45,8 @@ from fullshard.trainer.preflight import (
 )
 from fullshard.trainer.properties import TrainerProperties
 from fullshard.trainer.spawn_result import apply_spawn_report, spawn_report
-from fullshard.trainer.summary import format_results, model_summary
+from fullshard.trainer.summary import format_results
 from fullshard.tuner.exit import TunerExit
-
-log = logging.getLogger("fullshard")
 
 
 class Trainer(TrainerProperties):
@@ -67,8 +64,8 @@ class Trainer(TrainerProperties):
         precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or ``"bf16-true"``;
             Lightning's aliases ``32``/``"32"``, ``16``/``"16"`` and ``"bf16"`` mean the same settings
             (:attr:`precision` gives the canonical name).
-        logger: a :class:`~fullshard.loggers.Logger`, a list of them, True/None for a
-            :class:`~fullshard.loggers.CSVLogger` in ``default_root_dir``, or False.
+        logger: a :class:`~fullshard.loggers.Logger`, a list of them, False, or True/None for Lightning's
+            default (TensorBoard when installed, else CSV) in ``default_root_dir/lightning_logs``.
         callbacks: extra :class:`~fullshard.Callback` instances.
         fast_dev_run: run this many batches (True: 1) of each stage, with no logging,
             checkpointing or sanity run, to find bugs fast.
@@ -85,8 +82,8 @@ class Trainer(TrainerProperties):
         num_sanity_val_steps: validation batches run before training to catch bugs (-1: all).
         log_every_n_steps: send step metrics to the loggers every this many optimizer steps.
         enable_checkpointing: add a :class:`~fullshard.ModelCheckpoint` when none is given.
-        enable_progress_bar: show a progress bar on global rank 0.
-        enable_model_summary: log a summary of the model's layers and parameters when fit starts.
+        enable_progress_bar: add a progress bar (``RichProgressBar`` with ``rich``, else ``TQDMProgressBar``).
+        enable_model_summary: add a ``ModelSummary`` (``RichModelSummary`` with ``rich``), shown when fit starts.
         accumulate_grad_batches: micro-batches per optimizer step.
         gradient_clip_val: clip gradients to this norm (or value, see ``gradient_clip_algorithm``).
         gradient_clip_algorithm: ``"norm"`` (default) or ``"value"``.
@@ -265,8 +262,9 @@ class Trainer(TrainerProperties):
             accelerator, strategy, devices, num_nodes, precision, compile_config, sync_batchnorm
         )
 
+        checkpointing, progress_bar = enable_checkpointing is not False, enable_progress_bar is not False
         self.callbacks = arguments.build_callbacks(
-            callbacks, enable_checkpointing is not False, enable_progress_bar is not False, max_time
+            callbacks, checkpointing, progress_bar, max_time, self.enable_model_summary
         )
         self.loggers = arguments.build_loggers(logger, self.default_root_dir)
 
@@ -555,9 +553,6 @@ class Trainer(TrainerProperties):
                 self.print(format_results(stage, results))
             finalize_loggers(self, "success")
             return loop.predictions if stage == "predict" else results
-        own_summary = any(isinstance(cb, ModelSummary) for cb in self.callbacks)  # it prints at on_fit_start
-        if self.enable_model_summary and self.is_global_zero and not own_summary:
-            log.info(model_summary(model, self._strategy.parameter_sizes(model)))
         self.should_stop = False
         hooks.call("on_fit_start")
         self.fit_loop.run(model, sources, checkpoint, hooks)

@@ -12,7 +12,7 @@ from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
 from fullshard.trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
-from fullshard.trainer.callbacks.progress_bar import ProgressBar
+from fullshard.trainer.callbacks.progress_bar import ProgressBar, TQDMProgressBar
 from fullshard.trainer.callbacks.pruning import ModelPruning
 from fullshard.trainer.callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
 from fullshard.trainer.callbacks.spike import SpikeDetection, TrainingSpikeException
@@ -43,6 +43,7 @@ __all__ = [
     "RichProgressBarTheme",
     "SpikeDetection",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "ThroughputMonitor",
     "Timer",
     "TrainingSpikeException",

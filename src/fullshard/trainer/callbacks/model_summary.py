@@ -9,7 +9,7 @@ from typing_extensions import override
 
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.rich_support import require_rich
-from fullshard.trainer.summary import SummaryData, format_summary, summary_data
+from fullshard.trainer.summary import SummaryData, format_summary, human_count, summary_data
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -24,8 +24,11 @@ class ModelSummary(Callback):
     Under FSDP the counts are of the whole model; the share a process holds is shown beside
     the total. Given in ``callbacks``, it replaces the Trainer's default summary.
 
-    Override :meth:`summarize` (Lightning's signature) to show it differently;
-    ``summarize_kwargs`` are passed on to it.
+    The columns are Lightning's: name, type, parameters, mode, FLOPs, and, when the module has an
+    ``example_input_array``, each layer's input and output sizes; the FLOPs and sizes come from
+    one forward of that input in eval mode (not under the sharded strategies, where the FLOPs
+    are 0 and the sizes left out). Override :meth:`summarize` (Lightning's signature, an
+    instance or a static method) to show it differently; ``summarize_kwargs`` are passed on.
 
     Raises:
         ValueError: for ``max_depth`` below -1.
@@ -44,7 +47,14 @@ class ModelSummary(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: Module) -> None:
         if self._max_depth == 0 or not trainer.is_global_zero:
             return
-        data = summary_data(pl_module, trainer.strategy.parameter_sizes(pl_module), self._max_depth)
+        # The FLOPs come from a forward of `example_input_array`, here on rank 0 alone: a sharded
+        # module would wait for the other ranks' shards forever, so it is left out there.
+        from fullshard.strategies.model_parallel import ModelParallelStrategy
+        from fullshard.strategies.sharded import ShardedStrategy
+
+        sharded = isinstance(trainer.strategy, ShardedStrategy | ModelParallelStrategy)
+        sizes = trainer.strategy.parameter_sizes(pl_module)
+        data = summary_data(pl_module, sizes, self._max_depth, run_example=not sharded)
         self._data = data
         self.summarize(
             data.columns,
@@ -52,7 +62,7 @@ class ModelSummary(Callback):
             data.trainable_parameters,
             data.model_size,
             data.total_training_modes,
-            total_flops=0,
+            total_flops=data.total_flops,
             **self._summarize_kwargs,
         )
 
@@ -67,8 +77,8 @@ class ModelSummary(Callback):
         **summarize_kwargs: Any,
     ) -> None:
         """Show the summary: ``summary_data`` is a list of (column header, values), one value per
-        layer; the totals follow (``model_size`` in MB). Logged at INFO, as the Trainer's own
-        summary. ``total_flops`` is Lightning's argument; fullshard passes 0 (no FLOPs column)."""
+        layer; the totals follow (``model_size`` in MB; ``total_flops``: one forward of
+        ``example_input_array``, 0 without one). Logged at INFO."""
         data = self._data
         local = data.local_parameters if data is not None else total_parameters
         log.info(
@@ -80,6 +90,7 @@ class ModelSummary(Callback):
                     local,
                     model_size,
                     total_training_modes,
+                    total_flops,
                 )
             )
         )
@@ -124,3 +135,4 @@ class RichModelSummary(ModelSummary):
         console.print(f"Total estimated model params size (MB): {model_size:.3f}")
         console.print(f"Modules in train mode: {total_training_modes['train']}")
         console.print(f"Modules in eval mode: {total_training_modes['eval']}")
+        console.print(f"Total FLOPs: {human_count(total_flops).strip()}")

@@ -59,7 +59,9 @@ class RichProgressBar(ProgressBar):
             raise ValueError(
                 f"RichProgressBar(refresh_rate={refresh_rate!r}): give an int >= 0 (0 disables it)."
             )
-        super().__init__(refresh_rate=max(refresh_rate, 1))
+        super().__init__()
+        self._refresh_rate = refresh_rate
+        self._enabled = True
         self.leave = leave
         self.theme = theme or RichProgressBarTheme()
         self._console_kwargs = console_kwargs or {}
@@ -67,8 +69,21 @@ class RichProgressBar(ProgressBar):
         self._train_task: Any = None
         self._val_task: Any = None
         self._rich_pending = 0
-        if refresh_rate == 0:
-            self.disable()
+
+    @property
+    def refresh_rate(self) -> int:
+        return self._refresh_rate
+
+    @property
+    @override
+    def is_enabled(self) -> bool:
+        """Whether the bar draws (on global rank 0): not disabled, and ``refresh_rate > 0``."""
+        return self._enabled and self._refresh_rate > 0
+
+    @override
+    def enable(self) -> None:
+        """Draw again after :meth:`disable` (a bar made with ``refresh_rate=0`` stays hidden)."""
+        self._enabled = True
 
     @property
     def progress(self) -> Any:
@@ -98,11 +113,12 @@ class RichProgressBar(ProgressBar):
         return self._progress
 
     def _metrics(self, trainer: Trainer) -> str:
-        parts = [f"step={trainer.global_step}"]
-        for key, value in trainer.progress_bar_metrics.items():
-            parts.append(
-                f"{key}={value:{self.theme.metrics_format}}" if isinstance(value, float) else f"{key}={value}"
-            )
+        parts = []
+        for key, value in self.get_metrics(trainer, getattr(trainer, "lightning_module", None)).items():
+            if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+                value = value.item()
+            shown = format(value, self.theme.metrics_format) if isinstance(value, float) else value
+            parts.append(f"{key}: {shown}")
         return self.theme.metrics_text_delimiter.join(parts)
 
     @override
@@ -175,7 +191,7 @@ class RichProgressBar(ProgressBar):
     ) -> None:
         if self._progress is not None and self._val_task is not None:
             self._progress.update(self._val_task, advance=1)
-            if (batch_idx + 1) % self.refresh_rate == 0:
+            if (batch_idx + 1) % max(self.refresh_rate, 1) == 0:
                 self._progress.refresh()
 
     @override
@@ -197,7 +213,8 @@ class RichProgressBar(ProgressBar):
 
     @override
     def disable(self) -> None:
-        super().disable()
+        """Stop drawing, closing the bars on screen."""
+        self._enabled = False
         self._stop()
 
     def _stop(self) -> None:

@@ -158,14 +158,19 @@ def rank_zero_experiment(fn: Callable[[Any], _T]) -> Callable[[Any], _T]:
     return experiment
 
 
+def importable(package: str) -> bool:
+    """Whether the module ``package`` can be imported (installed, and not blocked with
+    ``sys.modules[package] = None``)."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ValueError:  # in sys.modules as None: imports of it fail
+        return False
+
+
 def require(package: str, extra: str, logger: str) -> None:
     """Raise ``ModuleNotFoundError`` naming the fullshard extra to install when the module
     ``package`` cannot be imported (not installed, or blocked with ``sys.modules[package] = None``)."""
-    try:
-        found = importlib.util.find_spec(package) is not None
-    except ValueError:  # in sys.modules as None: imports of it fail
-        found = False
-    if not found:
+    if not importable(package):
         raise ModuleNotFoundError(
             f"{logger} needs the `{package}` package, which is not installed. Install it with "
             f'`pip install "fullshard[{extra}]"` (in a fullshard clone: `pip install -e ".[{extra}]"`), '

@@ -11,7 +11,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from fullshard.rank_zero import rank_zero_only
+from fullshard.rank_zero import rank_zero_only, rank_zero_warn
 from fullshard.trainer.loggers.base import add_prefix, convert_params, rank_zero_experiment, scalar
 from fullshard.trainer.loggers.files import HPARAMS_FILE, VersionedLogger, write_hparams_yaml
 
@@ -64,7 +64,9 @@ class CSVLogger(VersionedLogger):
     Rows are kept in memory and written by :meth:`save`, and automatically once
     ``flush_logs_every_n_steps`` rows are waiting, so ``log_metrics`` costs no disk access on the
     training path. An existing ``metrics.csv`` in the run's folder (a resumed run that reuses
-    its ``version``) is appended to. Only global rank 0 writes ([Note: loggers on rank zero]).
+    its ``version``) is appended to; a warning says so when the logger first writes into a
+    folder that is not empty (Lightning deletes its ``metrics.csv`` there instead). Only global
+    rank 0 writes ([Note: loggers on rank zero]).
 
     Args:
         save_dir: Root folder for all experiments.
@@ -82,7 +84,7 @@ class CSVLogger(VersionedLogger):
     def __init__(
         self,
         save_dir: str | os.PathLike[str],
-        name: str | None = "fullshard_logs",
+        name: str | None = "lightning_logs",
         version: int | str | None = None,
         prefix: str = "",
         flush_logs_every_n_steps: int = 100,
@@ -100,18 +102,35 @@ class CSVLogger(VersionedLogger):
         self._columns: list[str] | None = None  # header on disk; None until first read or written
         self.hparams: dict[str, Any] = {}
         self._writer: ExperimentWriter | None = None
+        self._dir_checked = False
 
     @property
     @rank_zero_experiment
     def experiment(self) -> ExperimentWriter:
         """The run's :class:`ExperimentWriter` (a do-nothing stand-in on ranks other than 0)."""
         if self._writer is None:
+            self._check_dir()
             self._writer = ExperimentWriter(self)
         return self._writer
+
+    def _check_dir(self) -> None:
+        """Warn, once, when the run's folder already holds files (another run's, or this run's
+        before a restart): the logs are added to them."""
+        if self._dir_checked:
+            return
+        self._dir_checked = True
+        folder = Path(self.log_dir)
+        if folder.is_dir() and any(folder.iterdir()):
+            rank_zero_warn(
+                f"Experiment logs directory {folder} exists and is not empty: this run's logs are added to the "
+                f"files there ({self.METRICS_FILE} is appended to). Pass another `version=` (or none, for the "
+                "next free one) to keep the runs apart."
+            )
 
     @override
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self._check_dir()
         self._record(add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR), step)
 
     def _record(self, metrics: Mapping[str, Any], step: int | None) -> None:
@@ -139,12 +158,14 @@ class CSVLogger(VersionedLogger):
     def log_hyperparams(
         self, params: Mapping[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any
     ) -> None:
+        self._check_dir()
         self.hparams.update(convert_params(params))
         write_hparams_yaml(Path(self.log_dir, self.HPARAMS_FILE), self.hparams)
 
     @override
     @rank_zero_only
     def save(self) -> None:
+        self._check_dir()  # the Trainer saves when a call starts: before its checkpoints land there
         self._flush()
 
     @override

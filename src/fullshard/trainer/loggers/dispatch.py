@@ -131,11 +131,17 @@ def finalize_loggers(trainer: Trainer, status: str) -> None:
 
 
 def run_dir(loggers: list[Logger], default_root_dir: str) -> str:
-    """``trainer.log_dir``: the first logger's ``log_dir`` (CSV, TensorBoard), else its
-    ``save_dir`` (the trackers), else ``default_root_dir``."""
+    """``trainer.log_dir``: the first logger's ``log_dir`` for a CSV or TensorBoard logger, else
+    (the trackers, a logger of the user's own) its ``save_dir``, as Lightning; ``default_root_dir``
+    when that is None."""
+    from fullshard.trainer.loggers.files import VersionedLogger
+
     if not loggers:
         return default_root_dir
-    return loggers[0].log_dir or loggers[0].save_dir or default_root_dir
+    logger = loggers[0]
+    if isinstance(logger, VersionedLogger):
+        return logger.log_dir
+    return logger.save_dir or default_root_dir
 
 
 def checkpoint_root(loggers: list[Logger], default_root_dir: str) -> str:

@@ -48,11 +48,13 @@ class VersionedLogger(Logger):
             self._version = self._next_version()
         return self._version
 
+    # root_dir and log_dir read `save_dir`, `name` and `version` through the properties, so a
+    # subclass that overrides one of them moves the folders with it (as in Lightning).
     @property
     @override
     def root_dir(self) -> str:
         """``save_dir/name``: the folder holding every version of the experiment."""
-        return os.path.join(self._save_dir, self._name)
+        return os.path.join(self.save_dir, self.name or "")
 
     @property
     @override

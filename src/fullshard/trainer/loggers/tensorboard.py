@@ -55,7 +55,7 @@ class TensorBoardLogger(VersionedLogger):
     def __init__(
         self,
         save_dir: str | os.PathLike[str],
-        name: str | None = "fullshard_logs",
+        name: str | None = "lightning_logs",
         version: int | str | None = None,
         log_graph: bool = False,
         default_hp_metric: bool = True,
@@ -72,6 +72,13 @@ class TensorBoardLogger(VersionedLogger):
         self._kwargs = kwargs
         self._writer: Any = None
         self.hparams: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the SummaryWriter holds an open event file and a thread: a pickled logger (spawn, a
+        # deepcopy of the Trainer) leaves it, and opens a new one at its next write
+        state = self.__dict__.copy()
+        state["_writer"] = None
+        return state
 
     @property
     def sub_dir(self) -> str | None:
@@ -164,7 +171,10 @@ class TensorBoardLogger(VersionedLogger):
             return
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         input_array = apply_to_collection(input_array, torch.Tensor, lambda t: t.to(device))
-        self.experiment.add_graph(model, input_array)
+        from fullshard.module import jit_compiling
+
+        with jit_compiling(model):  # with or without a Trainer attached
+            self.experiment.add_graph(model, input_array)
 
     @override
     @rank_zero_only
