@@ -93,11 +93,14 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shuffled = root / "shuffled"  # test_two_to_three_to_one_processes_shuffled
     fsdp = root / "fsdp"  # test_three_to_two_processes_fsdp_drop_last
     plain = root / "plain"  # test_a_stateless_optimizer_resumes_from_a_full_checkpoint_on_several_processes
+    lit = root / "lightning_sampler"  # test_the_default_sampler_shuffles_an_unshuffled_loader_as_lightning
     common = ("--strategy", "fsdp", "--drop-last")
     sgd = ("--momentum", "0")
     at2 = [
         ["--out", f"{shuffled}/two", "--max-steps", "3", "--shuffle", "--save", f"{shuffled}/two.ckpt"],
         ["--out", f"{plain}/a", "--max-steps", "3", *sgd, "--save", f"{plain}/plain.ckpt"],
+        ["--out", f"{lit}/whole", "--max-steps", "9", "--lightning-sampler"],
+        ["--out", f"{lit}/a", "--max-steps", "3", "--lightning-sampler", "--save", f"{lit}/a.ckpt"],
     ]
     at3 = [
         ["--out", f"{shuffled}/three", "--max-steps", "9", "--shuffle", "--resume", f"{shuffled}/two.ckpt", "--save-every", "4"],
@@ -106,6 +109,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     then_at2 = [
         ["--out", f"{fsdp}/two", "--max-steps", "7", "--resume", f"{fsdp}/three.ckpt", *common],
         ["--out", f"{plain}/b", "--max-steps", "5", *sgd, "--resume", f"{plain}/plain.ckpt"],
+        ["--out", f"{lit}/b", "--max-steps", "9", "--lightning-sampler", "--resume", f"{lit}/a.ckpt"],
     ]
     for name, runs, devices in (("at2", at2, 2), ("at3", at3, 3), ("then_at2", then_at2, 2)):
         (root / f"{name}.json").write_text(json.dumps([[*run, "--devices", str(devices)] for run in runs]))
@@ -254,6 +258,23 @@ def test_three_to_two_processes_fsdp_drop_last(jobs: Path) -> None:
     epoch = indices_of(*three, *(in_epoch(r, 0) for r in two))
     whole_two = [i for rank in range(2) for batch in uninterrupted(0, False, rank, 2, True) for i in batch]
     assert sorted(epoch) == sorted(whole_two) == list(range(48))  # 48 and 49 end in no full batch
+
+
+@pytest.mark.multiprocess
+def test_the_default_sampler_shuffles_an_unshuffled_loader_as_lightning(jobs: Path) -> None:
+    """Under DDP on 2 processes a ``shuffle=False`` training loader is shuffled, as Lightning's
+    sampler does (``DistributedSampler(shuffle=True)`` with the seed of ``seed_everything``; see
+    [Note: the training sampler's order]): every rank trains on the batches torch's own sampler
+    gives it, epoch after epoch; and a run resumed in the middle of the epoch trains on the
+    very batches of the uninterrupted run."""
+    runs = jobs / "lightning_sampler"
+    whole = seen(runs / "whole", 2)  # --max-steps 9: the 7 batches of epoch 0, 2 of epoch 1
+    for rank, records in enumerate(whole):
+        expected = uninterrupted(0, True, rank, 2, False) + uninterrupted(1, True, rank, 2, False)[:2]
+        assert [r[3] for r in records] == expected
+        assert [r[:3] for r in records] == [[0, i, i == 6] for i in range(7)] + [[1, 0, False], [1, 1, False]]
+    resumed = [a + b for a, b in zip(seen(runs / "a", 2), seen(runs / "b", 2), strict=True)]
+    assert resumed == whole
 
 
 # ------------------------------------------------------------------- loaders replayed as given

@@ -65,6 +65,7 @@ def train(
     sampler: Any = None,
     seed: int = SEED,
     momentum: float = 0.9,
+    lightning_sampler: bool = False,
 ) -> tuple[fullshard.Trainer, Recorder]:
     """Fit ``Recorder`` and write ``seen_rank{r}.json`` into ``out``."""
     fullshard.seed_everything(seed)
@@ -84,6 +85,10 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=out,
+        # an unshuffled run keeps the loader's order (Lightning's sampler would shuffle it): both
+        # kinds of order are resumed, one by each sampler setting
+        # (lightning_sampler: an unshuffled loader under the default sampler, which shuffles it)
+        use_distributed_sampler=True if shuffle or lightning_sampler else "keep_shuffle",
     )
     model = Recorder(momentum)
     loader = DataLoader(
@@ -105,6 +110,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--max-steps", type=int)
     p.add_argument("--shuffle", action="store_true")
+    p.add_argument(
+        "--lightning-sampler",
+        action="store_true",
+        help="a shuffle=False loader, shuffled by the default sampler",
+    )
     p.add_argument("--drop-last", action="store_true")
     p.add_argument("--resume", default=None)
     p.add_argument("--save", default=None)
@@ -136,6 +146,7 @@ def main() -> None:
             save=run.save,
             save_every=run.save_every,
             momentum=run.momentum,
+            lightning_sampler=run.lightning_sampler,
         )
 
 

@@ -13,6 +13,7 @@ from torch.utils.data import RandomSampler
 from fullshard.errors import MisconfigurationError, RankDivergenceError
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import current_seed
+from fullshard.strategies.parallel import ParallelStrategy
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
 
 if TYPE_CHECKING:
@@ -31,18 +32,28 @@ def prepare(trainer: Trainer, loader: Any, kind: str) -> tuple[PreparedLoader, i
     run after the Trainer's ``limit_<kind>_batches``."""
     shuffle = None
     if trainer.overfit_batches and kind in ("train", "val"):
-        shuffle = _overfit_shuffle(loader, kind, trainer.use_distributed_sampler)
+        shuffle = _overfit_shuffle(loader, kind, bool(trainer.use_distributed_sampler))
+    elif kind == "train" and _shuffles_training_data(trainer):
+        shuffle = True
     prepared = prepare_dataloader(
         loader,
         shuffle_default=kind == "train",
         seed=current_seed(),
         name=f"The {kind} dataloader",
-        distributed=trainer.use_distributed_sampler,
+        distributed=bool(trainer.use_distributed_sampler),
         shuffle=shuffle,
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
     return prepared, limit_batches(getattr(trainer, _LIMIT[kind]), available, _LIMIT[kind])
+
+
+def _shuffles_training_data(trainer: Trainer) -> bool:
+    """Lightning's rule: under a distributed strategy (DDP, FSDP, model parallel; also on one
+    device) the sampler it adds shuffles the training data, even from a loader built with
+    ``shuffle=False``; ``use_distributed_sampler="keep_shuffle"`` keeps the loader's order. See
+    [Note: the training sampler's order] in fullshard.trainer.data."""
+    return trainer.use_distributed_sampler is True and isinstance(trainer.strategy, ParallelStrategy)
 
 
 def _overfit_shuffle(loader: Any, kind: str, distributed: bool) -> bool | None:

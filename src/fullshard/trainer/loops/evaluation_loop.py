@@ -20,6 +20,7 @@ dict per dataloader, and ``predict`` a list of predictions per dataloader.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,6 +29,7 @@ from fullshard.launch import stuck_ranks
 from fullshard.module import Module
 from fullshard.trainer import data_setup
 from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.prediction_indices import BatchIndexRecorder, prediction_writers
 from fullshard.trainer.preflight import overrides
 
@@ -134,6 +136,9 @@ class EvaluationLoop:
         metrics.epoch_results()  # start a fresh record of this run's epoch values
         metrics.start_evaluation()
         modes = _capture_modes(module if trainer.model is None else trainer.model)  # the wrapper as well
+        # Lightning makes the first loader's iterator before the start hooks ([Note: fetching a
+        # batch ahead] in fetcher.py); each other loader's when its turn comes
+        first = Fetcher(self.loaders[0].iterate(0), ahead=math.isinf(limits[0]))
         getattr(module, f"on_{name}_model_eval")()
         hooks.call(f"on_{name}_start")
         hooks.call(f"on_{name}_epoch_start")
@@ -144,7 +149,8 @@ class EvaluationLoop:
         for index, (loader, limit) in enumerate(zip(self.loaders, limits, strict=True)):
             metrics.in_step = True
             metrics.dataloader_idx = index if several else None
-            self._run_loader(hooks, loader, limit, index, several, writers)
+            batches = first if index == 0 else Fetcher(loader.iterate(0), ahead=math.isinf(limit))
+            self._run_loader(hooks, loader, batches, limit, index, several, writers)
             metrics.in_step = False
             metrics.reduce_epoch(stage)
             results.append(metrics.epoch_results())
@@ -191,6 +197,7 @@ class EvaluationLoop:
         self,
         hooks: Hooks,
         loader: PreparedLoader,
+        iterator: Fetcher,
         limit: int | float,
         index: int,
         several: bool,
@@ -205,7 +212,6 @@ class EvaluationLoop:
         extra = (index,) if several else ()
         predictions = self._predictions[index] if self._predictions else None
         recorder = loader if isinstance(loader, BatchIndexRecorder) else None
-        iterator = loader.iterate(0)
         batch_idx = 0
         while batch_idx < limit:
             try:
