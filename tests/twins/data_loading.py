@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
-from twin import imp, main
+from twin import imp, main, raised
 
 L = imp()
 
@@ -161,6 +161,98 @@ def case_fetch_ahead_iterable_with_limit(tmp: Path) -> Any:
     t = trainer(max_epochs=2, limit_train_batches=3)
     t.fit(model, DataLoader(ReadsCounter(counter, 5), batch_size=None))
     return {"seen": model.seen, "is_last_batch": model.last, "counter": counter.value}
+
+
+# ------------------------------------------------------------------------------ CombinedLoader
+def loaders(*lengths: int, batch_size: int = 2) -> list[DataLoader[torch.Tensor]]:
+    """Loaders over ``Indices`` of ``lengths``, told apart by their offsets (0, 100, 200, ...)."""
+    return [DataLoader(Indices(n, 100 * i), batch_size=batch_size) for i, n in enumerate(lengths)]
+
+
+def case_combined_loader_alone(tmp: Path) -> Any:
+    """Iterated by hand: the batches, ``batch_idx``, ``dataloader_idx`` and ``len`` of each mode,
+    with and without limits, over a dict and a nested structure; an unknown mode is refused."""
+    CombinedLoader = imp("utilities").CombinedLoader
+    out: dict[str, Any] = {}
+    for mode in ("min_size", "max_size_cycle", "max_size", "sequential"):
+        a, b = loaders(5, 9)
+        for limits in (None, [2, 3]):
+            combined = CombinedLoader({"a": a, "b": b}, mode)
+            if limits is not None:
+                combined.limits = limits
+            seen = list(iter(combined))
+            out[f"{mode}/{limits}"] = {"seen": seen, "len": len(combined)}
+        nested = CombinedLoader({"x": [a, b], "y": (b,)}, mode)
+        out[f"{mode}/nested"] = {"seen": list(iter(nested)), "len": len(nested)}
+        out[f"{mode}/sampler"] = type(nested.sampler["x"][1]).__name__
+    out["bad mode"] = raised(lambda: CombinedLoader([], "longest"))
+    return out
+
+
+class Combined(Recorder):
+    """Logs a value of each step's batch, takes ``dataloader_idx`` in evaluation."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        flat = batch.values() if isinstance(batch, dict) else batch
+        self.log("first", sum(float(t[0]) for t in flat if t is not None), on_epoch=True)
+        return super().training_step(batch if isinstance(batch, dict) else dict(enumerate(batch)), batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.seen["val"].append([self.current_epoch, batch_idx, dataloader_idx, batch])
+        flat = batch.values() if isinstance(batch, dict) else [batch]
+        self.log("v", sum(float(t.view(-1)[0]) for t in flat))
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        self.seen["predict"].append([batch_idx, dataloader_idx, batch])
+        return batch
+
+
+def case_combined_training(tmp: Path) -> Any:
+    """``fit`` over a dict of loaders (``max_size_cycle``), and over a CombinedLoader of each
+    other mode, with limits: the batches each step got, the batch counts, the logged values;
+    ``sequential`` is refused."""
+    CombinedLoader = imp("utilities").CombinedLoader
+    out: dict[str, Any] = {}
+    for name, train, limit in (
+        ("dict", lambda: dict(zip("ab", loaders(4, 9), strict=True)), 1.0),
+        ("list limited", lambda: loaders(4, 9, 3), 3),
+        ("min_size", lambda: CombinedLoader(loaders(4, 9), "min_size"), 1.0),
+        ("max_size", lambda: CombinedLoader(dict(zip("ab", loaders(4, 9), strict=True)), "max_size"), 0.5),
+    ):
+        model = Combined()
+        t = trainer(max_epochs=2, limit_train_batches=limit)
+        t.fit(model, train())
+        out[name] = {
+            "seen": model.seen["train"],
+            "batches": t.num_training_batches,
+            "metrics": dict(t.callback_metrics),
+            "train_dataloader": type(t.train_dataloader).__name__,
+        }
+    t = trainer(max_epochs=1)
+    out["sequential"] = raised(lambda: t.fit(Combined(), CombinedLoader(loaders(4, 9), "sequential")))
+    return out
+
+
+def case_combined_evaluation(tmp: Path) -> Any:
+    """``validate`` with a sequential CombinedLoader (``dataloader_idx``) and a ``min_size`` one
+    (combined batches), ``predict`` with a sequential one; other modes are refused in ``predict``."""
+    CombinedLoader = imp("utilities").CombinedLoader
+    model = Combined()
+    t = trainer(limit_val_batches=2)
+    sequential = t.validate(model, CombinedLoader(loaders(3, 5), "sequential"), verbose=False)
+    counts = t.num_val_batches
+    together = t.validate(
+        model, CombinedLoader(dict(zip("ab", loaders(3, 5), strict=True)), "min_size"), verbose=False
+    )
+    predictions = t.predict(model, CombinedLoader(loaders(3, 2), "sequential"))
+    refused = raised(lambda: t.predict(model, CombinedLoader(loaders(3, 2), "max_size")))
+    return {
+        "seen": model.seen,
+        "results": [sequential, together],
+        "num_val_batches": counts,
+        "predictions": predictions,
+        "refused": refused,
+    }
 
 
 if __name__ == "__main__":

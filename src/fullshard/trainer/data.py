@@ -114,6 +114,9 @@ class SavedPosition:
     batches: int
     samples: int | None
     world_size: int | None
+    loaders: tuple[tuple[int, int | None], ...] | None = None
+    """A combined loader's inner loaders: (batches, samples) each ([Note: resuming combined
+    loaders] in fullshard.trainer.combined_loader); None for one loader."""
 
 
 class PreparedLoader:

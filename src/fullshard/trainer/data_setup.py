@@ -14,6 +14,7 @@ from fullshard.errors import MisconfigurationError, RankDivergenceError
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import current_seed
 from fullshard.strategies.parallel import ParallelStrategy
+from fullshard.trainer.combined_loader import CombinedLoader, PreparedCombined, as_combined, combined_length
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
 
 if TYPE_CHECKING:
@@ -27,9 +28,20 @@ _LIMIT = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "l
           "predict": "limit_predict_batches"}  # fmt: skip
 
 
-def prepare(trainer: Trainer, loader: Any, kind: str) -> tuple[PreparedLoader, int | float]:
+def prepare(
+    trainer: Trainer, loader: Any, kind: str
+) -> tuple[PreparedLoader | PreparedCombined, int | float]:
     """``loader`` as the loops use it (``kind``: train, val, test or predict), and its batches per
-    run after the Trainer's ``limit_<kind>_batches``."""
+    run after the Trainer's ``limit_<kind>_batches``. A :class:`CombinedLoader` (for training
+    also a dict, list or tuple of loaders) has each of its loaders prepared so; its batches per
+    run are those of its mode over the loaders' limited counts, as Lightning counts them."""
+    combined = as_combined(loader, "max_size_cycle") if kind == "train" else None
+    if combined is None and isinstance(loader, CombinedLoader):
+        combined = loader
+    if combined is not None:
+        parts = [prepare(trainer, inner, kind) for inner in combined.flattened]
+        batches = combined_length(combined.mode, [limit for _, limit in parts])
+        return PreparedCombined(combined, [p for p, _ in parts]), batches  # type: ignore[misc]
     shuffle = None
     if trainer.overfit_batches and kind in ("train", "val"):
         shuffle = _overfit_shuffle(loader, kind, bool(trainer.use_distributed_sampler))

@@ -28,6 +28,8 @@ import torch
 from fullshard.launch import stuck_ranks
 from fullshard.module import Module
 from fullshard.trainer import data_setup
+from fullshard.trainer.combined_loader import PreparedCombined
+from fullshard.trainer.data import PreparedLoader
 from fullshard.trainer.loggers import send_to_loggers
 from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.prediction_indices import BatchIndexRecorder, prediction_writers
@@ -35,7 +37,6 @@ from fullshard.trainer.preflight import overrides
 
 if TYPE_CHECKING:
     from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
-    from fullshard.trainer.data import PreparedLoader
     from fullshard.trainer.hooks import Hooks
     from fullshard.trainer.metrics import MetricsCollector
     from fullshard.trainer.preflight import DataSources
@@ -53,7 +54,7 @@ class EvaluationLoop:
         self.trainer = trainer
         self.metrics = metrics
         self.stage = stage
-        self.loaders: list[PreparedLoader] = []
+        self.loaders: list[PreparedLoader | PreparedCombined] = []
         self.max_batches: list[int | float] = []
         self.current_batch_indices: list[int] = []
         """The dataset indices of the batch being predicted (for a ``BasePredictionWriter``)."""
@@ -61,7 +62,7 @@ class EvaluationLoop:
         self._epoch_batch_indices: list[list[list[int]]] = []
 
     @property
-    def loader(self) -> PreparedLoader | None:
+    def loader(self) -> PreparedLoader | PreparedCombined | None:
         """The first dataloader (None when the stage has none)."""
         return self.loaders[0] if self.loaders else None
 
@@ -100,7 +101,11 @@ class EvaluationLoop:
             return
         for loader in sources.get_all(kind, module):
             prepared, batches = data_setup.prepare(self.trainer, loader, kind)
-            if self.stage == "predict" and prediction_writers(self.trainer.callbacks):
+            if (
+                isinstance(prepared, PreparedLoader)
+                and self.stage == "predict"
+                and prediction_writers(self.trainer.callbacks)
+            ):
                 prepared = BatchIndexRecorder.wrap(prepared)
             self.loaders.append(prepared)
             self.max_batches.append(batches)
@@ -196,7 +201,7 @@ class EvaluationLoop:
     def _run_loader(
         self,
         hooks: Hooks,
-        loader: PreparedLoader,
+        loader: PreparedLoader | PreparedCombined,
         iterator: Fetcher,
         limit: int | float,
         index: int,

@@ -36,6 +36,7 @@ from fullshard.module import Module
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.seed import current_seed
 from fullshard.trainer import data_setup, nonfinite, preemption
+from fullshard.trainer.combined_loader import PreparedCombined
 from fullshard.trainer.loggers import send_to_loggers
 from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.progress import Progress
@@ -95,7 +96,7 @@ class FitLoop:
         self.validate_loop = validate_loop
         self.progress = Progress()
         self.optimization = Optimization(trainer, self.progress)
-        self.train_loader: PreparedLoader | None = None
+        self.train_loader: PreparedLoader | PreparedCombined | None = None
         self.num_training_batches: int | float = 0
         self.val_check_batch: int | float = 0
         self.nonfinite = on_nonfinite_loss  # [Note: agreeing on a non-finite loss]
@@ -150,8 +151,9 @@ class FitLoop:
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's ``"loops"`` entry."""
         loader = self.train_loader
+        positions = loader.state if isinstance(loader, PreparedCombined) else None
         return self.progress.state_dict(
-            self.samples_in_epoch(), loader.seed if loader is not None else current_seed()
+            self.samples_in_epoch(), loader.seed if loader is not None else current_seed(), positions
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
