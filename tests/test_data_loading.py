@@ -7,6 +7,7 @@ The 2-process order of the default sampler is checked in tests/test_resume_world
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader
 
 import compare
 import fullshard
+from conftest import quiet_trainer
 from fullshard.errors import MisconfigurationError
 
 twins = compare.Twins("data_loading.py")
@@ -85,3 +87,36 @@ def test_use_distributed_sampler_values(value: Any) -> None:
         r"strategy it shuffles the training data, even from a loader with shuffle=False\), 'keep_shuffle'",
     ):
         fullshard.Trainer(use_distributed_sampler=value)
+
+
+class _Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """An iterable dataset without a length: the loops fetch it a batch ahead."""
+
+    def __iter__(self) -> Any:
+        return iter(torch.arange(10.0).view(5, 2))
+
+
+class _SeenLast(_Seen):
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.seen.append([self.current_epoch, batch_idx, self.trainer.is_last_batch, batch.tolist()])
+        return self.layer(batch.view(-1, 1)).mean()
+
+
+def test_an_unsized_loader_fetched_ahead_resumes_exactly(tmp_path: Path) -> None:
+    """An iterable dataset fetched a batch ahead: ``is_last_batch`` is True at each epoch's last
+    batch, and a run resumed from a mid-epoch checkpoint trains on the batches of the
+    uninterrupted run, with the same flags."""
+
+    def fit(tag: str, ckpt: Path | None = None) -> list[Any]:
+        fullshard.seed_everything(0)
+        model = _SeenLast()
+        every = fullshard.ModelCheckpoint(dirpath=tmp_path / tag, every_n_train_steps=7, save_top_k=-1)
+        trainer = quiet_trainer(
+            tmp_path, max_epochs=3, max_steps=12, callbacks=[every], enable_checkpointing=True
+        )
+        trainer.fit(model, DataLoader(_Stream(), batch_size=None), ckpt_path=ckpt)
+        return model.seen
+
+    whole = fit("whole")  # writes a checkpoint at step 7, in the middle of epoch 1
+    assert [r[:3] for r in whole] == [[e, i, i == 4] for e in range(3) for i in range(5)][:12]
+    assert whole[:7] + fit("resumed", ckpt=tmp_path / "whole" / "epoch=1-step=7.ckpt") == whole
