@@ -107,28 +107,50 @@ def combine(
     ``start[i]()`` makes loader ``i``'s iterator, ``restart[i]()`` a new one when it ended
     (``max_size_cycle``)."""
     iterators = [make() for make in start]
-    ended = [False] * len(iterators)
-    while iterators:
-        out: list[Any] = [None] * len(iterators)
-        if mode == "max_size":  # an ended loader gives None until they all ended
-            produced = False
-            for i, iterator in enumerate(iterators):
-                with contextlib.suppress(StopIteration):
-                    out[i], produced = next(iterator), True
-            if not produced:
-                return
-            yield out
-            continue
+    if not iterators:
+        return iter(())
+    if mode == "min_size":
+        return _min_size(iterators)
+    if mode == "max_size":
+        return _max_size(iterators)
+    return _max_size_cycle(iterators, restart)
+
+
+def _min_size(iterators: list[Iterator[Any]]) -> Iterator[list[Any]]:
+    while True:
+        try:
+            out = [next(iterator) for iterator in iterators]
+        except StopIteration:  # the shortest ended
+            return
+        yield out
+
+
+def _max_size(iterators: list[Iterator[Any]]) -> Iterator[list[Any]]:
+    while True:
+        out: list[Any] = [None] * len(iterators)  # an ended loader gives None
+        produced = False
         for i, iterator in enumerate(iterators):
+            with contextlib.suppress(StopIteration):
+                out[i], produced = next(iterator), True
+        if not produced:  # they all ended
+            return
+        yield out
+
+
+def _max_size_cycle(
+    iterators: list[Iterator[Any]], restart: Sequence[Callable[[], Iterator[Any]]]
+) -> Iterator[list[Any]]:
+    ended = [False] * len(iterators)
+    while True:
+        out: list[Any] = [None] * len(iterators)
+        for i in range(len(iterators)):
             try:
-                out[i] = next(iterator)
+                out[i] = next(iterators[i])
             except StopIteration:
-                if mode == "min_size":
+                ended[i] = True
+                if all(ended):  # the longest ended (each ended once)
                     return
-                ended[i] = True  # max_size_cycle: start it over, unless every loader ended once
-                if all(ended):
-                    return
-                iterators[i] = restart[i]()
+                iterators[i] = restart[i]()  # start it over
                 out[i] = next(iterators[i])
         yield out
 
