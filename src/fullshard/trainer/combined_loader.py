@@ -43,6 +43,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from fullshard.errors import MisconfigurationError
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.data import PreparedLoader, SavedPosition
 
@@ -276,6 +277,9 @@ def check_loaders(combined: CombinedLoader, argument: str) -> None:
     """Every iterable of ``combined`` must be a ``DataLoader``."""
     if not combined.flattened:
         raise _error(argument, "an empty collection", "Pass at least one dataloader.")
+    if combined.flattened == [combined.iterables] and not isinstance(combined.iterables, DataLoader):
+        fix = "Wrap your dataset: DataLoader(dataset, batch_size=...)."
+        raise _error(argument, type(combined.iterables).__name__, fix)  # a list of numbers, say
     for item in combined.flattened:
         if not isinstance(item, DataLoader):
             raise _error(
@@ -286,8 +290,6 @@ def check_loaders(combined: CombinedLoader, argument: str) -> None:
 
 
 def _error(argument: str, got: str, fix: str) -> Exception:
-    from fullshard.errors import MisconfigurationError
-
     return MisconfigurationError(
         f"{argument} must be a torch.utils.data.DataLoader, a CombinedLoader, or a dict, list or tuple of "
         f"dataloaders; got {got}. {fix}"
