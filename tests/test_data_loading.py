@@ -120,3 +120,33 @@ def test_an_unsized_loader_fetched_ahead_resumes_exactly(tmp_path: Path) -> None
     whole = fit("whole")  # writes a checkpoint at step 7, in the middle of epoch 1
     assert [r[:3] for r in whole] == [[e, i, i == 4] for e in range(3) for i in range(5)][:12]
     assert whole[:7] + fit("resumed", ckpt=tmp_path / "whole" / "epoch=1-step=7.ckpt") == whole
+
+
+class _Rebuilt(_Seen):
+    """Each ``train_dataloader()`` call gives batches holding its call number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.builds = 0
+
+    def train_dataloader(self) -> DataLoader[torch.Tensor]:
+        self.builds += 1
+        return DataLoader(torch.full((4,), float(self.builds)), batch_size=2)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.seen.append([self.current_epoch, self.builds, batch.tolist()])
+        return self.layer(batch.view(-1, 1)).mean()
+
+
+def test_the_first_epoch_reads_the_loader_reloaded_for_it(tmp_path: Path) -> None:
+    """Resumed after an epoch ended, with reload_dataloaders_every_n_epochs=1: the first epoch
+    rebuilds the loader and reads the rebuilt one (not the iterator made when the fit started)."""
+    ckpt = fullshard.ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[ckpt], enable_checkpointing=True).fit(_Rebuilt())
+    model = _Rebuilt()
+    quiet_trainer(tmp_path, max_epochs=3, reload_dataloaders_every_n_epochs=1).fit(
+        model, ckpt_path=tmp_path / "last.ckpt"
+    )
+    assert model.builds == 3
+    assert all(batch == [float(builds)] * 2 for _, builds, batch in model.seen), model.seen
+    assert [epoch for epoch, _, _ in model.seen] == [1, 1, 2, 2]

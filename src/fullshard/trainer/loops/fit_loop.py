@@ -107,7 +107,8 @@ class FitLoop:
         self.early_loader: Any = None  # the given training loader, while rank 0 checks optimizers early
         self._hooks: Hooks | None = None
         self.reload = data_setup.ReloadSchedule()  # reload_dataloaders_every_n_epochs; made for each fit
-        self._first_batches: Fetcher | None = None  # the run's first epoch, made before on_train_start
+        # the run's first epoch, made before on_train_start (with the loader it reads)
+        self._first_batches: tuple[Any, Fetcher] | None = None
 
     # --------------------------------------------------------------------------- data
     def setup_train_loader(self, loader: Any) -> None:
@@ -273,7 +274,7 @@ class FitLoop:
             # Lightning makes the first epoch's iterator here, before on_train_start (and before
             # the random-number states come back, as they were when the checkpoint was written
             # after it); see [Note: fetching a batch ahead] in fetcher.py
-            self._first_batches = None if self.done() else self._epoch_batches()
+            self._first_batches = None if self.done() else (self.train_loader, self._epoch_batches())
             validate = self.validate_loop
             self.val_check_batch = data_setup.val_check_batch(
                 trainer, validate.num_batches if validate.loader is not None else 0, self.num_training_batches
@@ -367,7 +368,9 @@ class FitLoop:
         hooks.call("on_train_epoch_start")
         accumulate = trainer.accumulate_grad_batches  # after the hook: GradientAccumulationScheduler sets it
         metrics.in_step = True
-        iterator, self._first_batches = self._first_batches or self._epoch_batches(), None
+        first, self._first_batches = self._first_batches, None
+        # unless reload_dataloaders_every_n_epochs rebuilt the loader since
+        iterator = first[1] if first is not None and first[0] is self.train_loader else self._epoch_batches()
         batch_idx = start
         while batch_idx < num_batches:
             try:
