@@ -133,7 +133,9 @@ def test_fit_with_wrong_model_or_data(tmp_path: Path) -> None:
     with pytest.raises(MisconfigurationError, match=r"Trainer expects a fullshard\.Module, got Linear"):
         trainer.fit(torch.nn.Linear(2, 2), DataLoader(make_data()))  # type: ignore[arg-type]
     with pytest.raises(
-        MisconfigurationError, match=r"train_dataloaders must be a torch\.utils\.data\.DataLoader, got list"
+        MisconfigurationError,
+        match=r"train_dataloaders must be a torch\.utils\.data\.DataLoader, a CombinedLoader, or a dict, list "
+        r"or tuple of dataloaders; got list\. Wrap your dataset",
     ):
         trainer.fit(MLP(), [1, 2, 3])
 

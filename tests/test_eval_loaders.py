@@ -14,6 +14,7 @@ import fullshard
 from conftest import quiet_trainer
 from fullshard.callbacks import Callback
 from fullshard.errors import MisconfigurationError
+from fullshard.utilities import CombinedLoader
 
 
 def loader(n: int, seed: int = 0, batch_size: int = 4) -> DataLoader[Any]:
@@ -159,12 +160,19 @@ def test_bad_evaluation_loaders_are_refused_before_any_process_starts(
         quiet_trainer(tmp_path).test(Model(), given)
 
 
-def test_several_training_loaders_are_refused_with_a_way_out(tmp_path: Path) -> None:
+def test_training_loaders_that_cannot_be_combined_are_refused(tmp_path: Path) -> None:
+    """Several training loaders train together (tests/test_data_loading.py); ``sequential``
+    (as in Lightning) and a collection holding something else than dataloaders are refused."""
+    with pytest.raises(
+        ValueError, match=r'fit does not support the CombinedLoader\(mode="sequential"\) mode'
+    ):
+        quiet_trainer(tmp_path).fit(Model(), CombinedLoader([loader(4), loader(4)], "sequential"))
     with pytest.raises(
         MisconfigurationError,
-        match=r"train_dataloaders holds 2 dataloaders; fullshard trains on one.*ConcatDataset",
+        match=r"train_dataloaders must be a torch.utils.data.DataLoader, a CombinedLoader, or a dict, list or "
+        r"tuple of dataloaders; got a int among them. Wrap each dataset",
     ):
-        quiet_trainer(tmp_path).fit(Model(), [loader(4), loader(4)])
+        quiet_trainer(tmp_path).fit(Model(), {"a": loader(4), "b": 3})
 
 
 def test_the_results_table_has_a_column_per_loader(

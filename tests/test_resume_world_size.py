@@ -28,7 +28,7 @@ from fullshard.trainer.data import (
 )
 
 sys.path.insert(0, str(SCRIPTS))
-from resume_order_job import BATCH, LENGTH, SEED, train
+from resume_order_job import BATCH, LENGTH, SEED, SHORT, train
 
 # The model's optimizer is SGD with momentum, except in the test of a stateless optimizer.
 
@@ -93,11 +93,18 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shuffled = root / "shuffled"  # test_two_to_three_to_one_processes_shuffled
     fsdp = root / "fsdp"  # test_three_to_two_processes_fsdp_drop_last
     plain = root / "plain"  # test_a_stateless_optimizer_resumes_from_a_full_checkpoint_on_several_processes
+    lit = root / "lightning_sampler"  # test_the_default_sampler_shuffles_an_unshuffled_loader_as_lightning
+    both = root / "combined"  # test_a_combined_loader_resumes_exactly_under_fsdp
+    fsdp2 = ("--strategy", "fsdp", "--combined", "--lightning-sampler")
     common = ("--strategy", "fsdp", "--drop-last")
     sgd = ("--momentum", "0")
     at2 = [
         ["--out", f"{shuffled}/two", "--max-steps", "3", "--shuffle", "--save", f"{shuffled}/two.ckpt"],
         ["--out", f"{plain}/a", "--max-steps", "3", *sgd, "--save", f"{plain}/plain.ckpt"],
+        ["--out", f"{lit}/whole", "--max-steps", "9", "--lightning-sampler"],
+        ["--out", f"{lit}/a", "--max-steps", "3", "--lightning-sampler", "--save", f"{lit}/a.ckpt"],
+        ["--out", f"{both}/whole", "--max-steps", "10", *fsdp2],
+        ["--out", f"{both}/a", "--max-steps", "5", *fsdp2, "--save", f"{both}/a.ckpt"],
     ]
     at3 = [
         ["--out", f"{shuffled}/three", "--max-steps", "9", "--shuffle", "--resume", f"{shuffled}/two.ckpt", "--save-every", "4"],
@@ -106,6 +113,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     then_at2 = [
         ["--out", f"{fsdp}/two", "--max-steps", "7", "--resume", f"{fsdp}/three.ckpt", *common],
         ["--out", f"{plain}/b", "--max-steps", "5", *sgd, "--resume", f"{plain}/plain.ckpt"],
+        ["--out", f"{lit}/b", "--max-steps", "9", "--lightning-sampler", "--resume", f"{lit}/a.ckpt"],
+        ["--out", f"{both}/b", "--max-steps", "10", *fsdp2, "--resume", f"{both}/a.ckpt"],
     ]
     for name, runs, devices in (("at2", at2, 2), ("at3", at3, 3), ("then_at2", then_at2, 2)):
         (root / f"{name}.json").write_text(json.dumps([[*run, "--devices", str(devices)] for run in runs]))
@@ -254,6 +263,58 @@ def test_three_to_two_processes_fsdp_drop_last(jobs: Path) -> None:
     epoch = indices_of(*three, *(in_epoch(r, 0) for r in two))
     whole_two = [i for rank in range(2) for batch in uninterrupted(0, False, rank, 2, True) for i in batch]
     assert sorted(epoch) == sorted(whole_two) == list(range(48))  # 48 and 49 end in no full batch
+
+
+@pytest.mark.multiprocess
+def test_the_default_sampler_shuffles_an_unshuffled_loader_as_lightning(jobs: Path) -> None:
+    """Under DDP on 2 processes a ``shuffle=False`` training loader is shuffled, as Lightning's
+    sampler does (``DistributedSampler(shuffle=True)`` with the seed of ``seed_everything``; see
+    [Note: the training sampler's order]): every rank trains on the batches torch's own sampler
+    gives it, epoch after epoch; and a run resumed in the middle of the epoch trains on the
+    very batches of the uninterrupted run."""
+    runs = jobs / "lightning_sampler"
+    whole = seen(runs / "whole", 2)  # --max-steps 9: the 7 batches of epoch 0, 2 of epoch 1
+    for rank, records in enumerate(whole):
+        expected = uninterrupted(0, True, rank, 2, False) + uninterrupted(1, True, rank, 2, False)[:2]
+        assert [r[3] for r in records] == expected
+        assert [r[:3] for r in records] == [[0, i, i == 6] for i in range(7)] + [[1, 0, False], [1, 1, False]]
+    resumed = [a + b for a, b in zip(seen(runs / "a", 2), seen(runs / "b", 2), strict=True)]
+    assert resumed == whole
+
+
+@pytest.mark.multiprocess
+def test_a_combined_loader_resumes_exactly_under_fsdp(jobs: Path) -> None:
+    """A dict of two training loaders (``max_size_cycle``: the short one starts over) under FSDP
+    on 2 processes, saved after 5 steps (the short loader 2 batches into its second pass) and
+    resumed: each rank trains on the very batches of the uninterrupted run; the checkpoint
+    records each loader's position ([Note: resuming combined loaders])."""
+    runs = jobs / "combined"
+    whole = seen(runs / "whole", 2)  # 7 batches per epoch (the long loader's), 3 epochs of the short one
+    for rank, records in enumerate(whole):
+        long = uninterrupted(0, True, rank, 2, False) + uninterrupted(1, True, rank, 2, False)
+        short = [uninterrupted(epoch, True, rank, 2, False, SHORT) for epoch in (0, 1)]
+        assert [r[3]["long"] for r in records] == long[:10]
+        assert [r[3]["short"] for r in records] == (short[0] * 3)[:7] + short[1][:3]  # each epoch its order
+    assert [a + b for a, b in zip(seen(runs / "a", 2), seen(runs / "b", 2), strict=True)] == whole
+    positions = loops_of(runs / "a.ckpt")["loader_positions"]
+    assert positions == [
+        {"batches": 5, "cycles": 0, "samples": 40},
+        {"batches": 2, "cycles": 1, "samples": 16},
+    ]
+
+
+def test_a_combined_loader_resumes_exactly_in_one_process(tmp_path: Path) -> None:
+    """The same in one process, cut in the short loader's third pass and resumed twice."""
+    run = dict(shuffle=True, combined=True)
+    _, whole = train(tmp_path / "whole", max_steps=20, **run)  # type: ignore[arg-type]
+    _, a = train(tmp_path / "a", max_steps=12, save=str(tmp_path / "a.ckpt"), **run)  # type: ignore[arg-type]
+    _, b = train(
+        tmp_path / "b", max_steps=15, resume=str(tmp_path / "a.ckpt"), save=str(tmp_path / "b.ckpt"), **run
+    )  # type: ignore[arg-type]
+    _, c = train(tmp_path / "c", max_steps=20, resume=str(tmp_path / "b.ckpt"), **run)  # type: ignore[arg-type]
+    assert a.seen + b.seen + c.seen == whole.seen
+    assert [r[:2] for r in whole.seen] == [[0, i] for i in range(13)] + [[1, i] for i in range(7)]
+    assert loops_of(tmp_path / "a.ckpt")["loader_positions"][1] == {"batches": 2, "cycles": 2, "samples": 8}
 
 
 # ------------------------------------------------------------------- loaders replayed as given

@@ -23,12 +23,14 @@ from fullshard.batch_transfer import move_data_to_device
 from fullshard.module import AttributeDict
 from fullshard.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from fullshard.trainer.callbacks.throughput import measure_flops
+from fullshard.trainer.combined_loader import CombinedLoader
 
 if TYPE_CHECKING:
     from fullshard.strategies import Strategy
 
 __all__ = [
     "AttributeDict",
+    "CombinedLoader",
     "GradClipAlgorithmType",
     "LightningEnum",
     "disable_possible_user_warnings",

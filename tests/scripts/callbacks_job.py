@@ -112,6 +112,8 @@ def trainer_for(name: str, out: Path, callbacks: list[Any], **kwargs: Any) -> fu
         enable_progress_bar=False,
         num_sanity_val_steps=0,
         default_root_dir=out,
+        # 2 processes are compared with one reading the data in order: keep the loader's order
+        use_distributed_sampler="keep_shuffle",
     )
     options.update(kwargs)
     return fullshard.Trainer(callbacks=callbacks, **options)

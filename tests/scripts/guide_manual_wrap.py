@@ -71,6 +71,8 @@ def fit(args: argparse.Namespace, max_steps: int, ckpt_path: Path | None = None)
         enable_model_summary=False,
         enable_checkpointing=False,
         logger=False,
+        # compared with a one-process run, which reads the data in order: keep the loader's order
+        use_distributed_sampler="keep_shuffle",
     )
     trainer.fit(Runnable(global_batch=16, devices=args.devices), ckpt_path=ckpt_path)
     return trainer

@@ -63,6 +63,7 @@ def resume(args: argparse.Namespace, strategy: str, out: Path) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=out,
+        use_distributed_sampler="keep_shuffle",  # the expected run is a plain loop over the data in order
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -79,8 +79,9 @@ def trainer(out: Path, strategy: str, **kwargs: Any) -> fullshard.Trainer:
 def run_syncbn(out: Path, strategy: str) -> None:
     model = BNNet()
     t = trainer(
-        out, strategy, max_steps=STEPS, enable_checkpointing=False, sync_batchnorm=True, profiler="simple"
-    )
+        out, strategy, max_steps=STEPS, enable_checkpointing=False, sync_batchnorm=True, profiler="simple",
+        use_distributed_sampler="keep_shuffle",  # the reference reads the global batches in order
+    )  # fmt: skip
     t.fit(model, DataLoader(syncbn_data(), batch_size=BATCH))
     state = {k: v.detach().clone() for k, v in t.strategy.module_state_dict().items()}
     kinds = sorted({type(m).__name__ for m in model.modules() if "BatchNorm" in type(m).__name__})

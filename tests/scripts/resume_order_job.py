@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 import fullshard
 
 LENGTH = 50  # not a multiple of 2 or 3 processes times the batch: the epoch ends in padding
+SHORT = 18  # --combined: the second loader's length (it starts over within an epoch)
 BATCH = 4
 SEED = 5
 
@@ -26,8 +27,11 @@ SEED = 5
 class Indices(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Sample ``i`` is ``(i, features of i)``: the batch says which samples were trained on."""
 
+    def __init__(self, length: int = LENGTH) -> None:
+        self.length = length
+
     def __len__(self) -> int:
-        return LENGTH
+        return self.length
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.tensor(i), torch.tensor([i / LENGTH, 1.0])
@@ -41,9 +45,11 @@ class Recorder(fullshard.Module):
         self.seen: list[list[Any]] = []  # [epoch, batch_idx, is_last_batch, indices]
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        index, x = batch
-        self.seen.append([self.current_epoch, batch_idx, self.trainer.is_last_batch, index.tolist()])
-        return self.layer(x).pow(2).mean()
+        parts = batch if isinstance(batch, dict) else {"": batch}  # --combined: {"long": .., "short": ..}
+        indices = {name: index.tolist() for name, (index, _) in parts.items()}
+        seen = indices if isinstance(batch, dict) else indices[""]
+        self.seen.append([self.current_epoch, batch_idx, self.trainer.is_last_batch, seen])
+        return sum(self.layer(x).pow(2).mean() for _, x in parts.values())  # type: ignore[return-value]
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(
@@ -65,6 +71,8 @@ def train(
     sampler: Any = None,
     seed: int = SEED,
     momentum: float = 0.9,
+    lightning_sampler: bool = False,
+    combined: bool = False,
 ) -> tuple[fullshard.Trainer, Recorder]:
     """Fit ``Recorder`` and write ``seen_rank{r}.json`` into ``out``."""
     fullshard.seed_everything(seed)
@@ -84,11 +92,18 @@ def train(
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=out,
+        # an unshuffled run keeps the loader's order (Lightning's sampler would shuffle it): both
+        # kinds of order are resumed, one by each sampler setting
+        # (lightning_sampler: an unshuffled loader under the default sampler, which shuffles it)
+        use_distributed_sampler=True if shuffle or lightning_sampler else "keep_shuffle",
     )
     model = Recorder(momentum)
     loader = DataLoader(
         Indices(), batch_size=BATCH, shuffle=shuffle and sampler is None, drop_last=drop_last, sampler=sampler
     )
+    if combined:  # read together with a shorter loader, which starts over (max_size_cycle)
+        short = DataLoader(Indices(SHORT), batch_size=BATCH, shuffle=shuffle, drop_last=drop_last)
+        loader = {"long": loader, "short": short}  # type: ignore[assignment]
     trainer.fit(model, loader, ckpt_path=resume)
     if save is not None:
         trainer.save_checkpoint(save)
@@ -105,7 +120,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--max-steps", type=int)
     p.add_argument("--shuffle", action="store_true")
+    p.add_argument(
+        "--lightning-sampler",
+        action="store_true",
+        help="a shuffle=False loader, shuffled by the default sampler",
+    )
     p.add_argument("--drop-last", action="store_true")
+    p.add_argument("--combined", action="store_true", help="a dict of two loaders of different lengths")
     p.add_argument("--resume", default=None)
     p.add_argument("--save", default=None)
     p.add_argument("--save-every", type=int, default=0, help="ModelCheckpoint every N steps into --out/ckpts")
@@ -136,6 +157,8 @@ def main() -> None:
             save=run.save,
             save_every=run.save_every,
             momentum=run.momentum,
+            lightning_sampler=run.lightning_sampler,
+            combined=run.combined,
         )
 
 

@@ -179,6 +179,9 @@ def train(args: argparse.Namespace, job: argparse.Namespace, out: Path) -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         default_root_dir=out,
+        # the single-process reference (tests/fsdp_reference.py) reads the data in order: keep
+        # the loader's order rather than Lightning's shuffled training sampler
+        use_distributed_sampler="keep_shuffle",
     )
     if args.clip is not None:
         original = trainer.strategy.clip_gradients_norm

@@ -107,6 +107,9 @@ def main() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         default_root_dir=args.out,
+        # the tests compare with single-process runs and plain loops reading the data in the
+        # loader's order (Lightning's default sampler would shuffle an unshuffled loader)
+        use_distributed_sampler="keep_shuffle",
     )
     loader = DataLoader(
         make_data(), batch_size=args.batch_size, shuffle=args.shuffle, num_workers=args.num_workers

@@ -205,6 +205,23 @@ def check_data_options(overfit_batches: Any, reload_every_n_epochs: Any, sync_ba
         raise MisconfigurationError(f"sync_batchnorm={sync_batchnorm!r} is invalid: use True or False.")
 
 
+KEEP_SHUFFLE = "keep_shuffle"
+
+
+def check_sampler_option(value: Any) -> bool | str:
+    """``use_distributed_sampler``: True (Lightning's distributed sampler, which shuffles the
+    training data under a distributed strategy), ``"keep_shuffle"`` (the same sampler, shuffling
+    as the loader says) or False (the loaders as given)."""
+    if value is True or value is False or value == KEEP_SHUFFLE:
+        return value  # type: ignore[no-any-return]
+    raise MisconfigurationError(
+        f"use_distributed_sampler={value!r} is invalid: use True (Lightning's sampler: under a distributed "
+        f"strategy it shuffles the training data, even from a loader with shuffle=False), {KEEP_SHUFFLE!r} "
+        "(the same sampler, keeping the training loader's own order: shuffle= as you set it) or False (the "
+        "loaders as given: split the data by rank yourself)."
+    )
+
+
 def default_max_epochs(max_epochs: int | None, max_steps: int, max_time: Any, callbacks: Any) -> int:
     """``max_epochs`` with Lightning's default: 1000, or no limit (-1) when ``max_steps`` or a
     time limit (``max_time``, a :class:`Timer` callback) ends training."""

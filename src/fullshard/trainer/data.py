@@ -13,6 +13,17 @@ and a resumed run draws its orders from it, whatever ``seed_everything`` was giv
 the rest of a cut epoch is then the rest of the order the checkpoint was written in, and the
 later epochs are those of the uninterrupted run.
 
+[Note: the training sampler's order]
+Under its distributed strategies (DDP, FSDP, model parallel, on any number of devices) Lightning
+gives a training loader a ``DistributedSampler`` built with ``shuffle=True`` whatever the loader
+said, seeded by ``seed_everything`` (0 without it); evaluation loaders keep their ``shuffle``.
+fullshard does the same by default, so a ported script trains on the same samples, on the same
+rank, in the same order (:class:`ResumableDistributedSampler` draws an epoch's order as
+``DistributedSampler`` does). ``use_distributed_sampler="keep_shuffle"`` keeps the loader's own
+order instead; either way the sampler is resumable. Under ``SingleDeviceStrategy`` Lightning adds
+no sampler: the loader's ``shuffle`` holds (a shuffling loader's order differs from Lightning's
+``RandomSampler``, which draws from the global generator: see above).
+
 [Note: resuming at another world size]
 Under ``DistributedSampler``'s split (position ``i`` of the padded epoch order goes to rank
 ``i % N``), after ``b`` batches of size ``B`` on each of ``N`` processes the processes together
@@ -103,6 +114,9 @@ class SavedPosition:
     batches: int
     samples: int | None
     world_size: int | None
+    loaders: tuple[tuple[int, int | None], ...] | None = None
+    """A combined loader's inner loaders: (batches, samples) each ([Note: resuming combined
+    loaders] in fullshard.trainer.combined_loader); None for one loader."""
 
 
 class PreparedLoader:

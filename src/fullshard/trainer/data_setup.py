@@ -13,6 +13,8 @@ from torch.utils.data import RandomSampler
 from fullshard.errors import MisconfigurationError, RankDivergenceError
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import current_seed
+from fullshard.strategies.parallel import ParallelStrategy
+from fullshard.trainer.combined_loader import CombinedLoader, PreparedCombined, as_combined, combined_length
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
 
 if TYPE_CHECKING:
@@ -26,23 +28,44 @@ _LIMIT = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "l
           "predict": "limit_predict_batches"}  # fmt: skip
 
 
-def prepare(trainer: Trainer, loader: Any, kind: str) -> tuple[PreparedLoader, int | float]:
+def prepare(
+    trainer: Trainer, loader: Any, kind: str
+) -> tuple[PreparedLoader | PreparedCombined, int | float]:
     """``loader`` as the loops use it (``kind``: train, val, test or predict), and its batches per
-    run after the Trainer's ``limit_<kind>_batches``."""
+    run after the Trainer's ``limit_<kind>_batches``. A :class:`CombinedLoader` (for training
+    also a dict, list or tuple of loaders) has each of its loaders prepared so; its batches per
+    run are those of its mode over the loaders' limited counts, as Lightning counts them."""
+    combined = as_combined(loader, "max_size_cycle") if kind == "train" else None
+    if combined is None and isinstance(loader, CombinedLoader):
+        combined = loader
+    if combined is not None:
+        parts = [prepare(trainer, inner, kind) for inner in combined.flattened]
+        batches = combined_length(combined.mode, [limit for _, limit in parts])
+        return PreparedCombined(combined, [p for p, _ in parts]), batches  # type: ignore[misc]
     shuffle = None
     if trainer.overfit_batches and kind in ("train", "val"):
-        shuffle = _overfit_shuffle(loader, kind, trainer.use_distributed_sampler)
+        shuffle = _overfit_shuffle(loader, kind, bool(trainer.use_distributed_sampler))
+    elif kind == "train" and _shuffles_training_data(trainer):
+        shuffle = True
     prepared = prepare_dataloader(
         loader,
         shuffle_default=kind == "train",
         seed=current_seed(),
         name=f"The {kind} dataloader",
-        distributed=trainer.use_distributed_sampler,
+        distributed=bool(trainer.use_distributed_sampler),
         shuffle=shuffle,
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
     return prepared, limit_batches(getattr(trainer, _LIMIT[kind]), available, _LIMIT[kind])
+
+
+def _shuffles_training_data(trainer: Trainer) -> bool:
+    """Lightning's rule: under a distributed strategy (DDP, FSDP, model parallel; also on one
+    device) the sampler it adds shuffles the training data, even from a loader built with
+    ``shuffle=False``; ``use_distributed_sampler="keep_shuffle"`` keeps the loader's order. See
+    [Note: the training sampler's order] in fullshard.trainer.data."""
+    return trainer.use_distributed_sampler is True and isinstance(trainer.strategy, ParallelStrategy)
 
 
 def _overfit_shuffle(loader: Any, kind: str, distributed: bool) -> bool | None:

@@ -11,6 +11,7 @@ from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
 from fullshard.module import Module
 from fullshard.rank_zero import rank_zero_warn
+from fullshard.trainer.combined_loader import MODES, CombinedLoader, as_combined, check_loaders
 from fullshard.trainer.optimizers import parse_optimizers
 
 if TYPE_CHECKING:
@@ -113,21 +114,19 @@ def _argument(kind: str) -> str:
 
 
 def single_loader(loader: Any, kind: str) -> Any:
-    """The one training loader in ``loader`` (a DataLoader, or a sequence holding one)."""
+    """The training loader in ``loader``: a DataLoader, or a :class:`CombinedLoader` (a dict,
+    list or tuple of dataloaders is read as ``CombinedLoader(loaders, "max_size_cycle")``, as in
+    Lightning)."""
     argument = _argument(kind)
-    if (
-        isinstance(loader, list | tuple | Mapping)
-        and loader
-        and all(isinstance(x, DataLoader) for x in _values(loader))
-    ):
-        if len(loader) != 1:
-            raise MisconfigurationError(
-                f"{argument} holds {len(loader)} dataloaders; fullshard trains on one dataloader (Lightning "
-                'would cycle them together, its "max_size_cycle" CombinedLoader). Concatenate the datasets '
-                "(torch.utils.data.ConcatDataset), or return a batch that holds one batch of each from a "
-                "single dataloader over a dataset that zips them."
+    combined = as_combined(loader, "max_size_cycle")
+    if combined is not None:
+        check_loaders(combined, argument)
+        if combined.mode == "sequential":
+            raise ValueError(
+                f'{argument}: fit does not support the CombinedLoader(mode="sequential") mode. The available '
+                f"modes are: {[m for m in MODES if m != 'sequential']}."
             )
-        loader = _values(loader)[0]
+        return combined
     if not isinstance(loader, DataLoader):
         raise MisconfigurationError(
             f"{argument} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
@@ -140,13 +139,23 @@ def _values(loaders: Any) -> list[Any]:
     return list(loaders.values()) if isinstance(loaders, Mapping) else list(loaders)
 
 
-def eval_loaders(loader: Any, kind: str) -> list[DataLoader[Any]]:
-    """The evaluation loaders in ``loader``: one DataLoader, or a list, tuple or dict of them (run
-    one after the other, in order, as Lightning's "sequential" CombinedLoader does); an empty
-    one holds none, and the stage then runs no batches (``fit(val_dataloaders=[])`` does not
-    validate), as in Lightning."""
+def eval_loaders(loader: Any, kind: str) -> list[Any]:
+    """The evaluation loaders in ``loader``: one DataLoader, or a list, tuple or dict of them, or
+    a ``"sequential"`` :class:`CombinedLoader` (run one after the other, in order, as Lightning
+    runs them), or a CombinedLoader of another mode (one loader of combined batches; not for
+    ``predict``, as in Lightning); an empty one holds none, and the stage then runs no batches
+    (``fit(val_dataloaders=[])`` does not validate), as in Lightning."""
     accepted = f"{_argument(kind)} must be a torch.utils.data.DataLoader or a list, tuple or dict of them"
     fix = "Wrap each dataset: DataLoader(dataset, batch_size=...)."
+    if isinstance(loader, CombinedLoader):
+        check_loaders(loader, _argument(kind))
+        if loader.mode == "sequential":
+            return list(loader.flattened)
+        if kind == "predict":
+            raise ValueError(
+                '`trainer.predict()` only supports the `CombinedLoader(mode="sequential")` mode.'
+            )
+        return [loader]
     if not isinstance(loader, list | tuple | Mapping):
         if not isinstance(loader, DataLoader):
             raise MisconfigurationError(f"{accepted}, got {type(loader).__name__}. {fix}")

@@ -92,7 +92,8 @@ class Trainer(TrainerProperties):
         inference_mode: accepted for Lightning compatibility; evaluation runs under
             ``torch.no_grad`` (inference tensors cannot be used by FSDP afterwards).
         use_distributed_sampler: rebuild map-style loaders around a distributed, resumable
-            sampler (see docs/getting-started.md); False uses the loaders as given.
+            sampler, which shuffles the training data under a distributed strategy as Lightning's;
+            ``"keep_shuffle"``: the loader's own order; False: loaders as given (getting-started.md).
         detect_anomaly: run with ``torch.autograd.detect_anomaly``.
         default_root_dir: where logs and checkpoints go by default (current directory).
         compile: ``torch.compile`` the model in each process once the strategy set it up: True,
@@ -157,7 +158,7 @@ class Trainer(TrainerProperties):
         deterministic: bool | str | None = None,
         benchmark: bool | None = None,
         inference_mode: bool = True,
-        use_distributed_sampler: bool = True,
+        use_distributed_sampler: bool | str = True,
         detect_anomaly: bool = False,
         default_root_dir: str | Path | None = None,
         compile: bool | dict[str, Any] | None = None,
@@ -253,7 +254,7 @@ class Trainer(TrainerProperties):
         self.deterministic = deterministic
         self.benchmark = benchmark
         self.inference_mode = inference_mode
-        self.use_distributed_sampler = use_distributed_sampler
+        self.use_distributed_sampler = arguments.check_sampler_option(use_distributed_sampler)
         self.detect_anomaly = detect_anomaly
         self.enable_model_summary = enable_model_summary is not False
         self.default_root_dir = str(default_root_dir) if default_root_dir is not None else os.getcwd()

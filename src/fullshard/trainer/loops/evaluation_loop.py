@@ -20,6 +20,7 @@ dict per dataloader, and ``predict`` a list of predictions per dataloader.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,14 +28,16 @@ import torch
 from fullshard.launch import stuck_ranks
 from fullshard.module import Module
 from fullshard.trainer import data_setup
+from fullshard.trainer.combined_loader import PreparedCombined
+from fullshard.trainer.data import PreparedLoader
 from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.prediction_indices import BatchIndexRecorder, prediction_writers
 from fullshard.trainer.preflight import overrides
 from fullshard.trainer.states import RunningStage
 
 if TYPE_CHECKING:
     from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
-    from fullshard.trainer.data import PreparedLoader
     from fullshard.trainer.hooks import Hooks
     from fullshard.trainer.metrics import MetricsCollector
     from fullshard.trainer.preflight import DataSources
@@ -52,7 +55,7 @@ class EvaluationLoop:
         self.trainer = trainer
         self.metrics = metrics
         self.stage = stage
-        self.loaders: list[PreparedLoader] = []
+        self.loaders: list[PreparedLoader | PreparedCombined] = []
         self.max_batches: list[int | float] = []
         self.current_batch_indices: list[int] = []
         """The dataset indices of the batch being predicted (for a ``BasePredictionWriter``)."""
@@ -63,7 +66,7 @@ class EvaluationLoop:
         self._logged_batches: list[int] = []
 
     @property
-    def loader(self) -> PreparedLoader | None:
+    def loader(self) -> PreparedLoader | PreparedCombined | None:
         """The first dataloader (None when the stage has none)."""
         return self.loaders[0] if self.loaders else None
 
@@ -103,7 +106,11 @@ class EvaluationLoop:
             return
         for loader in sources.get_all(kind, module):
             prepared, batches = data_setup.prepare(self.trainer, loader, kind)
-            if self.stage == "predict" and prediction_writers(self.trainer.callbacks):
+            if (
+                isinstance(prepared, PreparedLoader)
+                and self.stage == "predict"
+                and prediction_writers(self.trainer.callbacks)
+            ):
                 prepared = BatchIndexRecorder.wrap(prepared)
             self.loaders.append(prepared)
             self.max_batches.append(batches)
@@ -143,6 +150,9 @@ class EvaluationLoop:
         metrics.epoch_results()  # start a fresh record of this run's epoch values
         metrics.start_evaluation()
         modes = _capture_modes(module if trainer.model is None else trainer.model)  # the wrapper as well
+        # Lightning makes the first loader's iterator before the start hooks ([Note: fetching a
+        # batch ahead] in fetcher.py); each other loader's when its turn comes
+        first = Fetcher(self.loaders[0].iterate(0), ahead=math.isinf(limits[0]))
         getattr(module, f"on_{name}_model_eval")()
         hooks.call(f"on_{name}_start")
         hooks.call(f"on_{name}_epoch_start")
@@ -153,7 +163,8 @@ class EvaluationLoop:
         for index, (loader, limit) in enumerate(zip(self.loaders, limits, strict=True)):
             metrics.in_step = True
             metrics.dataloader_idx = index if several else None
-            self._run_loader(hooks, loader, limit, index, several, writers)
+            batches = first if index == 0 else Fetcher(loader.iterate(0), ahead=math.isinf(limit))
+            self._run_loader(hooks, loader, batches, limit, index, several, writers)
             metrics.in_step = False
             metrics.reduce_epoch(stage)
             results.append(metrics.epoch_results())
@@ -201,7 +212,8 @@ class EvaluationLoop:
     def _run_loader(
         self,
         hooks: Hooks,
-        loader: PreparedLoader,
+        loader: PreparedLoader | PreparedCombined,
+        iterator: Fetcher,
         limit: int | float,
         index: int,
         several: bool,
@@ -216,7 +228,6 @@ class EvaluationLoop:
         extra = (index,) if several else ()
         predictions = self._predictions[index] if self._predictions else None
         recorder = loader if isinstance(loader, BatchIndexRecorder) else None
-        iterator = loader.iterate(0)
         batch_idx = 0
         while batch_idx < limit:
             try:

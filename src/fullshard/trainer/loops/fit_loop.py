@@ -36,7 +36,9 @@ from fullshard.module import Module
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.seed import current_seed
 from fullshard.trainer import data_setup, nonfinite, preemption
+from fullshard.trainer.combined_loader import PreparedCombined
 from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.progress import Progress
 from fullshard.trainer.optimization import Optimization
 from fullshard.trainer.preflight import overrides
@@ -94,7 +96,7 @@ class FitLoop:
         self.validate_loop = validate_loop
         self.progress = Progress()
         self.optimization = Optimization(trainer, self.progress)
-        self.train_loader: PreparedLoader | None = None
+        self.train_loader: PreparedLoader | PreparedCombined | None = None
         self.num_training_batches: int | float = 0
         self.val_check_batch: int | float = 0
         self.nonfinite = on_nonfinite_loss  # [Note: agreeing on a non-finite loss]
@@ -105,6 +107,8 @@ class FitLoop:
         self.early_loader: Any = None  # the given training loader, while rank 0 checks optimizers early
         self._hooks: Hooks | None = None
         self.reload = data_setup.ReloadSchedule()  # reload_dataloaders_every_n_epochs; made for each fit
+        # the run's first epoch, made before on_train_start (with the loader it reads)
+        self._first_batches: tuple[Any, Fetcher] | None = None
 
     # --------------------------------------------------------------------------- data
     def setup_train_loader(self, loader: Any) -> None:
@@ -148,8 +152,9 @@ class FitLoop:
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's ``"loops"`` entry."""
         loader = self.train_loader
+        positions = loader.state if isinstance(loader, PreparedCombined) else None
         return self.progress.state_dict(
-            self.samples_in_epoch(), loader.seed if loader is not None else current_seed()
+            self.samples_in_epoch(), loader.seed if loader is not None else current_seed(), positions
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -266,6 +271,10 @@ class FitLoop:
                 trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
             )
             self.place_restored_position()
+            # Lightning makes the first epoch's iterator here, before on_train_start (and before
+            # the random-number states come back, as they were when the checkpoint was written
+            # after it); see [Note: fetching a batch ahead] in fetcher.py
+            self._first_batches = None if self.done() else (self.train_loader, self._epoch_batches())
             validate = self.validate_loop
             self.val_check_batch = data_setup.val_check_batch(
                 trainer, validate.num_batches if validate.loader is not None else 0, self.num_training_batches
@@ -279,6 +288,7 @@ class FitLoop:
                 self.run_epoch()
             hooks.call("on_train_end")
         finally:
+            self._first_batches = None
             self.preemption.stop()
 
     def _run_sanity_check(self, module: Module, sources: DataSources, hooks: Hooks) -> bool:
@@ -358,7 +368,9 @@ class FitLoop:
         hooks.call("on_train_epoch_start")
         accumulate = trainer.accumulate_grad_batches  # after the hook: GradientAccumulationScheduler sets it
         metrics.in_step = True
-        iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start)
+        first, self._first_batches = self._first_batches, None
+        # unless reload_dataloaders_every_n_epochs rebuilt the loader since
+        iterator = first[1] if first is not None and first[0] is self.train_loader else self._epoch_batches()
         batch_idx = start
         while batch_idx < num_batches:
             try:
@@ -371,7 +383,7 @@ class FitLoop:
             stuck_ranks.kick("train", batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
             batch = strategy.batch_to_device(batch)
             metrics.set_batch(batch)
-            trainer.is_last_batch = batch_idx + 1 == num_batches
+            trainer.is_last_batch = iterator.done if iterator.ahead else batch_idx + 1 == num_batches
             for hook in batch_start_callbacks:
                 hook(batch, batch_idx)
             if module_batch_start is not None and module_batch_start(batch, batch_idx) == -1:
@@ -435,6 +447,13 @@ class FitLoop:
             if self.stop_requested():
                 break
         self._end_epoch(hooks)
+
+    def _epoch_batches(self) -> Fetcher:
+        """The batches of this epoch (its rest, when resuming), fetched a batch ahead when their
+        number is unknown ([Note: fetching a batch ahead] in fetcher.py)."""
+        assert self.train_loader is not None
+        iterator = self.train_loader.iterate(self.progress.epoch, self.progress.epoch_start)
+        return Fetcher(iterator, ahead=math.isinf(self.num_training_batches))
 
     def _training_step(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
         """``training_step`` and its loss; a skipped batch (None) is agreed on by every rank."""

@@ -4,6 +4,7 @@ writer; the Trainer's ``current_epoch`` and ``global_step`` read it, and a check
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +38,18 @@ class Progress:
     data_seed: int | None = None
     epoch_end_pending: bool = False
 
-    def state_dict(self, samples_in_epoch: int | None, data_seed: int) -> dict[str, Any]:
-        """The checkpoint's ``"loops"`` entry; an epoch cut short is saved at its cut."""
+    def state_dict(
+        self,
+        samples_in_epoch: int | None,
+        data_seed: int,
+        loader_positions: Callable[[int], list[dict[str, int | None]]] | None = None,
+    ) -> dict[str, Any]:
+        """The checkpoint's ``"loops"`` entry; an epoch cut short is saved at its cut.
+        ``loader_positions``: a combined loader's inner positions after a number of batches."""
         epoch, batches, samples = self.resume_point or (self.epoch, self.batches_in_epoch, samples_in_epoch)
+        extra = {} if loader_positions is None else {"loader_positions": loader_positions(batches)}
         return {
+            **extra,
             "epoch": epoch,
             "global_step": self.global_step,
             "batches_that_stepped": self.batches_that_stepped,
@@ -63,10 +72,16 @@ class Progress:
         self.epoch = int(state["epoch"])
         self.batches_in_epoch = int(state["batches_in_epoch"])
         samples, world_size = state.get("samples_in_epoch"), state.get("world_size")
+        inner = state.get("loader_positions")  # a combined loader's: [{"batches", "samples", ...}]
         self.saved_position = SavedPosition(
             batches=self.batches_in_epoch,
             samples=None if samples is None else int(samples),
             world_size=None if world_size is None else int(world_size),
+            loaders=None
+            if inner is None
+            else tuple(
+                (int(p["batches"]), None if p["samples"] is None else int(p["samples"])) for p in inner
+            ),
         )
         self.epoch_start = (self.batches_in_epoch, 0)
         self.total_batch_idx = int(state.get("total_batch_idx", 0))
