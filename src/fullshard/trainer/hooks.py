@@ -10,6 +10,7 @@ callables are the bound methods themselves.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,9 @@ from fullshard.batch_transfer import BATCH_TRANSFER_HOOKS, BatchTransfer
 from fullshard.datamodule import DataModule
 from fullshard.module import Module
 from fullshard.rank_zero import rank_zero_warn
-from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint, ModelSummary
 from fullshard.trainer.preflight import overrides
+from fullshard.trainer.summary import model_summary
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
@@ -117,3 +119,14 @@ def resolve_batch_transfer(
         chosen.append(wrap(f"[{kind}]{type(owner).__name__}.{name}", getattr(owner, name)))
         overridden = overridden or in_data or in_module
     return BatchTransfer(*chosen) if overridden else None
+
+
+def start_fit(trainer: Trainer, module: Module, hooks: Hooks) -> None:
+    """The start of ``fit``: the model summary (unless a ModelSummary callback prints it at
+    ``on_fit_start``), then the ``on_fit_start`` hooks. Resuming, it runs between the callbacks'
+    states and the optimizers' (``CheckpointManager.load``), as in Lightning."""
+    own_summary = any(isinstance(cb, ModelSummary) for cb in trainer.callbacks)
+    if trainer.enable_model_summary and trainer.is_global_zero and not own_summary:
+        logging.getLogger("fullshard").info(model_summary(module, trainer.strategy.parameter_sizes(module)))
+    trainer.should_stop = False
+    hooks.call("on_fit_start")

@@ -9,6 +9,7 @@ Modules outside this file use the Trainer's public surface only (``src/fullshard
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -29,9 +30,9 @@ from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, nonfinite, preemption
-from fullshard.trainer.callbacks import Callback, ModelSummary
+from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import configure_torch, configured_strategy
-from fullshard.trainer.hooks import Hooks
+from fullshard.trainer.hooks import Hooks, start_fit
 from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log_run_start
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
@@ -46,7 +47,7 @@ from fullshard.trainer.preflight import (
 )
 from fullshard.trainer.properties import TrainerProperties
 from fullshard.trainer.spawn_result import apply_spawn_report, spawn_report
-from fullshard.trainer.summary import format_results, model_summary
+from fullshard.trainer.summary import format_results
 from fullshard.tuner.exit import TunerExit
 
 log = logging.getLogger("fullshard")
@@ -541,12 +542,14 @@ class Trainer(TrainerProperties):
         self.fit_loop.progress.pending = None
         self._data = sources
         self._setup_model(model, stage)
-        loop = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}.get(
-            stage
-        )
+        loops = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}
+        loop = loops.get(stage)
         checkpoint, self.ckpt_path = None, None  # loaded before the loaders are built, as Lightning
-        if ckpt_path is not None:  # (on_load_checkpoint first)
-            checkpoint, self.ckpt_path = self.checkpoint_manager.load(ckpt_path, stage, self._ckpt_options)
+        if ckpt_path is not None:  # (on_load_checkpoint first; resuming fit, on_fit_start runs in the load)
+            started = functools.partial(start_fit, self, model, hooks)
+            checkpoint, self.ckpt_path = self.checkpoint_manager.load(
+                ckpt_path, stage, self._ckpt_options, started
+            )
         log_run_start(self, model, sources.datamodule)  # every call, as Lightning: hparams, graph, save
         if loop is not None:
             loop.setup_data(model, sources)
@@ -555,11 +558,8 @@ class Trainer(TrainerProperties):
                 self.print(format_results(stage, results))
             finalize_loggers(self, "success")
             return loop.predictions if stage == "predict" else results
-        own_summary = any(isinstance(cb, ModelSummary) for cb in self.callbacks)  # it prints at on_fit_start
-        if self.enable_model_summary and self.is_global_zero and not own_summary:
-            log.info(model_summary(model, self._strategy.parameter_sizes(model)))
-        self.should_stop = False
-        hooks.call("on_fit_start")
+        if checkpoint is None:
+            start_fit(self, model, hooks)
         self.fit_loop.run(model, sources, checkpoint, hooks)
         hooks.call("on_fit_end")
         # fit returns once every checkpoint it started is committed; a failed one raises here
