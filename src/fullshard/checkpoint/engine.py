@@ -557,9 +557,8 @@ def _load_sharded(
     if not strict:  # read what the checkpoint has; the model keeps the rest
         model_state = {k: v for k, v in model_state.items() if k in saved_keys}
     state: dict[str, Any] = {"model": model_state}
-    if (
-        stepped and together
-    ):  # no empty "optimizers": DCP's FSDP1 planner would look for it as a key of its own
+    # no empty "optimizers": DCP's FSDP1 planner would look for it as a key of its own
+    if stepped and together:
         state["optimizers"] = {str(i): optimizer_states[i]["state"] for i in sorted(stepped)}
     read_into(state)
     restore_tied(state["model"], tied)
