@@ -20,9 +20,10 @@ Only what legitimately differs is normalised; each item is applied in ``_normali
    FSDP's reduce-scatter add float32 numbers in different orders. Named float values likewise.
 3. Resuming with ``fit(ckpt_path=...)``, fullshard calls ``configure_optimizers`` before the
    checkpoint's hooks (``on_load_checkpoint``, the DataModule's and callbacks'
-   ``load_state_dict``) instead of after them: it reads model and optimizer states in one pass
-   through the checkpoint, so the optimizers must exist first (docs/lightning.md, "Differs on
-   purpose"). In Lightning's record the call is moved to just before those hooks.
+   ``load_state_dict``) instead of after them: it checks the checkpoint's optimizer states
+   against the optimizers before loading anything, so they must exist first (docs/lightning.md,
+   "Differs on purpose"); ``on_fit_start`` then comes after those hooks, as in Lightning. In
+   Lightning's record the call is moved to just before those hooks.
 
 4. Lightning's ``WeightAveraging``/``EMAWeightAveraging`` call the module's ``configure_model`` in
    their ``setup`` hook, before the module's own ``setup``, to copy the whole model; fullshard keeps

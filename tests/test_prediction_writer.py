@@ -63,7 +63,7 @@ def test_one_process_writes_what_its_interval_says(tmp_path: Path, interval: Any
         assert torch.allclose(torch.cat([w["prediction"] for w in written]), expected)
     if epoch.exists():
         saved = torch.load(epoch)
-        assert saved["indices"] == [[0, 1, 2], [3, 4, 5], [6]]
+        assert saved["indices"] == [[[0, 1, 2], [3, 4, 5], [6]]]  # one list per dataloader, as Lightning
         assert torch.allclose(torch.cat(saved["predictions"]), expected)
     # the predictions kept for the epoch writer are not returned nor kept after the run
     assert trainer.predict_loop.predictions == []

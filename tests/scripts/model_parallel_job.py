@@ -230,14 +230,15 @@ class Logged(fullshard.Callback):
 
 
 class Loaded(fullshard.Callback):
-    """Rank 0 writes the full model and optimizer states to ``path`` when fit starts: after a
-    checkpoint given as ``ckpt_path`` is loaded, before any step (collective). ``model_only``:
-    the model's alone (the optimizers have not stepped yet: there is no state to record)."""
+    """Rank 0 writes the full model and optimizer states to ``path`` when training starts: after a
+    checkpoint given as ``ckpt_path`` is loaded (its optimizer states after ``on_fit_start``, as
+    in Lightning), before any step (collective). ``model_only``: the model's alone (the
+    optimizers have not stepped yet: there is no state to record)."""
 
     def __init__(self, path: Path, model_only: bool = False) -> None:
         self.path, self.model_only = path, model_only
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = [] if self.model_only else trainer.optimizers
         model_state, optimizer_states = trainer.strategy.get_state(optimizers, full=True)
         if trainer.is_global_zero:

@@ -50,6 +50,7 @@ from fullshard.checkpoint.guards import (
     MetaCheck,
     after_commit_error,
     check_meta,
+    check_param_groups,
     check_shares,
     failures_of,
     nonfinite_parameters,
@@ -354,6 +355,7 @@ def load(
     verify: bool = True,
     trust: bool = False,
     strict: bool = True,
+    before_optimizers: MetaCheck | None = None,
 ) -> dict[str, Any]:
     """Load model (and unless ``weights_only``, optimizer) states into place; return the rest.
 
@@ -365,16 +367,42 @@ def load(
     the model's state (or more), as ``load_state_dict(strict=False)``: the keys on both sides load,
     the model keeps the rest; shapes are still checked.
 
+    ``before_optimizers(rest)``: called on every rank once the model's state is in place and before
+    the optimizers' states are checked against the optimizers and loaded (see [Note: callbacks
+    restored before the optimizers]); the optimizers' parameter groups are compared after it.
+
     The caller has finished any save still being written in the background: the checkpoint to
     load may be that one, and the state loaded into may be the one it is copying.
     """
     path = Path(path)
     fmt = _decide(strategy, lambda: detect_format(path))
     n_optimizers = 0 if weights_only else len(optimizers)
+    load = _load_full if fmt == "full" else _load_sharded
     with _quiet_torch():
-        if fmt == "full":
-            return _load_full(strategy, path, optimizers[:n_optimizers], check, verify, trust, strict)
-        return _load_sharded(strategy, path, optimizers[:n_optimizers], check, verify, trust, strict)
+        return load(
+            strategy, path, optimizers[:n_optimizers], check, verify, trust, strict, before_optimizers
+        )
+
+
+# [Note: callbacks restored before the optimizers]
+# As in Lightning, the states of the callbacks are restored (and ``on_fit_start`` runs) before the
+# optimizers' and schedulers' states are loaded: a callback that changed the optimizer during the
+# run (BackboneFinetuning added a parameter group, StochasticWeightAveraging put in its SWALR
+# scheduler) rebuilds that change first, so the saved states fit. The engine therefore loads a
+# checkpoint in two steps, the model's state, then (after ``before_optimizers``) the optimizers';
+# everything else is still checked before anything is loaded.
+def _prepare_optimizers(
+    before: MetaCheck | None,
+    meta: dict[str, Any],
+    path: Path,
+    optimizers: Sequence[Optimizer],
+    groups: Sequence[Sequence[Any]] | None,
+) -> None:
+    if before is None:
+        return
+    before(meta)
+    if groups is not None:  # on every rank alike: the same saved groups, the same rebuilt optimizers
+        check_param_groups(path, optimizers, groups)
 
 
 def _load_full(
@@ -385,12 +413,13 @@ def _load_full(
     verify: bool,
     trust: bool,
     strict: bool,
+    before_optimizers: MetaCheck | None,
 ) -> dict[str, Any]:
     tensors: dict[str, Any] = {}
     # on every rank: under FSDP with manual wrap() learning the shapes is collective
     shapes = strategy.full_shapes()
 
-    def read() -> dict[str, Any]:
+    def read() -> tuple[dict[str, Any], list[Any] | None]:
         archive = ArchiveCheck(path) if verify else None
         try:
             checkpoint = load_checkpoint_file(path, trust=trust)
@@ -408,24 +437,30 @@ def _load_full(
         if "optimizer_count" not in checkpoint and "optimizer_states" in checkpoint:
             checkpoint["optimizer_count"] = len(checkpoint["optimizer_states"])
         saved_states = checkpoint.get("optimizer_states") or []
-        groups = [s.get("param_groups", []) for s in saved_states if isinstance(s, dict)]
-        check_meta(checkpoint, path, optimizers, check, groups if len(groups) == len(saved_states) else None)
+        saved_groups = [s.get("param_groups", []) for s in saved_states if isinstance(s, dict)]
+        groups = saved_groups if len(saved_groups) == len(saved_states) else None
+        check_meta(checkpoint, path, optimizers, check, None if before_optimizers else groups)
         check_state_dict_matches(shapes, checkpoint["state_dict"], strict)
         if not strict:  # only the keys the model has: the rest has nowhere to go
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in shapes}
         tensors["state_dict"] = checkpoint.pop("state_dict")
         tensors["optimizer_states"] = checkpoint.pop("optimizer_states")
-        return checkpoint
+        return checkpoint, groups
 
-    meta = _decide(strategy, read)
+    meta, groups = _decide(strategy, read)
     from_rank0 = strategy.is_distributed
     if strategy.is_global_zero or not from_rank0:
         model_state, optimizer_states = tensors["state_dict"], tensors["optimizer_states"][: len(optimizers)]
     else:
         model_state, optimizer_states = {}, [{} for _ in optimizers]
-    strategy.set_state(
-        model_state, optimizer_states, optimizers, full=True, from_rank0=from_rank0, strict=strict
-    )
+    if before_optimizers is None:
+        strategy.set_state(
+            model_state, optimizer_states, optimizers, full=True, from_rank0=from_rank0, strict=strict
+        )
+        return meta
+    strategy.set_state(model_state, [], (), full=True, from_rank0=from_rank0, strict=strict)
+    _prepare_optimizers(before_optimizers, meta, path, optimizers, groups)
+    strategy.set_optimizer_states(optimizer_states, optimizers, full=True, from_rank0=from_rank0)
     return meta
 
 
@@ -453,6 +488,7 @@ def _load_sharded(
     verify: bool,
     trust: bool,
     strict: bool,
+    before_optimizers: MetaCheck | None,
 ) -> dict[str, Any]:
     expected = strategy.full_shapes()  # on every rank, as in _load_full
 
@@ -471,7 +507,8 @@ def _load_sharded(
                 raise damaged_sharded(path, problems, UNVERIFIED_HINT)
         meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
         check_meta_identity(meta, record, path)
-        check_meta(meta, path, optimizers, check, meta.get("optimizer_param_groups"))
+        groups = None if before_optimizers else meta.get("optimizer_param_groups")
+        check_meta(meta, path, optimizers, check, groups)
         shapes = _dcp_shapes(path, record, trust)
         saved = {k[len("model.") :]: v for k, v in shapes.items() if k.startswith("model.")}
         # an optimizer saved before its first step has no tensors ([Note: unstepped optimizers])
@@ -491,7 +528,28 @@ def _load_sharded(
 
     record, meta, stepped, saved_keys = _decide(strategy, read)
     check_shares(strategy, path, record, verify)
-    model_state, optimizer_states = strategy.get_state(optimizers, full=False, to_load=True)
+    data = path / record.data
+    groups = meta.pop("optimizer_param_groups")
+
+    def read_into(state: dict[str, Any]) -> None:
+        reader = _agreed(strategy, lambda: SafeReader(data, trust, save_id=record.save_id))
+        with untrusted_raised():
+            dcp_load(
+                state,
+                storage_reader=reader,
+                planner=load_planner(data, trust),
+                no_dist=not strategy.is_distributed,
+            )
+
+    def optimizer_states_read(states: list[dict[str, Any]], read: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"state": read.get(str(i), {}), "param_groups": groups[i]} for i in range(len(states))]
+
+    # in one pass, unless the optimizers' states wait for before_optimizers ([Note: callbacks
+    # restored before the optimizers])
+    together = before_optimizers is None
+    model_state, optimizer_states = strategy.get_state(
+        optimizers if together else (), full=False, to_load=True
+    )
     # the aliases are not in the DCP files: read the canonical tensors, then hand each alias its
     # canonical one ([Note: tied parameters stored once] in io.py)
     tied = {a: c for a, c in meta.get(TIED_KEY, {}).items() if a in model_state and c in model_state}
@@ -499,24 +557,21 @@ def _load_sharded(
     if not strict:  # read what the checkpoint has; the model keeps the rest
         model_state = {k: v for k, v in model_state.items() if k in saved_keys}
     state: dict[str, Any] = {"model": model_state}
-    if stepped:  # no empty "optimizers": DCP's FSDP1 planner would look for it as a key of its own
+    # no empty "optimizers": DCP's FSDP1 planner would look for it as a key of its own
+    if stepped and together:
         state["optimizers"] = {str(i): optimizer_states[i]["state"] for i in sorted(stepped)}
-    data = path / record.data
-    reader = _agreed(strategy, lambda: SafeReader(data, trust, save_id=record.save_id))
-    with untrusted_raised():
-        dcp_load(
-            state,
-            storage_reader=reader,
-            planner=load_planner(data, trust),
-            no_dist=not strategy.is_distributed,
-        )
+    read_into(state)
     restore_tied(state["model"], tied)
-    groups = meta.pop("optimizer_param_groups")
-    optimizer_states = [
-        {"state": state.get("optimizers", {}).get(str(i), {}), "param_groups": groups[i]}
-        for i in range(len(optimizers))
-    ]
-    strategy.set_state(
-        state["model"], optimizer_states, optimizers, full=False, from_rank0=False, strict=strict
-    )
+    if together:
+        loaded = optimizer_states_read(optimizer_states, state.get("optimizers", {}))
+        strategy.set_state(state["model"], loaded, optimizers, full=False, from_rank0=False, strict=strict)
+        return meta
+    strategy.set_state(state["model"], [], (), full=False, from_rank0=False, strict=strict)
+    _prepare_optimizers(before_optimizers, meta, path, optimizers, groups)
+    optimizer_states = strategy.get_state(optimizers, full=False, to_load=True)[1]
+    wanted = {str(i): optimizer_states[i]["state"] for i in sorted(stepped)}
+    if wanted:
+        read_into({"optimizers": wanted})
+    loaded = optimizer_states_read(optimizer_states, wanted)
+    strategy.set_optimizer_states(loaded, optimizers, full=False, from_rank0=False)
     return meta

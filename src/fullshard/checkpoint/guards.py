@@ -68,16 +68,23 @@ def check_meta(
         )
     _check_optimizer_types(meta.get("optimizer_types"), optimizers, path)
     if param_groups is not None:
-        for i, (groups, optimizer) in enumerate(zip(param_groups, optimizers, strict=False)):
-            if len(groups) != len(optimizer.param_groups):
-                raise CheckpointError(
-                    f"The checkpoint {str(path)!r} holds optimizer {i} ({type(optimizer).__name__}) with "
-                    f"{len(groups)} parameter group(s), but configure_optimizers() built it with "
-                    f"{len(optimizer.param_groups)}. Build the optimizer with the groups it was trained with, or "
-                    f"load only the weights: fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True)."
-                )
+        check_param_groups(path, optimizers, param_groups)
     if check is not None:
         check(meta)
+
+
+def check_param_groups(
+    path: Path, optimizers: Sequence[Optimizer], param_groups: Sequence[Sequence[Any]]
+) -> None:
+    """Each optimizer has as many parameter groups as the checkpoint's state of it."""
+    for i, (groups, optimizer) in enumerate(zip(param_groups, optimizers, strict=False)):
+        if len(groups) != len(optimizer.param_groups):
+            raise CheckpointError(
+                f"The checkpoint {str(path)!r} holds optimizer {i} ({type(optimizer).__name__}) with "
+                f"{len(groups)} parameter group(s), but configure_optimizers() (and the callbacks' on_fit_start) "
+                f"built it with {len(optimizer.param_groups)}. Build the optimizer with the groups it was trained "
+                f"with, or load only the weights: fit(..., ckpt_path={str(path)!r}, ckpt_weights_only=True)."
+            )
 
 
 def _check_optimizer_types(saved: Any, optimizers: Sequence[Optimizer], path: Path) -> None:

@@ -190,12 +190,21 @@ class CheckpointManager:
 
     # ----------------------------------------------------------------------------- loading
     def load(
-        self, ckpt_path: str | Path, stage: str, options: LoadOptions
+        self,
+        ckpt_path: str | Path,
+        stage: str,
+        options: LoadOptions,
+        fit_start: Callable[[], None] = lambda: None,
     ) -> tuple[dict[str, Any] | None, str | None]:
         """Load ``ckpt_path`` (a path, ``"last"`` or ``"best"``) for ``stage``: the whole training
         state for ``fit``, the weights otherwise (and for ``fit(ckpt_weights_only=True)``). Returns
         the checkpoint's other contents (None where nothing more is restored, or no checkpoint was
-        found) and the path it resolved to. Collective."""
+        found) and the path it resolved to. Collective.
+
+        Resuming ``fit``, Lightning's order: the model's state, the module's, DataModule's and
+        callbacks' states and hooks, then ``fit_start()`` (the ``on_fit_start`` hooks), then the
+        optimizers', schedulers' and loops' states ([Note: callbacks restored before the
+        optimizers] in engine.py). ``fit_start`` runs only then, and only when resuming."""
         trainer = self._trainer
         path = resolve_ckpt_path(trainer, ckpt_path, stage)
         if path is None:
@@ -203,14 +212,20 @@ class CheckpointManager:
         module = trainer.lightning_module
         strict = module.strict_loading
         weights_only = stage != "fit" or options.weights_only
+
+        def before_optimizers(checkpoint: dict[str, Any]) -> None:
+            self._restore_callbacks(checkpoint)
+            fit_start()
+            check_schedulers(trainer, path, checkpoint)
+
         checkpoint = self.read(
             path,
             () if weights_only else trainer.optimizers,
             weights_only=weights_only,
-            check=None if weights_only else scheduler_check(trainer, path),
             verify=options.verify,
             trust=options.trust,
             strict=strict,
+            before_optimizers=None if weights_only else before_optimizers,
         )
         if weights_only:
             module.on_load_checkpoint(checkpoint)
@@ -230,10 +245,12 @@ class CheckpointManager:
         verify: bool = True,
         trust: bool = False,
         strict: bool = True,
+        before_optimizers: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Load a checkpoint's model (and unless ``weights_only``, optimizer) states into place and
         return the rest of it, after the background save, if any, is committed (the checkpoint
-        may be that one). The checks are :func:`fullshard.checkpoint.engine.load`'s. Collective."""
+        may be that one). The checks and ``before_optimizers`` are
+        :func:`fullshard.checkpoint.engine.load`'s. Collective."""
         from fullshard.checkpoint import engine
 
         self.wait()
@@ -247,33 +264,46 @@ class CheckpointManager:
                 verify=verify,
                 trust=trust,
                 strict=strict,
+                before_optimizers=before_optimizers,
             )
 
-    def restore(self, checkpoint: dict[str, Any]) -> None:
-        """Restore schedulers, scaler, callbacks and loop progress (the strategy loaded the tensors).
-
-        RNG states are restored separately by :meth:`restore_rng_states`, as the last thing before
-        the loop runs, so that nothing between here and the first step consumes random numbers.
-        """
+    def _restore_callbacks(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning's order: the module's hook, the DataModule's state, then each callback's hook
+        and state (after a warning naming the states no callback of this run takes)."""
         trainer = self._trainer
-        strategy = trainer.strategy
         module = trainer.lightning_module
-        # Lightning's order: the module, the DataModule, then each callback's hook and state
         module.on_load_checkpoint(checkpoint)
         datamodule = trainer.datamodule
         if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
             datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
+        _warn_unused_callback_states(trainer, checkpoint)
         for callback in trainer.callbacks:
             callback.on_load_checkpoint(trainer, module, checkpoint)
         callback_states = checkpoint.get("callbacks", {})
         for callback in trainer.callbacks:
             if callback.state_key in callback_states:
                 callback.load_state_dict(callback_states[callback.state_key])
-        for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=True):
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Restore schedulers, scaler and loop progress (the strategy loaded the tensors, the
+        callbacks' states were restored before the optimizers': see :meth:`load`).
+
+        RNG states are restored separately by :meth:`restore_rng_states`, as the last thing before
+        the loop runs, so that nothing between here and the first step consumes random numbers.
+        """
+        trainer = self._trainer
+        # a callback may have taken the schedulers over (check_schedulers): as Lightning, the rest load
+        for config, state in zip(trainer.lr_scheduler_configs, checkpoint["lr_schedulers"], strict=False):
             config.scheduler.load_state_dict(state)
-        strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
-        if is_lightning_checkpoint(checkpoint):
-            _warn_unused_callback_states(trainer, checkpoint)
+        trainer.strategy.precision.load_state_dict(checkpoint.get("grad_scaler", {}))
+        epoch = int(checkpoint["loops"]["epoch"])  # the epochs finished, as Lightning's current_epoch
+        if 0 <= trainer.max_epochs < epoch:
+            raise MisconfigurationError(
+                f"You restored a checkpoint with current_epoch={epoch}, but you have set "
+                f"Trainer(max_epochs={trainer.max_epochs}): the run would end before the checkpoint. Pass "
+                f"max_epochs={epoch} or more (or -1) to go on training, or ckpt_weights_only=True to start afresh "
+                "from its weights."
+            )
         # loop progress is put back when the fit loop starts, after on_fit_start (as in Lightning),
         # with the number of data replicas that wrote it (see [Note: resuming at another world size]):
         # the processes, in checkpoints written before tensor parallelism recorded it apart
@@ -455,33 +485,42 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: str | Path, stage: str) -> st
     return newest_checkpoint(trainer, stage)
 
 
-def scheduler_check(trainer: Trainer, path: str | Path) -> Callable[[dict[str, Any]], None]:
-    """A check run before anything is loaded: the checkpoint has as many schedulers as the run."""
+def check_schedulers(trainer: Trainer, path: str | Path, checkpoint: dict[str, Any]) -> None:
+    """The checkpoint has a state for each scheduler of the run, checked after ``on_fit_start``:
+    a run whose callbacks left it no scheduler (StochasticWeightAveraging takes its own SWALR
+    scheduler over, from its own state) loads none of them, as Lightning.
 
-    def check(meta: dict[str, Any]) -> None:
-        n_saved, n_now = len(meta["lr_schedulers"]), len(trainer.lr_scheduler_configs)
-        if n_saved != n_now:
-            raise CheckpointError(
-                f"The checkpoint {str(path)!r} holds {n_saved} LR scheduler state(s) but configure_optimizers() "
-                f"returned {n_now} scheduler(s). Resume with the scheduler setup the checkpoint was trained with."
-            )
-
-    return check
+    Raises:
+        CheckpointError: the counts differ otherwise.
+    """
+    n_saved, n_now = len(checkpoint["lr_schedulers"]), len(trainer.lr_scheduler_configs)
+    if n_now and n_saved != n_now:
+        raise CheckpointError(
+            f"The checkpoint {str(path)!r} holds {n_saved} LR scheduler state(s) but configure_optimizers() "
+            f"returned {n_now} scheduler(s). Resume with the scheduler setup the checkpoint was trained with."
+        )
 
 
 def _warn_unused_callback_states(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
-    """One warning naming the callback states of a Lightning checkpoint that no callback of this
-    run took (a callback takes the state saved under its own ``state_key``, which for
-    ModelCheckpoint and EarlyStopping is Lightning's)."""
+    """One warning naming the callback states of the checkpoint that no callback of this run takes
+    (a callback takes the state saved under its own ``state_key``; for ModelCheckpoint and
+    EarlyStopping that of Lightning's), as Lightning warns."""
     known = {callback.state_key for callback in trainer.callbacks}
     unused = sorted(set(checkpoint.get("callbacks", {})) - known)
-    if unused and trainer.is_global_zero:
-        warnings.warn(
-            f"The Lightning {lightning_version(checkpoint)} checkpoint holds callback states that no callback "
-            f"of this run takes, so they are ignored: {'; '.join(unused)}. To restore one, pass the same "
-            "callback with the same arguments (for ModelCheckpoint: monitor, mode and save interval).",
-            stacklevel=3,
-        )
+    if not unused or not trainer.is_global_zero:
+        return
+    origin = (
+        f"The Lightning {lightning_version(checkpoint)} checkpoint"
+        if is_lightning_checkpoint(checkpoint)
+        else "The checkpoint"
+    )
+    warnings.warn(
+        f"{origin} holds callback states that no callback of this run takes, so they are ignored: "
+        f"{'; '.join(unused)}. When resuming with ckpt_path, the callbacks used to create the checkpoint need "
+        "to be passed to the Trainer again, with the same arguments (for ModelCheckpoint: monitor, mode and "
+        "save interval).",
+        stacklevel=3,
+    )
 
 
 # [Note: portable RNG states]

@@ -57,12 +57,19 @@ def load_optimizer_states(
     # fails ("Expected device to be set"), and there is nothing but the groups' hyperparameters
     # to restore anyway. With from_rank0 only rank 0 knows which.
     groups_only = [None if state.get("state") else state.get("param_groups", []) for state in states]
+    saved_groups = [state.get("param_groups", []) for state in states]
     if broadcast is not None and optimizers:
-        groups_only = broadcast(groups_only)
-    for optimizer, state, groups in zip(optimizers, states, groups_only, strict=True):
+        groups_only, saved_groups = broadcast([groups_only, saved_groups])
+    for optimizer, state, groups, saved in zip(optimizers, states, groups_only, saved_groups, strict=True):
         if groups is not None:
             load_param_group_settings(optimizer, {"param_groups": groups})
             continue
+        # torch's loader takes only the settings the groups have now: a setting added during the
+        # run (SWALR's "swa_lr", a scheduler's "initial_lr" set by a callback that rebuilds it
+        # later) is added first, as torch's Optimizer.load_state_dict would restore it
+        for group, saved_group in zip(optimizer.param_groups, saved, strict=False):
+            for key, value in saved_group.items():
+                group.setdefault(key, value)
         set_optimizer_state_dict(model, optimizer, state, options=options)
 
 

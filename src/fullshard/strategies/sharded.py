@@ -446,6 +446,18 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
             )
 
     @override
+    def set_optimizer_states(
+        self,
+        optimizer_states: Sequence[dict[str, Any]],
+        optimizers: Sequence[Optimizer],
+        *,
+        full: bool,
+        from_rank0: bool,
+    ) -> None:
+        with detached(find_aliases(self._require_model(), self._unit_type())):
+            super().set_optimizer_states(optimizer_states, optimizers, full=full, from_rank0=from_rank0)
+
+    @override
     def full_shapes(self) -> dict[str, torch.Size]:
         if not self._param_shapes:  # sharded by hand before we saw it: gather once to learn them
             full = self.get_state((), full=True)[0]

@@ -477,6 +477,20 @@ class Strategy(LightningStrategyAPI):
         broadcast = self.broadcast if from_rank0 else None
         load_optimizer_states(model, optimizer_states, optimizers, options, broadcast)
 
+    def set_optimizer_states(
+        self,
+        optimizer_states: Sequence[dict[str, Any]],
+        optimizers: Sequence[Optimizer],
+        *,
+        full: bool,
+        from_rank0: bool,
+    ) -> None:
+        """Load the optimizers' part of :meth:`set_state` alone (the model's state is in place)."""
+        model = self._require_model()
+        options = replace(self._state_dict_options(full=full), broadcast_from_rank0=from_rank0)
+        broadcast = self.broadcast if from_rank0 else None
+        load_optimizer_states(model, optimizer_states, optimizers, options, broadcast)
+
     def _state_dict_options(self, *, full: bool) -> StateDictOptions:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 

@@ -117,3 +117,11 @@ def resolve_batch_transfer(
         chosen.append(wrap(f"[{kind}]{type(owner).__name__}.{name}", getattr(owner, name)))
         overridden = overridden or in_data or in_module
     return BatchTransfer(*chosen) if overridden else None
+
+
+def start_fit(trainer: Trainer, hooks: Hooks) -> None:
+    """The start of ``fit``: the ``on_fit_start`` hooks (the ModelSummary callback prints the
+    summary there). Resuming, it runs between the callbacks' states and the optimizers'
+    (``CheckpointManager.load``), as in Lightning."""
+    trainer.should_stop = False
+    hooks.call("on_fit_start")

@@ -9,6 +9,7 @@ Modules outside this file use the Trainer's public surface only (``src/fullshard
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -30,7 +31,7 @@ from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, call, nonfinite, preemption, states
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import configure_torch, configured_strategy
-from fullshard.trainer.hooks import Hooks
+from fullshard.trainer.hooks import Hooks, start_fit
 from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log_run_start
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
@@ -540,12 +541,14 @@ class Trainer(TrainerProperties):
         self.fit_loop.progress.pending = None
         self._data = sources
         self._setup_model(model, stage)
-        loop = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}.get(
-            stage
-        )
+        loops = {"validate": self.validate_loop, "test": self.test_loop, "predict": self.predict_loop}
+        loop = loops.get(stage)
         checkpoint, self.ckpt_path = None, None  # loaded before the loaders are built, as Lightning
-        if ckpt_path is not None:  # (on_load_checkpoint first)
-            checkpoint, self.ckpt_path = self.checkpoint_manager.load(ckpt_path, stage, self._ckpt_options)
+        if ckpt_path is not None:  # (on_load_checkpoint first; resuming fit, on_fit_start runs in the load)
+            started = functools.partial(start_fit, self, hooks)
+            checkpoint, self.ckpt_path = self.checkpoint_manager.load(
+                ckpt_path, stage, self._ckpt_options, started
+            )
         log_run_start(self, model, sources.datamodule)  # every call, as Lightning: hparams, graph, save
         if loop is not None:
             loop.setup_data(model, sources)
@@ -554,8 +557,8 @@ class Trainer(TrainerProperties):
                 self.print(format_results(stage, results))
             finalize_loggers(self, "success")
             return loop.predictions if stage == "predict" else results
-        self.should_stop = False
-        hooks.call("on_fit_start")
+        if checkpoint is None:
+            start_fit(self, hooks)
         self.fit_loop.run(model, sources, checkpoint, hooks)
         hooks.call("on_fit_end")
         # fit returns once every checkpoint it started is committed; a failed one raises here

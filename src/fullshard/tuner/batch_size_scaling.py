@@ -11,7 +11,7 @@ import torch
 
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.tuner.lr_finder import _has_attr, _set_attr
-from fullshard.tuner.search import Snapshot, rebuild_train_loader, run_trial
+from fullshard.tuner.search import Snapshot, rebuild_train_loader, rebuild_val_loaders, run_trial
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -149,6 +149,7 @@ def scale_batch_size(
     finally:
         snapshot.restore(trainer, module)
         rebuild_train_loader(trainer, module)
+        rebuild_val_loaders(trainer, module, snapshot)
         if bar is not None and was_enabled:
             bar.enable()
     return size

@@ -31,10 +31,12 @@ def _has_attr(module: Module, name: str) -> bool:
 
 
 def _set_attr(module: Module, name: str, value: Any) -> None:
+    """Set ``name`` on ``module`` and in its ``hparams``, wherever it is (as Lightning's setattr)."""
     if hasattr(module, name):
         setattr(module, name, value)
-    else:
-        module.hparams[name] = value
+    hparams = getattr(module, "hparams", None)
+    if hparams is not None and name in hparams:
+        hparams[name] = value
 
 
 def lr_attr_name(module: Module, attr_name: str = "") -> str:
@@ -165,6 +167,7 @@ class _LossRecorder(Callback):
         self.best_loss = 0.0
         self.show_bar = show_bar
         self.bar: Any = None
+        self.start_step = 0
 
     @staticmethod
     def _steps(trainer: Trainer, batch_idx: int) -> bool:
@@ -185,12 +188,16 @@ class _LossRecorder(Callback):
         if not self._steps(trainer, batch_idx):
             return
         if not outputs:
+            # a skipped step: Lightning counts it as a step of the search (the sweep moves on, and
+            # it is one of the num_training points); fullshard's loop makes no optimizer step for it
             self.losses.append(float("nan"))
+            trainer.lr_scheduler_configs[0].scheduler.step()
+            trainer.max_steps -= 1  # the search ends after num_training batches all the same
             return
         if self.bar is not None:
             self.bar.update()
         loss = float(outputs["loss"] if not isinstance(outputs, torch.Tensor) else outputs)
-        step = trainer.global_step
+        step = self.start_step + len(self.losses) + 1  # Lightning's global_step: skipped steps count
         self.avg_loss = self.beta * self.avg_loss + (1 - self.beta) * loss
         smoothed = self.avg_loss / (1 - self.beta ** (step + 1))
         if (
@@ -242,6 +249,7 @@ def lr_find(
         bar.disable()
     finder = LRFinder(mode, min_lr, max_lr, num_training)
     recorder = _LossRecorder(num_training, early_stop_threshold, show_bar)
+    recorder.start_step = start_step
     finished = False
     try:
         optimizer = trainer.optimizers[0]

@@ -96,6 +96,15 @@ def rebuild_train_loader(trainer: Trainer, module: Module) -> None:
     trainer.fit_loop.setup_train_loader(sources.get("train", module))
 
 
+def rebuild_val_loaders(trainer: Trainer, module: Module, snapshot: Snapshot) -> None:
+    """Build the validation loaders after a batch size search at the start of ``fit`` (none
+    were built then), as Lightning's batch size finder leaves them: ``trainer.val_dataloaders``
+    is set afterwards."""
+    if not snapshot.val_loaders[0]:
+        sources: Any = trainer.data_sources
+        trainer.validate_loop.setup_data(module, sources)
+
+
 def run_trial(trainer: Trainer, module: Module, callbacks: Iterable[Callback]) -> None:
     """Run the fit loop once with only ``callbacks`` (and the module's own hooks), as set up
     by the caller (``max_steps``, limits, schedulers). No sanity validation, no loggers."""

@@ -105,7 +105,8 @@ class BasePredictionWriter(Callback):
         self, trainer: Trainer, pl_module: Module, predictions: Sequence[Any], batch_indices: Sequence[Any]
     ) -> None:
         """Write all of this process's ``predictions`` (a list per dataloader when there are
-        several); ``batch_indices``: each batch's dataset indices, in the same form."""
+        several); ``batch_indices``: each batch's dataset indices, a list per dataloader also
+        when there is one (``batch_indices[0][i]`` for batch ``i`` of the only one), as Lightning."""
         raise NotImplementedError(
             f"{type(self).__name__} writes per epoch (write_interval={self.interval.value!r}) but does not "
             "define write_on_epoch_end(); define it, or pass write_interval='batch'."

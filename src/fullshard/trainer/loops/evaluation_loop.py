@@ -89,13 +89,10 @@ class EvaluationLoop:
         return self._predictions[0] if len(self._predictions) == 1 else self._predictions
 
     @property
-    def epoch_batch_indices(self) -> list[Any]:
-        """The dataset indices of each batch of the run, in the form of :attr:`predictions`."""
-        if not self._epoch_batch_indices:
-            return []
-        return (
-            self._epoch_batch_indices[0] if len(self._epoch_batch_indices) == 1 else self._epoch_batch_indices
-        )
+    def epoch_batch_indices(self) -> list[list[list[int]]]:
+        """The dataset indices of each batch of the run: one list per dataloader, also when there
+        is one (unlike :attr:`predictions`), as Lightning's."""
+        return self._epoch_batch_indices
 
     def setup_data(self, module: Module, sources: DataSources) -> None:
         """Build this stage's loaders (validation only when the module has a ``validation_step``)."""
