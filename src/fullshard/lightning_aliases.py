@@ -27,7 +27,13 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from fullshard.lightning_paths import ALIASES, NOT_SUPPORTED, PENDING
+
+def _tables() -> Any:
+    """The tables, imported on first need (not at ``import fullshard``)."""
+    from fullshard import lightning_paths
+
+    return lightning_paths
+
 
 _ROOT = "fullshard"
 _LIGHTNING_ROOTS = ("lightning.pytorch", "pytorch_lightning")
@@ -60,11 +66,12 @@ def _relative(fullname: str) -> str | None:
 
 def _why(relative: str, name: str | None = None) -> str | None:
     key = relative if name is None else f"{relative}:{name}"
-    reason = NOT_SUPPORTED.get(key)
+    tables = _tables()
+    reason: str | None = tables.NOT_SUPPORTED.get(key)
     if reason is not None:
         return reason
-    if key in PENDING:
-        return f"not in this fullshard yet: {PENDING[key]}"
+    if key in tables.PENDING:
+        return f"not in this fullshard yet: {tables.PENDING[key]}"
     return None
 
 
@@ -72,7 +79,7 @@ def resolve(relative: str, name: str) -> Any:
     """The object Lightning's ``lightning.pytorch.<relative>.<name>`` is in fullshard; raises
     :class:`NotInFullshardError` with the reason for one fullshard has not, AttributeError for
     a name Lightning has not either."""
-    target = ALIASES.get(relative, {}).get(name)
+    target = _tables().ALIASES.get(relative, {}).get(name)
     module_name = f"{_ROOT}.{relative}" if relative else _ROOT
     if target is None:
         why = _why(relative, name)
@@ -103,6 +110,8 @@ def lightning_names(module_name: str) -> Callable[[str], Any]:
         raise ValueError(f"lightning_names({module_name!r}): not a fullshard module")
 
     def __getattr__(name: str) -> Any:
+        if name.startswith("__"):  # the import system's probes (`__path__` on every from-import)
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         value = resolve(relative, name)
         setattr(sys.modules[module_name], name, value)
         return value
@@ -126,9 +135,12 @@ class LightningPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 f"No module named {fullname!r} (Lightning's lightning.pytorch.{relative}): {why}",
                 name=fullname,
             )
-        if relative not in ALIASES:
+        tables = _tables()
+        if relative not in tables.ALIASES:
             return None
-        is_package = any(other.startswith(relative + ".") for other in (*ALIASES, *NOT_SUPPORTED))
+        is_package = any(
+            other.startswith(relative + ".") for other in (*tables.ALIASES, *tables.NOT_SUPPORTED)
+        )
         return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
@@ -140,7 +152,7 @@ class LightningPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             f"Lightning's lightning.pytorch.{relative} under fullshard: its names resolve to "
             "fullshard's objects on first use (fullshard.lightning_paths)."
         )
-        module.__all__ = sorted(ALIASES[relative])  # type: ignore[attr-defined]
+        module.__all__ = sorted(_tables().ALIASES[relative])  # type: ignore[attr-defined]
         module.__getattr__ = lightning_names(module.__name__)  # type: ignore[method-assign]
 
 
