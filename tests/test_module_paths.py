@@ -159,8 +159,10 @@ def test_what_fullshard_has_not_says_why_and_what_to_do() -> None:
         ImportError, match=r"DeepSpeedStrategy\).*DeepSpeed is not among fullshard's strategies.*fsdp"
     ):
         from fullshard.strategies import DeepSpeedStrategy  # noqa: F401
-    with pytest.raises(ModuleNotFoundError, match=r"lightning\.pytorch\.plugins\): .*Trainer\(precision=\)"):
-        importlib.import_module("fullshard.plugins.precision")
+    with pytest.raises(
+        ModuleNotFoundError, match=r"lightning\.pytorch\.plugins\.precision\.double\): .*no float64"
+    ):
+        importlib.import_module("fullshard.plugins.precision.double")
     with pytest.raises(ModuleNotFoundError, match=r"lightning.pytorch.accelerators\).*accelerator='cpu'"):
         importlib.import_module("fullshard.accelerators.cuda")
     with pytest.raises(AttributeError, match=r"module 'fullshard\.core' has no attribute 'Nothing'"):

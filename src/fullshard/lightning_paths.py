@@ -92,6 +92,32 @@ ALIASES: dict[str, dict[str, str]] = {
         "WikiText2": "fullshard.demos.wikitext:WikiText2",
         "tokenize": "fullshard.demos.wikitext:tokenize",
     },
+    "plugins.environments": {
+        "ClusterEnvironment": "fullshard.launch.environments:ClusterEnvironment",
+        "LightningEnvironment": "fullshard.launch.environments:LocalEnvironment",
+        "SLURMEnvironment": "fullshard.launch.environments:SLURMEnvironment",
+        "TorchElasticEnvironment": "fullshard.launch.environments:TorchElasticEnvironment",
+    },
+    "plugins.io": {
+        "AsyncCheckpointIO": "fullshard.plugins.settings:AsyncCheckpointIO",
+        "TorchCheckpointIO": "fullshard.plugins.settings:TorchCheckpointIO",
+    },
+    "plugins.io.async_plugin": {"AsyncCheckpointIO": "fullshard.plugins.settings:AsyncCheckpointIO"},
+    "plugins.io.torch_plugin": {"TorchCheckpointIO": "fullshard.plugins.settings:TorchCheckpointIO"},
+    "plugins.layer_sync": {
+        "LayerSync": "fullshard.plugins.settings:LayerSync",
+        "TorchSyncBatchNorm": "fullshard.plugins.settings:TorchSyncBatchNorm",
+    },
+    "plugins.precision": {
+        "FSDPPrecision": "fullshard.precision:FSDPPrecision",
+        "HalfPrecision": "fullshard.plugins.settings:HalfPrecision",
+        "MixedPrecision": "fullshard.plugins.settings:MixedPrecision",
+        "Precision": "fullshard.precision:Precision",
+    },
+    "plugins.precision.amp": {"MixedPrecision": "fullshard.plugins.settings:MixedPrecision"},
+    "plugins.precision.fsdp": {"FSDPPrecision": "fullshard.precision:FSDPPrecision"},
+    "plugins.precision.half": {"HalfPrecision": "fullshard.plugins.settings:HalfPrecision"},
+    "plugins.precision.precision": {"Precision": "fullshard.precision:Precision"},
     "loggers.comet": {"CometLogger": f"{_LOG}.comet:CometLogger"},
     "loggers.csv_logs": {
         "CSVLogger": f"{_LOG}.csv_logger:CSVLogger",
@@ -134,10 +160,14 @@ _DEEPSPEED = (
     "DeepSpeed is not among fullshard's strategies; its sharding is FSDP: "
     "Trainer(strategy='fsdp') or FSDP2Strategy"
 )
-_PLUGINS = (
-    "fullshard's Trainer takes no plugin objects (Trainer(plugins=) is refused): pass the precision "
-    "as Trainer(precision=), asynchronous saves as FSDP2Strategy(async_save=True); the cluster is "
-    "detected (docs/launching.md)"
+_CHECKPOINT_IO = (
+    "fullshard writes its checkpoints itself (docs/checkpoints.md) and takes no custom writer; "
+    "AsyncCheckpointIO and TorchCheckpointIO are accepted (fullshard.plugins)"
+)
+_DOUBLE = "fullshard has no float64 precision; its precisions are Trainer(precision=)'s five settings"
+_ENVIRONMENTS = (
+    "fullshard detects SLURM and torchrun (TorchElastic) jobs; launch the job with torchrun, or pass "
+    "a ClusterEnvironment subclass of your own"
 )
 _LOOPS = (
     "Lightning's loops are private classes (_FitLoop, ...) a script may swap in on the Trainer; "
@@ -208,26 +238,15 @@ NOT_SUPPORTED: dict[str, str] = {
         "Lightning's evaluation sampler and DDP internals; fullshard's Trainer adds the distributed "
         "sampler itself (Trainer(use_distributed_sampler=))"
     ),
-    "plugins": _PLUGINS,
-    "plugins.environments": _PLUGINS,
-    "plugins.io": _PLUGINS,
-    "plugins.io.async_plugin": _PLUGINS,
-    "plugins.io.checkpoint_plugin": _PLUGINS,
-    "plugins.io.torch_plugin": _PLUGINS,
-    "plugins.io.wrapper": _PLUGINS,
+    "plugins.io.checkpoint_plugin": _CHECKPOINT_IO,
+    "plugins.io.wrapper": _CHECKPOINT_IO,
     "plugins.io.xla_plugin": _XLA,
-    "plugins.layer_sync": "pass Trainer(sync_batchnorm=True), which fullshard takes",
-    "plugins.precision": _PLUGINS,
-    "plugins.precision.amp": _PLUGINS,
     "plugins.precision.bitsandbytes": (
         "bitsandbytes quantisation needs the bitsandbytes package and is not among fullshard's "
         "precisions (Trainer(precision=))"
     ),
     "plugins.precision.deepspeed": _DEEPSPEED,
-    "plugins.precision.double": _PLUGINS,
-    "plugins.precision.fsdp": _PLUGINS,
-    "plugins.precision.half": _PLUGINS,
-    "plugins.precision.precision": _PLUGINS,
+    "plugins.precision.double": _DOUBLE,
     "plugins.precision.transformer_engine": (
         "NVIDIA Transformer Engine's FP8 needs the transformer_engine package and is not among "
         "fullshard's precisions (Trainer(precision=))"
@@ -339,6 +358,24 @@ NOT_SUPPORTED: dict[str, str] = {
     "profilers.pytorch:RegisterRecordFunction": "a helper of Lightning's PyTorchProfiler; fullshard's records with torch.profiler.record_function",
     "profilers.pytorch:ScheduleWrapper": "a helper of Lightning's PyTorchProfiler; fullshard passes schedule= to torch.profiler.profile",
     "loggers:LitLogger": f"LitLogger: {_HOSTED}",
+    "plugins:BitsandbytesPrecision": "bitsandbytes quantisation needs the bitsandbytes package and is not among fullshard's precisions (Trainer(precision=))",
+    "plugins:CheckpointIO": _CHECKPOINT_IO,
+    "plugins:DeepSpeedPrecision": _DEEPSPEED,
+    "plugins:DoublePrecision": _DOUBLE,
+    "plugins:TransformerEnginePrecision": "NVIDIA Transformer Engine's FP8 needs the transformer_engine package and is not among fullshard's precisions (Trainer(precision=))",
+    "plugins:XLACheckpointIO": _XLA,
+    "plugins:XLAPrecision": _XLA,
+    "plugins.environments:KubeflowEnvironment": _ENVIRONMENTS,
+    "plugins.environments:LSFEnvironment": _ENVIRONMENTS,
+    "plugins.environments:MPIEnvironment": _ENVIRONMENTS,
+    "plugins.environments:XLAEnvironment": _XLA,
+    "plugins.io:CheckpointIO": _CHECKPOINT_IO,
+    "plugins.io:XLACheckpointIO": _XLA,
+    "plugins.precision:BitsandbytesPrecision": "bitsandbytes quantisation needs the bitsandbytes package and is not among fullshard's precisions (Trainer(precision=))",
+    "plugins.precision:DeepSpeedPrecision": _DEEPSPEED,
+    "plugins.precision:DoublePrecision": _DOUBLE,
+    "plugins.precision:TransformerEnginePrecision": "NVIDIA Transformer Engine's FP8 needs the transformer_engine package and is not among fullshard's precisions (Trainer(precision=))",
+    "plugins.precision:XLAPrecision": _XLA,
     "profilers:XLAProfiler": _XLA,
     "strategies:DeepSpeedStrategy": _DEEPSPEED,
     "utilities:find_shared_parameters": "helpers to re-tie weights after moving a model to XLA; fullshard keeps tied parameters tied itself",

@@ -66,7 +66,7 @@ class Trainer(TrainerProperties):
             SLURM (``SLURM_NNODES``) started, 1 otherwise; for elastic jobs whose node count varies.
         precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or ``"bf16-true"``;
             Lightning's aliases ``32``/``"32"``, ``16``/``"16"`` and ``"bf16"`` mean the same settings
-            (:attr:`precision` gives the canonical name).
+            (:attr:`precision` gives the canonical name); Lightning's ``plugins=``: :mod:`fullshard.plugins`.
         logger: a :class:`~fullshard.loggers.Logger`, a list of them, True/None for a
             :class:`~fullshard.loggers.CSVLogger` in ``default_root_dir``, or False.
         callbacks: extra :class:`~fullshard.Callback` instances.
@@ -175,6 +175,7 @@ class Trainer(TrainerProperties):
         reload_dataloaders_every_n_epochs: int = 0,
         barebones: bool = False,
         enable_autolog_hparams: bool = True,
+        plugins: Any = None,
         **lightning_only: Any,
     ) -> None:
         arguments.reject_unknown(lightning_only)
@@ -262,7 +263,7 @@ class Trainer(TrainerProperties):
         self.default_root_dir = str(default_root_dir) if default_root_dir is not None else os.getcwd()
 
         self._accelerator, self._strategy = configured_strategy(
-            accelerator, strategy, devices, num_nodes, precision, compile_config, sync_batchnorm
+            accelerator, strategy, devices, num_nodes, precision, compile_config, sync_batchnorm, plugins
         )
 
         self.callbacks = arguments.build_callbacks(
