@@ -59,13 +59,14 @@ def test_mnist_without_files_is_synthetic_digits_with_lightnings_shapes(tmp_path
     assert x.shape == (32, 1, 28, 28) and y.dtype == torch.int64
 
 
-@pytest.mark.filterwarnings("ignore:WikiText2. there is no")
+@pytest.mark.filterwarnings("ignore:WikiText2. there is no")  # prepare_data's WikiText2() in ./data
 def test_lightnings_demo_modules_train(tmp_path: Path) -> None:
     trainer = quiet_trainer(tmp_path, max_steps=2)
     model = BoringModel()
     before = model.layer.weight.detach().clone()
     trainer.fit(model)
     assert trainer.global_step == 2 and not torch.equal(before, model.layer.weight)
+    (tmp_path / "wikitext-2.txt").write_text("a b c d e f g h\n" * 40)  # a small vocabulary: fast
     dataset = WikiText2(data_dir=tmp_path)
     model = LightningTransformer(vocab_size=dataset.vocab_size)
     trainer = quiet_trainer(tmp_path, max_steps=1)

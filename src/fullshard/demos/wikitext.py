@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-_SYNTHETIC_LINES = 4000
+_SYNTHETIC_LINES = 36_718  # the lines of WikiText-2's training split
+_SYNTHETIC_VOCABULARY = 20_000
 _warned: set[Path] = set()
 
 
@@ -53,13 +54,28 @@ def tokenize(path: Path) -> tuple[torch.Tensor, Dictionary]:
         return _tokenize_lines(f)
 
 
-def synthetic_lines(count: int = _SYNTHETIC_LINES, seed: int = 0) -> list[str]:
-    """Sentences of made-up words with a skewed frequency, as a language-modelling stand-in."""
+def synthetic_text(lines: int = _SYNTHETIC_LINES, seed: int = 0) -> tuple[torch.Tensor, Dictionary]:
+    """Token ids of ``lines`` sentences of made-up words (5 to 34 words and ``<eos>`` each, with a
+    Zipf-like word frequency as in real text), and their dictionary: about the size of
+    WikiText-2's training split, so scripts that split it as Lightning's examples do still work."""
     rng = random.Random(seed)
-    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "de", "po", "an", "el"]
-    vocabulary = sorted({"".join(rng.choices(syllables, k=rng.randint(1, 3))) for _ in range(3000)})
-    weights = [1.0 / (rank + 1) for rank in range(len(vocabulary))]  # Zipf-like, as in real text
-    return [" ".join(rng.choices(vocabulary, weights, k=rng.randint(5, 25))) + " ." for _ in range(count)]
+    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "de", "po", "an", "el", "su", "ba"]
+    words: set[str] = set()
+    while len(words) < _SYNTHETIC_VOCABULARY:
+        words.add("".join(rng.choices(syllables, k=rng.randint(1, 4))))
+    dictionary = Dictionary()
+    for word in ["<eos>", *sorted(words)]:
+        dictionary.add_word(word)
+    generator = torch.Generator().manual_seed(seed)
+    frequency = 1.0 / torch.arange(1, _SYNTHETIC_VOCABULARY + 1, dtype=torch.float64)
+    lengths = torch.randint(5, 35, (lines,), generator=generator)
+    ids = torch.multinomial(frequency, int(lengths.sum()), replacement=True, generator=generator) + 1
+    ends = torch.cumsum(lengths, 0) + torch.arange(lines)  # where each line's <eos> goes
+    data = torch.zeros(int(lengths.sum()) + lines, dtype=torch.int64)  # 0 is <eos>
+    is_word = torch.ones_like(data, dtype=torch.bool)
+    is_word[ends] = False
+    data[is_word] = ids
+    return data, dictionary
 
 
 class WikiText2(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -85,7 +101,7 @@ class WikiText2(Dataset[tuple[torch.Tensor, torch.Tensor]]):
                 UserWarning,
                 stacklevel=2,
             )
-        self.data, self.dictionary = _tokenize_lines(synthetic_lines())
+        self.data, self.dictionary = synthetic_text()
 
     @property
     def vocab_size(self) -> int:
