@@ -92,7 +92,8 @@ def resolve(relative: str, name: str) -> Any:
         )
     holder, _, attribute = target.partition(":")
     try:
-        return getattr(importlib.import_module(holder), attribute)
+        module = importlib.import_module(holder)
+        return getattr(module, attribute) if attribute else module
     except ImportError as error:  # the holder is being written by another change (PENDING)
         why = _why(relative, name)
         if why is None:

@@ -5,7 +5,8 @@ a path is first imported, never at ``import fullshard``); docs/lightning.md ("Mo
 lists the same reasons, and tests/test_module_paths.py checks both against Lightning 2.6.6's
 recorded modules (tests/fixtures/lightning_2.6.6_module_paths.json).
 
-``ALIASES``: a Lightning path, relative to ``lightning.pytorch``, to ``{name: "module:attribute"}``.
+``ALIASES``: a Lightning path, relative to ``lightning.pytorch``, to ``{name: "module:attribute"}``
+(or ``"module"`` for a name that is a module).
 A path that is also a real fullshard module (``callbacks``, ``strategies.ddp``) needs rows only
 for the names that module does not define itself.
 ``NOT_SUPPORTED``: a whole path, or ``"path:name"``, to why fullshard has not it and what to do.
@@ -17,7 +18,12 @@ _CB = "fullshard.trainer.callbacks"
 _LOG = "fullshard.trainer.loggers"
 
 ALIASES: dict[str, dict[str, str]] = {
-    "": {"cli_lightning_logo": "fullshard.cli.logo:cli_lightning_logo"},
+    "": {
+        "cli_lightning_logo": "fullshard.cli.logo:cli_lightning_logo",
+        # `import lightning.pytorch as L` makes these attributes (`L.callbacks.ModelCheckpoint`)
+        **{name: f"fullshard.{name}" for name in ("callbacks", "core", "loggers", "plugins", "profilers")},
+        **{name: f"fullshard.{name}" for name in ("strategies", "trainer", "tuner", "utilities")},
+    },
     "callbacks.batch_size_finder": {"BatchSizeFinder": f"{_CB}.batch_size_finder:BatchSizeFinder"},
     "callbacks.callback": {"Callback": f"{_CB}.base:Callback"},
     "callbacks.checkpoint": {"Checkpoint": f"{_CB}.base:Checkpoint"},
