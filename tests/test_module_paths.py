@@ -162,7 +162,11 @@ def test_names_resolve_to_fullshards_objects() -> None:
     assert LightningModule is fullshard.LightningModule and Trainer is fullshard.Trainer
     assert BackboneFinetuning is fullshard.callbacks.BackboneFinetuning
     assert MisconfigurationException is fullshard.errors.MisconfigurationError
-    assert "BackboneFinetuning" in dir(sys.modules["fullshard.callbacks.finetuning"])
+    sys.modules.pop("fullshard.core.datamodule", None)
+    fresh = importlib.import_module("fullshard.core.datamodule")
+    assert "LightningDataModule" in dir(fresh) and "LightningDataModule" not in vars(
+        fresh
+    )  # before first use
 
 
 def test_what_fullshard_has_not_says_why_and_what_to_do() -> None:

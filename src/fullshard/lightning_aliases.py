@@ -155,6 +155,8 @@ class LightningPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         )
         module.__all__ = sorted(_tables().ALIASES[relative])  # type: ignore[attr-defined]
         module.__getattr__ = lightning_names(module.__name__)  # type: ignore[method-assign]
+        names = module.__all__  # type: ignore[attr-defined]
+        module.__dir__ = lambda: sorted({*vars(module), *names})  # type: ignore[method-assign]  # tab completion
 
 
 def install() -> None:
