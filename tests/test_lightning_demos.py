@@ -102,3 +102,49 @@ def test_is_overridden() -> None:
         ValueError, match=r"is_overridden\('forward'\): Linear is no LightningModule.*pass parent="
     ):
         is_overridden("forward", torch.nn.Linear(1, 1))
+
+
+class _Servable:
+    """A BoringModel made servable, as in Lightning's ServableModule docstring."""
+
+    @staticmethod
+    def make(response: list[int]) -> object:
+        from fullshard.serve import ServableModule
+
+        class ServableBoringModel(BoringModel, ServableModule):
+            def configure_payload(self) -> dict[str, object]:
+                return {"body": {"x": list(range(32))}}
+
+            def configure_serialization(self) -> tuple[dict[str, object], dict[str, object]]:
+                return {"x": lambda x: torch.tensor(x, dtype=torch.float).unsqueeze(0)}, {
+                    "output": lambda y: y.tolist()
+                }
+
+            def serve_step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+                assert not self.training and not torch.is_grad_enabled()
+                return {"output": torch.tensor([0, 1])}
+
+            def configure_response(self) -> dict[str, object]:
+                return {"output": response}
+
+        return ServableBoringModel()
+
+
+def test_servable_module_validator_answers_the_payload(tmp_path: Path) -> None:
+    from fullshard.serve import ServableModuleValidator
+
+    validator = ServableModuleValidator()
+    trainer = quiet_trainer(tmp_path, max_steps=1, limit_val_batches=0, callbacks=[validator])
+    trainer.fit(_Servable.make([0, 1]))
+    assert validator.successful and validator.resp is not None
+    assert validator.resp.json() == {"output": [0, 1]} and validator.resp.status_code == 200
+    bad = quiet_trainer(tmp_path, max_steps=1, limit_val_batches=0, callbacks=[ServableModuleValidator()])
+    with pytest.raises(
+        fullshard.errors.MisconfigurationError,
+        match=r"expected response \{'output': \[1, 1\]\} is not the one served",
+    ):
+        bad.fit(_Servable.make([1, 1]))
+    with pytest.raises(
+        fullshard.errors.MisconfigurationError, match=r"optimization='onnx'.*leave optimization out"
+    ):
+        ServableModuleValidator(optimization="onnx")

@@ -259,21 +259,6 @@ NOT_SUPPORTED: dict[str, str] = {
     ),
     "plugins.precision.xla": _XLA,
     "profilers.xla": _XLA,
-    "serve": (
-        "Lightning's serving check runs the model in a FastAPI server (fastapi, uvicorn, requests), "
-        "which fullshard neither needs nor installs; fullshard has no serving component: export the "
-        "trained module (LightningModule.to_torchscript) and serve it with your server"
-    ),
-    "serve.servable_module": (
-        "Lightning's serving check runs the model in a FastAPI server (fastapi, uvicorn, requests), "
-        "which fullshard neither needs nor installs; fullshard has no serving component: export the "
-        "trained module (LightningModule.to_torchscript) and serve it with your server"
-    ),
-    "serve.servable_module_validator": (
-        "Lightning's serving check runs the model in a FastAPI server (fastapi, uvicorn, requests), "
-        "which fullshard neither needs nor installs; fullshard has no serving component: export the "
-        "trained module (LightningModule.to_torchscript) and serve it with your server"
-    ),
     "strategies.deepspeed": _DEEPSPEED,
     "strategies.launchers": _LAUNCHERS,
     "strategies.launchers.launcher": _LAUNCHERS,
