@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import fullshard
 from fullshard.lightning_aliases import NotInFullshardError, fullshard_path
@@ -162,6 +163,11 @@ def test_names_resolve_to_fullshards_objects() -> None:
     assert LightningModule is fullshard.LightningModule and Trainer is fullshard.Trainer
     assert BackboneFinetuning is fullshard.callbacks.BackboneFinetuning
     assert MisconfigurationException is fullshard.errors.MisconfigurationError
+    from fullshard.utilities.seed import isolate_rng
+
+    with isolate_rng():
+        drawn = torch.rand(3)
+    assert torch.equal(torch.rand(3), drawn)  # the generator was put back
     sys.modules.pop("fullshard.core.datamodule", None)
     fresh = importlib.import_module("fullshard.core.datamodule")
     assert "LightningDataModule" in dir(fresh) and "LightningDataModule" not in vars(

@@ -153,7 +153,9 @@ ALIASES: dict[str, dict[str, str]] = {
         "AttributeDict": "fullshard.module:AttributeDict",
         "is_picklable": "fullshard.utilities:is_picklable",
     },
+    "utilities.seed": {"isolate_rng": "fullshard.tuner.lr_finder:isolate_rng"},
     "utilities.rank_zero": {
+        "rank_zero_debug": "fullshard.rank_zero:rank_zero_debug",
         "rank_zero_deprecation": "fullshard.utilities:rank_zero_deprecation",
         "rank_zero_info": "fullshard.rank_zero:rank_zero_info",
         "rank_zero_only": "fullshard.rank_zero:rank_zero_only",
@@ -318,7 +320,6 @@ NOT_SUPPORTED: dict[str, str] = {
         "helpers to re-tie weights after moving a model to XLA; fullshard keeps tied parameters tied "
         "itself (one FSDP unit holds both)"
     ),
-    "utilities.seed": "isolate_rng is not in fullshard: save and restore torch.get_rng_state() yourself",
     "utilities.signature_utils": _PRIVATE_HELPERS,
     "utilities.testing": "Lightning's own test-suite helpers (no public names)",
     "utilities.upgrade_checkpoint": (
@@ -388,7 +389,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "utilities.rank_zero:LightningDeprecationWarning": "fullshard's deprecations are plain DeprecationWarnings (rank_zero_deprecation)",
     "utilities.rank_zero:WarningCache": "fullshard warns once per message through Python's warnings filters",
     "utilities.rank_zero:rank_prefixed_message": "not in fullshard: prefix the message with trainer.global_rank yourself",
-    "utilities.rank_zero:rank_zero_debug": "not in fullshard: use rank_zero_only with logging.debug",
     "utilities.rank_zero:rank_zero_module": "Lightning's holder of the rank-zero logger; fullshard logs to the 'fullshard' logger",
 }  # fmt: skip
 
