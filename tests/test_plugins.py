@@ -97,4 +97,8 @@ def test_lightnings_plugin_paths_are_the_same_classes() -> None:
     from fullshard.plugins.precision.amp import MixedPrecision as Mixed
 
     assert Mixed is MixedPrecision and Async is AsyncCheckpointIO
-    assert SLURMEnvironment is fullshard.launch.SLURMEnvironment
+    assert issubclass(SLURMEnvironment, fullshard.launch.SLURMEnvironment)
+    with pytest.raises(
+        MisconfigurationError, match=r"auto_requeue=False\): .*Trainer\(requeue_on_preemption=False\)"
+    ):
+        SLURMEnvironment(auto_requeue=False)

@@ -101,7 +101,7 @@ ALIASES: dict[str, dict[str, str]] = {
     "plugins.environments": {
         "ClusterEnvironment": "fullshard.launch.environments:ClusterEnvironment",
         "LightningEnvironment": "fullshard.launch.environments:LocalEnvironment",
-        "SLURMEnvironment": "fullshard.launch.environments:SLURMEnvironment",
+        "SLURMEnvironment": "fullshard.plugins.settings:SLURMEnvironment",
         "TorchElasticEnvironment": "fullshard.launch.environments:TorchElasticEnvironment",
     },
     "plugins.io": {

@@ -3,9 +3,11 @@ which ``Trainer(plugins=[...])`` turns into fullshard's own (:mod:`fullshard.plu
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from fullshard.errors import MisconfigurationError
+from fullshard.launch import environments
 
 _MIXED = ("16-mixed", "bf16-mixed")
 _HALF = ("16-true", "bf16-true")
@@ -68,3 +70,24 @@ class LayerSync:
 
 class TorchSyncBatchNorm(LayerSync):
     """``Trainer(plugins=[TorchSyncBatchNorm()])`` is ``Trainer(sync_batchnorm=True)``."""
+
+
+class SLURMEnvironment(environments.SLURMEnvironment):
+    """fullshard's SLURM environment with Lightning's constructor. Lightning's defaults are
+    fullshard's Trainer's (a preempted job is requeued, on SIGUSR1 or SIGTERM); another setting
+    is the Trainer's to make, so giving it here is refused with which argument to pass."""
+
+    def __init__(self, auto_requeue: bool = True, requeue_signal: signal.Signals | None = None) -> None:
+        super().__init__()
+        if not auto_requeue:
+            raise MisconfigurationError(
+                "SLURMEnvironment(auto_requeue=False): fullshard's Trainer decides the requeue; pass "
+                "Trainer(requeue_on_preemption=False) instead."
+            )
+        if requeue_signal not in (None, signal.SIGUSR1):
+            raise MisconfigurationError(
+                f"SLURMEnvironment(requeue_signal={requeue_signal!r}): fullshard's Trainer takes the signals; pass "
+                "Trainer(preemption_signals=(...)) instead (docs/clusters.md)."
+            )
+        self.auto_requeue = auto_requeue
+        self.requeue_signal = requeue_signal or signal.SIGUSR1
