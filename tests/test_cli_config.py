@@ -275,7 +275,7 @@ def test_lightning_class_paths_map_to_fullshard() -> None:
 
 
 def test_from_lightning_drops_only_what_means_the_default() -> None:
-    document = {"trainer": {"precision": None, "plugins": None, "barebones": False, "enable_autolog_hparams": True,
+    document = {"trainer": {"precision": None, "model_registry": None, "barebones": False, "enable_autolog_hparams": True,
                             "max_epochs": None, "logger": None}, "weights_only": None}  # fmt: skip
     assert from_lightning(
         document, subcommand="fit"
@@ -284,9 +284,9 @@ def test_from_lightning_drops_only_what_means_the_default() -> None:
     }
     with pytest.raises(
         ValueError,
-        match=r"trainer.plugins: Trainer\(plugins=\['x'\]\) is a Lightning option that fullshard does not support",
+        match=r"trainer.model_registry: Trainer\(model_registry='x'\) is a Lightning option that fullshard does not support",
     ):
-        from_lightning({"trainer": {"plugins": ["x"]}})
+        from_lightning({"trainer": {"model_registry": "x"}})
     with pytest.raises(
         ValueError,
         match=r"trainer.max_epoch: Trainer\(\) got an unexpected keyword argument 'max_epoch'. Did you mean 'max_epochs'",

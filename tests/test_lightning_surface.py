@@ -277,9 +277,11 @@ def test_errors_before_any_process_starts(tmp_path: Path) -> None:
         TypeError, match=r"unexpected keyword argument 'max_epoch'. Did you mean 'max_epochs'"
     ):
         fullshard.Trainer(max_epoch=3)
-    with pytest.raises(MisconfigurationError, match=r"Trainer\(plugins=\['x'\]\) is a Lightning option"):
-        fullshard.Trainer(plugins=["x"])
-    fullshard.Trainer(accelerator="cpu", plugins=None, barebones=False)  # Lightning's "off" values pass
+    with pytest.raises(MisconfigurationError, match=r"Trainer\(model_registry='x'\) is a Lightning option"):
+        fullshard.Trainer(model_registry="x")
+    fullshard.Trainer(
+        accelerator="cpu", model_registry=None, barebones=False
+    )  # Lightning's "off" values pass
     trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
 
     # a 2-process Trainer: each error below comes at once, with no process started

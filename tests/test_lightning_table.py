@@ -194,12 +194,12 @@ def _resolve(dotted: str) -> Any:
     first, *rest = dotted.split(".")
     obj: Any = importlib.import_module(first)
     for part in rest:
-        if not hasattr(obj, part) and inspect.ismodule(obj):
-            try:
+        try:  # a Lightning name fullshard has not raises ImportError ([Note: Lightning's module paths])
+            if not hasattr(obj, part) and inspect.ismodule(obj):
                 importlib.import_module(f"{obj.__name__}.{part}")
-            except ImportError:
-                return None
-        obj = getattr(obj, part, None)
+            obj = getattr(obj, part, None)
+        except ImportError:
+            return None
         if obj is None:
             return None
     return obj

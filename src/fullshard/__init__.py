@@ -6,8 +6,10 @@ in :mod:`fullshard.loggers`), so a script ports by changing its imports (docs/li
 """
 
 import logging as _logging
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from fullshard import _startup  # noqa: F401  # first: [Note: torch's objects frozen at import]
+from fullshard import lightning_aliases as _lightning_aliases
 from fullshard.datamodule import DataModule, LightningDataModule
 from fullshard.module import LightningModule, Module
 from fullshard.planner import plan
@@ -33,6 +35,12 @@ __all__ = [
     "plan",
     "seed_everything",
 ]
+
+# Lightning's module paths (fullshard.core, fullshard.callbacks.finetuning, ...) and the names of
+# lightning.pytorch that live elsewhere in fullshard: [Note: Lightning's module paths].
+_lightning_aliases.install()
+if not _TYPE_CHECKING:
+    __getattr__ = _lightning_aliases.lightning_names(__name__)
 
 # Info messages (the FSDP wrap plan, ...) go to stderr unless the application configures logging.
 _log = _logging.getLogger("fullshard")

@@ -70,6 +70,12 @@ def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklev
         warnings.warn(message, category, stacklevel=stacklevel + 1)
 
 
+def rank_zero_debug(message: str) -> None:
+    """``message`` logged at DEBUG on the ``fullshard`` logger, on global rank 0 only."""
+    if global_rank() == 0:
+        log.debug(message, stacklevel=2)
+
+
 def rank_zero_info(message: str) -> None:
     """``message`` logged at INFO on the ``fullshard`` logger, on global rank 0 only.
 

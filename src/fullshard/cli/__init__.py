@@ -17,18 +17,27 @@ from typing import TYPE_CHECKING, Any
 
 from fullshard.cli.checkpoint import build_parser, main
 from fullshard.cli.config import instantiate_class, lightning_class_path, strategy_from_config
+from fullshard.lightning_aliases import lightning_names
 
 if TYPE_CHECKING:
     from fullshard.cli.lightning_cli import (
+        ArgsType,
         LightningArgumentParser,
         LightningCLI,
         ReduceLROnPlateau,
         SaveConfigCallback,
     )
 
-_NEEDS_JSONARGPARSE = ("LightningArgumentParser", "LightningCLI", "ReduceLROnPlateau", "SaveConfigCallback")
+_NEEDS_JSONARGPARSE = (
+    "ArgsType",
+    "LightningArgumentParser",
+    "LightningCLI",
+    "ReduceLROnPlateau",
+    "SaveConfigCallback",
+)
 
 __all__ = [
+    "ArgsType",
     "LightningArgumentParser",
     "LightningCLI",
     "ReduceLROnPlateau",
@@ -47,4 +56,4 @@ def __getattr__(name: str) -> Any:
         from fullshard.cli import lightning_cli
 
         return getattr(lightning_cli, name)
-    raise AttributeError(f"module 'fullshard.cli' has no attribute {name!r}")
+    return lightning_names(__name__)(name)  # [Note: Lightning's module paths]

@@ -75,14 +75,19 @@ def lightning_class_path(path: str) -> str:
         return path
     package, _, name = path[len(prefix) :].rpartition(".")
     target = _PACKAGES.get(package.split(".")[0])
+    why = ""
     if target is not None and not name.startswith("_"):
         module = importlib.import_module(target)
-        if isinstance(getattr(module, name, None), type):
+        try:
+            found = getattr(module, name, None)
+        except ImportError as missing:  # a Lightning name fullshard lists as not supported, with why
+            found, why = None, f" {missing}."
+        if isinstance(found, type):
             return f"{target}.{name}"
     where = f"`{target}`" if target else "fullshard"
     offered = _public_classes(target) if target else []
     raise ValueError(
-        f"{path!r} names a Lightning class that fullshard has no counterpart of in {where}."
+        f"{path!r} names a Lightning class that fullshard has no counterpart of in {where}.{why}"
         f"{did_you_mean(name, offered) if offered else ''} "
         + (f"Classes there: {', '.join(offered)}. " if offered else "")
         + f"fullshard maps lightning.pytorch.<package>.<Name> for the packages "

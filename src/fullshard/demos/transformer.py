@@ -18,10 +18,13 @@ predicts, ``target[:, t]``.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fullshard.lightning_aliases import lightning_names
 
 __all__ = ["Transformer", "sinusoidal_positions"]
 
@@ -46,14 +49,23 @@ class PositionalEncoding(nn.Module):
     """Adds :func:`sinusoidal_positions` to a ``(batch, seq, dim)`` input, then applies dropout.
 
     The codes are computed in ``forward`` rather than kept in a buffer: the module holds no
-    tensors, so it needs nothing special after construction on the meta device.
+    tensors, so it needs nothing special after construction on the meta device. The constructor
+    is ``lightning.pytorch.demos.PositionalEncoding``'s (``dim`` and ``max_len`` are checked
+    against the input).
     """
 
-    def __init__(self, dropout: float) -> None:
+    def __init__(self, dim: int, dropout: float = 0.1, max_len: int = 5000) -> None:
         super().__init__()
         self.dropout = nn.Dropout(dropout)
+        self.dim = dim
+        self.max_len = max_len
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[2] != self.dim or x.shape[1] > self.max_len:
+            raise ValueError(
+                f"PositionalEncoding(dim={self.dim}, max_len={self.max_len}): got an input of shape "
+                f"{tuple(x.shape)}; it takes (batch, seq <= max_len, dim)"
+            )
         codes = sinusoidal_positions(x.shape[1], x.shape[2], device=x.device, dtype=x.dtype)
         out: torch.Tensor = self.dropout(x + codes)
         return out
@@ -123,7 +135,7 @@ class Transformer(nn.Module):
         self.ninp = ninp
         # One extra row: the start token the decoder sees before the first target token.
         self.embedding = nn.Embedding(vocab_size + 1, ninp)
-        self.positions = PositionalEncoding(dropout)
+        self.positions = PositionalEncoding(ninp, dropout)
         self.encoder_layers = nn.ModuleList(
             nn.TransformerEncoderLayer(ninp, nhead, nhid, dropout, batch_first=True) for _ in range(nlayers)
         )
@@ -173,3 +185,7 @@ class Transformer(nn.Module):
         logits = self.head(hidden).view(-1, self.vocab_size)
         # float32 softmax: under bf16/fp16 mixed precision a low-precision log-softmax loses accuracy.
         return F.log_softmax(logits.float(), dim=-1)
+
+
+if not TYPE_CHECKING:  # Lightning's names of this path that live elsewhere: [Note: Lightning's module paths]
+    __getattr__ = lightning_names(__name__)

@@ -4,6 +4,9 @@
 docs/profiling.md.
 """
 
+from typing import TYPE_CHECKING
+
+from fullshard.lightning_aliases import lightning_names
 from fullshard.profilers.advanced import AdvancedProfiler
 from fullshard.profilers.attach import profiled_call, resolve_profiler
 from fullshard.profilers.base import PassThroughProfiler, Profiler
@@ -19,3 +22,6 @@ __all__ = [
     "profiled_call",
     "resolve_profiler",
 ]
+
+if not TYPE_CHECKING:  # Lightning's names that live elsewhere: [Note: Lightning's module paths]
+    __getattr__ = lightning_names(__name__)

@@ -4,11 +4,12 @@ range; a Chrome trace per rank in the log directory and an operator table."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd.profiler import record_function
 
+from fullshard.lightning_aliases import lightning_names
 from fullshard.profilers.base import Profiler
 
 _STEPS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -97,3 +98,7 @@ class PyTorchProfiler(Profiler):
             self.profiler.__exit__(None, None, None)
             self.profiler = None
         self._ranges = {}
+
+
+if not TYPE_CHECKING:  # Lightning's names that live elsewhere: [Note: Lightning's module paths]
+    __getattr__ = lightning_names(__name__)

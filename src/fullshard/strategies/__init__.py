@@ -1,5 +1,8 @@
 """Strategies: how and where a model is trained, and the registry of their names."""
 
+from typing import TYPE_CHECKING
+
+from fullshard.lightning_aliases import lightning_names
 from fullshard.strategies.ddp import DDPStrategy
 from fullshard.strategies.fsdp import FSDPStrategy
 from fullshard.strategies.fsdp2 import FSDP2Strategy
@@ -35,3 +38,6 @@ __all__ = [
     "Strategy",
     "StrategyRegistry",
 ]
+
+if not TYPE_CHECKING:  # Lightning's names that live elsewhere: [Note: Lightning's module paths]
+    __getattr__ = lightning_names(__name__)

@@ -33,7 +33,6 @@ from fullshard.trainer.loggers.base import importable
 # Lightning Trainer options fullshard does not implement, with the value that means "off" in
 # Lightning: passing that value is accepted (a ported script often spells defaults out).
 _LIGHTNING_ONLY: dict[str, tuple[Any, str]] = {
-    "plugins": (None, "pass precision= and strategy= instead"),
     "model_registry": (None, "leave it out"),
 }
 
@@ -46,7 +45,7 @@ TRAINER_ARGUMENTS = (
     "deterministic", "benchmark", "inference_mode", "use_distributed_sampler", "detect_anomaly",
     "default_root_dir", "compile", "preemption_signals", "requeue_on_preemption", "on_nonfinite_loss",
     "max_consecutive_nonfinite_skips", "max_time", "profiler", "sync_batchnorm", "overfit_batches", "reload_dataloaders_every_n_epochs",
-    "barebones", "enable_autolog_hparams",
+    "barebones", "enable_autolog_hparams", "plugins",
 )  # fmt: skip
 
 # Trainer(barebones=True), as Lightning: the options it turns off (each with its "off" value) and

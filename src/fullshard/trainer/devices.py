@@ -25,12 +25,20 @@ def configured_strategy(
     precision: Any,
     compile_config: Any,
     sync_batchnorm: bool,
+    plugins: Any = None,
 ) -> tuple[str, Strategy]:
     """The accelerator's name and the strategy, configured for the devices and nodes of this job
-    (its cluster environment read here); warns (rank 0) of a precision alias and of more processes
-    than CPU cores."""
+    (its cluster environment read here, unless a plugin gives one); warns (rank 0) of a precision
+    alias and of more processes than CPU cores. ``plugins``: Lightning's plugin objects
+    (:mod:`fullshard.plugins.resolve`)."""
+    settings = None
+    if plugins is not None:  # imported only when given: [Note: Lightning's module paths]
+        from fullshard.plugins.resolve import resolve_plugins
+
+        settings = resolve_plugins(plugins, precision)
+        precision, sync_batchnorm = settings.precision, sync_batchnorm or settings.sync_batchnorm
     accelerator = resolve_accelerator(accelerator)
-    environment = select_cluster_environment()
+    environment = settings.environment if settings and settings.environment else select_cluster_environment()
     num_nodes = resolve_num_nodes(num_nodes, environment)
     device_list = resolve_devices(devices, accelerator, environment, num_nodes)
     configured = resolve_strategy(strategy, len(device_list) * num_nodes)
@@ -42,6 +50,10 @@ def configured_strategy(
         compile=compile_config,
     )
     configured.sync_batchnorm = sync_batchnorm
+    if settings is not None and settings.async_save:
+        from fullshard.plugins.resolve import apply_async_save
+
+        apply_async_save(configured)
     set_global_rank(configured.global_rank)  # warnings before fit: rank 0 only
     if (note := alias_warning(precision)) is not None:
         rank_zero_warn(note, stacklevel=3)

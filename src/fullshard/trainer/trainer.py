@@ -64,7 +64,7 @@ class Trainer(TrainerProperties):
             SLURM (``SLURM_NNODES``) started, 1 otherwise; for elastic jobs whose node count varies.
         precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or ``"bf16-true"``;
             Lightning's aliases ``32``/``"32"``, ``16``/``"16"`` and ``"bf16"`` mean the same settings
-            (:attr:`precision` gives the canonical name).
+            (:attr:`precision` gives the canonical name); Lightning's ``plugins=``: :mod:`fullshard.plugins`.
         logger: a :class:`~fullshard.loggers.Logger`, a list of them, False, or True/None for Lightning's
             default (TensorBoard when installed, else CSV) in ``default_root_dir/lightning_logs``.
         callbacks: extra :class:`~fullshard.Callback` instances.
@@ -174,6 +174,7 @@ class Trainer(TrainerProperties):
         reload_dataloaders_every_n_epochs: int = 0,
         barebones: bool = False,
         enable_autolog_hparams: bool = True,
+        plugins: Any = None,
         **lightning_only: Any,
     ) -> None:
         arguments.reject_unknown(lightning_only)
@@ -261,7 +262,7 @@ class Trainer(TrainerProperties):
         self.default_root_dir = str(default_root_dir) if default_root_dir is not None else os.getcwd()
 
         self._accelerator, self._strategy = configured_strategy(
-            accelerator, strategy, devices, num_nodes, precision, compile_config, sync_batchnorm
+            accelerator, strategy, devices, num_nodes, precision, compile_config, sync_batchnorm, plugins
         )
 
         checkpointing, progress_bar = enable_checkpointing is not False, enable_progress_bar is not False

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from fullshard.batch_transfer import move_data_to_device
+from fullshard.lightning_aliases import lightning_names
 from fullshard.module import AttributeDict
 from fullshard.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from fullshard.trainer.callbacks.throughput import measure_flops
@@ -144,3 +145,7 @@ def is_shared_filesystem(strategy: Strategy, path: str | Path | None = None, tim
     if strategy.is_global_zero:
         probe.unlink(missing_ok=True)
     return shared
+
+
+if not TYPE_CHECKING:  # Lightning's names that live elsewhere: [Note: Lightning's module paths]
+    __getattr__ = lightning_names(__name__)
