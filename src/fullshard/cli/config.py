@@ -9,7 +9,7 @@ files Lightning's ``--print_config`` wrote.
 A YAML file written by Lightning's ``LightningCLI --print_config`` names Lightning's classes
 (``lightning.pytorch.callbacks.ModelCheckpoint``) and spells out every argument of Lightning's
 classes, including ones fullshard's counterparts do not take (``trainer.profiler: null``,
-``trainer.model_registry: null``, ``fit.weights_only: true``). :func:`from_lightning`
+``trainer.model_registry: null``). :func:`from_lightning`
 rewrites such a document once, before it is parsed:
 
 1. ``lightning.pytorch.X.Name`` and ``pytorch_lightning.X.Name`` become the fullshard class of
@@ -45,18 +45,11 @@ _PACKAGES = {
 }
 
 # (class name, argument) -> Lightning's default, for arguments fullshard's class does not take:
-# a Lightning config spells them out, and the default is what fullshard does anyway.
-_LIGHTNING_DEFAULTS: dict[tuple[str, str], Any] = {
-    ("fit", "weights_only"): True,
-    ("validate", "weights_only"): True,
-    ("test", "weights_only"): True,
-    ("predict", "weights_only"): True,
-}
+# a Lightning config spells them out, and the default is what fullshard does anyway. (Empty since
+# fit/validate/test/predict take ``weights_only`` as Lightning's do.)
+_LIGHTNING_DEFAULTS: dict[tuple[str, str], Any] = {}
 # What to do instead of a Lightning-only argument set to something else than its default.
-_INSTEAD = {
-    "weights_only": "fullshard reads checkpoints as plain data always; to unpickle one you trust, "
-    "pass trust_checkpoint: true (--trust_checkpoint true) instead",
-}
+_INSTEAD: dict[str, str] = {}
 # (class name, Lightning's argument) -> fullshard's name for it.
 # None at present (the loggers take Lightning's arguments under Lightning's names).
 _RENAMED: dict[tuple[str, str], str] = {}

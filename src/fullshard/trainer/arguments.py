@@ -401,9 +401,17 @@ def build_loggers(logger: Logger | Iterable[Logger] | bool | None, default_root_
         return [default_logger(default_root_dir)]
     if logger is False:
         return []
-    if isinstance(logger, Logger) or not isinstance(logger, Iterable):
-        return [logger]  # type: ignore[list-item]  # a logger of its own class (duck-typed)
-    return list(logger)
+    loggers = [logger] if isinstance(logger, Logger) or not isinstance(logger, Iterable) else list(logger)
+    for item in loggers:
+        missing = [m for m in ("log_metrics", "log_hyperparams") if not callable(getattr(item, m, None))]
+        if missing:
+            raise MisconfigurationError(
+                f"logger must be a fullshard Logger (or an object with a Logger's methods, as Lightning "
+                f"accepts), got {type(item).__name__}, which has no {' or '.join(missing)}. Pass a "
+                "fullshard.loggers logger (CSVLogger, TensorBoardLogger, ...), a subclass of "
+                "fullshard.loggers.Logger, a list of them, or False for none."
+            )
+    return loggers  # type: ignore[return-value]  # a logger of its own class (duck-typed)
 
 
 def default_logger(default_root_dir: str) -> Logger:
