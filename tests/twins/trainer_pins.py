@@ -370,6 +370,41 @@ def case_validation_skipped(tmp: Path) -> Any:
     return out
 
 
+class AsksForLoaders(Base):
+    """Records which dataloader methods the Trainer calls, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def train_dataloader(self) -> DataLoader:
+        self.asked.append("train")
+        return data()
+
+    def val_dataloader(self) -> DataLoader:
+        self.asked.append("val")
+        return data()
+
+    def test_dataloader(self) -> DataLoader:
+        self.asked.append("test")
+        return data()
+
+
+def case_zero_limit_asks_for_no_loader(tmp: Path) -> Any:
+    out = {}
+    for limit in (0, 0.0, 1):
+        hooks, model = HookNames(), AsksForLoaders()
+        t = trainer(tmp, callbacks=[hooks], limit_val_batches=limit)
+        t.fit(model)
+        out[f"fit limit_val_batches={limit!r}"] = {"asked": model.asked, "hooks": hooks.called}
+    model = AsksForLoaders()
+    out["test limit_test_batches=0"] = [
+        trainer(tmp, limit_test_batches=0).test(model, verbose=False),
+        model.asked,
+    ]
+    return out
+
+
 # ----------------------------------------------------------------------------------- trainer.state
 def describe(state: Any) -> list[Any]:
     return [

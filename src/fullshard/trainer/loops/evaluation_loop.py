@@ -95,11 +95,16 @@ class EvaluationLoop:
         return self._epoch_batch_indices
 
     def setup_data(self, module: Module, sources: DataSources) -> None:
-        """Build this stage's loaders (validation only when the module has a ``validation_step``)."""
+        """Build this stage's loaders (validation only when the module has a ``validation_step``).
+        With ``limit_val_batches=0`` (``limit_test_batches=0`` for test) the loaders are not asked
+        for at all, as in Lightning: a ``val_dataloader()`` drawing random numbers never runs."""
         self.loaders, self.max_batches = [], []
         kind = _DATA_KIND[self.stage]
         self._logged_batches = []
         if self.stage == "validate" and not overrides(module, Module, "validation_step"):
+            return
+        limit = {"validate": self.trainer.limit_val_batches, "test": self.trainer.limit_test_batches}
+        if limit.get(self.stage) == 0:
             return
         for loader in sources.get_all(kind, module):
             prepared, batches = data_setup.prepare(self.trainer, loader, kind)

@@ -298,6 +298,7 @@ class FitLoop:
         trainer = self.trainer
         wanted = (
             trainer.num_sanity_val_steps != 0
+            and trainer.limit_val_batches != 0
             and overrides(module, Module, "validation_step")
             and sources.has("val", module)
         )
