@@ -135,9 +135,8 @@ def _screen(text: str) -> list[str]:
 
 
 def _bars(text: str) -> list[Any]:
-    """Each non-blank line left on screen as [line number, description, count, postfix names].
-    The names are sorted: fullshard's ``progress_bar_metrics`` order varies from run to run
-    (reported apart; the bar shows that dict in its order)."""
+    """Each non-blank line left on screen as [line number, description, count, postfix names],
+    the names in the order the bar shows them."""
     shown = []
     for number, line in enumerate(_screen(text)):
         if "it/s" not in line:  # not a bar (blank, or a printed table)
@@ -149,7 +148,7 @@ def _bars(text: str) -> list[Any]:
                 number,
                 line.split(":")[0].strip(),
                 count.group(0) if count else None,
-                sorted(re.findall(r"(\w+)=", postfix)),
+                re.findall(r"(\w+)=", postfix),
             ]
         )
     return shown

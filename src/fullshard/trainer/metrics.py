@@ -384,6 +384,7 @@ class MetricsCollector:
         self.dataloader_idx = None
 
     def progress_bar_metrics(self) -> dict[str, float]:
-        """The latest values of the metrics logged with ``prog_bar=True``."""
+        """The latest values of the metrics logged with ``prog_bar=True``, in the order they were
+        logged (the same in every run, as the bar shows them)."""
         values = {**self._eval_step_values, **self.callback_metrics}
-        return {k: float(values[k]) for k in self._prog_bar if k in values}
+        return {k: float(v) for k, v in values.items() if k in self._prog_bar}
