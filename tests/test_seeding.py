@@ -76,7 +76,7 @@ def _data(n: int, seed: int) -> DataLoader[Any]:
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=6, shuffle=n > 12)
 
 
-def _fit(root: Path, max_steps: int, ckpt_path: Path | None = None) -> _Dropout:
+def _fit(root: Path, max_steps: int, ckpt_path: Path | None = None, sampler: bool = True) -> _Dropout:
     fullshard.seed_everything(3)
     model = _Dropout()
     trainer = fullshard.Trainer(
@@ -89,21 +89,29 @@ def _fit(root: Path, max_steps: int, ckpt_path: Path | None = None) -> _Dropout:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,
+        use_distributed_sampler=sampler,
         callbacks=[ModelCheckpoint(dirpath=root, every_n_train_steps=5, save_top_k=-1)],
     )
     trainer.fit(model, _data(40, 1), _data(12, 2), ckpt_path=ckpt_path)
     return model
 
 
-@pytest.mark.parametrize("cut", [5, 10])  # inside the first epoch (7 batches), inside the second
-def test_a_shuffled_loader_resumes_mid_epoch_as_the_uninterrupted_run(tmp_path: Path, cut: int) -> None:
+@pytest.mark.parametrize(
+    ("cut", "sampler"),
+    # inside the first epoch (7 batches), inside the second; the loader as given (its own
+    # RandomSampler, replayed up to the cut)
+    [(5, True), (10, True), (5, False)],
+)
+def test_a_shuffled_loader_resumes_mid_epoch_as_the_uninterrupted_run(
+    tmp_path: Path, cut: int, sampler: bool
+) -> None:
     """On one device a ``shuffle=True`` loader's order is drawn from the global generator (as
     Lightning's RandomSampler); a run resumed inside an epoch still trains on the rest of that
     epoch's order, with the dropout masks, validation and later orders of the uninterrupted run."""
-    whole = _fit(tmp_path / "whole", 16)
-    first = _fit(tmp_path / "first", cut)
+    whole = _fit(tmp_path / "whole", 16, sampler=sampler)
+    first = _fit(tmp_path / "first", cut, sampler=sampler)
     (ckpt,) = (tmp_path / "first").glob(f"*step={cut}.ckpt")
-    resumed = _fit(tmp_path / "resumed", 16, ckpt_path=ckpt)
+    resumed = _fit(tmp_path / "resumed", 16, ckpt_path=ckpt, sampler=sampler)
     assert first.samples + resumed.samples == whole.samples
     assert first.losses + resumed.losses == whole.losses
     for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):

@@ -21,10 +21,10 @@ permutes the epoch with a generator seeded by it (``draws_order``). To resume su
 its middle, the fit loop records, when it makes the epoch's iterator, the global generator's
 state right before, and the sampler keeps the state of the generator that permuted the epoch;
 the checkpoint's loop state holds both (``epoch_rng_state``, ``epoch_order_state``:
-:class:`EpochDraws`). The resumed run makes the epoch's iterator with the base seed drawn from a
-copy of the recorded state and permutes the epoch again from the recorded order state, drawing
-nothing from the global generator, whose state the checkpoint then puts back (it was taken after
-those draws). A checkpoint written at the end of an epoch has its random-number states put back
+:class:`EpochDraws`). The resumed run makes the epoch's iterator from the recorded state (and
+replays a loader it cannot start at a sample index from it, so that a sampler of the user's
+draws its order again) and permutes the epoch again from the recorded order state; then the
+checkpoint's own states come back (they were taken after those draws). A checkpoint written at the end of an epoch has its random-number states put back
 before the next epoch's iterator is made, which then draws as the uninterrupted run did. Resumed
 on another number of processes, the cut epoch goes on in its recorded order whichever sampler
 this run uses; the later epochs follow this run's rule.
@@ -238,24 +238,27 @@ class PreparedLoader:
             sampler.offset, sampler.offset_epoch = samples, epoch
             if resumed is not None and resumed.order_state is not None:
                 sampler.resumed_order = (epoch, resumed.order_state)
-            return self._new_iterator(resumed)
-        iterator = self._new_iterator(resumed)
-        for _ in range(batch):  # not resumable by index: replay the data
-            next(iterator, None)
-        return iterator
+            return self._new_iterator(resumed, 0)
+        return self._new_iterator(resumed, batch)  # not resumable by index: replay the data
 
-    def _new_iterator(self, resumed: EpochDraws | None) -> Iterator[Any]:
-        """``iter(loader)``; its base seed drawn from the recorded global state when ``resumed``
-        has one, leaving the global generator as it is (a loader's own generator is used as is)."""
-        if resumed is None or resumed.rng_state is None or self.loader.generator is not None:
-            return iter(self.loader)
-        recorded = torch.Generator()
-        recorded.set_state(resumed.rng_state)
-        self.loader.generator = recorded
+    def _new_iterator(self, resumed: EpochDraws | None, replay: int) -> Iterator[Any]:
+        """``iter(loader)``, past its first ``replay`` batches. With a recorded global state
+        (``resumed``), made and replayed from that state, as the epoch was (its base seed, and a
+        sampler of the user's drawing its order), the global generator then put back as it was."""
+        if resumed is None or resumed.rng_state is None:
+            iterator = iter(self.loader)
+            for _ in range(replay):
+                next(iterator, None)
+            return iterator
+        now = torch.get_rng_state()
+        torch.set_rng_state(resumed.rng_state)
         try:
-            return iter(self.loader)
+            iterator = iter(self.loader)
+            for _ in range(replay):
+                next(iterator, None)
         finally:
-            self.loader.generator = None
+            torch.set_rng_state(now)
+        return iterator
 
     def samples_consumed(self, start: tuple[int, int], batches: int) -> int | None:
         """How many positions of the epoch's order the processes together have consumed after
