@@ -21,7 +21,9 @@ import compare
 import fullshard
 from conftest import check_ok, run_script
 from fullshard.callbacks import ModelCheckpoint
+from fullshard.errors import CorruptCheckpointError
 from fullshard.seed import reset_seed
+from fullshard.trainer.loops.progress import Progress
 
 twins = compare.Twins("seeding.py")
 
@@ -131,3 +133,15 @@ def test_ddp_with_dropout_and_a_shuffled_loader_draws_as_lightning(tmp_path: Pat
 
 
 _LIGHTNING_DDP = Path(__file__).parent / "fixtures" / "seeding_ddp_lightning.json"
+
+
+@pytest.mark.parametrize(("value", "got"), [(b"x", "bytes of 1 bytes"), ([1, 2], "list")])
+def test_a_damaged_epoch_state_is_refused(value: Any, got: str) -> None:
+    state = Progress().state_dict(None, 0)
+    state["epoch_rng_state"] = value
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=rf"loops\['epoch_rng_state'\] is not a random-number generator state \(5056 bytes\), got {got}\. "
+        r"Resume from a checkpoint written by Trainer.save_checkpoint\(\)",
+    ):
+        Progress().load_state_dict(state)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fullshard.errors import CorruptCheckpointError
 from fullshard.trainer.data import EpochDraws, SavedPosition
 
 
@@ -101,7 +102,7 @@ class Progress:
         self.total_batch_idx = int(state.get("total_batch_idx", 0))
         seed = state.get("data_seed")  # None in checkpoints written before it was recorded
         self.data_seed = None if seed is None else int(seed)
-        rng_state, order_state = (_as_state(state.get(k)) for k in ("epoch_rng_state", "epoch_order_state"))
+        rng_state, order_state = (_as_state(state, k) for k in ("epoch_rng_state", "epoch_order_state"))
         if rng_state is None and self.data_seed is not None and self.batches_in_epoch:
             # written before the draws were recorded: every order was seeded by data_seed + epoch
             order_state = torch.Generator().manual_seed(self.data_seed + self.epoch).get_state()
@@ -123,5 +124,20 @@ def _as_bytes(state: torch.Tensor) -> bytes:
     return bytes(state.tolist())
 
 
-def _as_state(data: Any) -> torch.Tensor | None:
-    return None if data is None else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+def _as_state(loops: dict[str, Any], key: str) -> torch.Tensor | None:
+    """The generator state ``loops[key]`` holds (None when absent), checked: a CPU generator's
+    state is 5056 bytes."""
+    data = loops.get(key)
+    if data is None:
+        return None
+    if not isinstance(data, bytes) or len(data) != _STATE_BYTES:
+        raise CorruptCheckpointError(
+            f"The checkpoint's loops[{key!r}] is not a random-number generator state ({_STATE_BYTES} bytes), "
+            f"got {type(data).__name__}{f' of {len(data)} bytes' if isinstance(data, bytes) else ''}. "
+            "Resume from a checkpoint written by Trainer.save_checkpoint(), or start afresh from its "
+            "weights with fit(..., ckpt_weights_only=True)."
+        )
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+_STATE_BYTES = torch.Generator().get_state().numel()
