@@ -12,6 +12,7 @@ import json
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,12 +207,26 @@ def test_resume_point_at_any_world_size(shuffle: bool, drop_last: bool) -> None:
 
 
 # ------------------------------------------------------------------- real multi-process runs
+@pytest.fixture
+def in_process_ddp(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """One-process DDP runs in this process: they set the process group's address and leave the
+    group alive after ``fit`` (as Lightning's); both are undone after the test."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "")  # so that monkeypatch records them, and removes them after
+        monkeypatch.delenv(name)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 @pytest.mark.multiprocess
-def test_two_to_three_to_one_processes_shuffled(jobs: Path, tmp_path: Path) -> None:
+def test_two_to_three_to_one_processes_shuffled(jobs: Path, tmp_path: Path, in_process_ddp: None) -> None:
     """Saved on 2 processes after 3 steps (24 samples), resumed on 3, and both that and a run of
     the 3-process job saved one step later resumed on 1 process: every sample of the epoch is
     trained on, once, but for the padding of the last batch; the next epoch is the 3-process
-    (1-process) run's own."""
+    (1-process) run's own. The 1-process runs use DDP, whose sampler orders every epoch by the
+    seed (without a distributed strategy a shuffling loader's order is drawn from the global
+    generator, as Lightning's RandomSampler: tests/test_seeding.py)."""
     order, next_order = epoch_order(0, True), epoch_order(1, True)
     runs = jobs / "shuffled"
     ckpt = runs / "two.ckpt"
@@ -231,9 +246,11 @@ def test_two_to_three_to_one_processes_shuffled(jobs: Path, tmp_path: Path) -> N
 
     # 2 -> 1, stopped after two more steps (an epoch cut short), then 1 -> 1: the counts compose
     cut = tmp_path / "one_cut.ckpt"
-    _, first = train(tmp_path / "one_a", max_steps=5, shuffle=True, resume=str(ckpt), save=str(cut))
+    _, first = train(
+        tmp_path / "one_a", max_steps=5, shuffle=True, strategy="ddp", resume=str(ckpt), save=str(cut)
+    )
     assert loops_of(cut)["samples_in_epoch"] == 24 + 2 * BATCH
-    _, second = train(tmp_path / "one_b", max_steps=12, shuffle=True, resume=str(cut))
+    _, second = train(tmp_path / "one_b", max_steps=12, shuffle=True, strategy="ddp", resume=str(cut))
     _check_resumed_epoch(in_epoch(first.seen, 0) + in_epoch(second.seen, 0), order, 24, 0, 1, drop_last=False)
     next_epoch = [r[3] for r in in_epoch(second.seen, 1)]
     assert next_epoch == uninterrupted(1, True, 0, 1, False)[:2] == [next_order[:4], next_order[4:8]]
@@ -241,7 +258,7 @@ def test_two_to_three_to_one_processes_shuffled(jobs: Path, tmp_path: Path) -> N
     # 2 -> 3 -> 1: the 3-process run's checkpoint one step after its resume
     step4 = runs / "three" / "ckpts" / "epoch=0-step=4.ckpt"
     assert loops_of(step4)["samples_in_epoch"] == 24 + BATCH * 3
-    _, last = train(tmp_path / "one_c", max_steps=8, shuffle=True, resume=str(step4))
+    _, last = train(tmp_path / "one_c", max_steps=8, shuffle=True, strategy="ddp", resume=str(step4))
     _check_resumed_epoch(in_epoch(last.seen, 0), order, 36, 0, 1, drop_last=False)
     first_of_three = [r for records in three for r in records if r[:2] == [0, 2]]
     assert sorted(indices_of(*two, first_of_three, last.seen)) == list(range(LENGTH))
@@ -355,18 +372,24 @@ def test_custom_sampler_warns_when_the_world_size_changed(tmp_path: Path) -> Non
         train(tmp_path / "d", max_steps=5, sampler=Forward(), resume=str(tmp_path / "old.ckpt"))
 
 
-def test_resume_under_another_seed_keeps_the_checkpoints_order(tmp_path: Path) -> None:
+def test_resume_under_another_seed_keeps_the_checkpoints_order(tmp_path: Path, in_process_ddp: None) -> None:
     """A script that seeds differently when it resumes still trains on the rest of the order the
-    checkpoint was written in, and on the uninterrupted run's later epochs; it says so once."""
+    checkpoint was written in, and on the uninterrupted run's later epochs; it says so once (under
+    DDP, whose sampler orders every epoch by the seed)."""
     ckpt = tmp_path / "cut.ckpt"
     steps_per_epoch = -(-LENGTH // BATCH)
-    train(tmp_path / "a", max_steps=5, shuffle=True, save=str(ckpt))
+    train(tmp_path / "a", max_steps=5, shuffle=True, strategy="ddp", save=str(ckpt))
     assert loops_of(ckpt)["data_seed"] == SEED
     with pytest.warns(
         UserWarning, match=rf"data order of the checkpoint \(seed {SEED}\), not of this run's seed \(99\)"
     ):
         _, resumed = train(
-            tmp_path / "b", max_steps=steps_per_epoch + 3, shuffle=True, resume=str(ckpt), seed=99
+            tmp_path / "b",
+            max_steps=steps_per_epoch + 3,
+            shuffle=True,
+            strategy="ddp",
+            resume=str(ckpt),
+            seed=99,
         )
     order = epoch_order(0, shuffle=True)
     assert [r[3] for r in in_epoch(resumed.seen, 0)] == rest_of_epoch(order, 5 * BATCH, 0, 1, drop_last=False)

@@ -45,6 +45,18 @@ def seed_everything(seed: int | None = None, workers: bool = False) -> int:
     return seed
 
 
+def reset_seed() -> None:
+    """Seed again with what :func:`seed_everything` was last given (its seed and ``workers``
+    flag, read from the environment so that processes the Trainer started have it too); nothing
+    when it was never called. The distributed strategies call it when a process joins the job, as
+    Lightning's do, so that every rank starts the run from the same generator states whatever the
+    script drew before (building the model, splitting a dataset)."""
+    seed = os.environ.get(_SEED_VAR)
+    if seed is None:
+        return
+    seed_everything(int(seed), workers=seed_workers_requested())
+
+
 def seed_workers_requested() -> bool:
     """Whether :func:`seed_everything` was called with ``workers=True``."""
     return os.environ.get(_WORKERS_VAR) == "1"

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: hf_llama
 
@@ -332,6 +332,12 @@ def run(spec: dict[str, Any], devices: int) -> fullshard.Trainer:
         default_root_dir=out,
     )
     loader = DataLoader(make_data(), batch_size=GLOBAL_BATCH // dp, shuffle=True)
+    if spec["strategy"] == "single":
+        # the one-process reference reads the order of the distributed runs: DistributedSampler's,
+        # seeded by seed_everything (without a distributed strategy a shuffling loader's order
+        # is drawn from the global generator, as Lightning's RandomSampler)
+        order = DistributedSampler(make_data(), num_replicas=1, rank=0, shuffle=True, seed=7)
+        loader = DataLoader(make_data(), batch_size=GLOBAL_BATCH, sampler=order)
     if mistake is not None:
         try:
             trainer.fit(module, loader)

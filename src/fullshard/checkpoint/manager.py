@@ -16,7 +16,8 @@ The layout of a checkpoint (docs/design.md, "The checkpoint contract")::
       "lr_schedulers": [one per scheduler],                             keeps them in DCP
       "grad_scaler": dict,
       "loops": {"epoch", "global_step", "batches_that_stepped", "batches_in_epoch", "samples_in_epoch",
-                "epoch_finished", "total_batch_idx", "data_seed", "loader_positions" (a CombinedLoader's)},
+                "epoch_finished", "total_batch_idx", "data_seed", "loader_positions" (a CombinedLoader's),
+                "epoch_rng_state", "epoch_order_state" (inside an epoch: what it drew, as bytes)},
       "callbacks": {state_key: state}, "rng_states": [one per rank; on rank 0 only], "hyper_parameters": dict,
       "epoch": int, "global_step": int, "pytorch-lightning_version": str,   for Lightning's readers
       <DataModule class name>: its state_dict(), when not empty (as Lightning)

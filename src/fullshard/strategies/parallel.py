@@ -31,6 +31,7 @@ from fullshard.launch import (
 )
 from fullshard.launch.launchers import QUIET_START_VAR, end_job
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT, check_stuck_rank_timeout
+from fullshard.seed import reset_seed
 from fullshard.strategies.parallel_layout import ParallelLayout
 from fullshard.strategies.strategy import ReduceOp, Strategy
 
@@ -298,6 +299,7 @@ class ParallelStrategy(Strategy):
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
+        reset_seed()  # as Lightning's distributed strategies: see fullshard.seed.reset_seed
         _end_quiet_start()
         env = self._environment()
         if self.root_device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:

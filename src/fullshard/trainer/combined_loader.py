@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader
 
 from fullshard.errors import MisconfigurationError
 from fullshard.rank_zero import rank_zero_warn
-from fullshard.trainer.data import PreparedLoader, SavedPosition
+from fullshard.trainer.data import EpochDraws, PreparedLoader, SavedPosition
 
 MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
 
@@ -381,8 +381,16 @@ class PreparedCombined:
             for prepared, (at, cycles) in zip(self.loaders, self.positions(batches), strict=True)
         ]
 
-    def iterate(self, epoch: int, start: tuple[int, int] = (0, 0)) -> Iterator[Any]:
-        """The combined batches of epoch ``epoch`` from combined batch ``start[0]``."""
+    @property
+    def order_state(self) -> None:
+        """None: the inner loaders keep the seeded order, which a resumed run draws again."""
+        return None
+
+    def iterate(
+        self, epoch: int, start: tuple[int, int] = (0, 0), resumed: EpochDraws | None = None
+    ) -> Iterator[Any]:
+        """The combined batches of epoch ``epoch`` from combined batch ``start[0]`` (``resumed``:
+        not used, see :attr:`order_state`)."""
         batch = start[0]
         if self._resume is not None and self._resume[:2] == (epoch, batch):
             at = self._resume[2]

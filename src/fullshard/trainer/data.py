@@ -2,16 +2,32 @@
 
 [Note: reproducible data order]
 For map-style datasets the Trainer rebuilds the user's ``DataLoader`` around a
-:class:`ResumableDistributedSampler`: the order of each epoch depends only on the seed and
-the epoch number, each process reads its own share, and a resumed run can start in the middle
-of an epoch by skipping the samples already seen. The rebuilt loader also gets its own
-``torch.Generator`` (reseeded per epoch) so that creating its iterator draws nothing from the
-global RNG: a resumed run then sees exactly the random numbers an uninterrupted run would.
-Iterable datasets and custom samplers are used as given (resuming them mid-epoch is exact
-only on as many processes as wrote the checkpoint). A checkpoint records the seed (``data_seed``)
-and a resumed run draws its orders from it, whatever ``seed_everything`` was given this time:
-the rest of a cut epoch is then the rest of the order the checkpoint was written in, and the
-later epochs are those of the uninterrupted run.
+:class:`ResumableDistributedSampler`: each process reads its own share of an epoch's order, and a
+resumed run can start in the middle of an epoch by skipping the samples already seen. Under a
+distributed strategy the order depends only on the seed and the epoch number; a checkpoint
+records the seed (``data_seed``) and a resumed run draws its orders from it, whatever
+``seed_everything`` was given this time: the rest of a cut epoch is then the rest of the order the
+checkpoint was written in, and the later epochs are those of the uninterrupted run. Iterable
+datasets and custom samplers are used as given (resuming them mid-epoch is exact only on as many
+processes as wrote the checkpoint).
+
+[Note: the epoch's draws]
+A ported script must see Lightning's random numbers, so the rebuilt loaders draw from the global
+torch generator what Lightning's draw: making an iterator draws its base seed (one int64, from
+which the workers are seeded) from the loader's ``generator``, the global one when it has none,
+at every epoch and every validation run; on one device without a distributed strategy a
+shuffling loader's ``RandomSampler`` draws one more int64 when its first batch is fetched and
+permutes the epoch with a generator seeded by it (``draws_order``). To resume such an epoch in
+its middle, the fit loop records, when it makes the epoch's iterator, the global generator's
+state right before, and the sampler keeps the state of the generator that permuted the epoch;
+the checkpoint's loop state holds both (``epoch_rng_state``, ``epoch_order_state``:
+:class:`EpochDraws`). The resumed run makes the epoch's iterator from the recorded state (and
+replays a loader it cannot start at a sample index from it, so that a sampler of the user's
+draws its order again) and permutes the epoch again from the recorded order state; then the
+checkpoint's own states come back (they were taken after those draws). A checkpoint written at the end of an epoch has its random-number states put back
+before the next epoch's iterator is made, which then draws as the uninterrupted run did. Resumed
+on another number of processes, the cut epoch goes on in its recorded order whichever sampler
+this run uses; the later epochs follow this run's rule.
 
 [Note: the training sampler's order]
 Under its distributed strategies (DDP, FSDP, model parallel, on any number of devices) Lightning
@@ -21,8 +37,9 @@ fullshard does the same by default, so a ported script trains on the same sample
 rank, in the same order (:class:`ResumableDistributedSampler` draws an epoch's order as
 ``DistributedSampler`` does). ``use_distributed_sampler="keep_shuffle"`` keeps the loader's own
 order instead; either way the sampler is resumable. Under ``SingleDeviceStrategy`` Lightning adds
-no sampler: the loader's ``shuffle`` holds (a shuffling loader's order differs from Lightning's
-``RandomSampler``, which draws from the global generator: see above).
+no sampler: the loader's ``shuffle`` holds, and a shuffling loader's order is its
+``RandomSampler``'s, drawn from the global generator at each epoch, as fullshard draws it
+(``draws_order``; see [Note: the epoch's draws]).
 
 [Note: resuming at another world size]
 Under ``DistributedSampler``'s split (position ``i`` of the padded epoch order goes to rank
@@ -81,21 +98,54 @@ def shard_indices(order: list[int], offset: int, rank: int, num_replicas: int) -
 
 class ResumableDistributedSampler(DistributedSampler[Any]):
     """A ``DistributedSampler`` that can start the current epoch at sample ``offset`` of its
-    order, on any number of processes (see [Note: resuming at another world size])."""
+    order, on any number of processes (see [Note: resuming at another world size]).
 
-    def __init__(self, dataset: Dataset[Any], **kwargs: Any) -> None:
+    ``draws_order``: shuffle as a ``RandomSampler`` does (Lightning on one device without a
+    distributed strategy), from a seed drawn from the global generator when an epoch's iteration
+    starts (or from ``generator``, the loader's own), instead of ``seed + epoch``. Either way the
+    state of the generator that permuted the epoch is kept (:attr:`order_state`), so that a
+    resumed run can permute the rest of that epoch the same (see [Note: the epoch's draws])."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        *,
+        draws_order: bool = False,
+        generator: torch.Generator | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(dataset, **kwargs)
         self.length: int = len(dataset)  # type: ignore[arg-type]  # map-style: has a length
         self.offset = 0
         self.offset_epoch = -1
+        self.draws_order = draws_order
+        self.generator = generator
+        self.order_state: torch.Tensor | None = None
+        """The state of the generator that permuted the current epoch, before it did (None: unshuffled)."""
+        self.resumed_order: tuple[int, torch.Tensor] | None = None  # (epoch, order_state) to permute it again
+
+    def _order_generator(self) -> torch.Generator:
+        resumed, self.resumed_order = self.resumed_order, None
+        if resumed is not None and resumed[0] == self.epoch:
+            generator = torch.Generator()
+            generator.set_state(resumed[1])
+            return generator
+        if not self.draws_order:
+            return torch.Generator().manual_seed(self.seed + self.epoch)
+        if self.generator is not None:
+            return self.generator
+        # RandomSampler's draw: an int64 from the global generator seeds the epoch's permutation
+        return torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
 
     def epoch_order(self) -> list[int]:
-        """The dataset indices of the current epoch in order, as ``DistributedSampler`` draws them."""
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            return torch.randperm(self.length, generator=generator).tolist()
-        return list(range(self.length))
+        """The dataset indices of the current epoch in order, as ``DistributedSampler`` (or, with
+        ``draws_order``, ``RandomSampler``) draws them; drawing it is starting the epoch."""
+        if not self.shuffle:
+            self.order_state = None
+            return list(range(self.length))
+        generator = self._order_generator()
+        self.order_state = generator.get_state()
+        return torch.randperm(self.length, generator=generator).tolist()
 
     def __iter__(self) -> Iterator[Any]:
         # only for the epoch being resumed: an iterator that was never advanced (a resumed epoch
@@ -103,6 +153,17 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
         offset = self.offset if self.offset_epoch == self.epoch else 0
         self.offset = 0
         return iter(shard_indices(self.epoch_order(), offset, self.rank, self.num_replicas))
+
+
+@dataclass(frozen=True)
+class EpochDraws:
+    """What an epoch's iteration drew, as a checkpoint records it to resume that epoch (see
+    [Note: the epoch's draws]): the global generator's state right before the epoch's iterator
+    was made (the iterator's base seed, for the workers, is drawn from it) and the state of the
+    generator that permuted the epoch's order (None: not recorded, or unshuffled)."""
+
+    rng_state: torch.Tensor | None
+    order_state: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -134,8 +195,8 @@ class PreparedLoader:
         self.not_resumable = not_resumable
 
     def reseed(self, seed: int) -> None:
-        """Draw every epoch's order (and the loader's generator) from ``seed`` from now on: a
-        resumed run takes the seed its checkpoint recorded (see [Note: reproducible data order])."""
+        """Draw every epoch's order from ``seed`` from now on (the distributed order): a resumed
+        run takes the seed its checkpoint recorded (see [Note: reproducible data order])."""
         self.seed = seed
         if isinstance(self.loader.sampler, DistributedSampler):
             self.loader.sampler.seed = seed
@@ -156,21 +217,47 @@ class PreparedLoader:
             return False
         return True
 
-    def iterate(self, epoch: int, start: tuple[int, int] = (0, 0)) -> Iterator[Any]:
+    @property
+    def order_state(self) -> torch.Tensor | None:
+        """The state of the generator that permuted the current epoch (None: no such order)."""
+        sampler = self.loader.sampler
+        return sampler.order_state if isinstance(sampler, ResumableDistributedSampler) else None
+
+    def iterate(
+        self, epoch: int, start: tuple[int, int] = (0, 0), resumed: EpochDraws | None = None
+    ) -> Iterator[Any]:
         """An iterator over epoch ``epoch`` from ``start``: (batch index, samples of the epoch's
-        order consumed), as :meth:`resume_start` gives it."""
+        order consumed), as :meth:`resume_start` gives it. Made as Lightning makes it, drawing
+        from the global generator; ``resumed``: draw instead what the epoch drew when a
+        checkpoint recorded it (see [Note: the epoch's draws])."""
         batch, samples = start
         sampler = self.loader.sampler
         if isinstance(sampler, DistributedSampler):
             sampler.set_epoch(epoch)
-        if self.loader.generator is not None:
-            self.loader.generator.manual_seed(self.seed + epoch)
         if isinstance(sampler, ResumableDistributedSampler):
             sampler.offset, sampler.offset_epoch = samples, epoch
-            return iter(self.loader)
-        iterator = iter(self.loader)
-        for _ in range(batch):  # not resumable by index: replay the data
-            next(iterator, None)
+            if resumed is not None and resumed.order_state is not None:
+                sampler.resumed_order = (epoch, resumed.order_state)
+            return self._new_iterator(resumed, 0)
+        return self._new_iterator(resumed, batch)  # not resumable by index: replay the data
+
+    def _new_iterator(self, resumed: EpochDraws | None, replay: int) -> Iterator[Any]:
+        """``iter(loader)``, past its first ``replay`` batches. With a recorded global state
+        (``resumed``), made and replayed from that state, as the epoch was (its base seed, and a
+        sampler of the user's drawing its order), the global generator then put back as it was."""
+        if resumed is None or resumed.rng_state is None:
+            iterator = iter(self.loader)
+            for _ in range(replay):
+                next(iterator, None)
+            return iterator
+        now = torch.get_rng_state()
+        torch.set_rng_state(resumed.rng_state)
+        try:
+            iterator = iter(self.loader)
+            for _ in range(replay):
+                next(iterator, None)
+        finally:
+            torch.set_rng_state(now)
         return iterator
 
     def samples_consumed(self, start: tuple[int, int], batches: int) -> int | None:
@@ -233,10 +320,12 @@ def prepare_dataloader(
     name: str,
     distributed: bool = True,
     shuffle: bool | None = None,
+    draws_order: bool = False,
 ) -> PreparedLoader:
     """Check ``loader`` and, for map-style data, rebuild it as in [Note: reproducible data order]
     (unless ``distributed`` is False: then it is used as given). ``shuffle``: whether the rebuilt
-    loader shuffles (default: as the given one does)."""
+    loader shuffles (default: as the given one does); ``draws_order``: shuffle as its
+    ``RandomSampler`` would (see :class:`ResumableDistributedSampler`)."""
     if not isinstance(loader, DataLoader):
         raise MisconfigurationError(
             f"{name} must be a torch.utils.data.DataLoader, got {type(loader).__name__}. "
@@ -264,10 +353,14 @@ def prepare_dataloader(
     if shuffle is None:
         shuffle = isinstance(sampler, RandomSampler) if sampler is not None else shuffle_default
     new_sampler = ResumableDistributedSampler(
-        loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed
+        loader.dataset,
+        num_replicas=num_replicas,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+        draws_order=draws_order,
+        generator=sampler.generator if isinstance(sampler, RandomSampler) else None,
     )
-    generator = torch.Generator()
-    generator.manual_seed(seed)
     rebuilt = DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,
@@ -279,7 +372,7 @@ def prepare_dataloader(
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn or (seed_worker if seed_workers_requested() else None),
         multiprocessing_context=loader.multiprocessing_context,
-        generator=generator,
+        generator=loader.generator,
         prefetch_factor=loader.prefetch_factor,
         persistent_workers=loader.persistent_workers,
     )

@@ -29,17 +29,18 @@ _LIMIT = {"train": "limit_train_batches", "val": "limit_val_batches", "test": "l
 
 
 def prepare(
-    trainer: Trainer, loader: Any, kind: str
+    trainer: Trainer, loader: Any, kind: str, *, inner: bool = False
 ) -> tuple[PreparedLoader | PreparedCombined, int | float]:
     """``loader`` as the loops use it (``kind``: train, val, test or predict), and its batches per
     run after the Trainer's ``limit_<kind>_batches``. A :class:`CombinedLoader` (for training
     also a dict, list or tuple of loaders) has each of its loaders prepared so; its batches per
-    run are those of its mode over the loaders' limited counts, as Lightning counts them."""
+    run are those of its mode over the loaders' limited counts, as Lightning counts them (its
+    loaders, ``inner``, keep the seeded order: [Note: resuming combined loaders])."""
     combined = as_combined(loader, "max_size_cycle") if kind == "train" else None
     if combined is None and isinstance(loader, CombinedLoader):
         combined = loader
     if combined is not None:
-        parts = [prepare(trainer, inner, kind) for inner in combined.flattened]
+        parts = [prepare(trainer, part, kind, inner=True) for part in combined.flattened]
         batches = combined_length(combined.mode, [limit for _, limit in parts])
         return PreparedCombined(combined, [p for p, _ in parts]), batches  # type: ignore[misc]
     shuffle = None
@@ -54,6 +55,9 @@ def prepare(
         name=f"The {kind} dataloader",
         distributed=bool(trainer.use_distributed_sampler),
         shuffle=shuffle,
+        # on one device without a distributed strategy, a shuffling loader's RandomSampler order,
+        # drawn from the global generator ([Note: the training sampler's order] in data.py)
+        draws_order=not inner and not isinstance(trainer.strategy, ParallelStrategy),
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf

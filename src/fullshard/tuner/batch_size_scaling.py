@@ -149,6 +149,13 @@ def scale_batch_size(
     finally:
         snapshot.restore(trainer, module)
         rebuild_train_loader(trainer, module)
+        # Lightning's finder then makes the rebuilt loader's iterator once (its fit loop's
+        # setup_data), drawing a base seed from the global generator: draw it too, so that the
+        # run's random numbers go on as Lightning's ([Note: the epoch's draws] in trainer/data.py)
+        train_loader = trainer.fit_loop.train_loader
+        for prepared in getattr(train_loader, "loaders", [train_loader]):
+            if prepared is not None:
+                iter(prepared.loader)
         rebuild_val_loaders(trainer, module, snapshot)
         if bar is not None and was_enabled:
             bar.enable()

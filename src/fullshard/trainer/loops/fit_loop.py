@@ -34,7 +34,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.launch import stuck_ranks
 from fullshard.module import Module
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
-from fullshard.seed import current_seed
+from fullshard.seed import current_seed, rng_states, set_rng_states
 from fullshard.trainer import data_setup, nonfinite, preemption
 from fullshard.trainer.combined_loader import PreparedCombined
 from fullshard.trainer.loggers import send_to_loggers
@@ -154,7 +154,10 @@ class FitLoop:
         loader = self.train_loader
         positions = loader.state if isinstance(loader, PreparedCombined) else None
         return self.progress.state_dict(
-            self.samples_in_epoch(), loader.seed if loader is not None else current_seed(), positions
+            self.samples_in_epoch(),
+            loader.seed if loader is not None else current_seed(),
+            positions,
+            loader.order_state if loader is not None else None,
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -183,6 +186,7 @@ class FitLoop:
             progress.start_next_epoch()
             progress.epoch_end_pending = False
             progress.saved_position = None
+            progress.resumed_draws = None
         if progress.data_seed is not None and loader is not None:
             if progress.data_seed != loader.seed:
                 rank_zero_warn(
@@ -261,7 +265,9 @@ class FitLoop:
             if progress.pending is not None:
                 progress.load_state_dict(progress.pending)
                 progress.pending = None
+            states = rng_states()  # the sanity run draws nothing from the run's streams, as in Lightning
             sanity_ran = self._run_sanity_check(module, sources, hooks)
+            set_rng_states(states)
             self._setup_train_data(module, sources)
             if not sanity_ran:
                 self.validate_loop.setup_data(module, sources)
@@ -271,16 +277,21 @@ class FitLoop:
                 trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
             )
             self.place_restored_position()
-            # Lightning makes the first epoch's iterator here, before on_train_start (and before
-            # the random-number states come back, as they were when the checkpoint was written
-            # after it); see [Note: fetching a batch ahead] in fetcher.py
+            # Lightning makes the first epoch's iterator here, before on_train_start (see
+            # [Note: fetching a batch ahead] in fetcher.py). A checkpoint written inside the
+            # epoch was written after it, with the states its draws left: they come back after
+            # it (which draws what the epoch drew); one written between epochs, before it, which
+            # then draws from them ([Note: the epoch's draws] in fullshard.trainer.data)
+            inside_epoch = progress.epoch_start != (0, 0)
+            if checkpoint is not None and not inside_epoch:
+                trainer.checkpoint_manager.restore_rng_states(checkpoint)
             self._first_batches = None if self.done() else (self.train_loader, self._epoch_batches())
             validate = self.validate_loop
             self.val_check_batch = data_setup.val_check_batch(
                 trainer, validate.num_batches if validate.loader is not None else 0, self.num_training_batches
             )
             self._warn_if_nothing_logged()
-            if checkpoint is not None:
+            if checkpoint is not None and inside_epoch:
                 trainer.checkpoint_manager.restore_rng_states(checkpoint)
             hooks.call("on_train_start")
             while not self.done():
@@ -453,7 +464,13 @@ class FitLoop:
         """The batches of this epoch (its rest, when resuming), fetched a batch ahead when their
         number is unknown ([Note: fetching a batch ahead] in fetcher.py)."""
         assert self.train_loader is not None
-        iterator = self.train_loader.iterate(self.progress.epoch, self.progress.epoch_start)
+        progress = self.progress
+        resumed, progress.resumed_draws = progress.resumed_draws, None
+        if resumed is not None and progress.epoch_start == (0, 0):
+            resumed = None  # the epoch starts afresh: it draws anew
+        # what the epoch draws, for a checkpoint written inside it ([Note: the epoch's draws])
+        progress.epoch_rng_state = torch.get_rng_state() if resumed is None else resumed.rng_state
+        iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start, resumed)
         return Fetcher(iterator, ahead=math.isinf(self.num_training_batches))
 
     def _training_step(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:

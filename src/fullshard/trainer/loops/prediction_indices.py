@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
-from fullshard.trainer.data import PreparedLoader
+from fullshard.trainer.data import EpochDraws, PreparedLoader
 
 
 def prediction_writers(callbacks: Iterable[Any]) -> list[BasePredictionWriter]:
@@ -82,13 +82,14 @@ class BatchIndexRecorder(PreparedLoader):
         return cls(prepared, _RecordingBatchSampler(loader.batch_sampler))
 
     @override
-    def iterate(self, epoch: int, start: tuple[int, int] = (0, 0)) -> Iterator[Any]:
-        """An iterator over the whole epoch ``epoch`` (a prediction run never resumes)."""
+    def iterate(
+        self, epoch: int, start: tuple[int, int] = (0, 0), resumed: EpochDraws | None = None
+    ) -> Iterator[Any]:
+        """An iterator over the whole epoch ``epoch`` (a prediction run never resumes), drawing
+        as the loader it wraps would ([Note: the epoch's draws] in fullshard.trainer.data)."""
         sampler = self.original.sampler
         if isinstance(sampler, DistributedSampler):
             sampler.set_epoch(epoch)
-        if self.original.generator is not None:
-            self.original.generator.manual_seed(self.seed + epoch)
         return iter(self.loader)
 
     def indices(self, batch_idx: int) -> list[int]:

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fullshard.trainer.data import SavedPosition
+import torch
+
+from fullshard.errors import CorruptCheckpointError
+from fullshard.trainer.data import EpochDraws, SavedPosition
 
 
 @dataclass
@@ -20,7 +23,10 @@ class Progress:
     steps] in fullshard.trainer.trainer), ``total_batch_idx`` the batches run in all epochs (the
     position the ranks agree on at a preemption). ``epoch_start`` is the (batch index, samples
     consumed) where this run of the epoch began; ``resume_point`` the (epoch, batches, samples)
-    of an epoch cut short (see [Note: epochs cut short] in fit_loop.py).
+    of an epoch cut short (see [Note: epochs cut short] in fit_loop.py). ``epoch_rng_state`` is
+    the global generator's state right before the current epoch's iterator was made, and
+    ``resumed_draws`` what a checkpoint recorded of the epoch it cut, until that epoch's
+    iterator is made again ([Note: the epoch's draws] in fullshard.trainer.data).
     """
 
     epoch: int = 0
@@ -37,17 +43,26 @@ class Progress:
     saved_position: SavedPosition | None = None
     data_seed: int | None = None
     epoch_end_pending: bool = False
+    epoch_rng_state: torch.Tensor | None = None
+    resumed_draws: EpochDraws | None = None
 
     def state_dict(
         self,
         samples_in_epoch: int | None,
         data_seed: int,
         loader_positions: Callable[[int], list[dict[str, int | None]]] | None = None,
+        order_state: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """The checkpoint's ``"loops"`` entry; an epoch cut short is saved at its cut.
-        ``loader_positions``: a combined loader's inner positions after a number of batches."""
+        ``loader_positions``: a combined loader's inner positions after a number of batches;
+        ``order_state``: the state that permuted the epoch's order (:class:`EpochDraws`)."""
         epoch, batches, samples = self.resume_point or (self.epoch, self.batches_in_epoch, samples_in_epoch)
-        extra = {} if loader_positions is None else {"loader_positions": loader_positions(batches)}
+        extra: dict[str, Any] = (
+            {} if loader_positions is None else {"loader_positions": loader_positions(batches)}
+        )
+        if batches and self.epoch_rng_state is not None:  # inside an epoch: what it drew
+            extra["epoch_rng_state"] = _as_bytes(self.epoch_rng_state)
+            extra["epoch_order_state"] = None if order_state is None else _as_bytes(order_state)
         return {
             **extra,
             "epoch": epoch,
@@ -87,6 +102,11 @@ class Progress:
         self.total_batch_idx = int(state.get("total_batch_idx", 0))
         seed = state.get("data_seed")  # None in checkpoints written before it was recorded
         self.data_seed = None if seed is None else int(seed)
+        rng_state, order_state = (_as_state(state, k) for k in ("epoch_rng_state", "epoch_order_state"))
+        if rng_state is None and self.data_seed is not None and self.batches_in_epoch:
+            # written before the draws were recorded: every order was seeded by data_seed + epoch
+            order_state = torch.Generator().manual_seed(self.data_seed + self.epoch).get_state()
+        self.resumed_draws = EpochDraws(rng_state, order_state)
         self.epoch_finished = False
         self.epoch_end_pending = bool(state.get("epoch_finished"))
 
@@ -96,3 +116,28 @@ class Progress:
         self.batches_in_epoch = 0
         self.epoch_start = (0, 0)
         self.epoch_finished = False
+
+
+def _as_bytes(state: torch.Tensor) -> bytes:
+    """A generator state as a checkpoint keeps it (plain bytes: comparable, loadable with
+    ``weights_only=True``)."""
+    return bytes(state.tolist())
+
+
+def _as_state(loops: dict[str, Any], key: str) -> torch.Tensor | None:
+    """The generator state ``loops[key]`` holds (None when absent), checked: a CPU generator's
+    state is 5056 bytes."""
+    data = loops.get(key)
+    if data is None:
+        return None
+    if not isinstance(data, bytes) or len(data) != _STATE_BYTES:
+        raise CorruptCheckpointError(
+            f"The checkpoint's loops[{key!r}] is not a random-number generator state ({_STATE_BYTES} bytes), "
+            f"got {type(data).__name__}{f' of {len(data)} bytes' if isinstance(data, bytes) else ''}. "
+            "Resume from a checkpoint written by Trainer.save_checkpoint(), or start afresh from its "
+            "weights with fit(..., ckpt_weights_only=True)."
+        )
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+_STATE_BYTES = torch.Generator().get_state().numel()
