@@ -397,6 +397,13 @@ def case_zero_limit_asks_for_no_loader(tmp: Path) -> Any:
         t = trainer(tmp, callbacks=[hooks], limit_val_batches=limit)
         t.fit(model)
         out[f"fit limit_val_batches={limit!r}"] = {"asked": model.asked, "hooks": hooks.called}
+
+    class NoValidationLoader(AsksForLoaders):
+        val_dataloader = None  # Lightning's is_overridden: an attribute set to None is not defined
+
+    model = NoValidationLoader()
+    trainer(tmp).fit(model)
+    out["val_dataloader = None in the class"] = model.asked
     model = AsksForLoaders()
     out["test limit_test_batches=0"] = [
         trainer(tmp, limit_test_batches=0).test(model, verbose=False),

@@ -336,7 +336,7 @@ class TunedNet(L.LightningModule):
             self.val_losses.append(float(self.trainer.callback_metrics["val_loss"]))
 
     def train_dataloader(self) -> DataLoader:
-        # no shuffling: fullshard's sampler draws its order apart from torch's global generator
+        # unshuffled; the shuffled sequence is case_scale_batch_size_then_lr_find_shuffled in seeding.py
         return DataLoader(tuner_data(256, 1), batch_size=self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
@@ -397,8 +397,7 @@ def case_lr_find_updates_hparams(tmp: Path) -> Any:
 
 
 def case_lr_find_after_scale_batch_size(tmp: Path) -> Any:
-    # no dropout: fullshard's loaders draw their iterators' seeds from their own generator, not
-    # from torch's global one, so random numbers after any epoch differ from Lightning's
+    # without dropout or shuffling; with both: case_scale_batch_size_then_lr_find_shuffled in seeding.py
     L.seed_everything(7)
     t = tuner_trainer(tmp, max_epochs=3)
     model = TunedNet(dropout=0.0)

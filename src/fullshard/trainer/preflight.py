@@ -106,7 +106,8 @@ def overrides(obj: Any, base: type, name: str) -> bool:
     Lightning's ``is_overridden``)."""
     if name in vars(obj):  # set on the instance; None switches it off (`model.validation_step = None`)
         return vars(obj)[name] is not None
-    return getattr(type(obj), name, None) is not getattr(base, name, None)
+    defined = getattr(type(obj), name, None)  # `val_dataloader = None` in the class body: off too
+    return defined is not None and defined is not getattr(base, name, None)
 
 
 def _argument(kind: str) -> str:
