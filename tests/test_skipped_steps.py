@@ -102,21 +102,23 @@ def _job(tmp_path: Path, *args: str) -> Any:
 
 @pytest.mark.multiprocess
 def test_every_rank_returning_none_at_the_same_batch_counts_as_one_process(tmp_path: Path) -> None:
-    """FSDP and DDP on two processes, None at batches 2, 4 and 5 (windows of 2): no hang, the
-    counters of one process (a step per window, the scheduler stepped with it), the same weights
-    under both. A None last in a window whose earlier batch had a loss is refused."""
+    """FSDP, FSDP2 and DDP on two processes, None at batches 2, 4 and 5 (windows of 2): no hang,
+    the counters of one process (a step per window, the scheduler stepped with it), the same
+    weights under all three. A None last in a window whose earlier batch had a loss is refused."""
     results = {}
-    for strategy in ("fsdp", "ddp"):
+    for strategy in ("fsdp", "fsdp2", "ddp"):
         result, out = _job(tmp_path, "--strategy", strategy)
         check_ok(result)
         results[strategy] = json.loads(out.read_text())
-    fsdp, ddp = results["fsdp"], results["ddp"]
-    assert fsdp["global_step"] == ddp["global_step"] == 4
-    expected_seen = [[i, i // 2, i // 2] for i in range(8)]
-    assert fsdp["seen"] == ddp["seen"] == expected_seen
-    assert fsdp["lr"] == pytest.approx(0.1 * 0.8**4)
-    for key, values in ddp["weights"].items():
-        assert fsdp["weights"][key] == pytest.approx(values, rel=1e-5, abs=1e-6), key
+    expected_seen = [[i, i // 2, i // 2] for i in range(8)]  # what one process sees (the twin's count)
+    ddp = results["ddp"]
+    for strategy in ("fsdp", "fsdp2", "ddp"):
+        run = results[strategy]
+        assert run["global_step"] == 4, strategy
+        assert run["seen"] == expected_seen, strategy
+        assert run["lr"] == pytest.approx(0.1 * 0.8**4), strategy
+        for key, values in ddp["weights"].items():
+            assert run["weights"][key] == pytest.approx(values, rel=1e-5, abs=1e-6), (strategy, key)
     result, _ = _job(tmp_path, "--strategy", "fsdp", "--none-at", "1")
     assert result.returncode != 0
     assert (

@@ -1,11 +1,11 @@
-"""Training steps that return None under FSDP (or DDP) on two CPU processes, or on one;
+"""Training steps that return None under FSDP (FSDP2, DDP) on two CPU processes, or on one;
 tests/test_skipped_steps.py runs it.
 
     python tests/scripts/skipped_steps_job.py --devices 2 --strategy fsdp --out /tmp/skipped.json
 
 Every rank returns None at the same batches (one mixed accumulation window, one all None), with
 gradient clipping and a step-interval scheduler; rank 0 writes the counters, the learning rates
-each training step saw and the final weights (FSDP's and DDP's are the same training).
+each training step saw and the final weights (the three strategies' are the same training).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
-from fullshard.strategies import DDPStrategy, FSDPStrategy
+from fullshard.strategies import DDPStrategy, FSDP2Strategy, FSDPStrategy
+
+STRATEGIES: dict[str, Any] = {"fsdp": FSDPStrategy, "fsdp2": FSDP2Strategy, "ddp": DDPStrategy}
 
 
 class Net(fullshard.Module):
@@ -47,7 +49,7 @@ class Net(fullshard.Module):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--strategy", choices=["fsdp", "ddp"], default="fsdp")
+    parser.add_argument("--strategy", choices=["fsdp", "fsdp2", "ddp"], default="fsdp")
     parser.add_argument("--out", required=True)
     # windows of 2: [2, 3] None first, [4, 5] all None; a None last in a window after a loss
     # (1) is refused under several processes
@@ -60,9 +62,7 @@ def main() -> None:
     trainer = fullshard.Trainer(
         accelerator="cpu",
         devices=args.devices,
-        strategy=(FSDPStrategy() if args.strategy == "fsdp" else DDPStrategy())
-        if args.devices > 1
-        else "auto",
+        strategy=STRATEGIES[args.strategy]() if args.devices > 1 else "auto",
         max_epochs=1,
         accumulate_grad_batches=2,
         gradient_clip_val=0.5,
