@@ -432,7 +432,7 @@ class Strategy(LightningStrategyAPI):
 
     def check_rank_agreement(self, event: str, key: str, detail: str) -> None:
         """Called by the host on a rank that does something its peers must do too, at the same
-        point: skip a step (``training_step`` returned None), or run out of data.
+        point: a ``training_step`` that returned None, or run out of data.
 
         Multi-process strategies wait (briefly) for every rank to report the same ``event`` and
         ``key``, and raise :class:`~fullshard.errors.RankDivergenceError` naming the ranks that

@@ -290,7 +290,7 @@ class Optimization:
 
         def closure_body() -> torch.Tensor | None:
             # a None loss still zeroes the gradients and steps: [Note: a training step that
-            # returns None] in fit_loop.py
+            # returns None] in step_output.py
             output, loss = run_step()
             result[0] = output
             if loss is not None:
