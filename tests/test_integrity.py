@@ -549,7 +549,7 @@ def test_nonfinite_loss_raises_before_the_step_by_default(tmp_path: Path) -> Non
     assert all(torch.equal(model.state_dict()[k], v) for k, v in reference.state_dict().items())
 
 
-def test_nonfinite_loss_skip_skips_the_step_as_a_none_loss_does(
+def test_nonfinite_loss_skip_skips_the_step_that_a_none_loss_takes_and_counts(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer, skipped = _fit(
@@ -557,9 +557,25 @@ def test_nonfinite_loss_skip_skips_the_step_as_a_none_loss_does(
     )
     assert "The training loss was nan at epoch 0, batch 2 (before optimizer step 2) on rank 0" in caplog.text
     assert "the optimizer step was skipped" in caplog.text
-    reference, none = _fit(tmp_path, lambda: NoneAt({2, 3}), accumulate_grad_batches=2)  # batches 2-3 skipped
-    assert trainer.global_step == reference.global_step == 6
+    # batches 2-3 return None: their window steps with no gradient (changing no weight) and counts,
+    # as in Lightning (the step-interval scheduler too), so the NaN run without its scheduler
+    # equals the None run without one that takes one more step over the same batches
+    _, skipped = _fit(
+        tmp_path, lambda: _Unscheduled({2, 3}), on_nonfinite_loss="skip", accumulate_grad_batches=2
+    )
+    reference, none = _fit(tmp_path, lambda: _UnscheduledNone({2, 3}), accumulate_grad_batches=2, max_steps=7)
+    assert trainer.global_step == 6 and reference.global_step == 7
     assert all(torch.equal(skipped.state_dict()[k], v) for k, v in none.state_dict().items())
+
+
+class _Unscheduled(NaNAt):
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+
+class _UnscheduledNone(NoneAt):
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=0.01)
 
 
 def test_nonfinite_loss_skip_stops_after_a_bounded_run_of_skips(tmp_path: Path) -> None:

@@ -97,8 +97,9 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         """Compute the loss of one batch.
 
-        Return the loss tensor, a dict with a ``"loss"`` entry, or None to skip the batch
-        (under several processes every rank must skip the same batch; see docs/lightning.md).
+        Return the loss tensor, a dict with a ``"loss"`` entry, or None: the batch adds no
+        gradient, and its window's optimizer step still runs and counts, as in Lightning (under
+        several processes every rank must return None at the same batch; see docs/lightning.md).
         """
         raise not_defined(
             self,

@@ -17,6 +17,7 @@ Lightning's older spellings are accepted for the same settings (:data:`PRECISION
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -100,6 +101,34 @@ class Precision:
         self.scaler: torch.amp.GradScaler | None = None
         if self.precision == "16-mixed":
             self.scaler = self._make_scaler()
+        # [Note: a window with no gradients]
+        # Under automatic optimization a window whose training steps all returned None has its
+        # optimizer step all the same (Lightning counts it), with no gradient to unscale: torch's
+        # GradScaler.step would fail ("No inf checks were recorded"), and an unscale_ not followed
+        # by update() would make the next unscale_ fail. So the backward passes are counted, and an
+        # optimizer with none since its last step is stepped without the scaler (and not clipped,
+        # see Strategy.clip_gradients). Every rank runs the same backward passes (a None is agreed
+        # on), so every rank decides alike, even where the sharded scaler's unscale_ is a collective.
+        self._backwards = 0
+        self._stepped_at: weakref.WeakKeyDictionary[Optimizer, int] = weakref.WeakKeyDictionary()
+        self._automatic = True
+
+    def start_fit(self, manual: bool) -> None:
+        """Forget the previous run's steps (each ``fit`` makes its optimizers anew); under manual
+        optimization (``manual``) every step goes through the scaler, as the module asks."""
+        self._automatic = not manual
+        self._backwards = 0
+        self._stepped_at = weakref.WeakKeyDictionary()
+
+    def has_new_gradients(self, optimizer: Optimizer) -> bool:
+        """Whether a backward pass ran since ``optimizer``'s last step (always True under manual
+        optimization); see [Note: a window with no gradients]."""
+        return not self._automatic or self._stepped_at.get(optimizer, 0) != self._backwards
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` as backward gets it (scaled when a grad scaler is in use); counts the backward pass."""
+        self._backwards += 1
+        return self.scaler.scale(loss) if self.scaler is not None else loss
 
     def _make_scaler(self) -> torch.amp.GradScaler:
         """The grad scaler "16-mixed" uses; FSDP swaps in its sharded variant."""
@@ -161,20 +190,24 @@ class Precision:
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backpropagate ``loss``, scaled when a grad scaler is in use (``args``, ``kwargs``: to
         ``Tensor.backward``)."""
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward(*args, **kwargs)
+        self.scale_loss(loss).backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
-        """Undo loss scaling on ``optimizer``'s gradients (before clipping)."""
-        if self.scaler is not None:
+        """Undo loss scaling on ``optimizer``'s gradients (before clipping); nothing to undo
+        without a backward pass since its last step."""
+        if self.scaler is not None and self.has_new_gradients(optimizer):
             self.scaler.unscale_(optimizer)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> bool:
         """Step ``optimizer`` (``kwargs``: to its ``step``); returns False when the grad scaler
-        skipped it (inf/nan gradients)."""
+        skipped it (inf/nan gradients). Without a backward pass since its last step, a grad
+        scaler leaves it alone ([Note: a window with no gradients]); the step still counts."""
+        new_gradients = self.has_new_gradients(optimizer)
+        self._stepped_at[optimizer] = self._backwards
         if self.scaler is None:
             optimizer.step(**kwargs)
+            return True
+        if not new_gradients:
             return True
         scale_before = self.scaler.get_scale()
         self.scaler.step(optimizer, **kwargs)

@@ -279,6 +279,7 @@ class Strategy(LightningStrategyAPI):
             MisconfigurationError: this strategy cannot run the module that way (see FSDPStrategy).
         """
         self.manual_optimization = enabled
+        self.precision.start_fit(manual=enabled)
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check (and, for some strategies, adapt) an optimizer created after :meth:`setup_module`."""
@@ -322,8 +323,7 @@ class Strategy(LightningStrategyAPI):
         if backward is None:
             self.precision.backward(loss, *args, **kwargs)
         else:
-            scaler = self.precision.scaler
-            backward(scaler.scale(loss) if scaler is not None else loss, *args, **kwargs)
+            backward(self.precision.scale_loss(loss), *args, **kwargs)
 
     def clip_gradients_norm(
         self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
@@ -338,7 +338,10 @@ class Strategy(LightningStrategyAPI):
 
     def clip_gradients(self, optimizer: Optimizer, clip_val: float, algorithm: str = "norm") -> None:
         """Clip ``optimizer``'s gradients to a total norm (``algorithm="norm"``, see
-        :meth:`clip_gradients_norm`) or to a value per element (``"value"``), unscaled first."""
+        :meth:`clip_gradients_norm`) or to a value per element (``"value"``), unscaled first; nothing
+        without a backward pass since its last step ([Note: a window with no gradients] in precision.py)."""
+        if not self.precision.has_new_gradients(optimizer):
+            return
         if algorithm == "norm":
             self.clip_gradients_norm(optimizer, clip_val)
             return
@@ -429,7 +432,7 @@ class Strategy(LightningStrategyAPI):
 
     def check_rank_agreement(self, event: str, key: str, detail: str) -> None:
         """Called by the host on a rank that does something its peers must do too, at the same
-        point: skip a step (``training_step`` returned None), or run out of data.
+        point: a ``training_step`` that returned None, or run out of data.
 
         Multi-process strategies wait (briefly) for every rank to report the same ``event`` and
         ``key``, and raise :class:`~fullshard.errors.RankDivergenceError` naming the ranks that

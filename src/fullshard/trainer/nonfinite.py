@@ -5,7 +5,8 @@
   step (its weights are still those of the last finite step); the job's other processes are then
   stopped as after any failed process (docs/launching.md).
 - ``"skip"``: skip that optimizer step on every rank (the gradients of its accumulation window
-  are dropped; ``global_step`` does not count it, as when ``training_step`` returns None), and go on;
+  are dropped; ``global_step`` does not count it, unlike a window whose ``training_step`` returned
+  None, which steps and counts as in Lightning), and go on;
   but not forever: after ``max_consecutive_nonfinite_skips`` skipped steps in a row (default
   :data:`DEFAULT_MAX_SKIPS`), the next non-finite one raises ``NonFiniteLossError`` saying how many
   were skipped. A model whose every loss is NaN has diverged; skipping its steps only hides that.
@@ -119,8 +120,7 @@ class NonFiniteLoss:
             self._warn_unchecked(trainer)
             return True
         window, self._window = self._window, None
-        if window is None:
-            self._skipped_in_a_row = 0
+        if window is None:  # every training_step of the window returned None: neither a skip nor a reset
             return True
         strategy = trainer.strategy
         if self.mode == "raise" or strategy.world_size == 1:

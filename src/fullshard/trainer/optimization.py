@@ -122,7 +122,7 @@ class LightningOptimizer:
 
 class _Closure:
     """The training step, ``zero_grad`` and ``backward`` of one batch, run once when called
-    (``optimizer_step``'s ``optimizer_closure``); returns the loss (None: skipped)."""
+    (``optimizer_step``'s ``optimizer_closure``); returns the loss (None: training_step returned None)."""
 
     def __init__(self, run: Callable[[], torch.Tensor | None]) -> None:
         self._run = run
@@ -155,7 +155,7 @@ class Optimization:
         self._backward_hook = False
         self._clip_hook = False
         self.scheduler_hook: Callable[[Any, Any], None] | None = None
-        # set while an automatic batch runs: whether its step may be taken, and its batch index
+        # set while an automatic batch runs: whether its step is skipped (a non-finite loss), its batch index
         self._skip_step = False
         self._batch_idx = 0
 
@@ -250,7 +250,7 @@ class Optimization:
         ``global_step``."""
         result = (closure or _do_nothing)()
         if not self.manual and self._skip_step:
-            return result  # a skipped batch (None or a non-finite loss): no step, as on the lean path
+            return result  # a non-finite loss under on_nonfinite_loss="skip": no step, as on the lean path
         hooks = self._hooks
         if hooks is not None:
             hooks.call("on_before_optimizer_step", optimizer)
@@ -289,12 +289,12 @@ class Optimization:
         result: list[Any] = [None]
 
         def closure_body() -> torch.Tensor | None:
+            # a None loss still zeroes the gradients and steps: [Note: a training step that
+            # returns None] in step_output.py
             output, loss = run_step()
             result[0] = output
-            if loss is None:
-                self._skip_step = True
-                return None
-            nonfinite.observe(loss, batch_idx)
+            if loss is not None:
+                nonfinite.observe(loss, batch_idx)
             if batch_idx % accumulate == 0:
                 for optimizer in optimizers:
                     hooks.call("on_before_zero_grad", optimizer)
@@ -302,8 +302,10 @@ class Optimization:
                         module.optimizer_zero_grad(trainer.current_epoch, batch_idx, optimizer)
                     else:
                         optimizer.zero_grad(set_to_none=True)
-            scaled: torch.Tensor = loss / accumulate if accumulate > 1 else loss
-            self.backward(scaled)
+            scaled = None
+            if loss is not None:
+                scaled = loss / accumulate if accumulate > 1 else loss
+                self.backward(scaled)
             if boundary:
                 self._skip_step = not nonfinite.step_allowed(trainer)
             return scaled

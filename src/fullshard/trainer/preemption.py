@@ -5,8 +5,8 @@ SLURM and Kubernetes stop a job with SIGTERM (SLURM can send SIGUSR1 ahead of th
 often to one process only (a container's first process). The signal handler only notes the
 signal: saving there would run collectives and file I/O at an arbitrary point of the program
 (Lightning's issue #21406). The save happens at a *boundary*: the end of an accumulation window,
-whether its optimizer step ran or was skipped (``training_step`` returned None,
-``on_nonfinite_loss="skip"``), so a run that skips every step still stops. Every rank must pick
+whether its optimizer step ran or was skipped (``on_nonfinite_loss="skip"``), so a run that
+skips every step still stops. Every rank must pick
 the *same* boundary, or some would start the checkpoint's collectives while others start the
 next window's. Boundaries are named by their *position*, the number of batches the fit has run
 (the same on every rank, which all run the same batches), not by the optimizer step, which a

@@ -188,11 +188,9 @@ class _LossRecorder(Callback):
         if not self._steps(trainer, batch_idx):
             return
         if not outputs:
-            # a skipped step: Lightning counts it as a step of the search (the sweep moves on, and
-            # it is one of the num_training points); fullshard's loop makes no optimizer step for it
+            # training_step returned None: the step still counts (the loop steps the sweep), and
+            # is one of the num_training points, with no loss
             self.losses.append(float("nan"))
-            trainer.lr_scheduler_configs[0].scheduler.step()
-            trainer.max_steps -= 1  # the search ends after num_training batches all the same
             return
         if self.bar is not None:
             self.bar.update()

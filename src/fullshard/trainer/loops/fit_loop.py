@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fullshard.errors import MisconfigurationError
 from fullshard.launch import stuck_ranks
 from fullshard.module import Module
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
@@ -38,6 +37,7 @@ from fullshard.seed import current_seed, rng_states, set_rng_states
 from fullshard.trainer import data_setup, nonfinite, preemption
 from fullshard.trainer.combined_loader import PreparedCombined
 from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loops import step_output
 from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.progress import Progress
 from fullshard.trainer.optimization import Optimization
@@ -52,30 +52,6 @@ if TYPE_CHECKING:
     from fullshard.trainer.metrics import MetricsCollector
     from fullshard.trainer.preflight import DataSources
     from fullshard.trainer.trainer import Trainer
-
-
-def extract_loss(output: Any) -> torch.Tensor | None:
-    """The loss of a ``training_step`` result: a tensor, ``{"loss": tensor}``, or None (skip)."""
-    if output is None or isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, Mapping) and "loss" in output:
-        loss = output["loss"]
-        if isinstance(loss, torch.Tensor):
-            return loss
-    raise MisconfigurationError(
-        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' "
-        "tensor, or None to skip the batch."
-    )
-
-
-def _batch_outputs(output: Any, loss: torch.Tensor | None) -> Any:
-    """What ``on_train_batch_end`` receives, as in Lightning: a dict with the (normalised,
-    detached) ``"loss"`` and the other entries of a dict result; None for a skipped step."""
-    if loss is None:
-        return None
-    outputs = {k: v for k, v in output.items() if k != "loss"} if isinstance(output, Mapping) else {}
-    outputs["loss"] = loss.detach()
-    return outputs
 
 
 class FitLoop:
@@ -405,18 +381,23 @@ class FitLoop:
                 output, loss, stepped = optimization.manual_batch(batch, batch_idx), None, True
             elif with_hooks:
                 output, loss, stepped = optimization.automatic_batch(
-                    batch, batch_idx, boundary, functools.partial(self._training_step, batch, batch_idx)
+                    batch,
+                    batch_idx,
+                    boundary,
+                    functools.partial(self._training_step, batch, batch_idx, boundary),
                 )
             else:
+                # [Note: a training step that returns None] in step_output.py
                 with strategy.no_backward_sync(enabled=not boundary):
-                    output, loss = self._training_step(batch, batch_idx)
+                    output, loss = self._training_step(batch, batch_idx, boundary)
                     if loss is not None:
                         nonfinite_check.observe(loss, batch_idx)
-                        if batch_idx % accumulate == 0:
-                            for optimizer in trainer.optimizers:
-                                for hook in zero_grad_hooks:
-                                    hook(optimizer)
-                                optimizer.zero_grad(set_to_none=True)
+                    if batch_idx % accumulate == 0:
+                        for optimizer in trainer.optimizers:
+                            for hook in zero_grad_hooks:
+                                hook(optimizer)
+                            optimizer.zero_grad(set_to_none=True)
+                    if loss is not None:
                         if accumulate > 1:
                             loss = loss / accumulate
                         for hook in before_backward:
@@ -424,7 +405,7 @@ class FitLoop:
                         strategy.backward(loss)
                         for hook in after_backward:
                             hook()
-                stepped = boundary and loss is not None and nonfinite_check.step_allowed(trainer)
+                stepped = boundary and nonfinite_check.step_allowed(trainer)
             progress.batches_in_epoch = batch_idx = batch_idx + 1
             progress.total_batch_idx += 1
             if stepped and not manual:
@@ -438,7 +419,7 @@ class FitLoop:
             if stepped:  # a checkpoint written in the background raises here if it failed
                 trainer.checkpoint_manager.step_boundary(progress.global_step)
             if batch_end:
-                outputs = output if manual else _batch_outputs(output, loss)
+                outputs = output if manual else step_output.batch_outputs(output, loss)
                 for hook in batch_end:
                     hook(outputs, batch, batch_idx - 1)
             if boundary:
@@ -473,17 +454,21 @@ class FitLoop:
         iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start, resumed)
         return Fetcher(iterator, ahead=math.isinf(self.num_training_batches))
 
-    def _training_step(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
-        """``training_step`` and its loss; a skipped batch (None) is agreed on by every rank."""
+    def _training_step(self, batch: Any, batch_idx: int, boundary: bool) -> tuple[Any, torch.Tensor | None]:
+        """``training_step`` and its loss; a batch without one (None) is agreed on by every rank
+        (see [Note: a training step that returns None] in step_output.py)."""
         output = self.trainer.strategy.training_step(batch, batch_idx)
-        loss = extract_loss(output)
+        loss = step_output.extract_loss(output)
         if loss is None:
+            step_output.warn_none_once()
             epoch = self.progress.epoch
             self.trainer.strategy.check_rank_agreement(
                 "skip",
                 f"{epoch}:{batch_idx}",
                 f"training_step returned None at epoch {epoch}, batch {batch_idx}",
             )
+            if boundary:
+                step_output.refuse_unsynchronised_window(self.trainer, batch_idx)
         return output, loss
 
     def _optimizer_step(self, hooks: Hooks) -> None:
