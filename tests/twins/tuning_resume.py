@@ -254,14 +254,14 @@ class TransferLearningModel(L.LightningModule):
         return [optimizer], [scheduler]
 
 
-def image_loader(n: int, seed: int) -> DataLoader:
+def image_loader(n: int, seed: int, shuffle: bool = False) -> DataLoader:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 3, 10, 10, generator=g)
     y = (x[:, 0].mean((1, 2)) > 0).float().unsqueeze(1)
-    return DataLoader(TensorDataset(x, y), batch_size=8)
+    return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=shuffle)
 
 
-def finetune_run(tmp: Path, train_bn: bool) -> Any:
+def finetune_run(tmp: Path, train_bn: bool, shuffle: bool = False) -> Any:
     L.seed_everything(0)
     model = TransferLearningModel()
     callback = MilestonesFinetuning(train_bn=train_bn)
@@ -276,7 +276,7 @@ def finetune_run(tmp: Path, train_bn: bool) -> Any:
         callbacks=[callback],
         default_root_dir=tmp,
     )
-    t.fit(model, image_loader(32, 1), image_loader(16, 2))
+    t.fit(model, image_loader(32, 1, shuffle), image_loader(16, 2))
     groups = [{"n": len(g["params"]), "lr": g["lr"]} for g in t.optimizers[0].param_groups]
     sums = {k: float(v.double().sum()) for k, v in model.state_dict().items()}
     modes = {
@@ -298,6 +298,11 @@ def case_milestones_batch_norm_frozen(tmp: Path) -> Any:
 
 def case_milestones_batch_norm_trained(tmp: Path) -> Any:
     return finetune_run(tmp, train_bn=True)
+
+
+def case_milestones_shuffled_as_the_example(tmp: Path) -> Any:
+    # Lightning's transfer-learning example shuffles its training loader
+    return finetune_run(tmp, train_bn=False, shuffle=True)
 
 
 # ---- the tuner
