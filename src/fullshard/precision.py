@@ -120,6 +120,17 @@ class Precision:
         self._backwards = 0
         self._stepped_at = weakref.WeakKeyDictionary()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the spawn launcher pickles the Trainer (and this with its strategy); the step counts
+        # are a run's own (start_fit forgets them) and a WeakKeyDictionary does not pickle
+        state = dict(self.__dict__)
+        state["_stepped_at"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stepped_at = weakref.WeakKeyDictionary()
+
     def has_new_gradients(self, optimizer: Optimizer) -> bool:
         """Whether a backward pass ran since ``optimizer``'s last step (always True under manual
         optimization); see [Note: a window with no gradients]."""

@@ -4,6 +4,7 @@ writer; the Trainer's ``current_epoch`` and ``global_step`` read it, and a check
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -130,9 +131,10 @@ def _as_state(loops: dict[str, Any], key: str) -> torch.Tensor | None:
     data = loops.get(key)
     if data is None:
         return None
-    if not isinstance(data, bytes) or len(data) != _STATE_BYTES:
+    expected = _state_bytes()
+    if not isinstance(data, bytes) or len(data) != expected:
         raise CorruptCheckpointError(
-            f"The checkpoint's loops[{key!r}] is not a random-number generator state ({_STATE_BYTES} bytes), "
+            f"The checkpoint's loops[{key!r}] is not a random-number generator state ({expected} bytes), "
             f"got {type(data).__name__}{f' of {len(data)} bytes' if isinstance(data, bytes) else ''}. "
             "Resume from a checkpoint written by Trainer.save_checkpoint(), or start afresh from its "
             "weights with fit(..., ckpt_weights_only=True)."
@@ -140,4 +142,9 @@ def _as_state(loops: dict[str, Any], key: str) -> torch.Tensor | None:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-_STATE_BYTES = torch.Generator().get_state().numel()
+@functools.cache
+def _state_bytes() -> int:
+    """The size of a CPU generator's state. Asked on first need, not at import: an allocation at
+    ``import fullshard`` would make torch read THP_MEM_ALLOC_ENABLE before the FSDP strategy sets
+    it (fullshard/strategies/cpu_memory.py)."""
+    return int(torch.Generator().get_state().numel())
