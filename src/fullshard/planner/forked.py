@@ -25,6 +25,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import torch
+
 from fullshard.errors import MisconfigurationError
 from fullshard.planner import torch_tools
 
@@ -84,6 +86,10 @@ def _child(jobs: list[Callable[[], Any]], read: int, write: int, forget_group: b
     status = 0
     try:
         os.close(read)
+        # one intra-op thread, as torch's DataLoader workers: a forked child's first parallel
+        # region can hang in GNU OpenMP when the parent had used its thread pool before the fork
+        # (a planner test timed out in CI after 300 s waiting for a child's result)
+        torch.set_num_threads(1)
         if forget_group:
             torch_tools.forget_process_group()
         share: list[tuple[bool, Any]] = []
