@@ -14,13 +14,17 @@ Python dispatch, no kernels), so :func:`run_forked` deals the steps to one forke
 usable core, round-robin, each child running its share in turn and sending back its results in
 order. A child is a copy of the planning process (copy-on-write: the meta model is not copied
 again), makes its own fake process group, and exits with ``os._exit``. One worker, or one job,
-runs in this process, without a fork.
+runs in this process, without a fork; so does a process that runs other Python threads: a fork
+copies the calling thread only, and a lock another thread held at that moment stays held in the
+child for ever (a planner test hung so in a pytest-xdist worker, whose receiver thread is always
+running). Planning beside a job's group (above) must fork, threads or not.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -51,7 +55,7 @@ def run_forked(jobs: Sequence[Callable[[], T]], workers: int, *, forget_group: b
         MisconfigurationError with its traceback), or MisconfigurationError when a child dies
         without a result.
     """
-    if not forget_group and (workers <= 1 or len(jobs) <= 1):
+    if not forget_group and (workers <= 1 or len(jobs) <= 1 or threading.active_count() > 1):
         return [job() for job in jobs]
     workers = max(1, min(workers, len(jobs)))
     children = []
