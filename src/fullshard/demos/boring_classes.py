@@ -124,7 +124,28 @@ class ManualOptimBoringModel(BoringModel):
         return loss
 
 
-class BoringDataModule(LightningDataModule):
+class _RandomLoaders(LightningDataModule):
+    """One loader per stage over the ``random_<stage>`` dataset ``setup`` made."""
+
+    random_train: Dataset[Any]
+    random_val: Dataset[Any]
+    random_test: Dataset[Any]
+    random_predict: Dataset[Any]
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.random_train)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.random_val)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.random_test)
+
+    def predict_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.random_predict)
+
+
+class BoringDataModule(_RandomLoaders):
     """256 random vectors of width 32, split in four blocks of 64 for fit, validate, test and
     predict."""
 
@@ -142,20 +163,8 @@ class BoringDataModule(LightningDataModule):
         if stage == "predict":
             self.random_predict = Subset(self.random_full, indices=range(64 * 3, 64 * 4))
 
-    def train_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.random_train)
 
-    def val_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.random_predict)
-
-
-class BoringDataModuleNoLen(LightningDataModule):
+class BoringDataModuleNoLen(_RandomLoaders):
     """Random vectors of width 32 from iterable datasets without a length."""
 
     def setup(self, stage: str) -> None:
@@ -167,18 +176,6 @@ class BoringDataModuleNoLen(LightningDataModule):
             self.random_test = RandomIterableDataset(32, 256)
         if stage == "predict":
             self.random_predict = RandomIterableDataset(32, 64)
-
-    def train_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.random_train)
-
-    def val_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(self.random_predict)
 
 
 class IterableBoringDataModule(LightningDataModule):
