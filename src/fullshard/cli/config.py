@@ -15,7 +15,7 @@ rewrites such a document once, before it is parsed:
 1. ``lightning.pytorch.X.Name`` and ``pytorch_lightning.X.Name`` become the fullshard class of
    the same name (:func:`lightning_class_path`); a name fullshard lacks is an error naming it.
 2. An argument that a translated class (or the Trainer) does not take is dropped when its value
-   is what Lightning means by "off" or "default" (``null``, or the value in ``_LIGHTNING_DEFAULTS``),
+   is what Lightning means by "off" or "default" (``null``),
    renamed when fullshard calls it differently (``_RENAMED``), and an error otherwise: the value
    would change what the run does, and fullshard cannot do it.
 3. A Trainer argument set to ``null`` where fullshard's Trainer has a non-null default is dropped:
@@ -44,12 +44,6 @@ _PACKAGES = {
     "cli": "fullshard.cli",
 }
 
-# (class name, argument) -> Lightning's default, for arguments fullshard's class does not take:
-# a Lightning config spells them out, and the default is what fullshard does anyway. (Empty since
-# fit/validate/test/predict take ``weights_only`` as Lightning's do.)
-_LIGHTNING_DEFAULTS: dict[tuple[str, str], Any] = {}
-# What to do instead of a Lightning-only argument set to something else than its default.
-_INSTEAD: dict[str, str] = {}
 # (class name, Lightning's argument) -> fullshard's name for it.
 # None at present (the loggers take Lightning's arguments under Lightning's names).
 _RENAMED: dict[tuple[str, str], str] = {}
@@ -124,16 +118,6 @@ def _fit_arguments(
             out[_RENAMED[owner, key]] = value
         elif value is None:
             continue
-        elif (owner, key) in _LIGHTNING_DEFAULTS:
-            if value != _LIGHTNING_DEFAULTS[owner, key]:
-                instead = _INSTEAD.get(
-                    key,
-                    f"remove it (its Lightning default, {_LIGHTNING_DEFAULTS[owner, key]!r}, is what fullshard does)",
-                )
-                raise ValueError(
-                    f"{owner} got {key}={value!r}, a Lightning argument that fullshard's {owner} does not "
-                    f"take: {instead}. See docs/cli.md, 'Configs written by Lightning'."
-                )
         elif open_ended:
             out[key] = value
         else:
@@ -176,7 +160,7 @@ def _fit_trainer_section(trainer_class: Any, section: Mapping[str, Any]) -> dict
             if value is None and default is not None and default is not inspect.Parameter.empty:
                 continue  # item 3
             out[key] = value
-        elif ("Trainer", key) in _LIGHTNING_DEFAULTS or value is None:
+        elif value is None:
             out.update(_fit_arguments("Trainer", known, {key: value}))
         else:
             try:  # the Trainer's own check knows Lightning's options and the value that means "off"
@@ -196,6 +180,7 @@ def from_lightning(
     ``document`` is one subcommand's configuration (``trainer:``, ``model:``, ``ckpt_path:``, ...),
     or holds them under ``fit:``/``validate:``/``test:``/``predict:`` keys. ``trainer_class``: the
     class the ``trainer:`` section configures (default: :class:`fullshard.Trainer`).
+    ``subcommand``: which subcommand's section ``document`` is (every section is rewritten alike).
 
     Raises:
         ValueError: the document names a Lightning class or argument fullshard cannot honour.
@@ -210,13 +195,6 @@ def from_lightning(
             out[name] = from_lightning(out[name], trainer_class=trainer_class, subcommand=name)
     if isinstance(out.get("trainer"), Mapping):
         out["trainer"] = _fit_trainer_section(trainer_class, out["trainer"])
-    if subcommand is not None:
-        method = getattr(trainer_class, subcommand, None)
-        known = _parameters(method) if method is not None else {}
-        extra = {k: v for k, v in out.items() if (subcommand, k) in _LIGHTNING_DEFAULTS and k not in known}
-        for key in extra:
-            del out[key]
-        out.update(_fit_arguments(subcommand, known, extra))
     return out
 
 
