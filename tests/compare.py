@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 
+import lightning_env
+
 TWINS = Path(__file__).parent / "twins"
-LIGHTNING_PYTHON = Path("/tmp/lvenv/bin/python")
-needs_lightning = pytest.mark.skipif(
-    not LIGHTNING_PYTHON.exists(), reason="needs Lightning 2.6.6 at /tmp/lvenv (bash .ci/run makes it)"
-)
+LIGHTNING_PYTHON = lightning_env.PYTHON
+needs_lightning = pytest.mark.lightning  # tests/conftest.py: lightning_env.require() before the test
 _LAUNCH_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
@@ -54,8 +54,7 @@ class Twins:
         ]
 
     def run(self, out_dir: Path, timeout: float = 240) -> Runs:
-        if not LIGHTNING_PYTHON.exists():
-            pytest.skip("needs Lightning 2.6.6 at /tmp/lvenv (bash .ci/run makes it)")
+        lightning_env.require()
         src = str(Path(__file__).parents[1] / "src")
         procs = {}
         for framework, python in (("lightning", str(LIGHTNING_PYTHON)), ("fullshard", sys.executable)):

@@ -1,4 +1,6 @@
-"""Shared test fixtures: fail a test that leaks environment variables or a live process group."""
+"""Shared test fixtures: fail a test that leaks environment variables or a live process group; run
+the comparisons with Lightning only where its environment is (tests/lightning_env.py); under CI,
+fail the run when a test was skipped for any reason but a missing GPU."""
 
 from __future__ import annotations
 
@@ -14,9 +16,43 @@ import pytest
 import torch.distributed as dist
 
 import forkserver
+import lightning_env
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _WATCHED_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("lightning") is not None:
+        lightning_env.require()
+
+
+_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under CI (``CI`` set, as .ci/run does) a skip hides what did not run: only tests marked
+    ``gpu`` may skip there (CI has no GPU). Collected where results arrive (pytest-xdist's
+    controller gets every worker's reports)."""
+    if not os.environ.get("CI") or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    if "gpu" in report.keywords:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    _SKIPPED.append(f"{report.nodeid}: {reason}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _SKIPPED and not hasattr(session.config, "workerinput") and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SKIPPED:
+        terminalreporter.section("skipped under CI (only tests marked gpu may skip there)", red=True)
+        for line in _SKIPPED:
+            terminalreporter.line(line)
 
 
 @pytest.fixture(scope="session", autouse=True)

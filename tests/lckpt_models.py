@@ -20,13 +20,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
+import lightning_env
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LIGHTNING_FIXTURE = FIXTURES / "lightning_2.6.6_mlp.ckpt"
 LIGHTNING_SCRIPT = Path(__file__).parent / "scripts" / "lckpt_lightning.py"
-# A separate environment with Lightning (never a dependency of fullshard), used when this
-# interpreter has no Lightning; the tests that need Lightning are skipped when neither has it.
-LIGHTNING_VENV_PYTHON = Path("/tmp/lvenv/bin/python")
 
 
 class MLP(fullshard.Module):
@@ -103,20 +101,17 @@ def plain_continuation(
     return {"state_dict": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
 
 
-def lightning_python() -> str | None:
-    """A Python interpreter that can import Lightning: this one, else the separate environment."""
+def lightning_python() -> str:
+    """A Python interpreter that can import Lightning: this one, else the separate environment
+    (tests/lightning_env.py: a test calling this fails when neither has it, naming the command)."""
     if importlib.util.find_spec("lightning") is not None:
         return sys.executable
-    return str(LIGHTNING_VENV_PYTHON) if LIGHTNING_VENV_PYTHON.is_file() else None
-
-
-NO_LIGHTNING = "Lightning is not importable here and /tmp/lvenv/bin/python does not exist"
+    return str(lightning_env.require())
 
 
 def run_lightning(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run tests/scripts/lckpt_lightning.py with a Python that has Lightning."""
     python = lightning_python()
-    assert python is not None, NO_LIGHTNING
     env = {
         k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "RANK", "MASTER_PORT")
     }

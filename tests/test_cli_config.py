@@ -15,6 +15,7 @@ import torch
 import yaml
 
 import fullshard
+import lightning_env
 from conftest import SCRIPTS, check_ok, run_script
 from fullshard.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from fullshard.cli import (
@@ -33,7 +34,7 @@ sys.path.insert(0, str(SCRIPTS))
 from cli_train import Data, Model, WideModel
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lightning_cli_fit.yaml"
-LIGHTNING_PYTHON = Path("/tmp/lvenv/bin/python")
+LIGHTNING_PYTHON = lightning_env.PYTHON
 
 
 @pytest.fixture(autouse=True)
@@ -328,7 +329,7 @@ def test_a_config_written_by_lightning_loads_unchanged(tmp_path: Path) -> None:
     assert (Path("logs") / "lightning_logs" / "version_0" / "config.yaml").is_file()
 
 
-@pytest.mark.skipif(not LIGHTNING_PYTHON.exists(), reason="needs a Python with Lightning at /tmp/lvenv")
+@pytest.mark.lightning
 def test_lightnings_print_config_of_the_same_script_runs_under_fullshard(tmp_path: Path) -> None:
     env = {**os.environ, "PORT_FRAMEWORK": "lightning"}
     printed = subprocess.run(

@@ -8,13 +8,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning_env
+
 REPO = Path(__file__).resolve().parents[1]
-LIGHTNING = Path("/tmp/lvenv/bin/python")  # made by .ci/run; Lightning is never a dependency
 
 
 def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check.py", "--accelerator", "cpu", "--tiny", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "benchmarks/gpu_check.py",
+            "--accelerator",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(tmp_path),
+            "--lightning-python",
+            str(lightning_env.require()),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -34,11 +45,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     tests = parts["cuda-tests"]
     assert tests["status"] == "ok" and tests["tests"], tests.get("output_tail")
     assert {t["outcome"] for t in tests["tests"]} == {"skipped"}
-    lightning_there = LIGHTNING.exists()
     for name, part in parts.items():
-        if name == "transformer-lightning" and not lightning_there:
-            assert part["status"] == "skipped" and "lightning" in part["reason"]
-            continue
         assert part["status"] == "ok", (name, part.get("output_tail"))
     ours = parts["transformer-fullshard"]["figures"]
     assert ours["strategy"] == "FSDPStrategy" and ours["world_size"] == 2 and ours["tokens_per_s"] > 0
@@ -48,10 +55,9 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     assert llama["planner_peak_mb"] > 0 and llama["planner_parts_mb"]["activations"] > 0
     save = parts["llama-save"]["figures"]
     assert save["async_committed"] and save["checkpoint_mb"] > 0 and save["sync_blocked_s"] > 0
-    if lightning_there:
-        theirs = parts["transformer-lightning"]["figures"]
-        assert theirs["framework"] == "lightning" and theirs["strategy"] == "SingleDeviceStrategy"
-        assert report["ratios"]["tokens_per_s"] > 0
+    theirs = parts["transformer-lightning"]["figures"]
+    assert theirs["framework"] == "lightning" and theirs["strategy"] == "SingleDeviceStrategy"
+    assert report["ratios"]["tokens_per_s"] > 0
     # the report renders into the docs' section "GPU"
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert markdown.startswith("## GPU\n") and "| cuda-tests | ok |" in markdown

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
+import lightning_env
 from compare import LIGHTNING_PYTHON
 from conftest import check_ok, quiet_trainer, run_script
 from fullshard.callbacks import (
@@ -93,8 +94,7 @@ def lightnings_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tu
     """Each case's global step and parameter sums under Lightning 2.6.6, run here
     (tests/scripts/callbacks_lightning_reference.py): float sums differ in the fifth digit between
     machines (the CPU's kernels), so the reference is computed on the machine that compares."""
-    if not LIGHTNING_PYTHON.exists():
-        pytest.skip("needs Lightning 2.6.6 at /tmp/lvenv (bash .ci/run makes it)")
+    lightning_env.require()
     script = Path(__file__).parent / "scripts" / "callbacks_lightning_reference.py"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run(

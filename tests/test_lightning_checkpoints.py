@@ -32,16 +32,13 @@ from fullshard.strategies import SingleDeviceStrategy
 from lckpt_models import (
     LIGHTNING_FIXTURE,
     MLP,
-    NO_LIGHTNING,
     batches,
-    lightning_python,
     loader,
     make_optimizer,
     plain_continuation,
     run_lightning,
 )
 
-needs_lightning = pytest.mark.skipif(lightning_python() is None, reason=NO_LIGHTNING)
 LIGHTNING_KEYS = (
     "epoch",
     "global_step",
@@ -170,7 +167,6 @@ def test_rng_states_restore_from_the_portable_form(written: dict[str, Path], tmp
     assert keys.tolist() == checkpoint["rng_states"][0]["numpy"][1]
 
 
-@needs_lightning
 def test_lightning_load_from_checkpoint_reads_a_fullshard_checkpoint(
     written: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -394,14 +390,11 @@ def test_lightning_sharded_directory_gets_a_hint(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Lightning's checkpoints of the same run, made now (see tests/scripts/lckpt_lightning.py)."""
-    if lightning_python() is None:
-        pytest.skip(NO_LIGHTNING)
     out = tmp_path_factory.mktemp("lightning")
     check_ok(run_lightning("make", str(out)))
     return out
 
 
-@needs_lightning
 @pytest.mark.parametrize("name", ["step=3", "step=6", "epoch=0-step=8", "step=9", "step=12", "step=15"])
 def test_lightning_checkpoints_resume_like_an_uninterrupted_run(
     made: Path, tmp_path: Path, name: str
@@ -417,13 +410,11 @@ def test_lightning_checkpoints_resume_like_an_uninterrupted_run(
     _assert_matches(trainer, model, straight)
 
 
-@needs_lightning
 def test_lightning_resumes_its_epoch_end_checkpoint_like_fullshard(made: Path, tmp_path: Path) -> None:
     trainer, model, _ = _fit(tmp_path, ckpt_path=made / "epoch=0-step=8.ckpt")
     _assert_matches(trainer, model, torch.load(made / "continued.pt", weights_only=True))
 
 
-@needs_lightning
 def test_lightning_final_checkpoint_has_nothing_left_to_do(made: Path, tmp_path: Path) -> None:
     trainer, model, _ = _fit(tmp_path, ckpt_path=made / "final.ckpt")
     assert (trainer.global_step, trainer.current_epoch) == (16, 2)
