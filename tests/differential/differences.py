@@ -1,0 +1,170 @@
+"""What differs between a script's observations under Lightning 2.6.6 and under fullshard.
+
+:func:`differences` returns one line per difference, ``"<kind>: <detail>"``, kinds being
+``exception``, ``events``, ``metrics``, ``values``, ``warnings``, ``files``, ``checkpoints`` and
+``csv``. A line that matches an accepted difference of docs/lightning.md (the table under
+"Differential harness: accepted differences", read by :func:`accepted`) is dropped by
+:func:`unexplained`: every difference the harness finds is fixed or written down there with its
+reason.
+
+Warnings compare by category and topic: both frameworks write their messages in their own words,
+so :data:`TOPICS` names the warnings that are the same warning (a regular expression over either
+framework's message); a warning no topic names compares by its text, digits and addresses taken
+out. Warnings torch raises about Lightning's own use of torch (:data:`NOT_OBSERVED`) are left out.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "lightning.md"
+ACCEPTED_HEADING = "### Differential harness: accepted differences"
+
+# (topic, a regular expression matching Lightning's message or fullshard's)
+TOPICS: list[tuple[str, str]] = [
+    ("no workers", r"does not have many workers|num_workers=0|few workers"),
+    (
+        "few batches for logging",
+        r"number of training batches \(\d+\) is smaller than the logging interval|log_every_n_steps=\d+ .*more than",
+    ),
+]
+# torch's deprecation warnings about how Lightning calls torch, not observations of the script
+NOT_OBSERVED = [r"isinstance\(treespec, LeafSpec\)` is deprecated"]
+# exception types by the name a ported script catches them with (fullshard.utilities.exceptions)
+EXCEPTION_NAMES = {"MisconfigurationError": "MisconfigurationException"}
+
+
+def close(a: Any, b: Any, rel: float = 1e-4, abs_: float = 1e-6) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return (
+            isinstance(a, int | float)
+            and isinstance(b, int | float)
+            and math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], rel, abs_) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, rel, abs_) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def warning_topics(seen: list[list[str]]) -> list[str]:
+    topics = []
+    for category, message in seen:
+        if any(re.search(p, message) for p in NOT_OBSERVED):
+            continue
+        topic = next((name for name, pattern in TOPICS if re.search(pattern, message, re.I)), None)
+        if topic is None:
+            topic = re.sub(r"0x[0-9a-f]+|\d+", "N", message)[:160]
+        topics.append(f"{category}: {topic}")
+    return sorted(topics)
+
+
+def _csv_rows(lines: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        rows.append({k: (float(v) if v not in ("", None) else None) for k, v in row.items()})
+    return rows
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=repr)
+    return text if len(text) < 400 else text[:400] + "..."
+
+
+def differences(lightning: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """Every observable difference of one script, one line each."""
+    found: list[str] = []
+    l_err, o_err = lightning.get("error"), ours.get("error")
+    if (l_err is None) != (o_err is None):
+        side = "lightning" if l_err else "fullshard"
+        err = l_err or o_err
+        found.append(f"exception: only {side} raised {err['type']} in {err['stage']}: {err['message'][:200]}")
+    elif l_err and o_err:
+        l_type, o_type = l_err["type"], EXCEPTION_NAMES.get(o_err["type"], o_err["type"])
+        if l_type != o_type:
+            found.append(
+                f"exception: lightning raised {l_type}, fullshard {o_type} ({o_err['message'][:150]})"
+            )
+        elif l_err["stage"] != o_err["stage"]:
+            found.append(
+                f"exception: {l_type} raised in {o_err['stage']} by fullshard, in {l_err['stage']} by lightning"
+            )
+    if lightning["events"] != ours["events"]:
+        diff = difflib.unified_diff(
+            lightning["events"], ours["events"], "lightning", "fullshard", n=1, lineterm=""
+        )
+        found.append("events: " + " | ".join(list(diff)[2:14]))
+    elif lightning["states"] != ours["states"]:
+        at = next(
+            i for i, (a, b) in enumerate(zip(lightning["states"], ours["states"], strict=False)) if a != b
+        )
+        found.append(
+            f"events: at {lightning['events'][at]} lightning is at {lightning['states'][at]}, fullshard at {ours['states'][at]}"
+        )
+    for a, b in zip(lightning["metrics"], ours["metrics"], strict=False):
+        for key in ("callback_metrics", "logged_metrics", "progress_bar_metrics"):
+            if not close(a[key], b[key]):
+                found.append(
+                    f"metrics: {key} after {a['point']}: lightning {_short(a[key])}, fullshard {_short(b[key])}"
+                )
+    if len(lightning["metrics"]) != len(ours["metrics"]):
+        found.append(
+            f"metrics: {len(lightning['metrics'])} snapshots under lightning, {len(ours['metrics'])} under fullshard"
+        )
+    for key in sorted(set(lightning["values"]) | set(ours["values"])):
+        a, b = lightning["values"].get(key), ours["values"].get(key)
+        if not close(a, b):
+            found.append(f"values: {key}: lightning {_short(a)}, fullshard {_short(b)}")
+    l_warn, o_warn = warning_topics(lightning["warnings"]), warning_topics(ours["warnings"])
+    for topic in sorted(set(l_warn) | set(o_warn)):
+        if l_warn.count(topic) != o_warn.count(topic):
+            found.append(
+                f"warnings: {topic!r} {l_warn.count(topic)}x under lightning, {o_warn.count(topic)}x under fullshard"
+            )
+    if lightning["files"] != ours["files"]:
+        only_l = sorted(set(lightning["files"]) - set(ours["files"]))
+        only_o = sorted(set(ours["files"]) - set(lightning["files"]))
+        found.append(f"files: only lightning wrote {only_l}, only fullshard wrote {only_o}")
+    for name in sorted(set(lightning["checkpoints"]) & set(ours["checkpoints"])):
+        a, b = lightning["checkpoints"][name], ours["checkpoints"][name]
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            if a != b:
+                found.append(f"checkpoints: {name}: lightning {a}, fullshard {b}")
+            continue
+        missing = sorted(set(a["keys"]) - set(b["keys"]))  # fullshard's extra keys are its own records
+        if missing:
+            found.append(f"checkpoints: {name} lacks {missing} under fullshard")
+        for key in ("global_step", "epoch", "state_dict", "callbacks", "optimizer_states", "lr_schedulers"):
+            if a[key] != b[key]:
+                found.append(f"checkpoints: {name} {key}: lightning {a[key]}, fullshard {b[key]}")
+    for name in sorted(set(lightning["csv"]) & set(ours["csv"])):
+        a_rows, b_rows = _csv_rows(lightning["csv"][name]), _csv_rows(ours["csv"][name])
+        if not close(a_rows, b_rows):
+            found.append(f"csv: {name}: lightning {_short(a_rows)}, fullshard {_short(b_rows)}")
+    return found
+
+
+def accepted(docs: Path = DOCS) -> list[tuple[str, str]]:
+    """(pattern, reason) of each accepted difference in docs/lightning.md."""
+    text = docs.read_text()
+    if ACCEPTED_HEADING not in text:
+        return []
+    section = text.split(ACCEPTED_HEADING, 1)[1].split("\n#", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows.append((cells[0].strip("`"), cells[1]))
+    return rows
+
+
+def unexplained(found: list[str], rules: list[tuple[str, str]]) -> list[str]:
+    return [line for line in found if not any(re.search(pattern, line) for pattern, _ in rules)]

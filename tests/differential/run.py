@@ -1,0 +1,170 @@
+"""Run generated scripts under one framework, in one process, and write what each observed.
+
+    TWIN_FRAMEWORK=lightning /tmp/lvenv/bin/python tests/differential/run.py --seeds 0-9 --out l.json
+    TWIN_FRAMEWORK=fullshard python tests/differential/run.py --seeds 0-9 --out f.json
+
+Each script (generate.py; under fullshard the ported text) runs in a fresh temporary directory
+that is its working directory, with every warning recorded. Its observations: the recorders'
+events (hooks, in order, with their arguments' gist and the Trainer's epoch/step at each), the
+metrics after each stage, its own values (what each stage returned, counters, what its logger
+received), the warnings (category and topic, see ``compare.py``), the exception that ended it
+(type, and the stage it was raised in), the files it wrote, and each checkpoint's keys and counters.
+Needs only the standard library, torch and the framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "porting")]
+
+import generate  # noqa: E402
+import recording  # noqa: E402
+
+FRAMEWORK = os.environ.get("TWIN_FRAMEWORK", "fullshard")
+SCRIPT_TIMEOUT = 60
+
+
+class _Timeout(BaseException):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Timeout(f"a script ran over {SCRIPT_TIMEOUT} s")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0-9,12"`` -> [0, ..., 9, 12]."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            seeds.extend(range(int(a), int(b) + 1))
+        elif part:
+            seeds.append(int(part))
+    return seeds
+
+
+def _files(root: Path) -> list[str]:
+    names = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.name != "script.py":
+            name = str(path.relative_to(root))
+            names.append(re.sub(r"events\.out\.tfevents\..*", "events.out.tfevents.*", name))
+    return sorted(names)
+
+
+def _checkpoints(root: Path) -> dict[str, Any]:
+    import torch
+
+    found: dict[str, Any] = {}
+    for path in sorted(root.rglob("*.ckpt")):
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as err:
+            found[str(path.relative_to(root))] = f"<unreadable: {type(err).__name__}>"
+            continue
+        if not isinstance(ckpt, dict):
+            found[str(path.relative_to(root))] = f"<{type(ckpt).__name__}>"
+            continue
+        callbacks = ckpt.get("callbacks") or {}
+        found[str(path.relative_to(root))] = {
+            "keys": sorted(k for k in ckpt if k not in ("pytorch-lightning_version", "fullshard_version")),
+            "global_step": ckpt.get("global_step"),
+            "epoch": ckpt.get("epoch"),
+            "state_dict": sorted(ckpt.get("state_dict", {})),
+            "callbacks": sorted(str(k).split("{")[0] for k in callbacks),
+            "optimizer_states": len(ckpt.get("optimizer_states", [])),
+            "lr_schedulers": len(ckpt.get("lr_schedulers", [])),
+        }
+    return found
+
+
+def _csv(root: Path) -> dict[str, list[str]]:
+    return {str(p.relative_to(root)): p.read_text().splitlines() for p in sorted(root.rglob("metrics.csv"))}
+
+
+def run_one(seed: int, source: str) -> dict[str, Any]:
+    """Run one script's source in a fresh directory; its observations."""
+    recording.RECORD = recording._Record()
+    recording._ACTIVE.clear()
+    start = os.getcwd()
+    error: dict[str, Any] | None = None
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        script = root / "script.py"
+        script.write_text(source)
+        os.chdir(root)
+        namespace: dict[str, Any] = {"__name__": f"generated_{seed}", "__file__": str(script)}
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            signal.alarm(SCRIPT_TIMEOUT)
+            try:
+                exec(compile(source, str(script), "exec"), namespace)
+                namespace["main"]()
+            except BaseException as err:  # an exception is an observation, as is its stage
+                stages = [e for e in recording.RECORD.events if e.startswith("S ")]
+                error = {"type": type(err).__name__, "stage": stages[-1][2:] if stages else "build"}
+                error["message"] = str(err)[:300]
+                error["traceback"] = traceback.format_exc()[-1500:]
+                if isinstance(err, KeyboardInterrupt):
+                    raise
+            finally:
+                signal.alarm(0)
+                os.chdir(start)
+        record = recording.RECORD
+        return {
+            "events": record.events,
+            "states": record.states,
+            "metrics": record.metrics,
+            "values": record.values,
+            "warnings": [[w.category.__name__, str(w.message)[:400]] for w in seen],
+            "error": error,
+            "files": _files(root),
+            "checkpoints": _checkpoints(root),
+            "csv": _csv(root),
+            "seconds": round(time.perf_counter() - began, 3),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", required=True, help="e.g. 0-299 or 3,7,9")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--specs", type=Path, help="a JSON list of specs to run instead of seeds")
+    args = parser.parse_args()
+    os.environ["PORT_FRAMEWORK"] = FRAMEWORK  # the recorders read it
+    recording.FRAMEWORK = FRAMEWORK
+    signal.signal(signal.SIGALRM, _alarm)
+    import logging
+
+    logging.disable(logging.INFO)  # the frameworks' info lines are not observations here
+    specs = (
+        json.loads(args.specs.read_text())
+        if args.specs
+        else [generate.spec(seed) for seed in parse_seeds(args.seeds)]
+    )
+    results: dict[str, Any] = {}
+    for spec in specs:
+        source = generate.render(spec)
+        if FRAMEWORK == "fullshard":
+            source = generate.port(source)
+        results[str(spec["seed"])] = run_one(spec["seed"], source)
+    args.out.write_text(json.dumps(results, indent=None, sort_keys=True, default=repr))
+
+
+if __name__ == "__main__":
+    main()
