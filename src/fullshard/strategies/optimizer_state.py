@@ -50,15 +50,16 @@ def _stepped_on_any_rank(model: nn.Module, held: list[bool]) -> list[bool]:
     Under FSDP1 (``use_orig_params=True``) each original parameter is a view into this rank's
     flat shard, empty where the shard holds none of it; such a parameter never gets a gradient
     here, so an optimizer whose parameters all lie outside this rank's shards has no state on it
-    although it stepped on the others. The common case is LoRA: a unit that holds a large frozen
-    base and a small trained adapter, whose adapter lies in the last rank's shard only. torch's
-    state dict builds this rank's part all the same (it gathers the state from the ranks that
-    hold it and gives each rank its chunk, its own ``step`` ignored), but the state must not be
-    taken for an unstepped one here: the sharded save would lack this rank's chunks (DCP: "invalid
-    fill tensor-volume") and rank 0's full save would hold no optimizer state at all. So under
-    FSDP1 the ranks agree (one small collective per call; every rank builds the state, as torch's
-    state dict is collective there); elsewhere every rank that stepped holds state, and nothing
-    is exchanged.
+    although it stepped on the others. The common case is LoRA: a unit holding a large frozen
+    base and a small trained adapter, registered after the base, which lies in the last rank's
+    shard only. torch's state dict builds this rank's part all the same (it gathers the state
+    from the ranks that hold it and gives each rank its chunk; this rank's own ``step`` is not
+    used), but the state must not be taken for an unstepped one here: the sharded save would
+    lack this rank's chunks (DCP: "invalid fill tensor-volume") and rank 0's full save would hold
+    no optimizer state at all. So under FSDP1 the ranks agree, by one small collective per call
+    (every rank builds the state there: torch's state dict is collective). Elsewhere nothing is
+    exchanged: DDP's ranks hold the same state, and FSDP2 keeps state for each DTensor parameter,
+    an empty local shard included.
     """
     import torch.distributed as dist
 
