@@ -7,7 +7,8 @@ python tests/scripts/adapter_ckpt_job.py --out DIR --strategy fsdp --devices 2 -
 Each rank trains 3 steps and saves ``DIR/adapter.ckpt``; then a fresh model (its base initialised
 from another seed) resumes from it with ``fit(ckpt_path=...)`` (max_steps=3: nothing more to train). Rank 0 writes
 ``DIR/result.json``: what the save hook saw, the keys the checkpoint holds, and whether the
-resumed model's adapter weights are the saved ones while its base kept its own.
+resumed model's adapter weights and their optimizer state are the saved ones while its base kept
+its own.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def full_state(trainer: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in state.items()}
 
 
+def full_optimizer_state(trainer: Any) -> dict[str, dict[str, torch.Tensor]]:
+    """The optimizer's per-parameter state, whole tensors (gathered under FSDP)."""
+    state = trainer.strategy.get_state(trainer.optimizers, full=True)[1][0]["state"]
+    return {k: {s: torch.as_tensor(v).detach().cpu().clone() for s, v in d.items()} for k, d in state.items()}
+
+
 def saved_keys(path: Path) -> list[str]:
     """The model keys the checkpoint holds, read without fullshard."""
     if path.is_file():
@@ -125,6 +132,7 @@ def main() -> None:
     model = AdapterModule(seed=1)
     first.fit(model, DataLoader(data, batch_size=8))
     trained = full_state(first)
+    trained_optimizer = full_optimizer_state(first)
     first.save_checkpoint(path)
 
     second = trainer(3)
@@ -132,6 +140,7 @@ def main() -> None:
     fresh_init = {k: v.detach().clone() for k, v in fresh.state_dict().items()}
     second.fit(fresh, DataLoader(data, batch_size=8), ckpt_path=path)
     resumed = full_state(second)
+    resumed_optimizer = full_optimizer_state(second)
     if second.is_global_zero:
         base_keys = [k for k in trained if "lora_" not in k]
         result = {
@@ -142,6 +151,14 @@ def main() -> None:
             "adapter_loaded": all(torch.equal(resumed[k], trained[k]) for k in trained if "lora_" in k),
             "base_kept": all(torch.equal(resumed[k], fresh_init[k]) for k in base_keys),
             "base_differs_from_saved": any(not torch.equal(trained[k], fresh_init[k]) for k in base_keys),
+            # the adapter's optimizer state (AdamW's step and moments) is the saved one
+            "optimizer_keys": sorted(resumed_optimizer),
+            "optimizer_loaded": sorted(resumed_optimizer) == sorted(trained_optimizer)
+            and all(
+                torch.equal(resumed_optimizer[k][s], v)
+                for k, d in trained_optimizer.items()
+                for s, v in d.items()
+            ),
         }
         (out / "result.json").write_text(json.dumps(result))
 

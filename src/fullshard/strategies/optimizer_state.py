@@ -28,16 +28,52 @@ def optimizer_states(
     # step count would then be one ahead both in a run that saves before its first step and in
     # a run resumed from that checkpoint. So the filled state is dropped from the optimizer
     # again, and saved empty, as plain SGD's is: a load restores the groups' settings only.
+    # Whether an optimizer stepped is asked of every rank: [Note: FSDP1 ranks without a trained
+    # parameter].
+    stepped = _stepped_on_any_rank(model, [bool(optimizer.state) for optimizer in optimizers])
     states = []
-    for optimizer in optimizers:
-        unstepped = not optimizer.state
+    for optimizer, has_stepped in zip(optimizers, stepped, strict=True):
+        empty_here = not optimizer.state
         state = get_optimizer_state_dict(model, optimizer, options=options)
-        if unstepped:
+        if empty_here:  # this rank's optimizer stays as it was (torch filled it to build the state)
             optimizer.state.clear()
-            if not to_load:
-                state = {**state, "state": {}}
+        if not has_stepped and not to_load:
+            state = {**state, "state": {}}
         states.append(state)
     return states
+
+
+def _stepped_on_any_rank(model: nn.Module, held: list[bool]) -> list[bool]:
+    """For each optimizer, whether it holds per-parameter state on any rank (``held``: on this one).
+
+    [Note: FSDP1 ranks without a trained parameter]
+    Under FSDP1 (``use_orig_params=True``) each original parameter is a view into this rank's
+    flat shard, empty where the shard holds none of it; such a parameter never gets a gradient
+    here, so an optimizer whose parameters all lie outside this rank's shards has no state on it
+    although it stepped on the others. The common case is LoRA: a unit holding a large frozen
+    base and a small trained adapter, registered after the base, which lies in the last rank's
+    shard only. torch's state dict builds this rank's part all the same (it gathers the state
+    from the ranks that hold it and gives each rank its chunk; this rank's own ``step`` is not
+    used), but the state must not be taken for an unstepped one here: the sharded save would
+    lack this rank's chunks (DCP: "invalid fill tensor-volume") and rank 0's full save would hold
+    no optimizer state at all. So under FSDP1 the ranks agree, by one small collective per call
+    (every rank builds the state there: torch's state dict is collective). Elsewhere nothing is
+    exchanged: DDP's ranks hold the same state, and FSDP2 keeps state for each DTensor parameter,
+    an empty local shard included.
+    """
+    import torch.distributed as dist
+
+    from fullshard.strategies.fsdp_options import torch_fsdp
+
+    if not held or not dist.is_initialized() or dist.get_world_size() == 1:
+        return held
+    # (torch's state-dict module, used next, imports torch's FSDP anyway)
+    fsdp_class = torch_fsdp().FullyShardedDataParallel
+    if not any(isinstance(module, fsdp_class) for module in model.modules()):
+        return held
+    gathered: list[list[bool] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, held)
+    return [any(rank[i] for rank in gathered if rank is not None) for i in range(len(held))]
 
 
 def load_optimizer_states(
