@@ -616,6 +616,42 @@ def test_numbers_of_the_wrong_type_or_range_are_refused(
     _refused(tmp_path, error, match, **kwargs)
 
 
+def test_gradient_clip_algorithm_in_any_case(tmp_path: Path) -> None:
+    """As Lightning: ``"Value"`` is ``"value"``; an empty string or a number is refused."""
+    from fullshard.utilities import GradClipAlgorithmType
+
+    for given, meant in (
+        ("Value", "value"),
+        ("NORM", "norm"),
+        (GradClipAlgorithmType.VALUE, "value"),
+        (None, "norm"),
+    ):
+        assert _trainer(tmp_path, gradient_clip_algorithm=given).gradient_clip_algorithm == meant
+    _refused(tmp_path, MisconfigurationError, r"gradient_clip_algorithm='' is invalid: use 'norm' or 'value'\.$",
+             gradient_clip_algorithm="")  # fmt: skip
+    _refused(tmp_path, MisconfigurationTypeError, r"gradient_clip_algorithm=3 is invalid: use 'norm' or 'value' "
+             r"\(got int\)\.$", gradient_clip_algorithm=3)  # fmt: skip
+
+
+def test_a_checkpoint_callback_of_the_module_is_checked_too(tmp_path: Path) -> None:
+    """``configure_callbacks()`` returning a ModelCheckpoint whose dirpath is a file: refused when
+    the call starts, before the first step."""
+    (tmp_path / "afile").write_text("")
+
+    class Model(MLP):
+        def configure_callbacks(self) -> Any:
+            return fullshard.callbacks.ModelCheckpoint(dirpath=tmp_path / "afile")
+
+    trainer = _trainer(
+        tmp_path, max_steps=1, callbacks=[fullshard.callbacks.ModelCheckpoint(dirpath=tmp_path / "c")]
+    )
+    with pytest.raises(
+        MisconfigurationError, match=r"ModelCheckpoint\(dirpath=\) got '.*afile', but .* is a file"
+    ):
+        trainer.fit(Model(), DataLoader(make_data(8), batch_size=4))
+    assert trainer.global_step == 0 and sorted(os.listdir(tmp_path)) == ["afile"]
+
+
 def test_barebones_takes_log_every_n_steps_0(tmp_path: Path) -> None:
     """Lightning's barebones check accepts ``log_every_n_steps=0`` (its "off" value)."""
     trainer = fullshard.Trainer(

@@ -102,6 +102,9 @@ def case_gradient_clipping(tmp: Path) -> dict[str, Any]:
             ("gradient_clip_algorithm", "l2", "norm", "value"),
             gradient_clip_algorithm="l2",
         ),
+        "gradient_clip_algorithm=''": refused(
+            "Misconfiguration", ("gradient_clip_algorithm", "norm", "value"), gradient_clip_algorithm=""
+        ),
     }
 
 

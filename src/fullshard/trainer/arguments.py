@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fullshard.errors import MisconfigurationError
+from fullshard.errors import MisconfigurationError, MisconfigurationTypeError
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
 from fullshard.trainer.argument_types import (
@@ -215,8 +215,20 @@ def check_val_check_interval(value: Any) -> None:
         )
 
 
+def clip_algorithm(algorithm: Any) -> str:
+    """``gradient_clip_algorithm`` as ``"norm"`` (also for None, the default) or ``"value"``; as
+    Lightning, in any case (``"Norm"``, ``GradClipAlgorithmType.VALUE``)."""
+    if algorithm is None:
+        return "norm"
+    if not isinstance(algorithm, str):
+        raise MisconfigurationTypeError(
+            f"gradient_clip_algorithm={algorithm!r} is invalid: use 'norm' or 'value' (got {type(algorithm).__name__})."
+        )
+    return algorithm.lower()
+
+
 def check_clipping(value: Any, algorithm: Any) -> None:
-    """``gradient_clip_val`` and ``gradient_clip_algorithm``."""
+    """``gradient_clip_val`` and ``gradient_clip_algorithm`` (as :func:`clip_algorithm` gives it)."""
     if algorithm not in ("norm", "value"):
         raise MisconfigurationError(
             f"gradient_clip_algorithm={algorithm!r} is invalid: use 'norm' or 'value'."
@@ -433,6 +445,8 @@ def attach_model_callbacks(callbacks: list[Callback], module: Any) -> list[Callb
                 f"{type(module).__name__}.configure_callbacks() returned a {type(cb).__name__}; return a "
                 "fullshard Callback or a list of them."
             )
+        if isinstance(cb, Checkpoint):
+            check_directory(f"{type(cb).__name__}(dirpath=)", getattr(cb, "dirpath", None))
     trainer_types = {type(cb) for cb in callbacks} - {Callback}
     replaced = {t for t in trainer_types if any(issubclass(type(cb), t) for cb in extra)}
     if replaced:

@@ -204,7 +204,7 @@ class Trainer(TrainerProperties):
             accumulate_grad_batches=accumulate_grad_batches,
             log_every_n_steps=log_every_n_steps,
         )
-        gradient_clip_algorithm = gradient_clip_algorithm or "norm"
+        gradient_clip_algorithm = arguments.clip_algorithm(gradient_clip_algorithm)
         val_check_interval = 1.0 if val_check_interval is None else val_check_interval
         arguments.check_loop_arguments(
             max_steps=max_steps,
