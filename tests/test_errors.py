@@ -494,6 +494,15 @@ def test_a_number_or_none_for_a_bool_option_is_refused(tmp_path: Path, name: str
         )
 
 
+def test_callbacks_and_loggers_from_a_generator_are_read_once(tmp_path: Path) -> None:
+    """Checking them early must not use up a one-shot iterator."""
+    timer = fullshard.callbacks.Timer()
+    csv = fullshard.loggers.CSVLogger(tmp_path)
+    trainer = _trainer(tmp_path, callbacks=(cb for cb in [timer]), logger=(lg for lg in [csv]))
+    assert timer in trainer.callbacks and trainer.loggers == [csv]
+    _refused(tmp_path, MisconfigurationTypeError, r"got object at callbacks\[0\]", callbacks=iter([object()]))
+
+
 @pytest.mark.parametrize(
     ("callbacks", "match"),
     [

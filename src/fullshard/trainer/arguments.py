@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from fullshard.errors import MisconfigurationError, MisconfigurationTypeError
@@ -143,9 +143,10 @@ def check_each(given: Mapping[str, Any]) -> None:
         check_flag(name, given[name], optional)
     check_deterministic(given["deterministic"])
     check_data_options(given["overfit_batches"], given["reload_dataloaders_every_n_epochs"])
-    callback_list(given["callbacks"])
-    logger = given["logger"]
-    if logger is not None and not isinstance(logger, bool):
+    callbacks, logger = given["callbacks"], given["logger"]
+    if not isinstance(callbacks, Iterator):  # a one-shot iterator is checked as it is read, later
+        callback_list(callbacks)
+    if logger is not None and not isinstance(logger, bool | Iterator):
         logger_list(logger)
     check_directory("Trainer(default_root_dir=)", given["default_root_dir"])
 
