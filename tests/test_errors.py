@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +22,7 @@ from fullshard.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     MisconfigurationError,
+    MisconfigurationTypeError,
 )
 from fullshard.precision import parse_precision
 from fullshard.strategies import DDPStrategy
@@ -49,7 +53,7 @@ def _trainer(tmp_path: Path, **kwargs: Any) -> fullshard.Trainer:
             {"accelerator": "cpy"},
             r"accelerator='cpy' is not supported\. Did you mean 'cpu'\? Use one of 'auto'",
         ),
-        ({"devices": 0}, r"devices=0 is invalid; use 'auto', a positive int"),
+        ({"devices": 0}, r"devices=0 is invalid; use 'auto', an int > 0"),
         ({"devices": "two"}, r"devices='two' is not understood"),
         ({"devices": -1}, r"devices=-1 means 'all GPUs' and needs accelerator='cuda'"),
         (
@@ -355,3 +359,311 @@ def test_missing_optional_packages_say_how_to_install_them(
         match=r"safetensors: pip install safetensors \(in a fullshard clone: pip install -e '\.\[safetensors\]'\)",
     ):
         tools._safetensors()
+
+
+# ------------------------------------------------- arguments that make no sense (issue 37)
+# Each is refused when the Trainer is built: before a process starts or a file is written. Those
+# Lightning refuses too are compared with it in tests/test_bad_arguments.py.
+_FLAG_NAMES = (
+    "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "benchmark", "barebones",
+    "inference_mode", "detect_anomaly", "sync_batchnorm", "requeue_on_preemption", "enable_autolog_hparams",
+)  # fmt: skip
+_OPTIONAL_FLAGS = ("enable_checkpointing", "enable_progress_bar", "enable_model_summary", "benchmark")
+
+
+def _refused(root: Path, error: type[Exception], match: str, **kwargs: Any) -> Exception:
+    """``Trainer(**kwargs)`` (with the default logger and checkpointing, in ``root``) raises
+    ``error`` matching ``match``, and ``root`` holds afterwards what it held before."""
+    before = sorted(os.listdir(root))
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        with pytest.raises(error, match=match) as info:
+            fullshard.Trainer(**{"accelerator": "cpu", "enable_progress_bar": False, **kwargs})
+    finally:
+        os.chdir(cwd)
+    assert sorted(os.listdir(root)) == before
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("devices", "count"), [([0, 0], 2), ([0, 1], 2), ([-1], 1), ((0,), 1), ("0,1", 2), ([], 1)]
+)
+def test_a_list_of_devices_on_cpu_is_refused(tmp_path: Path, devices: Any, count: int) -> None:
+    """On CPU ``devices`` counts processes: a list (``[0, 0]`` started two processes on one
+    "device") is a TypeError, as Lightning's."""
+    shown = re.escape(repr([0, 1] if devices == "0,1" else devices))
+    _refused(
+        tmp_path,
+        MisconfigurationTypeError,
+        rf"devices={shown} is a list of device indices, which only GPUs have: on CPU, devices is the number of "
+        rf"processes, an int > 0\. Pass devices={count} to start {count} process\(es\), or accelerator='cuda'",
+        devices=devices,
+    )
+
+
+@pytest.mark.parametrize(
+    ("devices", "error", "match"),
+    [
+        ([0, 0], MisconfigurationError, r"devices=\[0, 0\] names GPU 0 more than once; each process needs a GPU of "
+         r"its own .* Pass distinct indices, e\.g\. devices=\[0\]"),
+        ([1, 0, 1], MisconfigurationError, r"names GPU 1 more than once.* devices=\[0, 1\]"),
+        ([0, -1], MisconfigurationError, r"devices=\[0, -1\] holds -1; GPU indices are ints >= 0 \(devices=-1 alone"),
+        (["0"], MisconfigurationTypeError, r"devices=\['0'\] holds '0' \(str\); GPU indices are ints >= 0"),
+        ([True], MisconfigurationTypeError, r"devices=\[True\] holds True \(bool\)"),
+        ([], MisconfigurationError, r"devices=\[\] is invalid: it names no GPU"),
+        (0, MisconfigurationTypeError, r"devices=0 is invalid; use 'auto', an int > 0"),
+        (1.0, MisconfigurationTypeError, r"devices=1\.0 is not understood \(float\)"),
+    ],
+)  # fmt: skip
+def test_gpu_indices_are_distinct_and_not_negative(
+    monkeypatch: pytest.MonkeyPatch, devices: Any, error: type[Exception], match: str
+) -> None:
+    """Two processes on one GPU, as Lightning refuses ("Device ID's (GPU) must be unique"); checked
+    with two GPUs made visible to the parser (no GPU is used)."""
+    from fullshard.launch import LocalEnvironment
+    from fullshard.trainer.devices import resolve_devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(error, match=match):
+        resolve_devices(devices, "cuda", LocalEnvironment(), 1)
+    # Lightning's string form of a list of GPUs
+    assert resolve_devices("0,1", "cuda", LocalEnvironment(), 1) == [
+        torch.device("cuda", 0),
+        torch.device("cuda", 1),
+    ]
+    assert resolve_devices("1,", "cuda", LocalEnvironment(), 1) == [torch.device("cuda", 1)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"min_epochs": 5, "max_epochs": 2}, r"min_epochs=5 is above max_epochs=2: training stops after 2 epochs, so "
+         r"min_epochs could never be reached\. Lower min_epochs to 2 or less, or raise max_epochs \(-1: no limit\)"),
+        ({"min_steps": 5, "max_steps": 2}, r"min_steps=5 is above max_steps=2: training stops after 2 steps.*Lower "
+         r"min_steps to 2 or less"),
+        ({"min_epochs": 1, "max_epochs": 0}, r"min_epochs=1 is above max_epochs=0"),
+    ],
+)  # fmt: skip
+def test_a_minimum_above_its_maximum_is_refused(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+    """Lightning runs ``max_epochs`` and ignores ``min_epochs`` silently."""
+    _refused(tmp_path, MisconfigurationError, match, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"min_epochs": 2, "max_epochs": 2},
+        {"min_epochs": 5, "max_epochs": -1},
+        {"min_steps": 5},  # max_steps=-1: no limit
+        {"min_steps": 3, "max_steps": 3},
+        {"min_epochs": 5, "max_steps": 2},  # which limit ends training depends on the data
+    ],
+)
+def test_a_minimum_within_its_maximum_is_accepted(tmp_path: Path, kwargs: dict[str, Any]) -> None:
+    trainer = _trainer(tmp_path, **kwargs)
+    assert (trainer.min_epochs, trainer.min_steps) == (kwargs.get("min_epochs"), kwargs.get("min_steps"))
+
+
+@pytest.mark.parametrize("name", _FLAG_NAMES)
+@pytest.mark.parametrize(
+    ("given", "meant"), [("no", "False"), ("False", "False"), ("yes", "True"), ("1", "True")]
+)
+def test_a_string_for_a_bool_option_is_refused(tmp_path: Path, name: str, given: str, meant: str) -> None:
+    """``enable_checkpointing="no"`` used to turn checkpointing on (a non-empty string is true)."""
+    optional = r" \(or None, the default\)" if name in _OPTIONAL_FLAGS else ""
+    _refused(
+        tmp_path,
+        MisconfigurationTypeError,
+        rf"{name}='{given}' is invalid: use True or False{optional}\. A string is not read as a bool \(any "
+        rf"non-empty one, '{given}' too, would count as True\): pass {name}={meant}\.",
+        **{name: given},
+    )
+
+
+@pytest.mark.parametrize("name", _FLAG_NAMES)
+def test_a_number_or_none_for_a_bool_option_is_refused(tmp_path: Path, name: str) -> None:
+    _refused(tmp_path, MisconfigurationTypeError, rf"{name}=1 is invalid: use True or False.*Pass {name}=True or "
+             rf"{name}=False\.", **{name: 1})  # fmt: skip
+    if name not in _OPTIONAL_FLAGS:  # None is the default ("decide") of the others only
+        _refused(
+            tmp_path,
+            MisconfigurationTypeError,
+            rf"{name}=None is invalid: use True or False\.",
+            **{name: None},
+        )
+
+
+def test_callbacks_and_loggers_from_a_generator_are_read_once(tmp_path: Path) -> None:
+    """Checking them early must not use up a one-shot iterator."""
+    timer = fullshard.callbacks.Timer()
+    csv = fullshard.loggers.CSVLogger(tmp_path)
+    trainer = _trainer(tmp_path, callbacks=(cb for cb in [timer]), logger=(lg for lg in [csv]))
+    assert timer in trainer.callbacks and trainer.loggers == [csv]
+    _refused(tmp_path, MisconfigurationTypeError, r"got object at callbacks\[0\]", callbacks=iter([object()]))
+
+
+@pytest.mark.parametrize(
+    ("callbacks", "match"),
+    [
+        (object(), r"callbacks must be a fullshard Callback or a list of them, got object \(<object object at .*\)\. "
+         r"Pass callbacks=\[\.\.\.\] with fullshard\.callbacks instances"),
+        ("x", r"callbacks must be a fullshard Callback or a list of them, got str \('x'\)"),
+        ({"a": fullshard.Callback()}, r"callbacks must be a fullshard Callback or a list of them, got dict"),
+        ([fullshard.Callback(), object()], r"callbacks must be fullshard Callback instances, got object at "
+         r"callbacks\[1\] \(<object object at .*\)\. Subclass fullshard\.Callback .*or take it out of the list"),
+        ((fullshard.Callback(), 3), r"got int at callbacks\[1\] \(3\)"),
+    ],
+)  # fmt: skip
+def test_callbacks_of_another_type_name_the_item(tmp_path: Path, callbacks: Any, match: str) -> None:
+    """``callbacks=object()`` used to fail with ``'object' object is not iterable``."""
+    _refused(tmp_path, MisconfigurationTypeError, match, callbacks=callbacks)
+
+
+@pytest.mark.parametrize(
+    ("logger", "match"),
+    [
+        ("no", r"logger='no' is invalid: use a fullshard Logger \(CSVLogger, TensorBoardLogger, \.\.\.\), a list of "
+         r"them, True or None \(the default logger\) or False \(none\)\. A string is not read as a bool\."),
+        (object(), r"logger must be a fullshard Logger .* got object \(<object object at .*\), which has no "
+         r"log_metrics or log_hyperparams"),
+        (3, r"logger must be a fullshard Logger .* got int \(3\)"),
+        ([None], r"got NoneType at logger\[0\] \(None\)"),
+    ],
+)  # fmt: skip
+def test_loggers_of_another_type_name_the_item(tmp_path: Path, logger: Any, match: str) -> None:
+    _refused(tmp_path, MisconfigurationTypeError, match, logger=logger)
+    csv = fullshard.loggers.CSVLogger(tmp_path / "logs")
+    _refused(tmp_path, MisconfigurationTypeError, r"got object at logger\[1\]", logger=[csv, object()])
+
+
+def test_plugins_of_another_type_are_refused(tmp_path: Path) -> None:
+    for given in (object(), [object()], "x"):
+        _refused(tmp_path, MisconfigurationError, r"Trainer\(plugins=\[.*\]\): fullshard takes only the plugins it "
+                 r"has a setting for", plugins=given)  # fmt: skip
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_file_as_a_directory_is_refused(tmp_path: Path, under: str) -> None:
+    """A file where the logs or checkpoints go used to fail at the first save, after training ran."""
+    (tmp_path / "afile").write_text("mine")
+    given = os.path.join("afile", under) if under else "afile"
+    found = re.escape(str(tmp_path / "afile"))
+    for key, kwargs in {
+        r"Trainer\(default_root_dir=\)": {"default_root_dir": given},
+        r"ModelCheckpoint\(dirpath=\)": {
+            "callbacks": [fullshard.callbacks.ModelCheckpoint(dirpath=tmp_path / given)]
+        },
+        r"OnExceptionCheckpoint\(dirpath=\)": {
+            "callbacks": [fullshard.callbacks.OnExceptionCheckpoint(dirpath=tmp_path / given)],
+        },
+        r"CSVLogger\(save_dir=\)": {"logger": fullshard.loggers.CSVLogger(tmp_path / given)},
+        r"TensorBoardLogger\(save_dir=\)": {
+            "logger": [fullshard.loggers.TensorBoardLogger(tmp_path / given)]
+        },
+    }.items():
+        _refused(
+            tmp_path,
+            MisconfigurationError,
+            rf"{key} got '.*{re.escape(given)}.*', but '{found}' is a file, not a directory: the first log or "
+            r"checkpoint written there would fail, after training ran\. Pass a directory",
+            **kwargs,
+        )
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_logger_named_after_a_file_is_refused(tmp_path: Path) -> None:
+    """``save_dir/name`` is where a CSV or TensorBoard logger writes its versions."""
+    (tmp_path / "runs").write_text("")
+    _refused(tmp_path, MisconfigurationError, r"CSVLogger\(save_dir=\) got '.*runs', but '.*runs' is a file",
+             logger=fullshard.loggers.CSVLogger(tmp_path, name="runs"))  # fmt: skip
+
+
+@pytest.mark.parametrize("given", [3, b"dir", ["a"]])
+def test_a_default_root_dir_that_is_no_path_is_refused(tmp_path: Path, given: Any) -> None:
+    _refused(tmp_path, MisconfigurationTypeError, rf"Trainer\(default_root_dir=\) got {re.escape(repr(given))} "
+             rf"\({type(given).__name__}\): use a directory path, a str or a pathlib\.Path\.", default_root_dir=given)  # fmt: skip
+
+
+def test_a_new_directory_and_a_url_are_accepted(tmp_path: Path) -> None:
+    """A path not made yet is made at the first save; a URL is left to whoever writes it."""
+    for root in (tmp_path / "new" / "deeper", "s3://bucket/runs"):
+        trainer = _trainer(tmp_path, default_root_dir=root)
+        assert trainer.default_root_dir == str(root)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"max_epochs": True}, MisconfigurationTypeError, r"max_epochs=True is invalid: use -1 \(no limit\) or an int "
+         r">= 0 \(got bool\)"),
+        ({"max_steps": 2.0}, MisconfigurationTypeError, r"max_steps=2\.0 is invalid: .*\(got float\)"),
+        ({"min_epochs": True}, MisconfigurationTypeError, r"min_epochs=True is invalid: use None or an int >= 0"),
+        ({"check_val_every_n_epoch": 0}, MisconfigurationError, r"check_val_every_n_epoch=0 is invalid: use None or "
+         r"an int >= 1\.$"),
+        ({"num_sanity_val_steps": -2}, MisconfigurationError, r"num_sanity_val_steps=-2 is invalid: use an int >= 0, "
+         r"or -1 for the whole validation set\.$"),
+        ({"num_sanity_val_steps": 1.5}, MisconfigurationTypeError, r"num_sanity_val_steps=1\.5 is invalid.*got float"),
+        ({"log_every_n_steps": -1}, MisconfigurationError, r"log_every_n_steps=-1 is invalid: use an int >= 1\.$"),
+        ({"accumulate_grad_batches": True}, MisconfigurationTypeError, r"accumulate_grad_batches=True is invalid"),
+        ({"val_check_interval": True}, MisconfigurationTypeError, r"val_check_interval=True is invalid.*got bool"),
+        ({"val_check_interval": math.nan}, MisconfigurationError, r"val_check_interval=nan is invalid: use a fraction"),
+        ({"gradient_clip_val": math.nan}, MisconfigurationError, r"gradient_clip_val=nan is invalid: use a number > 0"),
+        ({"limit_val_batches": math.nan}, MisconfigurationError, r"limit_val_batches=nan is invalid: use a fraction"),
+        ({"limit_test_batches": True}, MisconfigurationTypeError, r"limit_test_batches=True is invalid.*got bool"),
+        ({"overfit_batches": "1"}, MisconfigurationTypeError, r"overfit_batches='1' is invalid.*got str"),
+        ({"fast_dev_run": 1.5}, MisconfigurationTypeError, r"fast_dev_run=1\.5 is invalid: use True \(one batch\), "
+         r"False, or a number of batches >= 0 \(got float\)"),
+        ({"reload_dataloaders_every_n_epochs": "1"}, MisconfigurationTypeError, r"reload_dataloaders_every_n_epochs="
+         r"'1' is invalid: use an int >= 0 \(0: never rebuild the dataloaders\) \(got str\)"),
+    ],
+)  # fmt: skip
+def test_numbers_of_the_wrong_type_or_range_are_refused(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    _refused(tmp_path, error, match, **kwargs)
+
+
+def test_gradient_clip_algorithm_in_any_case(tmp_path: Path) -> None:
+    """As Lightning: ``"Value"`` is ``"value"``; an empty string or a number is refused."""
+    from fullshard.utilities import GradClipAlgorithmType
+
+    for given, meant in (
+        ("Value", "value"),
+        ("NORM", "norm"),
+        (GradClipAlgorithmType.VALUE, "value"),
+        (None, "norm"),
+    ):
+        assert _trainer(tmp_path, gradient_clip_algorithm=given).gradient_clip_algorithm == meant
+    _refused(tmp_path, MisconfigurationError, r"gradient_clip_algorithm='' is invalid: use 'norm' or 'value'\.$",
+             gradient_clip_algorithm="")  # fmt: skip
+    _refused(tmp_path, MisconfigurationTypeError, r"gradient_clip_algorithm=3 is invalid: use 'norm' or 'value' "
+             r"\(got int\)\.$", gradient_clip_algorithm=3)  # fmt: skip
+
+
+def test_a_checkpoint_callback_of_the_module_is_checked_too(tmp_path: Path) -> None:
+    """``configure_callbacks()`` returning a ModelCheckpoint whose dirpath is a file: refused when
+    the call starts, before the first step."""
+    (tmp_path / "afile").write_text("")
+
+    class Model(MLP):
+        def configure_callbacks(self) -> Any:
+            return fullshard.callbacks.ModelCheckpoint(dirpath=tmp_path / "afile")
+
+    trainer = _trainer(
+        tmp_path, max_steps=1, callbacks=[fullshard.callbacks.ModelCheckpoint(dirpath=tmp_path / "c")]
+    )
+    with pytest.raises(
+        MisconfigurationError, match=r"ModelCheckpoint\(dirpath=\) got '.*afile', but .* is a file"
+    ):
+        trainer.fit(Model(), DataLoader(make_data(8), batch_size=4))
+    assert trainer.global_step == 0 and sorted(os.listdir(tmp_path)) == ["afile"]
+
+
+def test_barebones_takes_log_every_n_steps_0(tmp_path: Path) -> None:
+    """Lightning's barebones check accepts ``log_every_n_steps=0`` (its "off" value)."""
+    trainer = fullshard.Trainer(
+        barebones=True, log_every_n_steps=0, accelerator="cpu", default_root_dir=tmp_path
+    )
+    assert trainer.barebones and trainer.loggers == []

@@ -19,6 +19,12 @@ class MisconfigurationError(FullshardError, ValueError):
     """A Trainer, Strategy or Module was configured with values that cannot work together."""
 
 
+class MisconfigurationTypeError(MisconfigurationError, TypeError):
+    """An argument of a type it does not take (a string where a bool belongs, one object where a
+    list of callbacks does). Both ``except TypeError``, which catches Lightning's error for the
+    same inputs, and ``except MisconfigurationError`` catch it."""
+
+
 class StrategyRegistryError(FullshardError, KeyError):
     """A strategy name is unknown, or registered twice without ``override=True``."""
 

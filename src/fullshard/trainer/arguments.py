@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from fullshard.errors import MisconfigurationError
+from fullshard.errors import MisconfigurationError, MisconfigurationTypeError
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
+from fullshard.trainer.argument_types import (
+    callback_list,
+    check_directory,
+    check_flag,
+    check_int,
+    check_number,
+    logger_list,
+)
 from fullshard.trainer.callbacks import (
     Callback,
     ModelCheckpoint,
@@ -29,6 +37,7 @@ from fullshard.trainer.callbacks.timer import parse_duration
 from fullshard.trainer.data import limit_batches
 from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 from fullshard.trainer.loggers.base import importable
+from fullshard.trainer.loggers.files import VersionedLogger
 
 # Lightning Trainer options fullshard does not implement, with the value that means "off" in
 # Lightning: passing that value is accepted (a ported script often spells defaults out).
@@ -109,17 +118,69 @@ def reject_unknown(extra: dict[str, Any]) -> None:
         )
 
 
+# ------------------------------------------------------------------ each argument on its own
+# The Trainer's bool options, each with whether None (its default, "decide for me") is accepted.
+_FLAGS: dict[str, bool] = {
+    "enable_checkpointing": True,
+    "enable_progress_bar": True,
+    "enable_model_summary": True,
+    "benchmark": True,
+    "barebones": False,
+    "inference_mode": False,
+    "detect_anomaly": False,
+    "sync_batchnorm": False,
+    "requeue_on_preemption": False,
+    "enable_autolog_hparams": False,
+}
+
+
+def check_each(given: Mapping[str, Any]) -> None:
+    """The Trainer's arguments (``given``: by name) that can be checked one by one, before any
+    other is read: the bool options, ``deterministic``, the data options, ``callbacks``,
+    ``logger`` and ``default_root_dir``. Each refusal names the argument, the value, what is
+    accepted and what to pass; nothing is built and nothing is written."""
+    for name, optional in _FLAGS.items():
+        check_flag(name, given[name], optional)
+    check_deterministic(given["deterministic"])
+    check_data_options(given["overfit_batches"], given["reload_dataloaders_every_n_epochs"])
+    callbacks, logger = given["callbacks"], given["logger"]
+    if not isinstance(callbacks, Iterator):  # a one-shot iterator is checked as it is read, later
+        callback_list(callbacks)
+    if logger is not None and not isinstance(logger, bool | Iterator):
+        logger_list(logger)
+    check_directory("Trainer(default_root_dir=)", given["default_root_dir"])
+
+
+def check_epochs_and_steps(max_epochs: Any, min_epochs: Any, max_steps: Any, min_steps: Any) -> None:
+    """A minimum above its maximum (``-1``: no maximum) could never be honoured: training stops
+    at the maximum, and the minimum silently means nothing."""
+    for kind, low, high in (("epochs", min_epochs, max_epochs), ("steps", min_steps, max_steps)):
+        if low is not None and high is not None and high != -1 and low > high:
+            raise MisconfigurationError(
+                f"min_{kind}={low} is above max_{kind}={high}: training stops after {high} {kind}, so "
+                f"min_{kind} could never be reached. Lower min_{kind} to {high} or less, or raise max_{kind} "
+                f"(-1: no limit)."
+            )
+
+
 def check_counts(**values: Any) -> None:
     """Each value is an int >= 1."""
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        check_int(name, value, "an int >= 1")
+        if value < 1:
             raise MisconfigurationError(f"{name}={value!r} is invalid: use an int >= 1.")
 
 
 def check_optional_count(name: str, value: Any, minimum: int) -> None:
     """``value`` is None or an int >= ``minimum``."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+    if value is None:
+        return
+    check_int(name, value, f"None or an int >= {minimum}")
+    if value < minimum:
         raise MisconfigurationError(f"{name}={value!r} is invalid: use None or an int >= {minimum}.")
+
+
+_FRACTION_OR_COUNT = "a fraction in [0.0, 1.0] or a number of batches (int >= 0)"
 
 
 def batch_limits(train: Any, val: Any, test: Any, predict: Any) -> dict[str, int | float]:
@@ -138,16 +199,16 @@ def batch_limits(train: Any, val: Any, test: Any, predict: Any) -> dict[str, int
 def check_limits(**limits: Any) -> None:
     """Each ``limit_*_batches`` is a fraction in [0, 1] or a count."""
     for name, limit in limits.items():
+        check_number(name, limit, _FRACTION_OR_COUNT)
         limit_batches(limit, math.inf if isinstance(limit, int) else 1, name)
 
 
 def check_val_check_interval(value: Any) -> None:
     """A fraction of an epoch in (0, 1] or a number of batches."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise MisconfigurationError(
-            f"val_check_interval={value!r} is invalid: use a fraction of an epoch in (0.0, 1.0] "
-            "or a number of training batches (int >= 1)."
-        )
+    accepted = "a fraction of an epoch in (0.0, 1.0] or a number of training batches (int >= 1)"
+    check_number("val_check_interval", value, accepted)
+    if value <= 0:
+        raise MisconfigurationError(f"val_check_interval={value!r} is invalid: use {accepted}.")
     if isinstance(value, float) and value > 1.0:
         raise MisconfigurationError(
             f"val_check_interval={value} is a float above 1.0; a float is a fraction of the epoch. "
@@ -155,27 +216,41 @@ def check_val_check_interval(value: Any) -> None:
         )
 
 
+def clip_algorithm(algorithm: Any) -> str:
+    """``gradient_clip_algorithm`` as ``"norm"`` (also for None, the default) or ``"value"``; as
+    Lightning, in any case (``"Norm"``, ``GradClipAlgorithmType.VALUE``)."""
+    if algorithm is None:
+        return "norm"
+    if not isinstance(algorithm, str):
+        raise MisconfigurationTypeError(
+            f"gradient_clip_algorithm={algorithm!r} is invalid: use 'norm' or 'value' (got {type(algorithm).__name__})."
+        )
+    return algorithm.lower()
+
+
 def check_clipping(value: Any, algorithm: Any) -> None:
-    """``gradient_clip_val`` and ``gradient_clip_algorithm``."""
+    """``gradient_clip_val`` and ``gradient_clip_algorithm`` (as :func:`clip_algorithm` gives it)."""
     if algorithm not in ("norm", "value"):
         raise MisconfigurationError(
             f"gradient_clip_algorithm={algorithm!r} is invalid: use 'norm' or 'value'."
         )
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
-        raise MisconfigurationError(
-            f"gradient_clip_val={value!r} is invalid: use a number > 0, or 0/None for no clipping."
-        )
+    if value is None:
+        return
+    accepted = "a number > 0, or 0/None for no clipping"
+    check_number("gradient_clip_val", value, accepted)
+    if value < 0:
+        raise MisconfigurationError(f"gradient_clip_val={value!r} is invalid: use {accepted}.")
 
 
 def fast_dev_run_batches(value: Any) -> int:
     """``fast_dev_run`` as a number of batches (0: off)."""
     if isinstance(value, bool):
         return int(value)
-    if not isinstance(value, int) or value < 0:
-        raise MisconfigurationError(
-            f"fast_dev_run={value!r} is invalid: use True (one batch), False, or a number of batches >= 0."
-        )
-    return value
+    accepted = "True (one batch), False, or a number of batches >= 0"
+    check_int("fast_dev_run", value, accepted)
+    if value < 0:
+        raise MisconfigurationError(f"fast_dev_run={value!r} is invalid: use {accepted}.")
+    return int(value)
 
 
 def check_deterministic(value: Any) -> None:
@@ -187,21 +262,16 @@ def check_deterministic(value: Any) -> None:
         )
 
 
-def check_data_options(overfit_batches: Any, reload_every_n_epochs: Any, sync_batchnorm: Any) -> None:
-    """``overfit_batches`` (a fraction or a count, as the ``limit_*_batches``),
-    ``reload_dataloaders_every_n_epochs`` (an int >= 0) and ``sync_batchnorm`` (a bool)."""
-    limit_batches(overfit_batches, math.inf if isinstance(overfit_batches, int) else 1, "overfit_batches")
-    if (
-        isinstance(reload_every_n_epochs, bool)
-        or not isinstance(reload_every_n_epochs, int)
-        or reload_every_n_epochs < 0
-    ):
+def check_data_options(overfit_batches: Any, reload_every_n_epochs: Any) -> None:
+    """``overfit_batches`` (a fraction or a count, as the ``limit_*_batches``) and
+    ``reload_dataloaders_every_n_epochs`` (an int >= 0)."""
+    check_limits(overfit_batches=overfit_batches)
+    accepted = "an int >= 0 (0: never rebuild the dataloaders)"
+    check_int("reload_dataloaders_every_n_epochs", reload_every_n_epochs, accepted)
+    if reload_every_n_epochs < 0:
         raise MisconfigurationError(
-            f"reload_dataloaders_every_n_epochs={reload_every_n_epochs!r} is invalid: use an int >= 0 (0: never "
-            "rebuild the dataloaders)."
+            f"reload_dataloaders_every_n_epochs={reload_every_n_epochs!r} is invalid: use {accepted}."
         )
-    if not isinstance(sync_batchnorm, bool):
-        raise MisconfigurationError(f"sync_batchnorm={sync_batchnorm!r} is invalid: use True or False.")
 
 
 KEEP_SHUFFLE = "keep_shuffle"
@@ -249,28 +319,29 @@ def check_loop_arguments(
     val_check_interval: int | float,
     gradient_clip_val: Any,
     gradient_clip_algorithm: str,
-    requeue_on_preemption: Any,
 ) -> None:
     """The Trainer's loop settings (``val_check_interval``, ``gradient_clip_algorithm``: with
     their defaults filled in)."""
-    if max_steps != -1 and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0):
+    check_int("max_steps", max_steps, "-1 (no limit) or an int >= 0")
+    if max_steps < -1:
         raise MisconfigurationError(f"max_steps={max_steps!r} is invalid: use -1 (no limit) or an int >= 0.")
-    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
-        raise MisconfigurationError(
-            f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0."
-        )
+    if max_epochs is not None:
+        check_int("max_epochs", max_epochs, "-1 (no limit) or an int >= 0")
+        if max_epochs < -1:
+            raise MisconfigurationError(
+                f"max_epochs={max_epochs!r} is invalid: use -1 (no limit) or an int >= 0."
+            )
     check_optional_count("min_epochs", min_epochs, 0)
     check_optional_count("min_steps", min_steps, 0)
+    check_epochs_and_steps(max_epochs, min_epochs, max_steps, min_steps)
     check_optional_count("check_val_every_n_epoch", check_val_every_n_epoch, 1)
-    if num_sanity_val_steps is not None and (
-        isinstance(num_sanity_val_steps, bool)
-        or not isinstance(num_sanity_val_steps, int)
-        or num_sanity_val_steps < -1
-    ):
-        raise MisconfigurationError(
-            f"num_sanity_val_steps={num_sanity_val_steps!r} is invalid: use an int >= 0, or -1 for the "
-            "whole validation set."
-        )
+    if num_sanity_val_steps is not None:
+        accepted = "an int >= 0, or -1 for the whole validation set"
+        check_int("num_sanity_val_steps", num_sanity_val_steps, accepted)
+        if num_sanity_val_steps < -1:
+            raise MisconfigurationError(
+                f"num_sanity_val_steps={num_sanity_val_steps!r} is invalid: use {accepted}."
+            )
     check_clipping(gradient_clip_val, gradient_clip_algorithm)
     check_val_check_interval(val_check_interval)
     if isinstance(val_check_interval, float) and check_val_every_n_epoch is None:
@@ -279,8 +350,6 @@ def check_loop_arguments(
             "check_val_every_n_epoch to be set; with check_val_every_n_epoch=None pass a number of "
             "batches (int)."
         )
-    if not isinstance(requeue_on_preemption, bool):
-        raise MisconfigurationError(f"requeue_on_preemption={requeue_on_preemption!r} must be True or False.")
 
 
 def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
@@ -315,14 +384,10 @@ def build_callbacks(
     ModelCheckpoint, a :class:`Timer` for ``max_time``, the progress bar and the model summary
     (``RichProgressBar``/``RichModelSummary`` when ``rich`` is importable, else
     ``TQDMProgressBar``/``ModelSummary``), each unless one of its kind is given."""
-    given = [callbacks] if isinstance(callbacks, Callback) else list(callbacks or [])
-    for cb in given:
-        if not isinstance(cb, Callback):
-            raise MisconfigurationError(
-                f"callbacks must be fullshard Callback instances, got {type(cb).__name__}. Subclass "
-                "fullshard.Callback (a Lightning callback ports by changing its import)."
-            )
+    given = callback_list(callbacks)
     checkpoints = [cb for cb in given if isinstance(cb, Checkpoint)]  # OnExceptionCheckpoint counts
+    for cb in checkpoints:
+        check_directory(f"{type(cb).__name__}(dirpath=)", getattr(cb, "dirpath", None))
     if checkpoints and not checkpointing:
         names = ", ".join(type(cb).__name__ for cb in checkpoints)
         raise MisconfigurationError(
@@ -381,6 +446,8 @@ def attach_model_callbacks(callbacks: list[Callback], module: Any) -> list[Callb
                 f"{type(module).__name__}.configure_callbacks() returned a {type(cb).__name__}; return a "
                 "fullshard Callback or a list of them."
             )
+        if isinstance(cb, Checkpoint):
+            check_directory(f"{type(cb).__name__}(dirpath=)", getattr(cb, "dirpath", None))
     trainer_types = {type(cb) for cb in callbacks} - {Callback}
     replaced = {t for t in trainer_types if any(issubclass(type(cb), t) for cb in extra)}
     if replaced:
@@ -401,17 +468,11 @@ def build_loggers(logger: Logger | Iterable[Logger] | bool | None, default_root_
         return [default_logger(default_root_dir)]
     if logger is False:
         return []
-    loggers = [logger] if isinstance(logger, Logger) or not isinstance(logger, Iterable) else list(logger)
-    for item in loggers:
-        missing = [m for m in ("log_metrics", "log_hyperparams") if not callable(getattr(item, m, None))]
-        if missing:
-            raise MisconfigurationError(
-                f"logger must be a fullshard Logger (or an object with a Logger's methods, as Lightning "
-                f"accepts), got {type(item).__name__}, which has no {' or '.join(missing)}. Pass a "
-                "fullshard.loggers logger (CSVLogger, TensorBoardLogger, ...), a subclass of "
-                "fullshard.loggers.Logger, a list of them, or False for none."
-            )
-    return loggers  # type: ignore[return-value]  # a logger of its own class (duck-typed)
+    loggers = logger_list(logger)
+    for item in loggers:  # the loggers that write files under a directory of their own
+        if isinstance(item, VersionedLogger):
+            check_directory(f"{type(item).__name__}(save_dir=)", item.root_dir)
+    return loggers
 
 
 def default_logger(default_root_dir: str) -> Logger:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from fullshard.errors import MisconfigurationError, did_you_mean
+from fullshard.errors import MisconfigurationError, MisconfigurationTypeError, did_you_mean
 from fullshard.launch import ClusterEnvironment, select_cluster_environment
 from fullshard.precision import alias_warning
 from fullshard.rank_zero import rank_zero_warn, set_global_rank
@@ -107,34 +107,40 @@ def resolve_num_nodes(num_nodes: Any, env: ClusterEnvironment) -> int:
 def resolve_devices(
     devices: Any, accelerator: str, env: ClusterEnvironment, num_nodes: int
 ) -> list[torch.device]:
-    accepted = "'auto', a positive int, -1 (all GPUs), or a list of GPU indices"
-    if isinstance(devices, str) and devices not in ("auto", "-1"):
-        try:
-            devices = int(devices)
-        except ValueError:
-            raise MisconfigurationError(f"devices={devices!r} is not understood; use {accepted}.") from None
+    """``Trainer(devices=)`` as this node's devices: ``"auto"``, a count, -1 (all GPUs), or a list
+    of distinct GPU indices (also as a string, ``"0,1"``, as Lightning reads it). On CPU it is a
+    count of processes: a list is refused, as Lightning refuses it (there are no CPU indices, and
+    ``[0, 0]`` would start two processes on one "device")."""
+    accepted = "'auto', an int > 0, -1 (all GPUs), or a list of distinct GPU indices"
+    devices = _parse_string(devices, accepted)
     available = torch.cuda.device_count() if accelerator == "cuda" else None
     if devices == "auto":
         if env.creates_processes_externally and not isinstance(env, _local_environment_type()):
             devices = max(env.world_size() // num_nodes, 1)
         else:
             devices = available if accelerator == "cuda" else 1
-    if devices in (-1, "-1"):
+    if devices == -1:
         if accelerator != "cuda":
             raise MisconfigurationError(
                 "devices=-1 means 'all GPUs' and needs accelerator='cuda'; on CPU pass a count."
             )
         devices = available
     if isinstance(devices, bool) or not isinstance(devices, int | list | tuple):
-        raise MisconfigurationError(f"devices={devices!r} is not understood; use {accepted}.")
+        raise MisconfigurationTypeError(
+            f"devices={devices!r} is not understood ({type(devices).__name__}); use {accepted}."
+        )
     if isinstance(devices, int):
-        if devices < 1:
-            raise MisconfigurationError(f"devices={devices} is invalid; use {accepted}.")
+        if devices < 1:  # a TypeError, as Lightning's for it
+            raise MisconfigurationTypeError(f"devices={devices} is invalid; use {accepted}.")
         indices = list(range(devices))
+    elif accelerator != "cuda":
+        raise MisconfigurationTypeError(
+            f"devices={devices!r} is a list of device indices, which only GPUs have: on CPU, devices is the "
+            f"number of processes, an int > 0. Pass devices={max(len(devices), 1)} to start "
+            f"{max(len(devices), 1)} process(es), or accelerator='cuda' for GPUs."
+        )
     else:
-        indices = list(devices)
-        if not indices or not all(isinstance(i, int) and i >= 0 for i in indices):
-            raise MisconfigurationError(f"devices={devices!r} is invalid; use {accepted}.")
+        indices = _gpu_indices(devices, accepted)
     if accelerator == "cuda":
         if available is not None and max(indices) >= available:
             raise MisconfigurationError(
@@ -142,6 +148,43 @@ def resolve_devices(
             )
         return [torch.device("cuda", i) for i in indices]
     return [torch.device("cpu")] * len(indices)
+
+
+def _parse_string(devices: Any, accepted: str) -> Any:
+    """``devices`` given as a string, read as Lightning reads it: ``"auto"``, ``"-1"``, a count
+    (``"2"``) or comma-separated GPU indices (``"0,1"``, ``"1,"``)."""
+    if not isinstance(devices, str) or devices == "auto":
+        return devices
+    try:
+        if "," in devices:
+            return [int(part) for part in devices.split(",") if part.strip()]
+        return int(devices)
+    except ValueError:
+        raise MisconfigurationTypeError(f"devices={devices!r} is not understood; use {accepted}.") from None
+
+
+def _gpu_indices(devices: list[Any] | tuple[Any, ...], accepted: str) -> list[int]:
+    """A list of GPU indices: ints >= 0, each once (two processes cannot share one GPU)."""
+    indices = list(devices)
+    if not indices:
+        raise MisconfigurationError(f"devices={devices!r} is invalid: it names no GPU; use {accepted}.")
+    for index in indices:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise MisconfigurationTypeError(
+                f"devices={devices!r} holds {index!r} ({type(index).__name__}); GPU indices are ints >= 0."
+            )
+        if index < 0:
+            raise MisconfigurationError(
+                f"devices={devices!r} holds {index}; GPU indices are ints >= 0 (devices=-1 alone means all GPUs)."
+            )
+    repeated = sorted({i for i in indices if indices.count(i) > 1})
+    if repeated:
+        raise MisconfigurationError(
+            f"devices={devices!r} names GPU {', '.join(map(str, repeated))} more than once; each process needs a "
+            f'GPU of its own (Lightning: "Device ID\'s (GPU) must be unique"). Pass distinct indices, e.g. '
+            f"devices={sorted(set(indices))!r}."
+        )
+    return indices
 
 
 def usable_cpu_cores() -> int:

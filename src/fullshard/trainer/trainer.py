@@ -178,6 +178,7 @@ class Trainer(TrainerProperties):
         **lightning_only: Any,
     ) -> None:
         arguments.reject_unknown(lightning_only)
+        arguments.check_each(locals())  # here, locals() is the arguments by name
         #: Lightning's barebones mode: no checkpoints, logging, progress bar, model summary or sanity check.
         self.barebones = barebones
         self.enable_autolog_hparams = enable_autolog_hparams
@@ -196,14 +197,14 @@ class Trainer(TrainerProperties):
                 }
             )
             enable_checkpointing = logger = enable_progress_bar = enable_model_summary = False
-            num_sanity_val_steps = 0  # log_every_n_steps stays: nothing is logged
+            num_sanity_val_steps, log_every_n_steps = 0, None  # its default stays: nothing is logged
         self.fast_dev_run = arguments.fast_dev_run_batches(fast_dev_run)
         log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps
         arguments.check_counts(
             accumulate_grad_batches=accumulate_grad_batches,
             log_every_n_steps=log_every_n_steps,
         )
-        gradient_clip_algorithm = gradient_clip_algorithm or "norm"
+        gradient_clip_algorithm = arguments.clip_algorithm(gradient_clip_algorithm)
         val_check_interval = 1.0 if val_check_interval is None else val_check_interval
         arguments.check_loop_arguments(
             max_steps=max_steps,
@@ -215,13 +216,10 @@ class Trainer(TrainerProperties):
             val_check_interval=val_check_interval,
             gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=gradient_clip_algorithm,
-            requeue_on_preemption=requeue_on_preemption,
         )
         limits = arguments.batch_limits(
             limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches
         )
-        arguments.check_deterministic(deterministic)
-        arguments.check_data_options(overfit_batches, reload_dataloaders_every_n_epochs, sync_batchnorm)
         self.profiler = resolve_profiler(profiler)
         compile_config = parse_compile(compile, "Trainer")
         self._preemption_signals = preemption.parse_signals(preemption_signals)
