@@ -250,27 +250,40 @@ MAX_SHARED_VISITS = 1_000_000
 _LEAVES = frozenset({str, int, float, bool, bytes, type(None), torch.Tensor, torch.nn.Parameter})
 
 
-def _children(obj: Any) -> Iterator[tuple[str, Any]]:
-    """The objects ``obj`` holds, each with how to name it (``"['key']"``, ``"[3]"``, ``".field"``);
-    tensors, strings and numbers hold none here. Dict keys are walked too: a tuple key is nested
-    data as well."""
+Part = tuple[str, Any]  # how an item is reached: ("[]", key or index), ("key", key), (".", field name)
+
+
+def _children(obj: Any) -> Iterator[tuple[Part, Any]]:
+    """The objects ``obj`` holds, each with how it is reached (named only in an error); tensors,
+    strings and numbers hold none here. Dict keys are walked too: a tuple key is nested data."""
     if isinstance(obj, torch.Tensor | str | bytes | bytearray | int | float | complex | type(None)):
         return
     if isinstance(obj, Mapping):
         for key, value in obj.items():
             if isinstance(key, tuple | frozenset):
-                yield f"[key {_short(key)}]", key
-            yield f"[{_short(key)}]", value
+                yield ("key", key), key
+            yield ("[]", key), value
     elif isinstance(obj, list | tuple | set | frozenset):
         for i, value in enumerate(obj):
-            yield f"[{i}]", value
+            yield ("[]", i), value
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # DCP's index
         for field in dataclasses.fields(obj):
-            yield f".{field.name}", getattr(obj, field.name, None)
+            yield (".", field.name), getattr(obj, field.name, None)
 
 
-def _short(key: Any) -> str:
-    return repr(key) if isinstance(key, str | int | float | bool | type(None)) else f"<{type(key).__name__}>"
+def _named(parts: Sequence[Part]) -> str:
+    """``['hyper_parameters']['deep'][0]...``: the entry that ``parts`` reach, its first levels."""
+
+    def short(key: Any) -> str:
+        if isinstance(key, str | int | float | bool | type(None)):
+            return repr(key) if len(repr(key)) <= 40 else f"{repr(key)[:37]}..."
+        return f"<{type(key).__name__}>"
+
+    shown = [
+        f".{key}" if kind == "." else f"[key {short(key)}]" if kind == "key" else f"[{short(key)}]"
+        for kind, key in parts[:3]
+    ]
+    return "".join(shown) + ("..." if len(parts) > 3 else "")
 
 
 def check_structure(obj: Any, path: str | Path) -> None:
@@ -281,7 +294,7 @@ def check_structure(obj: Any, path: str | Path) -> None:
     held = 0  # the objects the walk met, each container's items once: what the file holds
     walked = 1  # the objects a walk as a tree visits, so far
     # each frame: the container, its items still to visit, the visits counted so far, its name
-    stack: list[tuple[Any, Iterator[tuple[str, Any]], list[int], tuple[str, ...]]] = [
+    stack: list[tuple[Any, Iterator[tuple[Part, Any]], list[int], tuple[Part, ...]]] = [
         (obj, _children(obj), [1], ())
     ]
     open_ids = {id(obj)}
@@ -327,8 +340,8 @@ def check_structure(obj: Any, path: str | Path) -> None:
             walked += 1
 
 
-def _structure_error(path: str | Path, name: tuple[str, ...], what: str) -> CorruptCheckpointError:
-    entry = "".join(name[:3]) + ("..." if len(name) > 3 else "")
+def _structure_error(path: str | Path, name: tuple[Part, ...], what: str) -> CorruptCheckpointError:
+    entry = _named(name)
     return CorruptCheckpointError(
         f"The checkpoint file {str(path)!r} is damaged or made to exhaust whoever reads it: its entry "
         f"{entry or '(the whole file)'} {what}. No checkpoint fullshard or Lightning writes holds such data "
