@@ -40,7 +40,7 @@ from fullshard.checkpoint.layout import META_NAME, CommitRecord
 from fullshard.checkpoint.lightning import loop_state
 from fullshard.checkpoint.progress_checks import check_loop_state
 from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect
-from fullshard.checkpoint.validate import check_optimizer_shapes, sharded_optimizer_tensors
+from fullshard.checkpoint.validate import check_optimizer_shapes
 from fullshard.cli import main as cli
 from fullshard.errors import CorruptCheckpointError, MisconfigurationError, UntrustedCheckpointError
 
@@ -276,13 +276,18 @@ def _edited(saved: dict[str, Path], tmp_path: Path, edit: Callable[[dict[str, An
 def _refused_resume(ckpt: Path, tmp_path: Path, pattern: str) -> None:
     """``fit(ckpt_path=ckpt)`` raises CorruptCheckpointError matching ``pattern`` and naming the
     file, with the model's weights and the file's bytes unchanged."""
-    before, model = ckpt.read_bytes(), Net()
+    before, model = _bytes_of(ckpt), Net()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CorruptCheckpointError, match=pattern) as caught:
         _fit(tmp_path, ckpt, model=model)
     assert str(ckpt) in str(caught.value)
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
-    assert ckpt.read_bytes() == before
+    assert _bytes_of(ckpt) == before
+
+
+def _bytes_of(ckpt: Path) -> dict[str, bytes]:
+    files = sorted(ckpt.rglob("*")) if ckpt.is_dir() else [ckpt]
+    return {str(f): f.read_bytes() for f in files if f.is_file()}
 
 
 def _shared_lists(depth: int = 40) -> list[Any]:
@@ -455,28 +460,29 @@ def test_an_optimizer_state_of_another_shape_is_refused(saved: dict[str, Path], 
     )
 
 
-def test_a_sharded_optimizer_state_is_checked_by_its_index(saved: dict[str, Path]) -> None:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+def test_a_sharded_optimizer_state_is_checked_by_its_index(tmp_path: Path) -> None:
+    trainer, model = run_single(tmp_path, fmt="sharded")
+    trainer.optimizers[0].state[model.head.weight]["exp_avg_sq"] = torch.zeros(7, 16)
+    trainer.save_checkpoint(tmp_path / "sharded.ckpt")  # a consistent record of a wrong state
+    _refused_resume(
+        tmp_path / "sharded.ckpt",
+        tmp_path,
+        r"head\.weight's 'exp_avg_sq' of optimizer 0 \(AdamW\) has shape \(7, 16\), the parameter \(1, 16\)",
+    )
 
-    from fullshard.checkpoint.dcp_reading import read_metadata
 
-    record = CommitRecord.read(saved["sharded"])
-    index = read_metadata(saved["sharded"] / record.data).state_dict_metadata
-    shapes = {k: v.size for k, v in index.items() if isinstance(v, TensorStorageMetadata)}
-    model = {k[len("model.") :]: v for k, v in shapes.items() if k.startswith("model.")}
-    adamw = [torch.optim.AdamW(Net().parameters())]
-    check_optimizer_shapes("s.ckpt", model, adamw, sharded_optimizer_tensors(shapes))  # as saved
-    shapes["optimizers.0.head.weight.exp_avg_sq"] = torch.Size([7, 16])
-    with pytest.raises(
-        CorruptCheckpointError,
-        match=r"head\.weight's 'exp_avg_sq' of optimizer 0 \(AdamW\) has shape \(7, 16\), the parameter \(1, 16\)",
-    ):
-        check_optimizer_shapes("s.ckpt", model, adamw, sharded_optimizer_tensors(shapes))
+def test_optimizer_states_torch_keeps_in_other_shapes_pass() -> None:
     # what torch.optim keeps in other shapes passes: Adafactor's factored moments; LBFGS's flat vectors
     weight = {"w": torch.Size([8, 4])}
     factored = [(0, "w", "row_var", (8, 1)), (0, "w", "col_var", (1, 4)), (0, "w", "step", ())]
     check_optimizer_shapes("s.ckpt", weight, [torch.optim.Adafactor([torch.zeros(8, 4)])], factored)
     check_optimizer_shapes("s.ckpt", weight, [torch.optim.LBFGS([torch.zeros(8, 4)])], [(0, "w", "d", (32,))])
+    adafactor = [torch.optim.Adafactor([torch.zeros(8, 4)])]
+    for key, shape in (("row_var", (4, 1)), ("step", (3,)), ("variance", (1, 4))):
+        with pytest.raises(
+            CorruptCheckpointError, match=rf"w's '{key}' of optimizer 0 \(Adafactor\) has shape"
+        ):
+            check_optimizer_shapes("s.ckpt", weight, adafactor, [(0, "w", key, shape)])
 
 
 # --------------------------------------------------------------------- what still loads as before

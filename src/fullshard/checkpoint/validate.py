@@ -74,7 +74,8 @@ _FACTORED = frozenset({"row_var", "col_var"})  # Adafactor's
 
 def _checked(optimizer: Any) -> bool:
     cls = type(optimizer)
-    return cls.__module__.startswith("torch.optim.") and cls is not torch.optim.LBFGS
+    module = cls.__module__  # "torch.optim.adamw"; "torch.optim" for Adafactor
+    return (module == "torch.optim" or module.startswith("torch.optim.")) and cls is not torch.optim.LBFGS
 
 
 def _fits(key: str, shape: tuple[int, ...], parameter: tuple[int, ...]) -> bool:
