@@ -12,12 +12,15 @@ One process (single device) unless marked ``multiprocess`` (FSDP on 2 CPU proces
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
 import shutil
 import sys
+import time
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,10 @@ from fullshard.checkpoint import io as checkpoint_io
 from fullshard.checkpoint import trust
 from fullshard.checkpoint.io import load_torch_file
 from fullshard.checkpoint.layout import META_NAME, CommitRecord
+from fullshard.checkpoint.lightning import loop_state
+from fullshard.checkpoint.progress_checks import check_loop_state
 from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect
+from fullshard.checkpoint.validate import check_optimizer_shapes
 from fullshard.cli import main as cli
 from fullshard.errors import CorruptCheckpointError, MisconfigurationError, UntrustedCheckpointError
 
@@ -252,6 +258,231 @@ def test_trust_checkpoint_must_be_a_bool(tmp_path: Path) -> None:
         MisconfigurationError, match=r"trust_checkpoint='yes' is invalid: pass True or False\."
     ):
         fullshard.Trainer(accelerator="cpu", devices=1, logger=False).fit(Net(), trust_checkpoint="yes")  # type: ignore[arg-type]
+
+
+# ------------------------------------------ plain data that is still hostile (issue 37, wt-ckpta)
+# Checkpoints edited as anyone can (torch.save rewrites the archive's CRC-32s): each is refused
+# with CorruptCheckpointError naming the entry, within seconds, the file's bytes as they were and
+# the model's weights untouched. [Note: loaded data is walked within bounds] in trust.py,
+# [Note: loop counters checked on resume] in progress_checks.py, [Note: optimizer states checked
+# against the parameters] in validate.py.
+def _edited(saved: dict[str, Path], tmp_path: Path, edit: Callable[[dict[str, Any]], Any]) -> Path:
+    checkpoint = torch.load(saved["full"], weights_only=True)
+    edit(checkpoint)
+    torch.save(checkpoint, tmp_path / "edited.ckpt")
+    return tmp_path / "edited.ckpt"
+
+
+def _refused_resume(ckpt: Path, tmp_path: Path, pattern: str) -> None:
+    """``fit(ckpt_path=ckpt)`` raises CorruptCheckpointError matching ``pattern`` and naming the
+    file, with the model's weights and the file's bytes unchanged."""
+    before, model = _bytes_of(ckpt), Net()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CorruptCheckpointError, match=pattern) as caught:
+        _fit(tmp_path, ckpt, model=model)
+    assert str(ckpt) in str(caught.value)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert _bytes_of(ckpt) == before
+
+
+def _bytes_of(ckpt: Path) -> dict[str, bytes]:
+    files = sorted(ckpt.rglob("*")) if ckpt.is_dir() else [ckpt]
+    return {str(f): f.read_bytes() for f in files if f.is_file()}
+
+
+def _shared_lists(depth: int = 40) -> list[Any]:
+    nested: list[Any] = []
+    for _ in range(depth):
+        nested = [nested, nested]  # 2**depth paths through depth + 1 lists
+    return nested
+
+
+SHARED = r"shares its lists or dicts so that a walk of it as a tree visits more than 1,000,000 objects"
+
+
+@pytest.mark.parametrize("where", ["hyper_parameters", "callbacks"])
+def test_shared_nested_lists_are_refused_at_once(saved: dict[str, Path], tmp_path: Path, where: str) -> None:
+    ckpt = _edited(saved, tmp_path, lambda c: c[where].update(deep=_shared_lists()))
+    assert ckpt.stat().st_size < saved["full"].stat().st_size + 4096  # a few bytes more than the real one
+    entry = re.escape(f"its entry ['{where}']['deep'][0]... {SHARED[:20]}")
+    started = time.monotonic()
+    for trust_checkpoint in (False, True):  # a trusted file is walked within bounds too
+        with pytest.raises(CorruptCheckpointError, match=entry):
+            Net.load_from_checkpoint(ckpt, trust_checkpoint=trust_checkpoint)
+    problem = inspect(ckpt).problem
+    assert problem is not None and re.search(SHARED, problem), problem
+    _refused_resume(ckpt, tmp_path, entry)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.timeout(60)  # was: no answer in 60 s
+def test_the_command_line_refuses_shared_nested_lists_in_seconds(
+    saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = _edited(saved, tmp_path, lambda c: c["hyper_parameters"].update(deep=_shared_lists()))
+    started = time.monotonic()
+    assert cli(["checkpoint", "inspect", str(ckpt)]) == 1
+    assert time.monotonic() - started < 10
+    printed = capsys.readouterr().out
+    assert re.search(SHARED, printed) and str(ckpt) in printed, printed
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (functools.reduce(lambda inner, _: [inner], range(150), []), r"nests deeper than 100 levels"),
+        (
+            (lambda itself: (itself.append(itself), itself)[1])([]),
+            r"holds itself \(a list or dict inside itself\)",
+        ),
+        ({("a", (1, 2)): 1, "deep": {"x": [0] * 8}}, None),  # tuple keys and a few levels load
+    ],
+    ids=["deep", "itself", "plain"],
+)
+def test_loaded_data_nesting_and_cycles(tmp_path: Path, value: Any, said: str | None) -> None:
+    buffer = io.BytesIO()
+    torch.save({"hyper_parameters": {"v": value}}, buffer)
+    if said is None:
+        buffer.seek(0)
+        assert load_torch_file(buffer, "x.ckpt")["hyper_parameters"]["v"] == value
+        return
+    buffer.seek(0)
+    with pytest.raises(
+        CorruptCheckpointError, match=rf"'x\.ckpt' .*its entry \['hyper_parameters'\]\['v'\].* {said}"
+    ):
+        load_torch_file(buffer, "x.ckpt")
+
+
+def _rewrite_pickle(src: Path, dst: Path, edit: Callable[[bytes], bytes]) -> None:
+    """``src`` with its pickle entry edited and the archive rewritten (CRC-32s recomputed)."""
+    with zipfile.ZipFile(src) as old, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as new:
+        for info in old.infolist():
+            data = old.read(info)
+            new.writestr(info, edit(data) if info.filename.endswith("/data.pkl") else data)
+
+
+def test_a_list_as_a_dict_key_is_corrupt(saved: dict[str, Path], tmp_path: Path) -> None:
+    source = _edited(saved, tmp_path, lambda c: c["hyper_parameters"].update(KEYMARK=1))
+    ckpt = tmp_path / "listkey.ckpt"
+
+    def list_as_key(data: bytes) -> bytes:
+        at = data.index(b"X\x07\x00\x00\x00KEYMARK")  # BINUNICODE 'KEYMARK', the key
+        return data[:at] + b"]" + data[at + 12 :]  # EMPTY_LIST in its place
+
+    _rewrite_pickle(source, ckpt, list_as_key)
+    before = ckpt.read_bytes()
+    said = rf"'{re.escape(str(ckpt))}' is damaged or not a checkpoint: its pickle builds what no pickle of plain data holds \(TypeError: unhashable type: 'list'\)"
+    with pytest.raises(CorruptCheckpointError, match=said):
+        Net.load_from_checkpoint(ckpt)
+    _refused_resume(ckpt, tmp_path, said)
+    assert ckpt.read_bytes() == before
+
+
+def test_a_loop_state_of_another_type_is_refused(saved: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = _edited(saved, tmp_path, lambda c: c.update(loops="x"))
+    _refused_resume(
+        ckpt, tmp_path, r"its 'loops' entry is 'x' \(str\), but it must be a dict of the loop's counters"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("global_step", -7), ("global_step", 10**18), ("batches_in_epoch", 10**12)]
+)
+def test_loop_counters_out_of_range_are_refused(
+    saved: dict[str, Path], tmp_path: Path, key: str, value: int
+) -> None:
+    ckpt = _edited(saved, tmp_path, lambda c: c["loops"].update({key: value}))
+    _refused_resume(
+        ckpt,
+        tmp_path,
+        rf"its loops\['{key}'\] is {value} \(int\), but it must be an int from 0 to 10,000,000,000\.",
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ({"epoch": True}, r"loops\['epoch'\] is True \(bool\), but it must be an int from 0"),
+        ({"total_batch_idx": 2.0}, r"loops\['total_batch_idx'\] is 2\.0 \(float\), but it must be an int"),
+        (
+            {"samples_in_epoch": -1},
+            r"loops\['samples_in_epoch'\] is -1 \(int\), but it must be an int from 0 to 1,000,000,000,000,000",
+        ),
+        ({"data_seed": "11"}, r"loops\['data_seed'\] is '11' \(str\), but it must be None or an int"),
+        ({"epoch_finished": 1}, r"loops\['epoch_finished'\] is 1 \(int\), but it must be True or False"),
+        (
+            {"epoch_rng_state": [1, 2]},
+            r"loops\['epoch_rng_state'\] is \[1, 2\] \(list\), but it must be None or",
+        ),
+        (
+            {"loader_positions": [{"batches": -2, "samples": None}]},
+            r"loops\['loader_positions'\]\[0\]\['batches'\] is -2",
+        ),
+        (
+            {"batches_that_stepped": 5, "total_batch_idx": 4},
+            r"loops\['batches_that_stepped'\] is 5 \(int\), but .* cannot exceed loops\['total_batch_idx'\] \(4\)",
+        ),
+        ({"global_step": None}, r"loops\['global_step'\] is None \(NoneType\)"),
+    ],
+    ids=["bool", "float", "samples", "seed", "finished", "rng", "positions", "stepped", "none"],
+)
+def test_every_loop_entry_is_checked(saved: dict[str, Path], edit: dict[str, Any], said: str) -> None:
+    loops = {**torch.load(saved["full"], weights_only=True)["loops"], **edit}
+    with pytest.raises(
+        CorruptCheckpointError, match=rf"^The checkpoint 'c\.ckpt' is damaged or was edited: its {said}"
+    ):
+        check_loop_state(loops, "c.ckpt")
+    check_loop_state(torch.load(saved["full"], weights_only=True)["loops"], "c.ckpt")  # the real one passes
+    with pytest.raises(CorruptCheckpointError, match=r"its 'loops' entry lacks 'global_step'"):
+        check_loop_state({"epoch": 0, "batches_in_epoch": 0}, "c.ckpt")
+
+
+def test_lightning_loop_counters_are_checked_as_converted() -> None:
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"its entry \['loops'\]\['fit_loop'\]\['epoch_progress'\] is 'x' \(str\), but it must be a dict",
+    ):
+        loop_state({"loops": {"fit_loop": {"epoch_progress": "x"}}}, "l.ckpt")
+    with pytest.raises(CorruptCheckpointError, match=r"its entry \['global_step'\] is -1 \(int\)"):
+        loop_state({"epoch": 0, "global_step": -1}, "l.ckpt")
+
+
+def test_an_optimizer_state_of_another_shape_is_refused(saved: dict[str, Path], tmp_path: Path) -> None:
+    def edit(checkpoint: dict[str, Any]) -> None:
+        checkpoint["optimizer_states"][0]["state"]["blocks.0.fc.weight"]["exp_avg"] = torch.zeros(1_000_000)
+
+    ckpt = _edited(saved, tmp_path, edit)
+    _refused_resume(
+        ckpt,
+        tmp_path,
+        r"its optimizer state does not fit the parameters its model state has: blocks\.0\.fc\.weight's 'exp_avg' "
+        r"of optimizer 0 \(AdamW\) has shape \(1000000,\), the parameter \(16, 16\)\. Nothing was loaded",
+    )
+
+
+def test_a_sharded_optimizer_state_is_checked_by_its_index(tmp_path: Path) -> None:
+    trainer, model = run_single(tmp_path, fmt="sharded")
+    trainer.optimizers[0].state[model.head.weight]["exp_avg_sq"] = torch.zeros(7, 16)
+    trainer.save_checkpoint(tmp_path / "sharded.ckpt")  # a consistent record of a wrong state
+    _refused_resume(
+        tmp_path / "sharded.ckpt",
+        tmp_path,
+        r"head\.weight's 'exp_avg_sq' of optimizer 0 \(AdamW\) has shape \(7, 16\), the parameter \(1, 16\)",
+    )
+
+
+def test_optimizer_states_torch_keeps_in_other_shapes_pass() -> None:
+    # what torch.optim keeps in other shapes passes: Adafactor's factored moments; LBFGS's flat vectors
+    weight = {"w": torch.Size([8, 4])}
+    factored = [(0, "w", "row_var", (8, 1)), (0, "w", "col_var", (1, 4)), (0, "w", "step", ())]
+    check_optimizer_shapes("s.ckpt", weight, [torch.optim.Adafactor([torch.zeros(8, 4)])], factored)
+    check_optimizer_shapes("s.ckpt", weight, [torch.optim.LBFGS([torch.zeros(8, 4)])], [(0, "w", "d", (32,))])
+    adafactor = [torch.optim.Adafactor([torch.zeros(8, 4)])]
+    for key, shape in (("row_var", (4, 1)), ("step", (3,)), ("variance", (1, 4))):
+        with pytest.raises(
+            CorruptCheckpointError, match=rf"w's '{key}' of optimizer 0 \(Adafactor\) has shape"
+        ):
+            check_optimizer_shapes("s.ckpt", weight, adafactor, [(0, "w", key, shape)])
 
 
 # --------------------------------------------------------------------- what still loads as before

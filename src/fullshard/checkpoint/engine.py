@@ -78,7 +78,14 @@ from fullshard.checkpoint.layout import (
     recorded_files,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
-from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
+from fullshard.checkpoint.progress_checks import with_loop_checks
+from fullshard.checkpoint.validate import (
+    StateDictMismatchError,
+    check_optimizer_shapes,
+    check_state_dict_matches,
+    full_optimizer_tensors,
+    sharded_optimizer_tensors,
+)
 from fullshard.errors import CheckpointError, CorruptCheckpointError
 
 if TYPE_CHECKING:
@@ -377,6 +384,8 @@ def load(
     path = Path(path)
     fmt = _decide(strategy, lambda: detect_format(path))
     n_optimizers = 0 if weights_only else len(optimizers)
+    if not weights_only:  # a resume believes the loop state: [Note: loop counters checked on resume]
+        check = with_loop_checks(path, check)
     load = _load_full if fmt == "full" else _load_sharded
     with _quiet_torch():
         return load(
@@ -441,6 +450,11 @@ def _load_full(
         groups = saved_groups if len(saved_groups) == len(saved_states) else None
         check_meta(checkpoint, path, optimizers, check, None if before_optimizers else groups)
         check_state_dict_matches(shapes, checkpoint["state_dict"], strict)
+        if optimizers:  # [Note: optimizer states checked against the parameters] in validate.py
+            saved_tensors = full_optimizer_tensors(
+                str(path), checkpoint.get("optimizer_states"), len(optimizers)
+            )
+            check_optimizer_shapes(str(path), shapes, optimizers, saved_tensors)
         if not strict:  # only the keys the model has: the rest has nowhere to go
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in shapes}
         tensors["state_dict"] = checkpoint.pop("state_dict")
@@ -524,6 +538,7 @@ def _load_sharded(
         ]
         if missing or unexpected or mismatched:
             raise StateDictMismatchError(missing, unexpected, mismatched)
+        check_optimizer_shapes(str(path), expected, optimizers, sharded_optimizer_tensors(shapes))
         return record, meta, stepped, set(saved)
 
     record, meta, stepped, saved_keys = _decide(strategy, read)

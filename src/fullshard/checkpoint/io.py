@@ -50,7 +50,7 @@ from typing import IO, Any
 import torch
 
 from fullshard.checkpoint.events import checkpoint_event
-from fullshard.checkpoint.trust import allowed_globals, refused_names, untrusted_error
+from fullshard.checkpoint.trust import allowed_globals, check_structure, refused_names, untrusted_error
 from fullshard.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -241,10 +241,19 @@ def load_torch_file(
         UntrustedCheckpointError: (not ``trust``) the file names a function or class to call
             that is not admitted.
         CorruptCheckpointError: (not ``trust``) its pickle is refused for its structure alone
-            (a damaged file).
+            (a damaged file), or builds what no pickle of plain data can (a list as a dict key);
+            (always) what it holds cannot be walked within bounds ([Note: loaded data is walked
+            within bounds] in trust.py).
     """
     if trust:
-        return torch.load(source, map_location=map_location, mmap=mmap, weights_only=False)
+        loaded = torch.load(source, map_location=map_location, mmap=mmap, weights_only=False)
+    else:
+        loaded = _load_plain(source, path, map_location, mmap)
+    check_structure(loaded, path)
+    return loaded
+
+
+def _load_plain(source: str | Path | IO[bytes], path: str | Path, map_location: Any, mmap: bool) -> Any:
     with allowed_globals():
         try:
             return torch.load(source, map_location=map_location, mmap=mmap, weights_only=True)
@@ -258,6 +267,15 @@ def load_torch_file(
             raise CorruptCheckpointError(
                 f"The checkpoint file {str(path)!r} is damaged or not a checkpoint (torch.load(weights_only=True) "
                 f"refused its pickle: {_reason(err)}). Resume from an earlier checkpoint instead."
+            ) from err
+        except (TypeError, AttributeError, RecursionError) as err:
+            # what the restricted unpickler's operations raise on a pickle no torch.save writes: a
+            # list as a dict key ("unhashable type"), items set on a number, a tuple nested past
+            # Python's recursion limit by the pickle's own opcodes
+            raise CorruptCheckpointError(
+                f"The checkpoint file {str(path)!r} is damaged or not a checkpoint: its pickle builds what no "
+                f"pickle of plain data holds ({type(err).__name__}: {err}). Resume from an earlier checkpoint "
+                "instead."
             ) from err
 
 
@@ -356,14 +374,19 @@ def _refused(value: Any) -> list[str]:
     return []
 
 
-def _without_tensor_data(value: Any) -> Any:
+def _without_tensor_data(value: Any, copies: dict[int, Any] | None = None) -> Any:
+    """``value`` with each tensor replaced by an empty one; each container is copied once (by id),
+    so that one shared by several entries costs one copy, not one per path to it."""
     if type(value) in (torch.Tensor, torch.nn.Parameter):
         return torch.empty(0, dtype=value.dtype)
-    if type(value) in (dict, OrderedDict, list, tuple):  # OrderedDict: what state_dict() returns
+    if type(value) not in (dict, OrderedDict, list, tuple):  # OrderedDict: what state_dict() returns
+        return value
+    copies = {} if copies is None else copies
+    if id(value) not in copies:
         items = value.items() if isinstance(value, dict) else enumerate(value)
-        copied = {k: _without_tensor_data(v) for k, v in items}
-        return type(value)(copied) if isinstance(value, dict) else type(value)(copied.values())
-    return value
+        copied = {k: _without_tensor_data(v, copies) for k, v in items}
+        copies[id(value)] = type(value)(copied) if isinstance(value, dict) else type(value)(copied.values())
+    return copies[id(value)]
 
 
 _warned: set[str] = set()

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from fullshard.checkpoint.progress_checks import check_count, loop_state_error
 from fullshard.errors import CheckpointError
 
 LIGHTNING_VERSION_KEY = "pytorch-lightning_version"
@@ -137,45 +138,63 @@ def _optimizer_state(
     return {"state": state, "param_groups": groups}
 
 
-def _progress(loop: Mapping[str, Any], key: str) -> dict[str, int]:
-    value = loop.get(key, {})
-    return {k: int(v) for k, v in value.get("current", {}).items()}
+def _count(path: str, checkpoint: Mapping[str, Any], *keys: str) -> int:
+    """The counter at ``checkpoint[keys[0]][keys[1]]...`` (0 where an entry is absent), checked as
+    fullshard's own ([Note: loop counters checked on resume] in progress_checks.py)."""
+    node: Any = checkpoint
+    for depth, key in enumerate(keys):
+        if not isinstance(node, Mapping):
+            entry = "".join(f"[{k!r}]" for k in keys[:depth])
+            raise loop_state_error(path, f"entry {entry}", node, "it must be a dict, as Lightning writes it")
+        node = node.get(key, 0)
+    return check_count(path, "entry " + "".join(f"[{k!r}]" for k in keys), node)
 
 
-def loop_state(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
-    """fullshard's loop state from a Lightning checkpoint: from its ``loops`` entry (Lightning's
-    progress counters) where present, else from ``epoch`` and ``global_step``.
+def loop_state(checkpoint: Mapping[str, Any], path: str = "") -> dict[str, Any]:
+    """fullshard's loop state from a Lightning checkpoint (at ``path``, named in errors): from its
+    ``loops`` entry (Lightning's progress counters) where present, else from ``epoch`` and
+    ``global_step``. Each counter is checked as it is read
+    (:class:`~fullshard.errors.CorruptCheckpointError` naming the entry).
 
     Lightning counts an epoch ``completed`` only after its end hooks; one whose batches are all
     ``processed`` was saved at its end (``epoch_finished``), one ``started`` but not ``processed``
     was saved in its middle, after ``batch_progress.current.processed`` batches.
     """
-    fit_loop = checkpoint.get("loops", {}).get("fit_loop")
-    if fit_loop is None:
+    loops = checkpoint.get("loops")
+    if loops is not None and not isinstance(loops, Mapping):
+        raise loop_state_error(path, "'loops' entry", loops, "it must be a dict, as Lightning writes it")
+    if loops is None or loops.get("fit_loop") is None:
         return {
-            "epoch": int(checkpoint.get("epoch", 0)),
-            "global_step": int(checkpoint.get("global_step", 0)),
+            "epoch": _count(path, checkpoint, "epoch"),
+            "global_step": _count(path, checkpoint, "global_step"),
             "batches_in_epoch": 0,
             "epoch_finished": False,
             "total_batch_idx": 0,
         }
-    optim = fit_loop.get("epoch_loop.automatic_optimization.optim_progress", {})
-    manual = fit_loop.get("epoch_loop.manual_optimization.optim_step_progress", {})
-    global_step = int(optim.get("optimizer", {}).get("step", {}).get("total", {}).get("completed", 0)) + int(
-        manual.get("total", {}).get("completed", 0)
+    fit = ("loops", "fit_loop")
+    optim = (
+        *fit,
+        "epoch_loop.automatic_optimization.optim_progress",
+        "optimizer",
+        "step",
+        "total",
+        "completed",
     )
-    epochs = _progress(fit_loop, "epoch_progress")
-    batches = _progress(fit_loop, "epoch_loop.batch_progress")
-    total_batches = fit_loop.get("epoch_loop.batch_progress", {}).get("total", {}).get("processed", 0)
-    epoch = epochs.get("completed", 0)
-    finished = epochs.get("processed", 0) > epoch
-    mid_epoch = not finished and epochs.get("started", 0) > epoch
+    manual = (*fit, "epoch_loop.manual_optimization.optim_step_progress", "total", "completed")
+    epochs = {
+        k: _count(path, checkpoint, *fit, "epoch_progress", "current", k)
+        for k in ("completed", "processed", "started")
+    }
+    batches = _count(path, checkpoint, *fit, "epoch_loop.batch_progress", "current", "processed")
+    epoch = epochs["completed"]
+    finished = epochs["processed"] > epoch
+    mid_epoch = not finished and epochs["started"] > epoch
     return {
         "epoch": epoch,
-        "global_step": global_step,
-        "batches_in_epoch": batches.get("processed", 0) if (finished or mid_epoch) else 0,
+        "global_step": _count(path, checkpoint, *optim) + _count(path, checkpoint, *manual),
+        "batches_in_epoch": batches if (finished or mid_epoch) else 0,
         "epoch_finished": finished,
-        "total_batch_idx": int(total_batches),
+        "total_batch_idx": _count(path, checkpoint, *fit, "epoch_loop.batch_progress", "total", "processed"),
     }
 
 
@@ -208,7 +227,7 @@ def convert_checkpoint(
             ``save_weights_only=True``) or does not fit ``optimizers``.
     """
     out = copy.copy(dict(checkpoint))
-    out["loops"] = loop_state(checkpoint)
+    out["loops"] = loop_state(checkpoint, path)
     out["hyper_parameters"] = dict(checkpoint.get("hyper_parameters", {}))
     out["callbacks"] = dict(checkpoint.get("callbacks", {}))
     out["grad_scaler"] = _scaler_state(checkpoint)

@@ -22,6 +22,7 @@ will need the opt-in (:func:`fullshard.checkpoint.io.warn_not_plain`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import pathlib
 import pickle
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from fullshard.errors import UntrustedCheckpointError
+from fullshard.errors import CorruptCheckpointError, UntrustedCheckpointError
 
 TRUST_HINT = (
     "Load it only if you trust who wrote it: pass trust_checkpoint=True to the call that loads it "
@@ -166,9 +167,17 @@ class MetadataUnpickler(pickle.Unpickler):
 
     def load(self) -> Any:
         try:
-            return super().load()
+            loaded = super().load()
         except _Refused as refused:
             raise untrusted_error(self._path, [refused.name], what="index") from None
+        except (TypeError, AttributeError, RecursionError) as err:  # as in io.load_torch_file
+            raise CorruptCheckpointError(
+                f"The checkpoint file {str(self._path)!r} (torch.distributed.checkpoint's index of the tensors) "
+                f"is damaged: its pickle builds what no index holds ({type(err).__name__}: {err}). Resume from "
+                "an earlier checkpoint instead."
+            ) from err
+        check_structure(loaded, self._path)
+        return loaded
 
 
 def refused_names(source: Any, err: Exception) -> list[str]:
@@ -219,4 +228,123 @@ def untrusted_error(
         f"{_SHARE_HINT}",
         str(path),
         tuple(names),
+    )
+
+
+# [Note: loaded data is walked within bounds]
+# A pickle names each object once and may refer to it again (its memo), so ~2 KB hold lists
+# nested 40 deep whose every level holds the level below twice: 2**40 paths through 41 objects.
+# Everything that walks loaded data as a tree (printing it, copying it, listing its tensors,
+# logging hyperparameters) would run for days, and a list that holds itself would never end. So
+# every object fullshard unpickles is measured once, visiting each container once by its id,
+# before anything else sees it: how deep it nests, whether a container holds itself, and how
+# many objects a walk as a tree would visit beyond those the file holds. Past
+# :data:`MAX_DEPTH` levels, or :data:`MAX_SHARED_VISITS` visits more than the objects themselves
+# (a real checkpoint shares at most a few containers: a list two hyperparameters name), it is
+# refused with :class:`~fullshard.errors.CorruptCheckpointError` naming the entry. The measure
+# costs one visit per object, as the unpickling did.
+MAX_DEPTH = 100
+MAX_SHARED_VISITS = 1_000_000
+
+
+_LEAVES = frozenset({str, int, float, bool, bytes, type(None), torch.Tensor, torch.nn.Parameter})
+
+
+Part = tuple[str, Any]  # how an item is reached: ("[]", key or index), ("key", key), (".", field name)
+
+
+def _children(obj: Any) -> Iterator[tuple[Part, Any]]:
+    """The objects ``obj`` holds, each with how it is reached (named only in an error); tensors,
+    strings and numbers hold none here. Dict keys are walked too: a tuple key is nested data."""
+    if isinstance(obj, torch.Tensor | str | bytes | bytearray | int | float | complex | type(None)):
+        return
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if isinstance(key, tuple | frozenset):
+                yield ("key", key), key
+            yield ("[]", key), value
+    elif isinstance(obj, list | tuple | set | frozenset):
+        for i, value in enumerate(obj):
+            yield ("[]", i), value
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # DCP's index
+        for field in dataclasses.fields(obj):
+            yield (".", field.name), getattr(obj, field.name, None)
+
+
+def _named(parts: Sequence[Part]) -> str:
+    """``['hyper_parameters']['deep'][0]...``: the entry that ``parts`` reach, its first levels."""
+
+    def short(key: Any) -> str:
+        if isinstance(key, str | int | float | bool | type(None)):
+            return repr(key) if len(repr(key)) <= 40 else f"{repr(key)[:37]}..."
+        return f"<{type(key).__name__}>"
+
+    shown = [
+        f".{key}" if kind == "." else f"[key {short(key)}]" if kind == "key" else f"[{short(key)}]"
+        for kind, key in parts[:3]
+    ]
+    return "".join(shown) + ("..." if len(parts) > 3 else "")
+
+
+def check_structure(obj: Any, path: str | Path) -> None:
+    """Raise :class:`~fullshard.errors.CorruptCheckpointError` unless ``obj`` (what the file at
+    ``path`` unpickled to) can be walked as a tree within bounds (see [Note: loaded data is walked
+    within bounds]). Each container is visited once; nothing is called on the objects."""
+    visits: dict[int, int] = {}  # id -> objects a tree walk of it visits (itself included)
+    held = 0  # the objects the walk met, each container's items once: what the file holds
+    walked = 1  # the objects a walk as a tree visits, so far
+    # each frame: the container, its items still to visit, the visits counted so far, its name
+    stack: list[tuple[Any, Iterator[tuple[Part, Any]], list[int], tuple[Part, ...]]] = [
+        (obj, _children(obj), [1], ())
+    ]
+    open_ids = {id(obj)}
+    while stack:
+        container, children, count, name = stack[-1]
+        item = next(children, None)
+        if item is None:
+            stack.pop()
+            open_ids.discard(id(container))
+            visits[id(container)] = count[0]
+            if stack:
+                stack[-1][2][0] += count[0]
+            continue
+        label, child = item
+        held += 1
+        if type(child) in _LEAVES:  # the most common item, at the least cost
+            count[0] += 1
+            walked += 1
+            continue
+        known = visits.get(id(child))
+        if known is not None:  # a container met before: a tree walk visits it again
+            count[0] += known
+            walked += known
+            if walked - held > MAX_SHARED_VISITS:
+                raise _structure_error(
+                    path,
+                    (*name, label),
+                    "shares its lists or dicts so that a walk of it as a tree visits more than "
+                    f"{MAX_SHARED_VISITS:,} objects beyond the {held:,} it holds",
+                )
+        elif id(child) in open_ids:
+            raise _structure_error(path, (*name, label), "holds itself (a list or dict inside itself)")
+        elif next(_children(child), None) is None:
+            count[0] += 1
+            walked += 1
+        elif len(stack) >= MAX_DEPTH:
+            raise _structure_error(
+                path, (*name, label), f"nests deeper than {MAX_DEPTH} levels of lists, tuples or dicts"
+            )
+        else:
+            stack.append((child, _children(child), [1], (*name, label)))
+            open_ids.add(id(child))
+            walked += 1
+
+
+def _structure_error(path: str | Path, name: tuple[Part, ...], what: str) -> CorruptCheckpointError:
+    entry = _named(name)
+    return CorruptCheckpointError(
+        f"The checkpoint file {str(path)!r} is damaged or made to exhaust whoever reads it: its entry "
+        f"{entry or '(the whole file)'} {what}. No checkpoint fullshard or Lightning writes holds such data "
+        "(hyperparameters and callback states nest a few levels and share few lists or dicts), so nothing "
+        "was loaded. Resume from an earlier checkpoint."
     )

@@ -83,8 +83,11 @@ class Progress:
         that epoch's number until then (Lightning shows it during the sanity run)."""
         self.global_step = int(state["global_step"])
         # the same as global_step, except under manual optimization (several steps per batch);
-        # absent from checkpoints written before it was recorded
-        self.batches_that_stepped = int(state.get("batches_that_stepped", self.global_step))
+        # absent from checkpoints written before it was recorded, and from Lightning's: at most
+        # the batches run, which count it ([Note: loop counters checked on resume])
+        total = state.get("total_batch_idx")
+        stepped = self.global_step if total is None else min(self.global_step, int(total))
+        self.batches_that_stepped = int(state.get("batches_that_stepped", stepped))
         self.epoch = int(state["epoch"])
         self.batches_in_epoch = int(state["batches_in_epoch"])
         samples, world_size = state.get("samples_in_epoch"), state.get("world_size")
