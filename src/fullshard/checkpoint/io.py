@@ -38,6 +38,7 @@ import contextlib
 import io
 import os
 import pickle
+import struct
 import tempfile
 import threading
 import warnings
@@ -259,6 +260,13 @@ def load_torch_file(
                 f"The checkpoint file {str(path)!r} is damaged or not a checkpoint (torch.load(weights_only=True) "
                 f"refused its pickle: {_reason(err)}). Resume from an earlier checkpoint instead."
             ) from err
+        # what torch's restricted unpickler and its tensor rebuilding raise on damaged bytes
+        except (EOFError, KeyError, IndexError, ValueError, TypeError, AttributeError, struct.error) as err:
+            raise _not_a_checkpoint(Path(path), err) from err
+        except RuntimeError as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise _not_a_checkpoint(Path(path), err) from err
 
 
 _REFUSED = "Weights only load failed"  # how torch's message of a weights_only refusal starts
