@@ -543,6 +543,28 @@ def test_verify_reports_a_tensor_record_the_load_refuses(
     assert _tree(tmp_path) == before
 
 
+def test_export_refuses_a_view_claiming_more_elements_than_its_storage(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
+    """A weight recorded as (10**12,) with stride 0 over its 256 floats: torch loads such a view
+    (it stays inside its storage), the load's shape check refuses it, and the export, which
+    writes tensors dense, refuses it before allocating 4 TB."""
+    ckpt = Path(shutil.copy(saved["full"], tmp_path / "expanded.ckpt"))
+
+    def expand(checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"]["blocks.0.fc.weight"].args[2:4] = [(10**12,), (0,)]
+
+    _edit_records(ckpt, expand)
+    before = _tree(tmp_path)
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"expanded\.ckpt' stores 'blocks\.0\.fc\.weight' as \(1000000000000,\) float32 \(4000000000000 bytes\) "
+        r"over 1024 bytes of data \(a view that repeats its elements\): exporting it would write every element",
+    ):
+        export_safetensors(ckpt, tmp_path / "w.safetensors")
+    assert _tree(tmp_path) == before
+
+
 def _tied(saved: dict[str, Path], tmp_path: Path, fmt: str, ties: Any) -> Path:
     """A copy of the saved checkpoint of ``fmt`` whose record of tied parameters is ``ties``
     (a sharded one's commit and rank records fixed up)."""

@@ -313,7 +313,26 @@ def _model_weights(
         meta, state = read_sharded(path, verify=verify, trust=trust, prefix="model.")
         recorded, weights = meta.get(TIED_KEY), state.get("model", {})
     restore_tied(weights, recorded)
-    return {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}, recorded
+    tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    for key, tensor in tensors.items():
+        _check_dense(path, key, tensor)
+    return tensors, recorded
+
+
+def _check_dense(path: Path, key: str, tensor: torch.Tensor) -> None:
+    """An export writes each tensor dense: refuse one with more elements than its storage holds
+    (a view with a stride of 0, as ``expand`` makes, claiming (10**12,) over 4 bytes), which
+    would allocate what the checkpoint's files never held. torch checks only that a view stays
+    inside its storage."""
+    dense = tensor.numel() * tensor.element_size()
+    held = tensor.untyped_storage().nbytes()
+    if dense > held:
+        raise CorruptCheckpointError(
+            f"The checkpoint {str(path)!r} stores {key!r} as {tuple(tensor.shape)} "
+            f"{str(tensor.dtype).removeprefix('torch.')} ({dense} bytes) over {held} bytes of data (a view that "
+            "repeats its elements): exporting it would write every element, more than the checkpoint holds. "
+            "Nothing was written. A model's parameters are never such views: the checkpoint was damaged or edited."
+        )
 
 
 def _strip_prefix(
