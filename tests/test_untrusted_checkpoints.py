@@ -327,20 +327,21 @@ def _leaves(value: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any
 
 def test_damaged_pickle_is_corrupt_not_untrusted(saved: dict[str, Path], tmp_path: Path) -> None:
     """Each byte of two stretches of a full checkpoint's pickle (its first 300 bytes: the
-    checkpoint's own entries; and 300 from its first tensor record) replaced by an opcode no
-    pickle has, read by load_torch_file (which does not check CRC-32s: the load around it does):
-    CorruptCheckpointError, never UntrustedCheckpointError (nothing names code) and never another
-    exception. A byte that loads is an operand that holds any value: a memo slot or the protocol
-    (the same checkpoint), or a number (that one number differs); the archive's CRC-32, which
-    every load checks first, refuses each of those."""
+    checkpoint's own entries; and 300 from the model's first weight: its name and tensor records)
+    replaced by an opcode no pickle has, read by load_torch_file (which does not check CRC-32s:
+    the load around it does): CorruptCheckpointError, never UntrustedCheckpointError (nothing
+    names code) and never another exception. A byte that loads is an operand that holds any value:
+    a memo slot or the protocol (the same checkpoint), or a number (that one number differs); the
+    archive's CRC-32, which every load checks first, refuses each of those. (Both stretches hold
+    the same bytes at every run: the random states, whose numbers vary, are elsewhere.)"""
     data = saved["full"].read_bytes()
     entry = next(e for e in archive_entries(saved["full"]) if e.name.endswith("/data.pkl"))
     pickled = data[entry.offset : entry.offset + entry.size]
     starts = {pos: op.name for op, _, pos in pickletools.genops(pickled)}
     original = _leaves(load_torch_file(saved["full"], "c.ckpt"))
-    tensor_record = pickled.index(b"_rebuild_tensor_v2") - 40
+    weights = pickled.index(b"blocks.0.fc.weight") - 5  # its BINUNICODE opcode and length
     corrupt, loaded = 0, []
-    for offset in [*range(300), *range(tensor_record, tensor_record + 300)]:
+    for offset in [*range(300), *range(weights, weights + 300)]:
         damaged = bytearray(data)
         damaged[entry.offset + offset] = 0xFE
         try:
