@@ -326,22 +326,27 @@ def _leaves(value: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any
 
 
 def test_damaged_pickle_is_corrupt_not_untrusted(saved: dict[str, Path], tmp_path: Path) -> None:
-    """Each byte of two stretches of a full checkpoint's pickle (its first 300 bytes: the
-    checkpoint's own entries; and 300 from the model's first weight: its name and tensor records)
-    replaced by an opcode no pickle has, read by load_torch_file (which does not check CRC-32s:
-    the load around it does): CorruptCheckpointError, never UntrustedCheckpointError (nothing
-    names code) and never another exception. A byte that loads is an operand that holds any value:
-    a memo slot or the protocol (the same checkpoint), or a number (that one number differs); the
-    archive's CRC-32, which every load checks first, refuses each of those. (Both stretches hold
-    the same bytes at every run: the random states, whose numbers vary, are elsewhere.)"""
+    """Each byte of two stretches of a full checkpoint's pickle (its first 250 bytes: the
+    checkpoint's own entries; and 250 from the model's first weight: its name and tensor records),
+    and the length byte of its first 100 long integers (the random states'), replaced by an opcode
+    no pickle has, read by load_torch_file (which does not check CRC-32s: the load around it
+    does): CorruptCheckpointError, never UntrustedCheckpointError (nothing names code, even where
+    torch reads garbage as a global's name) and never another exception. A byte that loads is an
+    operand that holds any value: a memo slot or the protocol (the same checkpoint), a number
+    (that one number differs), or a long integer's length (the bytes after it read anew: the
+    checkpoint differs, as plain data, maybe not even a dict); the archive's CRC-32, which every load checks first,
+    refuses each of those. (The stretches hold the same bytes at every run; the long integers,
+    random numbers, do not, and each of their outcomes is one of the above.)"""
     data = saved["full"].read_bytes()
     entry = next(e for e in archive_entries(saved["full"]) if e.name.endswith("/data.pkl"))
     pickled = data[entry.offset : entry.offset + entry.size]
     starts = {pos: op.name for op, _, pos in pickletools.genops(pickled)}
     original = _leaves(load_torch_file(saved["full"], "c.ckpt"))
     weights = pickled.index(b"blocks.0.fc.weight") - 5  # its BINUNICODE opcode and length
+    lengths = [pos + 1 for pos, name in sorted(starts.items()) if name == "LONG1"][:100]
+    assert len(lengths) == 100
     corrupt, loaded = 0, []
-    for offset in [*range(300), *range(weights, weights + 300)]:
+    for offset in [*range(250), *range(weights, weights + 250), *lengths]:
         damaged = bytearray(data)
         damaged[entry.offset + offset] = 0xFE
         try:
@@ -359,6 +364,8 @@ def test_damaged_pickle_is_corrupt_not_untrusted(saved: dict[str, Path], tmp_pat
         changed = {p for p in original.keys() | leaves.keys() if original.get(p) != leaves.get(p)}
         if opcode in _NO_CHANGE_OPERANDS:
             assert not changed, (offset, opcode, changed)
+        elif offset in lengths:
+            assert changed, offset
         else:
             assert opcode in _NUMBER_OPERANDS, (offset, opcode)
             assert len(changed) == 1 and isinstance(original[next(iter(changed))], int | float), changed
