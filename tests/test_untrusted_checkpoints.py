@@ -749,3 +749,38 @@ def test_links_inside_the_checkpoint_are_followed(saved: dict[str, Path], tmp_pa
         Net.load_from_checkpoint(ckpt) is not None
         and export_safetensors(ckpt, tmp_path / "w.safetensors").is_file()
     )
+
+
+def test_a_damaged_value_dcp_stores_as_bytes_is_corrupt(saved: dict[str, Path], tmp_path: Path) -> None:
+    """A sharded checkpoint rewritten with a non-tensor model entry (DCP stores it as torch.save
+    bytes), one byte of its pickle damaged and the records fixed up: the readers raise
+    CorruptCheckpointError naming the entry, not DCP's CheckpointException around a bare error."""
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from fullshard.checkpoint.commit import ShardWriter
+
+    ckpt = Path(shutil.copytree(saved["sharded"], tmp_path / "ckpt"))
+    data = _shard(ckpt).parent
+    _, state = read_sharded(ckpt, verify=True, trust=False)
+    state["model"]["extra"] = ["a plain value", 7]
+    for file in [data / ".metadata", *data.glob("*.distcp")]:
+        file.unlink()
+    dcp_save(state, storage_writer=ShardWriter(data, single_file_per_rank=True), no_dist=True)
+    with open(data / ".metadata", "rb") as f:
+        index = pickle.load(f)  # our own file, just written
+    stored = next(info for key, info in index.storage_data.items() if key.fqn.startswith("model.extra"))
+    shard = data / stored.relative_path
+    content = bytearray(shard.read_bytes())
+    content[content.index(b"data.pkl", stored.offset) + len(b"data.pkl") + 40] = 0xFE  # inside its pickle
+    shard.write_bytes(bytes(content))
+    fix_record(ckpt)
+    before = _tree(tmp_path)
+    damaged = rf"file \"{re.escape(str(data))} \(entry 'model\.extra'\)\" is damaged or not a checkpoint \(UnicodeDecodeError"
+    for load in (
+        lambda: Net.load_from_checkpoint(ckpt, strict=False),
+        lambda: export_safetensors(ckpt, tmp_path / "w.safetensors"),
+        lambda: verify(ckpt),
+    ):
+        with pytest.raises(CorruptCheckpointError, match=damaged):
+            load()
+    assert _tree(tmp_path) == before

@@ -144,6 +144,6 @@ def untrusted_raised() -> Iterator[None]:
     except CheckpointException as err:
         failures = [failure for failure, _ in err.failures.values() if isinstance(failure, CheckpointError)]
         untrusted = [failure for failure in failures if isinstance(failure, UntrustedCheckpointError)]
-        if untrusted or failures:
+        if failures:
             raise (untrusted or failures)[0] from None
         raise

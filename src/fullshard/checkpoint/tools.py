@@ -134,9 +134,11 @@ def verify(path: str | Path, trust_checkpoint: bool = False) -> Format:
     Returns its format.
 
     [Note: verify checks what a load checks]
-    ``inspect --verify`` calls the readers the loads call (:func:`read_full`, :func:`read_sharded`:
-    what ``load_from_checkpoint``, ``consolidate`` and ``export`` read with), not checks of its own,
-    so that it reports exactly the problem a load would raise: every CRC-32 first, then the
+    ``inspect --verify`` calls the readers the loads call, not checks of its own (:func:`read_sharded`,
+    what ``load_from_checkpoint``, ``consolidate`` and ``export`` read a sharded checkpoint with;
+    :func:`read_full`, ``export``'s reader of a full file, which calls what every load of one calls:
+    ``verify_full_file`` or the engine's ``ArchiveCheck``, then ``load_checkpoint_file``), so
+    that it reports exactly the problem a load would raise: every CRC-32 first, then the
     unpickling through fullshard's gate, torch's own checks of each tensor's storage record (a
     record claiming 10**12 elements in a few bytes), a sharded checkpoint's records, identity and
     index, and the record of tied parameters. What needs the model (shapes, optimizer counts) is
