@@ -784,3 +784,25 @@ def test_a_damaged_value_dcp_stores_as_bytes_is_corrupt(saved: dict[str, Path], 
         with pytest.raises(CorruptCheckpointError, match=damaged):
             load()
     assert _tree(tmp_path) == before
+
+
+def test_a_tie_between_views_repeating_their_elements_is_refused_at_once(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two weights recorded as (10**12,) with stride 0 and tied: comparing their values would
+    read 10**12 elements each; the tie is refused from their layout instead."""
+    ckpt = Path(shutil.copy(saved["full"], tmp_path / "views.ckpt"))
+
+    def expand_and_tie(checkpoint: dict[str, Any]) -> None:
+        for key in ("blocks.0.fc.weight", "blocks.1.fc.weight"):
+            checkpoint["state_dict"][key].args[2:4] = [(10**12,), (0,)]
+        checkpoint[checkpoint_io.TIED_KEY] = {"blocks.1.fc.weight": "blocks.0.fc.weight"}
+
+    _edit_records(ckpt, expand_and_tie)
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"it stores 'blocks\.1\.fc\.weight' and 'blocks\.0\.fc\.weight' as two different views, one "
+        r"repeating its elements, so the two are no tie",
+    ):
+        export_safetensors(ckpt, tmp_path / "w.safetensors")
+    assert not (tmp_path / "w.safetensors").exists()
