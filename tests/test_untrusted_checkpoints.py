@@ -15,6 +15,9 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
+import pickle
+import pickletools
 import re
 import shutil
 import sys
@@ -35,17 +38,18 @@ from ckpt_helpers import Net, assert_same_state, full_state, make_data, run_sing
 from conftest import SCRIPTS, check_ok, run_script
 from fullshard.checkpoint import io as checkpoint_io
 from fullshard.checkpoint import trust
+from fullshard.checkpoint.archive import archive_entries, verify_full_file
 from fullshard.checkpoint.io import load_torch_file
 from fullshard.checkpoint.layout import META_NAME, CommitRecord
 from fullshard.checkpoint.lightning import loop_state
 from fullshard.checkpoint.progress_checks import check_loop_state
-from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect
+from fullshard.checkpoint.tools import consolidate, export_safetensors, inspect, read_sharded, verify
 from fullshard.checkpoint.validate import check_optimizer_shapes
 from fullshard.cli import main as cli
 from fullshard.errors import CorruptCheckpointError, MisconfigurationError, UntrustedCheckpointError
 
 sys.path.insert(0, str(SCRIPTS))
-from untrusted_job import SYSTEM, Payload, forge_bytes, forge_full, forge_index, forge_meta
+from untrusted_job import SYSTEM, Payload, fix_record, forge_bytes, forge_full, forge_index, forge_meta
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 FORGED = ("full", "callback", "meta.pt", ".metadata", "bytes")
@@ -530,23 +534,80 @@ def test_types_the_user_allowlisted_load(tmp_path: Path) -> None:
     assert set(torch.serialization.get_safe_globals()) == before
 
 
-def test_damaged_pickle_is_corrupt_not_untrusted(saved: dict[str, Path]) -> None:
-    data = bytearray(saved["full"].read_bytes())
-    at = data.index(b"data.pkl") + len(b"data.pkl") + 40  # inside the pickle entry's bytes
-    for offset in range(at, at + 400):
+# the opcodes a damaged byte of whose operand still loads: a memo slot or the protocol number
+# (nothing changes), or a number (that one number changes)
+_NO_CHANGE_OPERANDS = ("BINPUT", "LONG_BINPUT", "PROTO")
+_NUMBER_OPERANDS = ("BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT")
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+    """Every leaf of a loaded checkpoint by its path (a tensor as its layout and values)."""
+    if isinstance(value, dict):
+        return {p: v for k, item in value.items() for p, v in _leaves(item, (*path, k)).items()}
+    if isinstance(value, list | tuple):
+        found = {(*path, "len"): len(value)}
+        for i, item in enumerate(value):
+            found.update(_leaves(item, (*path, i)))
+        return found
+    if isinstance(value, torch.Tensor):
+        layout = (tuple(value.shape), value.dtype, value.stride(), value.storage_offset())
+        return {path: (*layout, value.flatten().tolist())}
+    return {path: value}
+
+
+def test_damaged_pickle_is_corrupt_not_untrusted(saved: dict[str, Path], tmp_path: Path) -> None:
+    """Each byte of two stretches of a full checkpoint's pickle (its first 250 bytes: the
+    checkpoint's own entries; and 250 from the model's first weight: its name and tensor records),
+    and the length byte of its first 100 long integers (the random states'), replaced by an opcode
+    no pickle has, read by load_torch_file (which does not check CRC-32s: the load around it
+    does): CorruptCheckpointError, never UntrustedCheckpointError (nothing names code, even where
+    torch reads garbage as a global's name) and never another exception. A byte that loads is an
+    operand that holds any value: a memo slot or the protocol (the same checkpoint), a number
+    (that one number differs), or a long integer's length (the bytes after it read anew: the
+    checkpoint differs, as plain data, maybe not even a dict); the archive's CRC-32, which every load checks first,
+    refuses each of those. (The stretches hold the same bytes at every run; the long integers,
+    random numbers, do not, and each of their outcomes is one of the above.)"""
+    data = saved["full"].read_bytes()
+    entry = next(e for e in archive_entries(saved["full"]) if e.name.endswith("/data.pkl"))
+    pickled = data[entry.offset : entry.offset + entry.size]
+    starts = {pos: op.name for op, _, pos in pickletools.genops(pickled)}
+    original = _leaves(load_torch_file(saved["full"], "c.ckpt"))
+    weights = pickled.index(b"blocks.0.fc.weight") - 5  # its BINUNICODE opcode and length
+    lengths = [pos + 1 for pos, name in sorted(starts.items()) if name == "LONG1"][:100]
+    assert len(lengths) == 100
+    corrupt, loaded = 0, []
+    for offset in [*range(250), *range(weights, weights + 250), *lengths]:
         damaged = bytearray(data)
-        damaged[offset] = 0xFE  # an opcode no pickle has
+        damaged[entry.offset + offset] = 0xFE
         try:
-            load_torch_file(io.BytesIO(bytes(damaged)), "c.ckpt")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch's, for a damaged protocol number
+                checkpoint = load_torch_file(io.BytesIO(bytes(damaged)), "c.ckpt")
         except CorruptCheckpointError as err:
-            assert re.search(
-                r"is damaged or not a checkpoint \(torch\.load\(weights_only=True\) refused its pickle",
-                str(err),
-            )
-            return
-        except Exception:
+            assert re.match(r"The checkpoint file 'c\.ckpt' is damaged or not a checkpoint \(", str(err)), err
+            corrupt += 1
             continue
-    pytest.fail("no damaged byte gave a structural refusal")
+        opcode_at = max(pos for pos in starts if pos <= offset)
+        opcode = starts[opcode_at]
+        assert opcode_at < offset, f"byte {offset} is the opcode {opcode} itself, yet it loaded"
+        leaves = _leaves(checkpoint)
+        changed = {p for p in original.keys() | leaves.keys() if original.get(p) != leaves.get(p)}
+        if opcode in _NO_CHANGE_OPERANDS:
+            assert not changed, (offset, opcode, changed)
+        elif offset in lengths:
+            assert changed, offset
+        else:
+            assert opcode in _NUMBER_OPERANDS, (offset, opcode)
+            assert len(changed) == 1 and isinstance(original[next(iter(changed))], int | float), changed
+        loaded.append(bytes(damaged))
+    assert corrupt > 300 and loaded  # both kinds met: the stretches cover what they claim
+    for i, damaged_bytes in enumerate(loaded[:: max(1, len(loaded) // 20)]):  # the load's CRC-32 check
+        file = tmp_path / f"damaged{i}.ckpt"
+        file.write_bytes(damaged_bytes)
+        with pytest.raises(
+            CorruptCheckpointError, match=rf"entry '{re.escape(entry.name)}' fails its CRC-32"
+        ):
+            verify_full_file(file)
 
 
 @pytest.mark.parametrize("fmt", ["full", "sharded"])
@@ -619,3 +680,359 @@ def test_every_rank_refuses_forged_checkpoints(tmp_path: Path) -> None:
         assert log["changed"] == [] and log["ran"] is False
         assert log["trusted"]["error"] is None and log["ran_trusted"] is True
     assert CommitRecord.read(tmp_path / "evil-index.ckpt").world_size == 2
+
+
+# ==================================================================================================
+# Checkpoints that lie about themselves, edited with their CRC-32s recomputed (issue 37): verify
+# checks what a load checks, a tie is believed only where the checkpoint agrees, and a sharded
+# checkpoint reads nothing outside its directory. Each refusal leaves every file as it was.
+# ==================================================================================================
+class _Storage:
+    """A tensor's storage record in a pickle, kept as the persistent id ``torch.save`` wrote."""
+
+    def __init__(self, pid: Any) -> None:
+        self.pid = pid
+
+
+class _TensorRecord:
+    """A tensor record (``_rebuild_tensor_v2`` and its arguments), editable and written back as is."""
+
+    def __init__(self, *args: Any) -> None:
+        self.args = list(args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (torch._utils._rebuild_tensor_v2, tuple(self.args))
+
+
+class _RecordReader(pickle.Unpickler):
+    def persistent_load(self, pid: Any) -> _Storage:
+        return _Storage(pid)
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _TensorRecord
+        return super().find_class(module, name)  # our own file: what torch.save wrote
+
+
+class _RecordWriter(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:
+        return obj.pid if isinstance(obj, _Storage) else None
+
+
+def _edit_records(file: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite the pickle of the full checkpoint ``file`` after ``change`` (its tensors as
+    _TensorRecord), the archive rewritten with every CRC-32 valid, as anyone editing it can."""
+    with zipfile.ZipFile(file) as archive:
+        entries = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED) as archive:
+        for name, content in entries:
+            if name.endswith("/data.pkl"):
+                checkpoint = _RecordReader(io.BytesIO(content)).load()
+                change(checkpoint)
+                buffer = io.BytesIO()
+                _RecordWriter(buffer, protocol=2).dump(checkpoint)
+                content = buffer.getvalue()
+            archive.writestr(name, content)
+
+
+def _tree(root: Path) -> dict[str, Any]:
+    """Everything under ``root``: each link's target, each file's bytes."""
+    found: dict[str, Any] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        found[name] = (
+            ("link", os.readlink(path)) if path.is_symlink() else path.is_file() and path.read_bytes()
+        )
+    return found
+
+
+def test_verify_reports_a_tensor_record_the_load_refuses(
+    saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full checkpoint whose storage record for one weight claims 10**12 elements (in 1 KiB):
+    inspect --verify said "checksums: all match"; it reports what the load raises."""
+    ckpt = Path(shutil.copy(saved["full"], tmp_path / "huge.ckpt"))
+
+    def claim(checkpoint: dict[str, Any]) -> None:
+        storage = checkpoint["state_dict"]["blocks.0.fc.weight"].args[0]
+        storage.pid = (*storage.pid[:4], 10**12)
+
+    _edit_records(ckpt, claim)
+    assert verify_full_file(ckpt)  # every CRC-32 matches: the edit recomputed them
+    before = _tree(tmp_path)
+    with pytest.raises(CorruptCheckpointError) as loaded:
+        Net.load_from_checkpoint(ckpt)
+    said = str(loaded.value)
+    assert re.search(
+        r"'.*huge\.ckpt' is damaged or not a checkpoint \(RuntimeError: record size \(1024 bytes\) does not "
+        r"match expected size \(4000000000000 bytes",
+        said,
+    ), said
+    with pytest.raises(CorruptCheckpointError) as resumed:
+        _fit(tmp_path, ckpt)
+    with pytest.raises(CorruptCheckpointError) as verified:
+        verify(ckpt)
+    assert str(verified.value) == str(resumed.value) == said  # what verify says is what a load raises
+    report = inspect(ckpt, verify_checksums=True)
+    assert (report.verified, report.complete, report.problem) == (False, False, said)
+    assert cli(["checkpoint", "inspect", "--verify", str(ckpt)]) == 1
+    printed = capsys.readouterr().out
+    assert "checksums:   FAILED: a load would refuse it (see problem)" in printed and said in printed
+    assert _tree(tmp_path) == before
+
+
+def test_export_refuses_a_view_claiming_more_elements_than_its_storage(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
+    """A weight recorded as (10**12,) with stride 0 over its 256 floats: torch loads such a view
+    (it stays inside its storage), the load's shape check refuses it, and the export, which
+    writes tensors dense, refuses it before allocating 4 TB."""
+    ckpt = Path(shutil.copy(saved["full"], tmp_path / "expanded.ckpt"))
+
+    def expand(checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"]["blocks.0.fc.weight"].args[2:4] = [(10**12,), (0,)]
+
+    _edit_records(ckpt, expand)
+    before = _tree(tmp_path)
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"expanded\.ckpt' stores 'blocks\.0\.fc\.weight' as \(1000000000000,\) float32 \(4000000000000 bytes\) "
+        r"over 1024 bytes of data \(a view that repeats its elements\): exporting it would write every element",
+    ):
+        export_safetensors(ckpt, tmp_path / "w.safetensors")
+    assert _tree(tmp_path) == before
+
+
+def _tied(saved: dict[str, Path], tmp_path: Path, fmt: str, ties: Any) -> Path:
+    """A copy of the saved checkpoint of ``fmt`` whose record of tied parameters is ``ties``
+    (a sharded one's commit and rank records fixed up)."""
+    if fmt == "full":
+        ckpt = Path(shutil.copy(saved["full"], tmp_path / "tied.ckpt"))
+        checkpoint = torch.load(ckpt, weights_only=True)
+        checkpoint[checkpoint_io.TIED_KEY] = ties
+        torch.save(checkpoint, ckpt)
+        return ckpt
+    ckpt = Path(shutil.copytree(saved["sharded"], tmp_path / "tied.ckpt"))
+    meta = ckpt / CommitRecord.read(ckpt).data / META_NAME
+    checkpoint = torch.load(meta, weights_only=True)
+    checkpoint[checkpoint_io.TIED_KEY] = ties
+    torch.save(checkpoint, meta)
+    fix_record(ckpt)
+    return ckpt
+
+
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+def test_a_tie_between_tensors_of_other_shapes_is_refused(
+    saved: dict[str, Path], tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tied_parameters`` forged to say blocks.0.fc.weight (16, 16) is head.weight (1, 16): the
+    export wrote head.weight's values under blocks.0.fc.weight's name."""
+    ckpt = _tied(saved, tmp_path, fmt, {"blocks.0.fc.weight": "head.weight"})
+    out = tmp_path / "out"
+    before = _tree(tmp_path)
+    tie = r"records 'blocks\.0\.fc\.weight' as tied to 'head\.weight' \(one tensor under two names: tied_parameters\)"
+    shapes = (
+        r"it stores 'blocks\.0\.fc\.weight' as \(16, 16\) float32 and 'head\.weight' as \(1, 16\) float32"
+    )
+    refused = rf"The checkpoint '.*tied\.ckpt' {tie}, but {shapes}, so the two are no tie\. Nothing was read"
+    with pytest.raises(CorruptCheckpointError, match=refused):
+        export_safetensors(ckpt, out / "w.safetensors")
+    with pytest.raises(CorruptCheckpointError, match=refused):
+        verify(ckpt)
+    assert cli(["checkpoint", "export", str(ckpt), str(out)]) == 1
+    assert re.search(refused, capsys.readouterr().err)
+    report = inspect(ckpt)  # from the index alone: the shapes, without dtypes
+    assert report.problem is not None and re.search(
+        rf"{tie}, but it stores 'blocks\.0\.fc\.weight' as \(16, 16\) and 'head\.weight' as \(1, 16\)",
+        report.problem,
+    )
+    if fmt == "sharded":  # the loads read the record (a full checkpoint's load reads each name's own tensor)
+        with pytest.raises(CorruptCheckpointError, match=refused):
+            Net.load_from_checkpoint(ckpt)
+        model = Net()
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+        with pytest.raises(
+            CorruptCheckpointError, match=rf"{tie}, but it stores .* as \(16, 16\) and .* as \(1, 16\)"
+        ):
+            _fit(tmp_path, ckpt, model=model)
+        assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert _tree(tmp_path) == before and not out.exists()
+
+
+@pytest.mark.parametrize("fmt", ["full", "sharded"])
+def test_a_tie_between_tensors_of_other_values_is_not_believed(
+    saved: dict[str, Path], tmp_path: Path, fmt: str
+) -> None:
+    """Two weights of one shape and dtype recorded as one tensor: where both are read, their
+    values must be equal; the Trainer's sharded load reads a stored alias from its own bytes."""
+    ckpt = _tied(saved, tmp_path, fmt, {"blocks.1.fc.weight": "blocks.0.fc.weight"})
+    before = _tree(tmp_path)
+    refused = (
+        r"records 'blocks\.1\.fc\.weight' as tied to 'blocks\.0\.fc\.weight' .*, but it stores 'blocks\.1\.fc\.weight' "
+        r"with values other than 'blocks\.0\.fc\.weight''s \(both \(16, 16\) float32\), so the two are no tie"
+    )
+    with pytest.raises(CorruptCheckpointError, match=refused):
+        export_safetensors(ckpt, tmp_path / "w.safetensors")
+    with pytest.raises(CorruptCheckpointError, match=refused):
+        verify(ckpt)
+    if fmt == "sharded":
+        with pytest.raises(CorruptCheckpointError, match=refused):
+            Net.load_from_checkpoint(ckpt)
+        _, stored = read_sharded(saved["sharded"], verify=True, trust=False, prefix="model.")
+        model = Net()
+        _fit(tmp_path, ckpt, model=model)  # at step 4 already: the weights are the checkpoint's
+        assert torch.equal(model.blocks[1].fc.weight, stored["model"]["blocks.1.fc.weight"])
+        assert not torch.equal(model.blocks[1].fc.weight, model.blocks[0].fc.weight)
+    assert _tree(tmp_path) == before
+
+
+def test_a_tie_record_that_is_no_mapping_of_names_is_refused(saved: dict[str, Path], tmp_path: Path) -> None:
+    for fmt in ("full", "sharded"):
+        (tmp_path / fmt).mkdir()
+        ckpt = _tied(saved, tmp_path / fmt, fmt, ["blocks.0.fc.weight"])
+        with pytest.raises(
+            CorruptCheckpointError,
+            match=r"tied\.ckpt' records its tied parameters as a list that is not a mapping of parameter names "
+            r"\{alias: canonical\}\. Nothing was read through it\.",
+        ):
+            export_safetensors(ckpt, tmp_path / fmt / "w.safetensors")
+        assert not (tmp_path / fmt / "w.safetensors").exists()
+
+
+def _shard(ckpt: Path) -> Path:
+    return ckpt / CommitRecord.read(ckpt).data / "__0_0.distcp"
+
+
+def test_a_shard_linked_outside_the_checkpoint_is_refused(
+    saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shard replaced by a link to a file of the same bytes outside the checkpoint (every
+    CRC-32 matches): refused by every reader, naming the link and where it points, unless the
+    user opts in (FULLSHARD_CHECKPOINT_LINKS_OUTSIDE=1)."""
+    ckpt = Path(shutil.copytree(saved["sharded"], tmp_path / "ckpt"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shard = _shard(ckpt)
+    target = Path(shutil.move(shard, elsewhere / "__0_0.distcp"))
+    shard.symlink_to(target)
+    before = _tree(tmp_path)
+    refused = (
+        rf"The sharded checkpoint '{re.escape(str(ckpt))}' reads outside its directory: {shard.parent.name}/__0_0\.distcp "
+        rf"is a symbolic link to '{re.escape(str(target))}' \(resolving to '{re.escape(str(target))}'\), outside the "
+        r"checkpoint directory, which a load never reads: copy the file into the checkpoint in place of the link, or, "
+        r"if you made the link, set FULLSHARD_CHECKPOINT_LINKS_OUTSIDE=1 to follow it\. Nothing was loaded\."
+    )
+    for load in (
+        lambda: Net.load_from_checkpoint(ckpt),
+        lambda: _fit(tmp_path, ckpt),
+        lambda: consolidate(ckpt, tmp_path / "c.ckpt"),
+        lambda: export_safetensors(ckpt, tmp_path / "w.safetensors"),
+        lambda: verify(ckpt),
+    ):
+        with pytest.raises(CorruptCheckpointError, match=f"^{refused}"):
+            load()
+    assert re.match(refused, inspect(ckpt).problem or "")
+    assert _tree(tmp_path) == before
+    monkeypatch.setenv("FULLSHARD_CHECKPOINT_LINKS_OUTSIDE", "1")  # the user made the link: it loads
+    assert verify(ckpt) == "sharded" and _fit(tmp_path, ckpt).global_step == 4
+    monkeypatch.setenv("FULLSHARD_CHECKPOINT_LINKS_OUTSIDE", "yes")
+    with pytest.raises(
+        MisconfigurationError,
+        match=r"The environment variable FULLSHARD_CHECKPOINT_LINKS_OUTSIDE='yes' is invalid: set it to 1 to let",
+    ):
+        verify(ckpt)
+
+
+def test_a_data_directory_or_record_linked_outside_is_refused(saved: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = Path(shutil.copytree(saved["sharded"], tmp_path / "ckpt"))
+    data = _shard(ckpt).parent
+    moved = Path(shutil.move(data, tmp_path / data.name))
+    data.symlink_to(moved, target_is_directory=True)
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=rf"reads outside its directory: {data.name} is a symbolic link to '{re.escape(str(moved))}'",
+    ) as caught:
+        Net.load_from_checkpoint(ckpt)
+    assert str(caught.value).count("is a symbolic link") == 1  # said once, not once per file
+    data.unlink()
+    shutil.move(moved, data)
+    record = ckpt / "fullshard-checkpoint.json"
+    outside = Path(shutil.move(record, tmp_path / "record.json"))
+    record.symlink_to(outside)
+    with pytest.raises(CorruptCheckpointError, match=r"fullshard-checkpoint\.json is a symbolic link to"):
+        _fit(tmp_path, ckpt)
+
+
+def test_links_inside_the_checkpoint_are_followed(saved: dict[str, Path], tmp_path: Path) -> None:
+    """A checkpoint whose files link to each other inside it, then copied with its links and
+    reached through a link to it (as last.ckpt can be): loads, verifies, exports."""
+    original = Path(shutil.copytree(saved["sharded"], tmp_path / "original"))
+    shard = _shard(original)
+    kept = Path(shutil.move(shard, original / "store.distcp"))
+    shard.symlink_to(os.path.relpath(kept, shard.parent))
+    ckpt = Path(shutil.copytree(original, tmp_path / "copied", symlinks=True))
+    assert _shard(ckpt).is_symlink()
+    (tmp_path / "last.ckpt").symlink_to(ckpt, target_is_directory=True)
+    assert verify(tmp_path / "last.ckpt") == "sharded"
+    assert _fit(tmp_path, tmp_path / "last.ckpt").global_step == 4
+    assert (
+        Net.load_from_checkpoint(ckpt) is not None
+        and export_safetensors(ckpt, tmp_path / "w.safetensors").is_file()
+    )
+
+
+def test_a_damaged_value_dcp_stores_as_bytes_is_corrupt(saved: dict[str, Path], tmp_path: Path) -> None:
+    """A sharded checkpoint rewritten with a non-tensor model entry (DCP stores it as torch.save
+    bytes), one byte of its pickle damaged and the records fixed up: the readers raise
+    CorruptCheckpointError naming the entry, not DCP's CheckpointException around a bare error."""
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from fullshard.checkpoint.commit import ShardWriter
+
+    ckpt = Path(shutil.copytree(saved["sharded"], tmp_path / "ckpt"))
+    data = _shard(ckpt).parent
+    _, state = read_sharded(ckpt, verify=True, trust=False)
+    state["model"]["extra"] = ["a plain value", 7]
+    for file in [data / ".metadata", *data.glob("*.distcp")]:
+        file.unlink()
+    dcp_save(state, storage_writer=ShardWriter(data, single_file_per_rank=True), no_dist=True)
+    with open(data / ".metadata", "rb") as f:
+        index = pickle.load(f)  # our own file, just written
+    stored = next(info for key, info in index.storage_data.items() if key.fqn.startswith("model.extra"))
+    shard = data / stored.relative_path
+    content = bytearray(shard.read_bytes())
+    content[content.index(b"data.pkl", stored.offset) + len(b"data.pkl") + 40] = 0xFE  # inside its pickle
+    shard.write_bytes(bytes(content))
+    fix_record(ckpt)
+    before = _tree(tmp_path)
+    damaged = rf"file \"{re.escape(str(data))} \(entry 'model\.extra'\)\" is damaged or not a checkpoint \(UnicodeDecodeError"
+    for load in (
+        lambda: Net.load_from_checkpoint(ckpt, strict=False),
+        lambda: export_safetensors(ckpt, tmp_path / "w.safetensors"),
+        lambda: verify(ckpt),
+    ):
+        with pytest.raises(CorruptCheckpointError, match=damaged):
+            load()
+    assert _tree(tmp_path) == before
+
+
+def test_a_tie_between_views_repeating_their_elements_is_refused_at_once(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
+    """Two weights recorded as (10**12,) with stride 0 and tied: comparing their values would
+    read 10**12 elements each; the tie is refused from their layout instead."""
+    ckpt = Path(shutil.copy(saved["full"], tmp_path / "views.ckpt"))
+
+    def expand_and_tie(checkpoint: dict[str, Any]) -> None:
+        for key in ("blocks.0.fc.weight", "blocks.1.fc.weight"):
+            checkpoint["state_dict"][key].args[2:4] = [(10**12,), (0,)]
+        checkpoint[checkpoint_io.TIED_KEY] = {"blocks.1.fc.weight": "blocks.0.fc.weight"}
+
+    _edit_records(ckpt, expand_and_tie)
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"it stores 'blocks\.1\.fc\.weight' and 'blocks\.0\.fc\.weight' as two different views, one "
+        r"repeating its elements, so the two are no tie",
+    ):
+        export_safetensors(ckpt, tmp_path / "w.safetensors")
+    assert not (tmp_path / "w.safetensors").exists()

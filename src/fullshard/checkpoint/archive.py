@@ -1,6 +1,5 @@
 """Full checkpoint files (one ``torch.save`` zip archive): the CRC-32 each entry carries, checked
-on load (see [Note: checksums checked on load] in layout.py), and :func:`verify`, the complete
-check of a checkpoint of either format.
+on load (see [Note: checksums checked on load] in layout.py).
 """
 
 from __future__ import annotations
@@ -11,14 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullshard.checkpoint.layout import (
-    CHUNK,
-    CommitRecord,
-    Format,
-    check_sharded_files,
-    crc32_of_range,
-    detect_format,
-)
+from fullshard.checkpoint.layout import CHUNK, Format, crc32_of_range
 from fullshard.errors import CorruptCheckpointError
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip entry's local header: 30 bytes
@@ -115,13 +107,10 @@ def verify_full_file(path: Path, hint: str = "") -> bool:
     return True
 
 
-def verify(path: str | Path) -> Format:
-    """Check a checkpoint of either format completely, reading every byte. Returns its format."""
-    path = Path(path)
-    fmt = detect_format(path)
-    if fmt == "full":
-        verify_full_file(path)
-    else:
-        record = CommitRecord.read(path)
-        check_sharded_files(path, record, verify=True)
-    return fmt
+def verify(path: str | Path, trust_checkpoint: bool = False) -> Format:
+    """Check a checkpoint of either format completely, reading every byte, as a load reads it;
+    returns its format. :func:`fullshard.checkpoint.tools.verify` (see [Note: verify checks what a
+    load checks] there), kept here where it has always been importable from."""
+    from fullshard.checkpoint.tools import verify as verify_as_loaded  # tools imports this module
+
+    return verify_as_loaded(path, trust_checkpoint)

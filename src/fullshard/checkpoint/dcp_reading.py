@@ -136,13 +136,14 @@ def read_metadata(
 
 @contextlib.contextmanager
 def untrusted_raised() -> Iterator[None]:
-    """Raise the :class:`UntrustedCheckpointError` (or :class:`CorruptCheckpointError`) a DCP
-    load gathered into its ``CheckpointException`` (on every rank: DCP gives every rank every
-    rank's failures) as itself: one from a non-tensor value (:func:`load_planner`)."""
+    """Raise the :class:`UntrustedCheckpointError` (else the other checkpoint error: a damaged
+    value) a DCP load gathered into its ``CheckpointException`` (on every rank: DCP gives every
+    rank every rank's failures) as itself: one from a non-tensor value (:func:`load_planner`)."""
     try:
         yield
     except CheckpointException as err:
-        for failure, _ in err.failures.values():
-            if isinstance(failure, UntrustedCheckpointError | CorruptCheckpointError):  # a value refused
-                raise failure from None
+        failures = [failure for failure, _ in err.failures.values() if isinstance(failure, CheckpointError)]
+        untrusted = [failure for failure in failures if isinstance(failure, UntrustedCheckpointError)]
+        if failures:
+            raise (untrusted or failures)[0] from None
         raise

@@ -79,6 +79,7 @@ from fullshard.checkpoint.layout import (
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
 from fullshard.checkpoint.progress_checks import with_loop_checks
+from fullshard.checkpoint.ties import checked_ties
 from fullshard.checkpoint.validate import (
     StateDictMismatchError,
     check_optimizer_shapes,
@@ -527,6 +528,9 @@ def _load_sharded(
         saved = {k[len("model.") :]: v for k, v in shapes.items() if k.startswith("model.")}
         # an optimizer saved before its first step has no tensors ([Note: unstepped optimizers])
         stepped = {i for i in range(len(optimizers)) if any(k.startswith(f"optimizers.{i}.") for k in shapes)}
+        if TIED_KEY in meta:  # [Note: a tie is believed only where the checkpoint agrees] in ties.py:
+            tied = checked_ties(meta[TIED_KEY], saved, str(path))  # a stored alias: read from its bytes
+            meta[TIED_KEY] = {a: c for a, c in tied.items() if a not in saved}
         restore_tied(saved, meta.get(TIED_KEY))
         # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
         missing = sorted(set(expected) - set(saved)) if strict else []

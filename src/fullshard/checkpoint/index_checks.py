@@ -11,7 +11,8 @@ these bounds raises :class:`~fullshard.errors.CorruptCheckpointError` naming the
 
 - every storage entry names a tensor file of the checkpoint itself: a plain name
   ``__<rank>_<n>.distcp`` in its data directory (no ``/``, no ``..``, no absolute path), a regular
-  file (a symbolic link to one is followed: some storage deduplicates that way), and, where the
+  file (a symbolic link to one is followed only inside the checkpoint directory: [Note: a
+  checkpoint reads only its own directory] in layout.py), and, where the
   caller has read the rank records, one that a rank record lists (so its bytes are under a CRC-32);
   offset and length are non-negative and end within the file's real size; no storage transform
   (compression, encryption: fullshard writes none);
@@ -40,7 +41,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from fullshard.checkpoint.layout import SHARD_FILE, file_kind
+from fullshard.checkpoint.layout import SHARD_FILE, file_kind, link_problem
 from fullshard.errors import CorruptCheckpointError
 
 # the dtypes a fullshard checkpoint's tensors can have: torch's plain numeric ones
@@ -113,6 +114,10 @@ def _storage_problems(
         # with a message of its own ([Note: checksums checked on load] in layout.py)
         sizes[name] = recorded[name]["size"]
     elif name not in sizes:
+        link = link_problem(data.parent, f"{data.name}/{name}")
+        if link is not None:
+            sizes[name] = None
+            return [f"{where} names {name}: {link}"]
         kind = file_kind(data / name)
         sizes[name] = (data / name).stat().st_size if kind is None else None
         if kind is not None:

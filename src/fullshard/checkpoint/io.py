@@ -38,6 +38,7 @@ import contextlib
 import io
 import os
 import pickle
+import struct
 import tempfile
 import threading
 import warnings
@@ -277,6 +278,13 @@ def _load_plain(source: str | Path | IO[bytes], path: str | Path, map_location: 
                 f"pickle of plain data holds ({type(err).__name__}: {err}). Resume from an earlier checkpoint "
                 "instead."
             ) from err
+        # what torch's restricted unpickler and its tensor rebuilding raise on damaged bytes
+        except (EOFError, KeyError, IndexError, ValueError, struct.error) as err:
+            raise _not_a_checkpoint(Path(path), err) from err
+        except RuntimeError as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise _not_a_checkpoint(Path(path), err) from err
 
 
 _REFUSED = "Weights only load failed"  # how torch's message of a weights_only refusal starts

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning_utilities.core.imports import RequirementCache
 
-from fullshard.checkpoint.archive import verify, verify_full_file
+from fullshard.checkpoint.archive import verify_full_file
 from fullshard.checkpoint.io import (
     _FILE_MODE,
     _TMP_PREFIX,
@@ -34,15 +34,21 @@ from fullshard.checkpoint.layout import (
     META_NAME,
     CommitRecord,
     Files,
+    Format,
     check_meta_identity,
     check_sharded_files,
     detect_format,
     recorded_files,
 )
+from fullshard.checkpoint.ties import checked_ties, find_ties
 from fullshard.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 
 HF_WEIGHTS_NAME = "model.safetensors"  # the file Hugging Face's from_pretrained reads in a directory
 EXPORT_TIED_KEY = "fullshard.tied_parameters"  # safetensors metadata entry: JSON {alias: canonical}
+
+
+# what the errors of a damaged input say to read it regardless
+NO_VERIFY_HINT = "To read it regardless, damaged bytes and all, pass --no-verify (verify=False)."
 
 
 def read_sharded(
@@ -56,9 +62,28 @@ def read_sharded(
     meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
     check_meta_identity(meta, record, path)
     state = _read_dcp(data, record, files, prefix, trust)
-    if isinstance(state.get("model"), dict):  # [Note: tied parameters stored once] in io.py
-        restore_tied(state["model"], meta.get(TIED_KEY))
+    if TIED_KEY in meta:  # [Note: a tie is believed only where the checkpoint agrees] in ties.py
+        model = state.get("model")
+        meta[TIED_KEY] = checked_ties(meta[TIED_KEY], model if isinstance(model, dict) else {}, str(path))
+        if isinstance(model, dict):  # [Note: tied parameters stored once] in io.py
+            restore_tied(model, meta[TIED_KEY])
     return meta, state
+
+
+def read_full(path: Path, *, verify: bool, trust: bool, hint: str = NO_VERIFY_HINT) -> dict[str, Any]:
+    """The checkpoint file ``path`` read as a load reads it: (``verify``) every archive entry's
+    CRC-32 checked first (else ``hint`` ends the error), then unpickled through fullshard's gate
+    (``trust``: unrestricted), its record of ties checked against its tensors ([Note: a tie is
+    believed only where the checkpoint agrees] in ties.py)."""
+    if verify:
+        verify_full_file(path, hint)
+    checkpoint = load_checkpoint_file(path, trust=trust)
+    model = checkpoint["state_dict"]
+    if TIED_KEY in checkpoint:
+        checkpoint[TIED_KEY] = checked_ties(
+            checkpoint[TIED_KEY], model if isinstance(model, dict) else {}, str(path)
+        )
+    return checkpoint
 
 
 def _read_dcp(
@@ -94,10 +119,6 @@ def _read_dcp(
     return state
 
 
-# what the errors of a damaged input say to read it regardless
-NO_VERIFY_HINT = "To read it regardless, damaged bytes and all, pass --no-verify (verify=False)."
-
-
 def _committed(
     path: Path, verify: bool = False, hint: str = NO_VERIFY_HINT
 ) -> tuple[CommitRecord, Path, Files]:
@@ -106,6 +127,33 @@ def _committed(
     record = CommitRecord.read(path)
     check_sharded_files(path, record, verify=verify, hint=hint)
     return record, path / record.data, recorded_files(path, record)
+
+
+def verify(path: str | Path, trust_checkpoint: bool = False) -> Format:
+    """Check a checkpoint of either format completely, reading every byte, as a load reads it.
+    Returns its format.
+
+    [Note: verify checks what a load checks]
+    ``inspect --verify`` calls the readers the loads call, not checks of its own (:func:`read_sharded`,
+    what ``load_from_checkpoint``, ``consolidate`` and ``export`` read a sharded checkpoint with;
+    :func:`read_full`, ``export``'s reader of a full file, which calls what every load of one calls:
+    ``verify_full_file`` or the engine's ``ArchiveCheck``, then ``load_checkpoint_file``), so
+    that it reports exactly the problem a load would raise: every CRC-32 first, then the
+    unpickling through fullshard's gate, torch's own checks of each tensor's storage record (a
+    record claiming 10**12 elements in a few bytes), a sharded checkpoint's records, identity and
+    index, and the record of tied parameters. What needs the model (shapes, optimizer counts) is
+    left to the load. ``trust_checkpoint``: unpickle unrestricted (see :func:`consolidate`).
+
+    Raises:
+        CheckpointError: the subclass a load would raise, naming the problem.
+    """
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "full":
+        read_full(path, verify=True, trust=trust_checkpoint, hint="")
+    else:
+        read_sharded(path, verify=True, trust=trust_checkpoint, hint="")
+    return fmt
 
 
 def consolidate(
@@ -222,9 +270,12 @@ def inspect(path: str | Path, verify_checksums: bool = False, trust_checkpoint: 
         result.world_size, result.strategy = meta.get("world_size"), meta.get("strategy")
         result.epoch, result.global_step = loops.get("epoch"), loops.get("global_step")
         result.fullshard_version = meta.get("fullshard_version")
-        result.tied = dict(meta.get(TIED_KEY) or {})
-        if verify_checksums:
-            verify(path)
+        stored = {
+            t.name.removeprefix("model."): t.shape for t in result.tensors if t.name.startswith("model.")
+        }
+        result.tied = checked_ties(meta.get(TIED_KEY), stored, str(path))  # shapes: the values are not read
+        if verify_checksums:  # [Note: verify checks what a load checks]
+            verify(path, trust_checkpoint)
             result.verified = True
     except CheckpointError as err:
         result.complete = not isinstance(err, CorruptCheckpointError) and result.complete
@@ -258,77 +309,32 @@ def _model_weights(
     of ties: None for a checkpoint without one (written by Lightning, or by an older fullshard).
     ``verify``: check the CRC-32s of what is read first; ``trust``: unpickle unrestricted."""
     if detect_format(path) == "full":
-        if verify:
-            verify_full_file(path, NO_VERIFY_HINT)
-        checkpoint = load_checkpoint_file(path, trust=trust)
+        checkpoint = read_full(path, verify=verify, trust=trust)
         weights, recorded = checkpoint["state_dict"], checkpoint.get(TIED_KEY)
     else:
         meta, state = read_sharded(path, verify=verify, trust=trust, prefix="model.")
         recorded, weights = meta.get(TIED_KEY), state.get("model", {})
     restore_tied(weights, recorded)
-    return {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}, recorded
+    tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    for key, tensor in tensors.items():
+        _check_dense(path, key, tensor)
+    return tensors, recorded
 
 
-def find_ties(
-    weights: Mapping[str, torch.Tensor], recorded: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """``{alias: canonical}`` among ``weights``, a model state of whole tensors.
-
-    [Note: finding ties]
-    Three signals, in this order: the checkpoint's record (``recorded``: the saver saw which
-    parameters are one object, see [Note: tied parameters stored once] in io.py); tensors that
-    are one view of one storage (how ``torch.save`` keeps a tie, whoever wrote the file); and,
-    only for a checkpoint without a record (written by Lightning or an older fullshard, sharded
-    ones by DCP key by key), tensors of the same shape and dtype that are exactly equal and not
-    constant. Equal constant tensors (a fresh norm's ones, zero-initialised projections) are
-    common without any tie; equal random or trained ones are not. The canonical name is the
-    first in the state dict's order, the module's registration order: the embedding before the
-    head, the one Hugging Face keeps and re-ties ``_tied_weights_keys`` to.
-    """
-    ties = {a: c for a, c in (recorded or {}).items() if a in weights and c in weights and a != c}
-    views: dict[tuple[Any, ...], str] = {}
-    for key, tensor in weights.items():
-        if key in ties or tensor.numel() == 0:
-            continue
-        view = (
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tensor.stride(),
-            tensor.dtype,
+def _check_dense(path: Path, key: str, tensor: torch.Tensor) -> None:
+    """An export writes each tensor dense: refuse one with more elements than its storage holds
+    (a view with a stride of 0, as ``expand`` makes, claiming (10**12,) over 4 bytes), which
+    would allocate what the checkpoint's files never held. torch checks only that a view stays
+    inside its storage."""
+    dense = tensor.numel() * tensor.element_size()
+    held = tensor.untyped_storage().nbytes()
+    if dense > held:
+        raise CorruptCheckpointError(
+            f"The checkpoint {str(path)!r} stores {key!r} as {tuple(tensor.shape)} "
+            f"{str(tensor.dtype).removeprefix('torch.')} ({dense} bytes) over {held} bytes of data (a view that "
+            "repeats its elements): exporting it would write every element, more than the checkpoint holds. "
+            "Nothing was written. A model's parameters are never such views: the checkpoint was damaged or edited."
         )
-        if view in views:
-            ties[key] = views[view]
-        else:
-            views[view] = key
-    if recorded is None:
-        ties.update(_equal_tensors({k: v for k, v in weights.items() if k not in ties}))
-    return ties
-
-
-def _equal_tensors(weights: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    """``{alias: canonical}`` for non-constant tensors exactly equal to an earlier one (see
-    [Note: finding ties]). A sample of each tensor's elements picks the few pairs compared whole."""
-    buckets: dict[tuple[Any, ...], list[str]] = {}
-    for key, tensor in weights.items():
-        flat = tensor.detach().reshape(-1)
-        if flat.numel() < 2:
-            continue
-        sample = tuple(flat[:: max(1, flat.numel() // 16)][:16].tolist())
-        buckets.setdefault((tuple(tensor.shape), tensor.dtype, sample), []).append(key)
-    ties: dict[str, str] = {}
-    for keys in buckets.values():
-        canonicals: list[str] = []
-        for key in keys if len(keys) > 1 else ():
-            flat = weights[key].detach().reshape(-1)
-            if bool((flat == flat[0]).all()):
-                continue
-            match = next((c for c in canonicals if torch.equal(weights[c], weights[key])), None)
-            if match is None:
-                canonicals.append(key)
-            else:
-                ties[key] = match
-    return ties
 
 
 def _strip_prefix(
@@ -453,9 +459,24 @@ def exported_ties(path: str | Path) -> dict[str, str]:
     from safetensors import safe_open
 
     _safetensors()
-    with safe_open(str(_exported_file(path)), framework="pt") as f:
+    file = _exported_file(path)
+    with safe_open(str(file), framework="pt") as f:
         metadata = f.metadata() or {}
-    return dict(json.loads(metadata.get(EXPORT_TIED_KEY, "{}")))
+        shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
+    return _exported_record(file, metadata, shapes)
+
+
+def _exported_record(file: Path, metadata: Mapping[str, str], stored: Mapping[str, Any]) -> dict[str, str]:
+    """The ties an exported file records, checked as a checkpoint's are ([Note: a tie is believed
+    only where the checkpoint agrees] in ties.py)."""
+    try:
+        recorded = json.loads(metadata.get(EXPORT_TIED_KEY, "{}"))
+    except ValueError as err:
+        raise CorruptCheckpointError(
+            f"The exported file {str(file)!r} records its tied parameters ({EXPORT_TIED_KEY!r}) as no JSON "
+            f"({err}). Export the checkpoint again."
+        ) from err
+    return checked_ties(recorded, stored, str(file))
 
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -474,4 +495,4 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> dict[
     with safe_open(str(file), framework="pt", device=str(device)) as f:
         metadata = f.metadata() or {}
         state = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118  # safe_open is no dict
-    return restore_tied(state, json.loads(metadata.get(EXPORT_TIED_KEY, "{}")))
+    return restore_tied(state, _exported_record(file, metadata, state))

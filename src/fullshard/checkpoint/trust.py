@@ -191,15 +191,24 @@ def refused_names(source: Any, err: Exception) -> list[str]:
         found = list(torch.serialization.get_unsafe_globals_in_checkpoint(source))
     except Exception:  # torch's legacy format has no such scan
         found = []
-    if found:
-        return found
-    # a global in a legacy file, or an admitted class given state of a type that is not
-    # (the static scan sees globals only: a float64 array's dtype class, say)
-    message = str(err)
-    return (
-        re.findall(r"GLOBAL (\S+)", message)[:1]
-        or re.findall(r"Can only build .* but got <class '([^']+)'>", message)[:1]
-    )
+    if not found:
+        # a global in a legacy file, or an admitted class given state of a type that is not
+        # (the static scan sees globals only: a float64 array's dtype class, say)
+        message = str(err)
+        found = (
+            re.findall(r"GLOBAL (\S+)", message)[:1]
+            or re.findall(r"Can only build .* but got <class '([^']+)'>", message)[:1]
+        )
+    # a damaged byte can make torch read garbage as a global's name, or build onto a number:
+    # neither names code, so that refusal is for the structure (a damaged file)
+    return [
+        name for name in found if name not in _BUILTIN_DATA and all(p.isidentifier() for p in name.split("."))
+    ]
+
+
+_BUILTIN_DATA = frozenset(
+    ("int", "float", "complex", "bool", "str", "bytes", "list", "tuple", "dict", "NoneType")
+)
 
 
 def untrusted_error(

@@ -43,7 +43,10 @@ def _inspect(args: argparse.Namespace) -> int:
     for alias, canonical in result.tied.items():
         print(f"tied:        {alias} -> {canonical} (stored once)")
     if result.verified is not None:
-        print(f"checksums:   {'all match' if result.verified else 'FAILED'}")
+        # verify reads as a load does ([Note: verify checks what a load checks] in checkpoint/tools.py)
+        print(
+            f"checksums:   {'all match' if result.verified else 'FAILED: a load would refuse it (see problem)'}"
+        )
     if result.problem:
         print(f"problem:     {result.problem}")
     shown = result.tensors if args.all else result.tensors[:40]
@@ -114,7 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = checkpoint.add_subparsers(dest="command", required=True)
     p = commands.add_parser("inspect", help="describe a checkpoint (format, completeness, position, tensors)")
     p.add_argument("path")
-    p.add_argument("--verify", action="store_true", help="read every byte and check every checksum")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="read every byte as a load does: every checksum, every check a load makes without the model",
+    )
     p.add_argument("--all", action="store_true", help="list every tensor, not the first 40")
     _trust(p)
     p.set_defaults(run=_inspect)
