@@ -78,6 +78,7 @@ from fullshard.checkpoint.layout import (
     recorded_files,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
+from fullshard.checkpoint.loose_gradients import gradients_set_aside
 from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
 from fullshard.errors import CheckpointError, CorruptCheckpointError
 
@@ -378,7 +379,7 @@ def load(
     fmt = _decide(strategy, lambda: detect_format(path))
     n_optimizers = 0 if weights_only else len(optimizers)
     load = _load_full if fmt == "full" else _load_sharded
-    with _quiet_torch():
+    with _quiet_torch(), gradients_set_aside(optimizers[:n_optimizers]):
         return load(
             strategy, path, optimizers[:n_optimizers], check, verify, trust, strict, before_optimizers
         )
