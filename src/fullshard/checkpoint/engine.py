@@ -78,7 +78,7 @@ from fullshard.checkpoint.layout import (
     recorded_files,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
-from fullshard.checkpoint.loose_gradients import gradients_set_aside
+from fullshard.checkpoint.loose_gradients import clear_gradients
 from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
 from fullshard.errors import CheckpointError, CorruptCheckpointError
 
@@ -379,7 +379,8 @@ def load(
     fmt = _decide(strategy, lambda: detect_format(path))
     n_optimizers = 0 if weights_only else len(optimizers)
     load = _load_full if fmt == "full" else _load_sharded
-    with _quiet_torch(), gradients_set_aside(optimizers[:n_optimizers]):
+    clear_gradients(optimizers[:n_optimizers])  # [Note: gradients cleared before optimizer states load]
+    with _quiet_torch():
         return load(
             strategy, path, optimizers[:n_optimizers], check, verify, trust, strict, before_optimizers
         )
@@ -402,6 +403,7 @@ def _prepare_optimizers(
     if before is None:
         return
     before(meta)
+    clear_gradients(optimizers)  # also those of a backward pass in on_fit_start
     if groups is not None:  # on every rank alike: the same saved groups, the same rebuilt optimizers
         check_param_groups(path, optimizers, groups)
 
