@@ -117,7 +117,8 @@ def test_the_error_names_the_hyperparameters_and_what_to_do(saved: Path, tmp_pat
     message = str(raised.value)
     assert f"load_from_checkpoint({str(forged)!r}): the module its hyperparameters build" in message
     assert (
-        "Wide(hidden=16, extra=False) (from the checkpoint's hyper_parameters; given as arguments: extra)" in message
+        "Wide(hidden=16, extra=False) (from the checkpoint's hyper_parameters; given as arguments: extra)"
+        in message
     )
     assert "shape mismatches: layer.weight (checkpoint (8, 4), model (16, 4))" in message
     assert "pass the hyperparameters it was trained with as keyword arguments" in message
@@ -193,7 +194,9 @@ class ReadsValues(Wide):
         super().__init__(int(torch.tensor(hidden).item()), extra)
 
 
-def test_a_module_the_meta_device_cannot_build_is_built_for_real_as_before(saved: Path, tmp_path: Path) -> None:
+def test_a_module_the_meta_device_cannot_build_is_built_for_real_as_before(
+    saved: Path, tmp_path: Path
+) -> None:
     with torch.device("meta"), pytest.raises(RuntimeError):
         ReadsValues()  # what the meta build meets
     assert ReadsValues.load_from_checkpoint(saved).layer.weight.shape == (8, 4)
@@ -228,5 +231,7 @@ def test_on_load_checkpoint_that_fixes_old_weights_still_loads(saved: Path, tmp_
     assert model.layer.weight.shape == (8, 4)
     assert Renames.calls == 2  # the meta module's (on a copy), then the module's with the checkpoint itself
     forged = _forge(tmp_path / "old.ckpt", tmp_path / "forged.ckpt", hidden=16)
-    with pytest.raises(HyperParametersMismatchError, match=r"layer\.weight \(checkpoint \(8, 4\), model \(16, 4\)\)"):
+    with pytest.raises(
+        HyperParametersMismatchError, match=r"layer\.weight \(checkpoint \(8, 4\), model \(16, 4\)\)"
+    ):
         Renames.load_from_checkpoint(forged)
