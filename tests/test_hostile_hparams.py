@@ -235,3 +235,44 @@ def test_on_load_checkpoint_that_fixes_old_weights_still_loads(saved: Path, tmp_
         HyperParametersMismatchError, match=r"layer\.weight \(checkpoint \(8, 4\), model \(16, 4\)\)"
     ):
         Renames.load_from_checkpoint(forged)
+
+
+class BuiltInConfigureModel(fullshard.Module):
+    """Layers built in ``configure_model`` (the big-model pattern), one renamed by a wrapper there."""
+
+    configured = 0
+
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.stem = nn.Linear(4, hidden)
+        self.head: nn.Module | None = None
+
+    def configure_model(self) -> None:
+        type(self).configured += 1
+        if self.head is None:
+            self.head = nn.Sequential(nn.Linear(self.hparams.hidden, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        assert self.head is not None
+        return self.head(self.stem(batch[0])).pow(2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_configure_model_runs_once_and_its_layers_are_not_refused_unbuilt(tmp_path: Path) -> None:
+    """The meta module is ``__init__``'s alone: hooks run once, as in Lightning's recordings, and
+    the names configure_model adds are not missing keys; the shapes of ``__init__``'s layers are
+    still checked before anything is built."""
+    ckpt = _save(BuiltInConfigureModel(), tmp_path / "configured.ckpt")
+    BuiltInConfigureModel.configured = 0
+    model = BuiltInConfigureModel.load_from_checkpoint(ckpt)
+    assert BuiltInConfigureModel.configured == 1
+    assert model.head is not None and model.head[0].weight.shape == (1, 8)
+    forged = _forge(ckpt, tmp_path / "forged.ckpt", hidden=FORGED_HIDDEN)
+    with pytest.raises(
+        HyperParametersMismatchError, match=r"stem\.weight \(checkpoint \(8, 4\), model \(200000000, 4\)\)"
+    ):
+        BuiltInConfigureModel.load_from_checkpoint(forged)
+    assert BuiltInConfigureModel.configured == 1

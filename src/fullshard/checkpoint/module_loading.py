@@ -10,15 +10,18 @@ call ``.eval()`` for inference.
 [Note: the model built on the meta device first]
 A checkpoint's ``hyper_parameters`` decide how big the module is, and anyone can edit them (the
 checksums recomputed): ``{"hidden": 200_000_000}`` built a 3.2 GB layer before the shapes were
-compared. So the module is built first under ``torch.device("meta")`` (``__init__`` and
-``configure_model``: no memory, no time), its state's shapes are compared with the weights the
-checkpoint holds, as the real load would compare them, and a mismatch is refused there
-(:class:`HyperParametersMismatchError`, naming the hyperparameters). Only a module that fits is
-built for real: ``__init__`` and ``configure_model`` run twice. A mismatch is confirmed with the
-module's ``on_load_checkpoint`` run on the meta module and a copy of the checkpoint, for a hook
-that renames or reshapes old weights; the hook of the real module then gets the checkpoint
-itself, once. A module the meta device cannot build (``__init__`` reads tensor values, calls
-``.item()``, ...) is built for real straight away, as before, and checked after.
+compared. So ``cls(**hyperparameters)`` is first built under ``torch.device("meta")`` (no memory,
+no time; with a copy of the arguments, its warnings silenced), its state's shapes are compared
+with the weights the checkpoint holds as the real load compares them, and a module that does not
+fit is refused there (:class:`HyperParametersMismatchError`, naming the hyperparameters). Only a
+module that fits is built for real, so ``__init__`` runs twice. Hooks run once, as in Lightning:
+``configure_model`` only on the real module, so the layers it builds are checked after they are
+built, and when a class overrides it the meta module's names are not compared (it may add or
+rename layers), only the shapes of the names both hold. A mismatch is confirmed by the module's
+``on_load_checkpoint`` run on the meta module with a copy of the checkpoint, for a hook that
+renames or reshapes old weights (so a hook that fixes one runs twice). A module the meta device
+cannot build (``__init__`` reads a tensor's value, calls ``.item()``, ...) is built for real
+straight away and checked after, as before.
 """
 
 from __future__ import annotations
@@ -183,6 +186,16 @@ def _tensor_shapes(model: nn.Module) -> dict[str, torch.Size]:
     return {k: v.shape for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
+def _builds_more_in_configure_model(model: nn.Module) -> bool:
+    """Whether ``model`` overrides ``configure_model``, where layers may be built or renamed."""
+    from fullshard.module import Module
+
+    if vars(model).get("configure_model") is not None:
+        return True
+    own = getattr(type(model), "configure_model", None)
+    return own is not None and own is not getattr(Module, "configure_model", None)
+
+
 def _check_on_meta(
     cls: type[Any],
     arguments: dict[str, Any],
@@ -197,12 +210,14 @@ def _check_on_meta(
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")  # the real build says it, once
             # a copy: an __init__ that changes its arguments (config.pop(...)) gets them whole twice
-            probe = _built(cls, copy.deepcopy(arguments))
+            probe = cls(**copy.deepcopy(arguments))
             expected = _tensor_shapes(probe)
     except Exception:
         return  # built for real and checked after, as before
     if strict is None:
         strict = bool(getattr(probe, "strict_loading", True))
+    # names count only when __init__ builds the whole module: configure_model may add layers
+    strict = strict and not _builds_more_in_configure_model(probe)
     state_dict = checkpoint["state_dict"]
     try:
         check_state_dict_matches(expected, state_dict, strict=strict)
