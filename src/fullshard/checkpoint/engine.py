@@ -78,6 +78,7 @@ from fullshard.checkpoint.layout import (
     recorded_files,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
+from fullshard.checkpoint.loose_gradients import clear_gradients
 from fullshard.checkpoint.progress_checks import with_loop_checks
 from fullshard.checkpoint.ties import checked_ties
 from fullshard.checkpoint.validate import (
@@ -388,6 +389,7 @@ def load(
     if not weights_only:  # a resume believes the loop state: [Note: loop counters checked on resume]
         check = with_loop_checks(path, check)
     load = _load_full if fmt == "full" else _load_sharded
+    clear_gradients(optimizers[:n_optimizers])  # [Note: gradients cleared before optimizer states load]
     with _quiet_torch():
         return load(
             strategy, path, optimizers[:n_optimizers], check, verify, trust, strict, before_optimizers
@@ -411,6 +413,7 @@ def _prepare_optimizers(
     if before is None:
         return
     before(meta)
+    clear_gradients(optimizers)  # also those of a backward pass in on_fit_start
     if groups is not None:  # on every rank alike: the same saved groups, the same rebuilt optimizers
         check_param_groups(path, optimizers, groups)
 

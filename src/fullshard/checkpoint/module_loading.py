@@ -6,11 +6,30 @@ does: the module is created from the saved hyperparameters (keyword arguments ov
 ``configure_model()`` and ``on_load_checkpoint(checkpoint)`` run, the weights load, and the module
 is moved to the device its weights were loaded on. Like Lightning it is left in training mode:
 call ``.eval()`` for inference.
+
+[Note: the model built on the meta device first]
+A checkpoint's ``hyper_parameters`` decide how big the module is, and anyone can edit them (the
+checksums recomputed): ``{"hidden": 200_000_000}`` built a 3.2 GB layer before the shapes were
+compared. So ``cls(**hyperparameters)`` is first built under ``torch.device("meta")`` (no memory,
+no time; with a copy of the arguments, its warnings silenced), its state's shapes are compared
+with the weights the checkpoint holds as the real load compares them, and a module that does not
+fit is refused there (:class:`HyperParametersMismatchError`, naming the hyperparameters). Only a
+module that fits is built for real, so ``__init__`` runs twice. Hooks run once, as in Lightning:
+``configure_model`` only on the real module, so the layers it builds are checked after they are
+built, and when a class overrides it the meta module's names are not compared (it may add or
+rename layers), only the shapes of the names both hold. A mismatch is confirmed by the module's
+``on_load_checkpoint`` run on the meta module with a copy of the checkpoint, for a hook that
+renames or reshapes old weights (so a hook that fixes one runs twice). A module the meta device
+cannot build (``__init__`` reads a tensor's value, calls ``.item()``, ...) is built for real
+straight away and checked after, as before.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
+import reprlib
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,7 +40,7 @@ from fullshard.checkpoint.archive import verify_full_file
 from fullshard.checkpoint.io import load_checkpoint_file
 from fullshard.checkpoint.layout import detect_format
 from fullshard.checkpoint.tools import read_sharded
-from fullshard.checkpoint.validate import check_state_dict_matches
+from fullshard.checkpoint.validate import StateDictMismatchError, check_state_dict_matches
 from fullshard.errors import CheckpointNotFoundError
 from fullshard.rank_zero import rank_zero_warn
 
@@ -103,6 +122,129 @@ def _init_arguments(cls: type[Any], checkpoint: dict[str, Any], kwargs: dict[str
     return {**saved, **kwargs}
 
 
+class HyperParametersMismatchError(StateDictMismatchError):
+    """The module a checkpoint's hyperparameters build does not fit the weights it holds; found on
+    the meta device, before the module was built (see [Note: the model built on the meta device
+    first])."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.missing, self.unexpected, self.mismatched, self.built_as, self.path))
+
+    def __init__(
+        self, missing: list[str], unexpected: list[str], mismatched: list[str], built_as: str, path: str
+    ) -> None:
+        super().__init__(missing, unexpected, mismatched)
+        self.built_as, self.path = built_as, path
+        found = [
+            f"{what}: {', '.join(keys[:10])}" + (f" (+{len(keys) - 10} more)" if len(keys) > 10 else "")
+            for what, keys in (
+                ("shape mismatches", mismatched),
+                ("missing keys", missing),
+                ("unexpected keys", unexpected),
+            )
+            if keys
+        ]
+        strict_hint = (
+            "Missing and unexpected keys are refused with strict=True only (strict=False loads the keys "
+            "both have). "
+            if missing or unexpected
+            else ""
+        )
+        self.args = (
+            f"load_from_checkpoint({path!r}): the module its hyperparameters build, {built_as}, does not "
+            f"fit the weights it holds ({'; '.join(found)}). It was built on the meta device to compare "
+            f"the shapes, so nothing was allocated and nothing loaded. {strict_hint}Load a checkpoint of "
+            "this architecture, or pass the hyperparameters it was trained with as keyword arguments of "
+            "load_from_checkpoint (they override the saved ones).",
+        )
+
+
+def _built_as(cls: type[Any], arguments: dict[str, Any], kwargs: dict[str, Any]) -> str:
+    """``Cls(name=value, ...)`` with each value's repr cut short (a checkpoint's values may be huge),
+    and which of them the caller gave."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 60
+    shown = [f"{name}={short.repr(value)}" for name, value in list(arguments.items())[:20]]
+    if len(arguments) > 20:
+        shown.append(f"... ({len(arguments) - 20} more)")
+    given = [name for name in arguments if name in kwargs]
+    source = f"; given as arguments: {', '.join(given)}" if given else ""
+    return f"{cls.__name__}({', '.join(shown)}) (from the checkpoint's hyper_parameters{source})"
+
+
+def _built(cls: type[M], arguments: dict[str, Any]) -> M:
+    """``cls(**arguments)`` with ``configure_model()`` run: the module as the checkpoint's
+    hyperparameters build it."""
+    model = cls(**arguments)
+    configure_model = getattr(model, "configure_model", None)
+    if callable(configure_model):
+        configure_model()
+    return model
+
+
+def _tensor_shapes(model: nn.Module) -> dict[str, torch.Size]:
+    return {k: v.shape for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
+def _builds_more_in_configure_model(model: nn.Module) -> bool:
+    """Whether ``model`` overrides ``configure_model``, where layers may be built or renamed."""
+    from fullshard.module import Module
+
+    if vars(model).get("configure_model") is not None:
+        return True
+    own = getattr(type(model), "configure_model", None)
+    return own is not None and own is not getattr(Module, "configure_model", None)
+
+
+def _check_on_meta(
+    cls: type[Any],
+    arguments: dict[str, Any],
+    kwargs: dict[str, Any],
+    checkpoint: dict[str, Any],
+    strict: bool | None,
+    path: Path,
+) -> None:
+    """Refuse a checkpoint whose weights do not fit the module its hyperparameters build, before
+    building it (see [Note: the model built on the meta device first])."""
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")  # the real build says it, once
+            # a copy: an __init__ that changes its arguments (config.pop(...)) gets them whole twice
+            probe = cls(**copy.deepcopy(arguments))
+            expected = _tensor_shapes(probe)
+    except Exception:
+        return  # built for real and checked after, as before
+    if strict is None:
+        strict = bool(getattr(probe, "strict_loading", True))
+    # names count only when __init__ builds the whole module: configure_model may add layers
+    strict = strict and not _builds_more_in_configure_model(probe)
+    state_dict = checkpoint["state_dict"]
+    try:
+        check_state_dict_matches(expected, state_dict, strict=strict)
+        return
+    except StateDictMismatchError:
+        pass
+    # an on_load_checkpoint that renames or reshapes old weights fixes the mismatch on the real load
+    on_load_checkpoint = getattr(probe, "on_load_checkpoint", None)
+    if callable(on_load_checkpoint):
+        trial = {**checkpoint, "state_dict": dict(state_dict)}
+        try:
+            with warnings.catch_warnings(), torch.device("meta"):
+                warnings.simplefilter("ignore")
+                on_load_checkpoint(trial)
+                expected = _tensor_shapes(probe)
+        except Exception:
+            return
+        state_dict = trial["state_dict"]
+    try:
+        check_state_dict_matches(expected, state_dict, strict=strict)
+    except StateDictMismatchError as err:
+        built_as = _built_as(cls, arguments, kwargs)
+        raise HyperParametersMismatchError(
+            err.missing, err.unexpected, err.mismatched, built_as, str(path)
+        ) from None
+
+
 def load_datamodule_from_checkpoint(
     cls: type[D], checkpoint_path: str | Path, trust_checkpoint: bool = False, **kwargs: Any
 ) -> D:
@@ -157,7 +299,9 @@ def load_module_from_checkpoint(
         CheckpointNotFoundError: nothing at the path, or a directory that holds no checkpoint.
         IncompleteCheckpointError, CorruptCheckpointError: a checkpoint that cannot be trusted.
         UntrustedCheckpointError: (not ``trust_checkpoint``) it holds more than plain data (named).
-        StateDictMismatchError: the weights are another model's (all differences listed).
+        StateDictMismatchError: the weights are another model's (all differences listed);
+            :class:`HyperParametersMismatchError` (a subclass) when found before the module was
+            built, on the meta device, naming the hyperparameters that built it.
         TypeError: ``kwargs`` that ``cls.__init__`` does not take.
     """
     path = Path(checkpoint_path)
@@ -174,10 +318,9 @@ def load_module_from_checkpoint(
         checkpoint = _read_sharded(path, map_location, trust_checkpoint)
     checkpoint["hyper_parameters"] = {**checkpoint.get("hyper_parameters", {}), **kwargs}
 
-    model = cls(**_init_arguments(cls, checkpoint, kwargs))
-    configure_model = getattr(model, "configure_model", None)
-    if callable(configure_model):
-        configure_model()
+    arguments = _init_arguments(cls, checkpoint, kwargs)
+    _check_on_meta(cls, arguments, kwargs, checkpoint, strict, path)
+    model = _built(cls, arguments)
     on_load_checkpoint = getattr(model, "on_load_checkpoint", None)
     if callable(on_load_checkpoint):
         on_load_checkpoint(checkpoint)

@@ -1,5 +1,6 @@
 """The model's part of each ``fit``/``validate``/``test``/``predict`` call: ``configure_model``
-inside the strategy's contexts, the layers it built initialised, and the strategy's setup."""
+inside the strategy's contexts, the layers it built initialised, the strategy's setup, and the
+gradients left from before cleared."""
 
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ def set_up_model(model: Module, strategy: Strategy, stage: str) -> None:
         ) from err
     init_user_layers(model, existing)
     strategy.setup_module(model)
+    # As Lightning (zero_grad as each call starts), no step and no hook of the call sees the
+    # gradients of an earlier call or of a backward pass the user ran. (Lightning clears them after
+    # the ckpt_path's load and on_fit_start; a load clears the optimizers' again: [Note: gradients
+    # cleared before optimizer states load] in fullshard/checkpoint/loose_gradients.py.)
+    model.zero_grad()
 
 
 def _parallelised(model: Module) -> bool:
