@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, heading_target, make_parser, parse_args, table, today, write_section
+from _common import REPO, heading_target, load_result, make_parser, parse_args, table, today, write_section
 
 SECTION = "## GPU"
 LVENV_PYTHON = Path("/tmp/lvenv/bin/python")
@@ -245,6 +245,15 @@ def render(report: dict[str, Any]) -> str:
         f"Python {report['python']}; {report['wall_s']:.0f} s in all). Each part ran in a process of "
         "its own; see the script's docstring for what each measures.",
         "",
+        *(
+            [
+                f"Result file: `{report['result_file']}` (`python benchmarks/gpu_check.py --report "
+                f"{report['result_file']} --write-docs` renders this section from it again).",
+                "",
+            ]
+            if "result_file" in report
+            else []
+        ),
         table(
             ["part", "status", "seconds", "figures"],
             [
@@ -343,7 +352,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
+    parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION), report=False)
     parser.add_argument("--out", type=Path, help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--accelerator", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny models (the CPU try-out)")
@@ -425,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
         _gpu_parts.run(args)
         return
     if args.report:
-        report = json.loads(args.report.read_text())
+        report = load_result(args.report)
     else:
         if args.out is None:
             raise SystemExit(
