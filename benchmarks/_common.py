@@ -231,7 +231,8 @@ def provenance(result: dict[str, Any], script: str) -> str:
     cores_ = result["cores"]
     busy = (
         f"; the machine was shared with other work (load average {load:.2f} at the start on {cores_} cores):"
-        " figures compared within the job are paired, absolute times are slower than on an idle machine"
+        " its times are slower and noisier than an idle machine's; ratios paired within the job are the"
+        " figures to compare"
         if load >= 0.5
         else f", load average {load:.2f} at the start"
     )
