@@ -225,15 +225,16 @@ def run_or_report(args: argparse.Namespace, script: str, measure: Callable[[], A
     }
 
 
-def provenance(result: dict[str, Any], script: str) -> str:
-    """One paragraph naming the result file of ``script``'s section and how it was made."""
+def provenance(result: dict[str, Any], script: str, timed: bool = True) -> str:
+    """One paragraph naming the result file of ``script``'s section and how it was made;
+    ``timed``: the run timed something (a loaded machine is then said to have been loaded)."""
     load = result["load_average_start"]
     cores_ = result["cores"]
     busy = (
         f"; the machine was shared with other work (load average {load:.2f} at the start on {cores_} cores):"
         " its times are slower and noisier than an idle machine's; ratios paired within the job are the"
         " figures to compare"
-        if load >= 0.5
+        if load >= 0.5 and timed
         else f", load average {load:.2f} at the start"
     )
     return wrap(

@@ -417,7 +417,7 @@ def render(result: dict[str, Any]) -> str:
             f"{comm['bandwidth'] / 1e9:.2f} GB/s, {comm['fsdp_latency'] * 1e3:.2f} ms a collective as FSDP2 "
             "issues it, measured first).",
             "",
-            provenance(result, __file__),
+            provenance(result, __file__, timed=not runs_file),
             "",
             table(
                 [
