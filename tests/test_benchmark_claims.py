@@ -70,7 +70,7 @@ def scripts() -> Iterator[tuple[ModuleType, dict[str, ModuleType]]]:
         common = importlib.import_module("_common")
         yield common, {name: importlib.import_module(name) for name in WRITERS}
     for name in set(sys.modules) - modules:
-        if name in WRITERS or name.startswith("_") and (BENCHMARKS / f"{name}.py").exists():
+        if (BENCHMARKS / f"{name}.py").exists():  # a script or helper imported from benchmarks/
             sys.modules.pop(name, None)
     os.environ.clear()
     os.environ.update(environ)  # stuck_ranks.py sets OMP_NUM_THREADS as it is imported
