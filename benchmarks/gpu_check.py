@@ -8,9 +8,13 @@ It takes about 4 minutes on one H100; ``--budget`` (default 330 s) bounds the wh
 part has its own timeout within it, and a part that fails or times out does not stop the others.
 It prints a table as the parts finish and writes ``gpu_check.json`` and ``gpu_check.md`` to
 ``--out`` (with ``--write-docs``, also the section "GPU" of that machine's docs/benchmarks.md).
-The GPU machine's tree does not come back: to put the figures into this checkout's docs::
+The GPU machine's tree does not come back: to put the figures into this checkout's docs, copy
+its ``gpu_check.json`` into benchmarks/results/ under a name that says the device and date, and
+render the section from it (the section names that file; tests/test_benchmark_claims.py checks
+that it renders the section exactly)::
 
-    python benchmarks/gpu_check.py --report path/to/gpu_check.json --write-docs
+    cp path/to/gpu_check.json benchmarks/results/gpu_check-h100-2026-11-27.json
+    python benchmarks/gpu_check.py --report benchmarks/results/gpu_check-h100-2026-11-27.json --write-docs
 
 Tried on CPU first (a test runs this; about a minute on 2 cores)::
 
