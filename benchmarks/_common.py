@@ -17,6 +17,16 @@ One way to write a benchmark (``benchmarks/NAME.py``):
   line ``HAND_WRITTEN``: a rewrite keeps them (they may then speak of older figures: date
   them). A page where the figures sit between two marker comments instead (see
   docs/compile.md) takes ``write_marked``.
+- Every figure in the docs comes from a result file: ``result = run_or_report(args, __file__,
+  measure)`` runs ``measure()`` (JSON-able figures) or, with ``--report FILE`` (``make_parser``
+  adds it with ``--write-docs``), loads a result saved before without running anything; with
+  ``--write-docs`` a run saves ``benchmarks/results/<script>.json`` (the figures, the command
+  line, the date, the machine: cores, load average at the start, torch version, git commit).
+  The section is rendered by the script's ``render(result)`` from that result alone (never from
+  ``today()``, the current arguments or versions: tests/test_benchmark_claims.py re-renders it
+  from the saved file and compares with the docs), and names its file (``provenance(result)``).
+  A section measured before results were saved carries ``unbacked_mark(date, command)`` at its
+  top instead, until it is rerun.
 - Workers run in ``subprocess.run(..., env=worker_env(), cwd=REPO)``; tables are built with
   ``table``; ``cores()``, ``cpu_model()``, ``today()`` and ``load_average()`` describe the run;
   ``abba`` and ``rotations`` order paired timings and ``ratio_summary`` reports them.
@@ -29,20 +39,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import resource
 import shlex
 import statistics
+import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DOCS = REPO / "docs" / "benchmarks.md"
+RESULTS = HERE / "results"
 
 T = TypeVar("T")
 
@@ -71,10 +84,13 @@ def heading_target(heading: str, path: Path = DOCS) -> str:
     return f"the section '{heading}' of {_shown(path)}"
 
 
-def make_parser(file: str, doc: str | None, *, write_docs: str | None) -> argparse.ArgumentParser:
+def make_parser(
+    file: str, doc: str | None, *, write_docs: str | None, report: bool = True
+) -> argparse.ArgumentParser:
     """The argument parser of ``benchmarks/<file>``: the usage line shows the command that runs it,
     the description is the docstring's summary. ``write_docs`` says what ``--write-docs``
-    rewrites (see ``heading_target``); None for a script that has no section in the docs."""
+    rewrites (see ``heading_target``); None for a script that has no section in the docs.
+    ``report``: with ``--write-docs``, add ``--report RESULT`` too (see ``run_or_report``)."""
     parser = argparse.ArgumentParser(
         prog=f"python benchmarks/{Path(file).name}", description=summary(doc) or None
     )
@@ -82,8 +98,16 @@ def make_parser(file: str, doc: str | None, *, write_docs: str | None) -> argpar
         parser.add_argument(
             "--write-docs",
             action="store_true",
-            help=f"after the run, rewrite {write_docs} (other sections stay as they are)",
+            help=f"after the run, rewrite {write_docs} (other sections stay as they are), "
+            f"and save the figures to {_shown(result_file(file))}",
         )
+        if report:
+            parser.add_argument(
+                "--report",
+                type=Path,
+                metavar="RESULT",
+                help="render a result file saved before (benchmarks/results/*.json) instead of running",
+            )
     return parser
 
 
@@ -92,7 +116,134 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.command = " ".join([parser.prog, *(shlex.quote(a) for a in argv)])
+    # now, before the benchmark's own work (the rest of the facts: when a result is saved)
+    args.facts = {"command": args.command, "date": today(), "load_average_start": round(load_average(), 2)}
     return args
+
+
+# ---------------------------------------------------------------------------------------------
+# Result files: every figure a script writes into the docs, saved with how it was made.
+
+UNBACKED = (
+    "**Figures not yet backed by a saved result** (measured {date} before results were saved; "
+    "rerun: `{command}`)."
+)
+
+
+def unbacked_mark(date: str, command: str) -> str:
+    """The line at the top of a section (or marked block) whose figures were measured before
+    scripts saved their results: it stays until the command is rerun and rewrites the section."""
+    return UNBACKED.format(date=date, command=command)
+
+
+def result_file(script: str) -> Path:
+    """``benchmarks/results/<script>.json`` for ``script`` (a path or a name)."""
+    return RESULTS / f"{Path(script).stem}.json"
+
+
+def git_commit() -> str:
+    """The checkout's commit, ``+changes`` when tracked files differ from it; ``unknown`` outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def torch_version() -> str:
+    """The installed torch's version, without importing it (overhead.py times its imports)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def run_facts(args: argparse.Namespace) -> dict[str, Any]:
+    """What a result file says of its run: the command, date and load average ``parse_args``
+    took at the start, and the machine."""
+    return {
+        **args.facts,
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "torch": torch_version(),
+        "python": platform.python_version(),
+        "commit": git_commit(),
+    }
+
+
+def _arguments(args: argparse.Namespace) -> dict[str, Any]:
+    kept: dict[str, Any] = {}
+    for key, value in vars(args).items():
+        if key in ("command", "facts", "write_docs", "report"):
+            continue
+        kept[key] = str(value) if isinstance(value, Path) else value
+    return json.loads(json.dumps(kept, default=str))
+
+
+def save_result(
+    args: argparse.Namespace, script: str, figures: Any, path: Path | None = None
+) -> dict[str, Any]:
+    """Write ``figures`` with the run's facts and arguments to ``path`` (default
+    ``benchmarks/results/<script>.json``); return the result as ``load_result`` reads it."""
+    path = path or result_file(script)
+    result = {**run_facts(args), "arguments": _arguments(args), "figures": figures}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"saved {_shown(path)}")
+    return {**result, "result_file": _shown(path)}
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    """A saved result, with ``result_file``: its path as the docs name it."""
+    result: dict[str, Any] = json.loads(Path(path).read_text())
+    result["result_file"] = _shown(Path(path))
+    return result
+
+
+def run_or_report(args: argparse.Namespace, script: str, measure: Callable[[], Any]) -> dict[str, Any]:
+    """The result a script renders: with ``--report FILE`` the one saved there (nothing runs);
+    otherwise ``measure()``'s figures, saved to ``benchmarks/results/<script>.json`` when
+    ``--write-docs`` is given (a run without it leaves the saved result alone)."""
+    if getattr(args, "report", None):
+        return load_result(args.report)
+    figures = measure()
+    if getattr(args, "write_docs", False):
+        return save_result(args, script, figures)
+    return {
+        **run_facts(args),
+        "arguments": _arguments(args),
+        "figures": figures,
+        "result_file": "(not saved)",
+    }
+
+
+def provenance(result: dict[str, Any], script: str, timed: bool = True) -> str:
+    """One paragraph naming the result file of ``script``'s section and how it was made;
+    ``timed``: the run timed something (a loaded machine is then said to have been loaded)."""
+    load = result["load_average_start"]
+    cores_ = result["cores"]
+    busy = (
+        f"; the machine was shared with other work (load average {load:.2f} at the start on {cores_} cores):"
+        " its times are slower and noisier than an idle machine's; ratios paired within the job are the"
+        " figures to compare"
+        if load >= 0.5 and timed
+        else f", load average {load:.2f} at the start"
+    )
+    return wrap(
+        f"Result file: `{result['result_file']}`, made by `{result['command']}` on {result['date']}"
+        f" ({cores_} cores, {result['machine']}, {result['cpu']}; torch {result['torch']}; commit"
+        f" {result['commit'][:12]}{'+changes' if result['commit'].endswith('+changes') else ''}){busy}."
+        f" `python benchmarks/{Path(script).stem}.py --report {result['result_file']}"
+        " --write-docs` renders this section from it again."
+    )
 
 
 # ---------------------------------------------------------------------------------------------

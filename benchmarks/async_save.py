@@ -50,15 +50,14 @@ import torch
 import torch.distributed as dist
 from _common import (
     REPO,
-    cores,
-    cpu_model,
     heading_target,
     load_average,
     make_parser,
     parse_args,
+    provenance,
     ratio_summary,
+    run_or_report,
     table,
-    today,
     worker_env,
     write_section,
 )
@@ -262,7 +261,9 @@ def paired(result: dict[str, Any], key: str) -> list[float]:
     return [a / s for a, s in zip(rows[key], rows["sync"], strict=True)]
 
 
-def render(args: argparse.Namespace, result: dict[str, Any]) -> str:
+def render(saved: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (the job's figures, saved)."""
+    result, args = saved["figures"], argparse.Namespace(**saved["arguments"])
     rows = result["rows"]
 
     def ms(key: str) -> str:
@@ -295,10 +296,13 @@ def render(args: argparse.Namespace, result: dict[str, Any]) -> str:
         [
             SECTION,
             "",
-            f"`{args.command}` ({today()}, {cores()}, {cpu_model()}, torch {result['torch']}, 1-minute load "
+            f"`{saved['command']}` ({saved['date']}, {saved['cores']} cores ({saved['machine']}), {saved['cpu']},"
+            f" torch {result['torch']}, 1-minute load "
             f"{result['load']:.2f} at the start; {result['wall_s']:.0f} s). 2 CPU processes, gloo, FSDP2, "
             f"{args.depth} x `Linear({args.width}, {args.width})` + AdamW: {result['staged_mb']:.0f} MB of model and "
             f"optimizer state per rank; {args.pairs} rounds, each rank timing itself, the slower rank's time.",
+            "",
+            provenance(saved, __file__),
             "",
             body,
             "",
@@ -333,9 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="fullshard-async-save-") as work:
-        result = run_job(args, Path(work))
-    section = render(args, result)
+    def measure() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="fullshard-async-save-") as work:
+            return run_job(args, Path(work))
+
+    section = render(run_or_report(args, __file__, measure))
     print(section)
     if args.write_docs:
         write_section(section)

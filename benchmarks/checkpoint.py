@@ -73,13 +73,13 @@ import torch.distributed.checkpoint as dcp
 from _common import (
     DOCS,
     REPO,
-    cores,
     heading_target,
     load_average,
     make_parser,
     parse_args,
+    provenance,
+    run_or_report,
     table,
-    today,
     worker_env,
     write_section,
 )
@@ -643,9 +643,11 @@ def render_fsdp2(fsdp1: dict[str, Any], fsdp2: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_section(
-    args: argparse.Namespace, results: list[dict[str, Any]], fsdp2: dict[str, Any] | None = None
-) -> str:
+def render(saved: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (every job's figures, saved)."""
+    args = argparse.Namespace(**saved["arguments"])
+    results: list[dict[str, Any]] = saved["figures"]["jobs"]
+    fsdp2: dict[str, Any] | None = saved["figures"]["fsdp2"]
     first = results[0]
     numel = first["numel"]
     full_mb = first["sizes"]["plain/full"] / MB
@@ -666,14 +668,16 @@ Save and load times of fullshard's full and sharded checkpoints against the torc
 are built on, for the same state in the same 2 CPU processes (gloo, FSDP FULL_SHARD).
 
 ```bash
-{args.command}
+{saved["command"]}
 ```
+
+{provenance(saved, __file__)}
 
 - State: {args.depth} blocks of `Linear({args.width}, {args.width})`, {numel / 1e6:.1f}M parameters ({numel * 4 / MB:.0f} MB
   in float32) and AdamW's two moments ({numel * 8 / MB:.0f} MB), after one training step: a
   {full_mb:.0f} MB full checkpoint; each rank holds half of it.
-- Machine: {cores()}, torch {first["torch"]}, {WORLD_SIZE} processes with
-  {first["threads"]} intra-op thread each; checkpoints on the local disk; {today()}.
+- Machine: {saved["cores"]} cores ({saved["machine"]}), torch {first["torch"]}, {WORLD_SIZE} processes with
+  {first["threads"]} intra-op thread each; checkpoints on the local disk; {saved["date"]}.
 - Memory allocator: on CPU, `FSDPStrategy` fixes glibc's mmap threshold by default
   (`cpu_mmap_threshold`, see [Note: CPU memory under FSDP]), so that every large tensor is
   mapped afresh and returned when freed. That slows the gathers, loads and reads of both
@@ -752,9 +756,23 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--worker needs --out FILE and --dir DIR")
         run_worker(args)
         return
-    with tempfile.TemporaryDirectory(prefix="fullshard-checkpoint-", dir=args.dir) as work:
-        results = [run_job(args, Path(work) / threshold, threshold) for threshold in thresholds]
-        fsdp2 = None if args.no_fsdp2 else run_job(args, Path(work) / "fsdp2", thresholds[0], "fsdp2")
+
+    def measure() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="fullshard-checkpoint-", dir=args.dir) as work:
+            jobs = [run_job(args, Path(work) / threshold, threshold) for threshold in thresholds]
+            fsdp2 = None if args.no_fsdp2 else run_job(args, Path(work) / "fsdp2", thresholds[0], "fsdp2")
+        others = sorted(
+            {line for result in [*jobs, *([fsdp2] if fsdp2 else [])] for line in result["others"]}
+        )
+        if others:
+            print("\nOther benchmarks or tests ran meanwhile; the timings are not reliable:")
+            print("\n".join(f"  {line}" for line in others))
+            if args.write_docs:  # before the result is saved: the docs and results stay as they were
+                sys.exit(f"Not writing {DOCS.relative_to(REPO)}: run again when the machine is idle.")
+        return {"jobs": jobs, "fsdp2": fsdp2}
+
+    saved = run_or_report(args, __file__, measure)
+    results, fsdp2 = saved["figures"]["jobs"], saved["figures"]["fsdp2"]
     for result in results:
         print(f"\n{allocator(result)}:\n\n{render_table(result)}\n\n{target_line(result)}")
         print(f"\n{render_verify(result)}")
@@ -762,14 +780,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n(job {result['wall_s']:.0f} s, load average {result['load']:.2f} at the start)")
     if fsdp2 is not None:
         print(f"\n{render_fsdp2(results[0], fsdp2)}")
-    others = sorted({line for result in [*results, *([fsdp2] if fsdp2 else [])] for line in result["others"]})
-    if others:
-        print("\nOther benchmarks or tests ran meanwhile; the timings are not reliable:")
-        print("\n".join(f"  {line}" for line in others))
-        if args.write_docs:
-            sys.exit(f"Not writing {DOCS.relative_to(REPO)}: run again when the machine is idle.")
     if args.write_docs:
-        write_section(render_section(args, results, fsdp2))
+        write_section(render(saved))
 
 
 if __name__ == "__main__":

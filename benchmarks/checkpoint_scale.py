@@ -60,7 +60,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, heading_target, make_parser, parse_args, table, worker_env, write_section
+from _common import (
+    REPO,
+    heading_target,
+    make_parser,
+    parse_args,
+    provenance,
+    run_or_report,
+    table,
+    worker_env,
+    write_section,
+)
 
 SECTION = "## Checkpoint scale"
 SAVE_PHASES = ("state", "plan", "write", "finish", "commit")
@@ -359,7 +369,7 @@ def phase(result: dict[str, Any], key: str, how: str = "rank0") -> float:
     return statistics.median(per_repeat)
 
 
-def render(results: list[dict[str, Any]]) -> str:
+def render_table(results: list[dict[str, Any]]) -> str:
     header = ["strategy", "processes", "save (s)", *SAVE_PHASES]
     header += ["load (s)", "load: checks", "load: DCP + set", "verify (s)", "files"]
     rows = []
@@ -430,25 +440,41 @@ def main(argv: list[str] | None = None) -> None:
         print(render_index(index))
         print(json.dumps(index, indent=1))
         return
-    results = []
-    with tempfile.TemporaryDirectory(prefix="fullshard-scale-") as work:
-        for strategy in args.strategies:
-            for processes in args.processes:
-                result = run_job(args, processes, strategy, Path(work))
-                print(
-                    f"{strategy} x{processes}: save {phase(result, 'save_all'):.2f} s, load "
-                    f"{phase(result, 'load', 'max'):.2f} s ({result['wall_s']:.0f} s job)",
-                    flush=True,
-                )
-                results.append(result)
-    table, grown = render(results), growth(results)
+
+    def measure() -> dict[str, Any]:
+        results = []
+        with tempfile.TemporaryDirectory(prefix="fullshard-scale-") as work:
+            for strategy in args.strategies:
+                for processes in args.processes:
+                    result = run_job(args, processes, strategy, Path(work))
+                    print(
+                        f"{strategy} x{processes}: save {phase(result, 'save_all'):.2f} s, load "
+                        f"{phase(result, 'load', 'max'):.2f} s ({result['wall_s']:.0f} s job)",
+                        flush=True,
+                    )
+                    results.append(result)
+        return {"jobs": results, "index": index}
+
+    section = render(run_or_report(args, __file__, measure))
+    print("\n" + section)
+    if args.write_docs:
+        write_section(section)
+
+
+def render(saved: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (every job's figures and the index costs, saved)."""
+    args = argparse.Namespace(**saved["arguments"])
+    results, index = saved["figures"]["jobs"], saved["figures"]["index"]
+    table, grown = render_table(results), growth(results)
     first = results[0]
-    section = f"""{SECTION}
+    return f"""{SECTION}
 
 Sharded save and load of one state ({first["params"] / 1e6:.1f}M parameters + AdamW: {first["tensors"]} tensors,
-{first["bytes"] / 1e6:.0f} MB on disk) at several numbers of CPU processes on {os.cpu_count()} cores, medians of
-{args.repeats} repeats (`{args.command}`; phases in its docstring).
+{first["bytes"] / 1e6:.0f} MB on disk) at several numbers of CPU processes on {saved["cores"]} cores, medians of
+{args.repeats} repeats (`{saved["command"]}`; phases in its docstring).
 Each phase shows rank 0 / the slowest rank, in seconds.
+
+{provenance(saved, __file__)}
 
 {table}
 
@@ -466,9 +492,6 @@ flag; the index DCP sends back to every rank after its finish step is {index[0][
 
 {render_index(index)}
 """
-    print("\n" + section)
-    if args.write_docs:
-        write_section(section)
 
 
 if __name__ == "__main__":

@@ -42,15 +42,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from _common import (
     abba,
-    cores,
-    cpu_model,
     heading_target,
-    load_average,
     make_parser,
     parse_args,
+    provenance,
     ratio_summary,
+    run_or_report,
     table,
-    today,
     write_section,
 )
 from torch import nn
@@ -118,13 +116,18 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     dist.destroy_process_group()
 
 
-def render(rows: list[dict[str, Any]], args: argparse.Namespace, load: float) -> str:
+def render(result: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (the workers' rows, saved)."""
+    rows, args = result["figures"], argparse.Namespace(**result["arguments"])
     lines = [
         SECTION,
         "",
-        f"Command: `{args.command}`. {today()}, torch {torch.__version__}, {cores()} ({cpu_model()}), "
-        f"load average {load:.2f} at the start; {WORLD} processes, one intra-op thread each, gloo. "
+        f"Command: `{result['command']}`. {result['date']}, torch {result['torch']}, {result['cores']} cores "
+        f"({result['machine']}, {result['cpu']}), load average {result['load_average_start']:.2f} at the start; "
+        f"{WORLD} processes, one intra-op thread each, gloo. "
         f"{args.pairs} pairs of {args.repeats} clips each, by turns; medians.",
+        "",
+        provenance(result, __file__),
         "",
         table(
             [
@@ -162,12 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parse_args(parser, argv)
-    load = load_average()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "rows.txt")
-        mp.spawn(worker, args=(args.port, args, out), nprocs=WORLD)
-        rows = json.loads(Path(out).read_text())
-    section = render(rows, args, load)
+
+    def measure() -> list[dict[str, Any]]:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = str(Path(tmp) / "rows.txt")
+            mp.spawn(worker, args=(args.port, args, out), nprocs=WORLD)
+            rows: list[dict[str, Any]] = json.loads(Path(out).read_text())
+        return rows
+
+    section = render(run_or_report(args, __file__, measure))
     print(section)
     if args.write_docs:
         write_section(section)

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -49,8 +47,9 @@ from _common import (
     make_parser,
     markers,
     parse_args,
+    provenance,
+    run_or_report,
     table,
-    today,
     worker_env,
     write_marked,
 )
@@ -154,16 +153,18 @@ def run_row(
     return {"first": first, "steady": steady, "graphs": times["graphs"]}
 
 
-def render(
-    results: list[tuple[tuple[str, str, str | None], dict[str, Any]]], args: argparse.Namespace
-) -> str:
+def render(saved: dict[str, Any]) -> str:
+    """The block of docs/compile.md, from a result (every row's figures, saved)."""
+    args = argparse.Namespace(**saved["arguments"])
+    loads = saved["figures"]["loads"]
+    results = [((row[0], row[1], row[2]), r) for row, r in saved["figures"]["rows"]]
     eager = {s: r["steady"] for (s, c, _), r in results if c == "eager"}
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    machine = f"{saved['machine']}, {saved['cores']} cores"
     line = (
         f"- {args.steps} steps, steady step = median after the first {args.warmup}; "
-        f"{machine}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}; one intra-op thread per process; {today()}; "
-        f"load average during the runs {min(args.loads):.1f} to {max(args.loads):.1f} ({os.cpu_count()} cores)."
+        f"{machine}, Python {saved['python']}, "
+        f"torch {saved['torch']}; one intra-op thread per process; {saved['date']}; "
+        f"load average during the runs {min(loads):.1f} to {max(loads):.1f} ({saved['cores']} cores)."
     )
     header = ["processes", "compile=", "first step (s)", "steady step (ms)", "vs eager"]
     header += ["compile overhead (s)", "graphs"]
@@ -185,7 +186,7 @@ def render(
                 str(r["graphs"]),
             ]
         )
-    return f"{line}\n\n{table(header, rows, align='ll' + 'r' * 5)}\n"
+    return f"{provenance(saved, __file__)}\n\n{line}\n\n{table(header, rows, align='ll' + 'r' * 5)}\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,14 +204,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(*args.worker, args.steps, args.out)
         return
-    args.loads = []  # 1-minute load average after each row: other work on the machine skews the times
-    with tempfile.TemporaryDirectory() as tmp:
-        results = []
-        for row in ROWS:
-            results.append((row, run_row(*row, args, Path(tmp))))
-            args.loads.append(load_average())
-            print(f"{row}: {results[-1][1]}", flush=True)
-    rendered = render(results, args)
+
+    def measure() -> dict[str, Any]:
+        loads = []  # 1-minute load average after each row: other work on the machine skews the times
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = []
+            for row in ROWS:
+                rows.append([list(row), run_row(*row, args, Path(tmp))])
+                loads.append(load_average())
+                print(f"{row}: {rows[-1][1]}", flush=True)
+        return {"rows": rows, "loads": loads}
+
+    rendered = render(run_or_report(args, __file__, measure))
     print(rendered)
     if args.write_docs:
         write_marked(rendered, DOC, START, END)

@@ -57,12 +57,12 @@ from typing import Any
 
 from _common import (
     REPO,
-    cpu_model,
     heading_target,
     make_parser,
     parse_args,
+    provenance,
+    run_or_report,
     table,
-    today,
     worker_env,
     write_section,
 )
@@ -188,7 +188,18 @@ def run_one(wrapper: str, setting: str, args: argparse.Namespace, workdir: Path)
     return result
 
 
-def render_section(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any]]) -> str:
+def thp_setting() -> str:
+    """The machine's transparent huge pages setting (the bracketed word of the file)."""
+    if not THP_SETTING.exists():
+        return "absent"
+    return next((w[1:-1] for w in THP_SETTING.read_text().split() if w.startswith("[")), "unknown")
+
+
+def render(saved: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (every run's figures, saved)."""
+    args = argparse.Namespace(**saved["arguments"])
+    results = {(wrapper, setting): result for wrapper, setting, result in saved["figures"]["runs"]}
+    thp = saved["figures"]["thp"]
     base = results.get(("ddp", "glibc"))
     rows = []
     for (wrapper, setting), result in results.items():
@@ -206,9 +217,6 @@ def render_section(args: argparse.Namespace, results: dict[tuple[str, str], dict
                 f"{result['wall_s']:.2f}",
             ]
         )
-    thp = "absent"
-    if THP_SETTING.exists():
-        thp = next((w[1:-1] for w in THP_SETTING.read_text().split() if w.startswith("[")), "unknown")
     torch_version = next(iter(results.values()))["torch"]
     lines = [
         SECTION,
@@ -218,13 +226,15 @@ def render_section(args: argparse.Namespace, results: dict[tuple[str, str], dict
         "docstring. Reproduce (rewrites this section):",
         "",
         "```",
-        args.command,
+        saved["command"],
         "```",
+        "",
+        provenance(saved, __file__),
         "",
         f"- Model: {args.depth} blocks of `Linear({args.width}, {args.width})` + ReLU, AdamW, batch"
         f" {args.batch_size} per process; 2 processes, one intra-op thread each; medians over {args.steps}"
         f" steps after {args.warmup}.",
-        f"- Machine: {cpu_model()}; torch {torch_version}; transparent huge pages `{thp}`; {today()}.",
+        f"- Machine: {saved['cpu']}; torch {torch_version}; transparent huge pages `{thp}`; {saved['date']}.",
         '- "vs DDP": against DDP with glibc as it comes. Page faults per step do not depend on the load of',
         "  the machine; CPU and wall times do.",
         "",
@@ -260,14 +270,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(build_parser(), argv)
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="fullshard-cpu-allocator-") as tmp:
-        for wrapper in args.wrappers:
-            for setting in args.settings:
-                if wrapper == "ddp" and setting not in ("glibc", "fixed", "glibc-thp", "fixed-thp"):
-                    continue  # DDP is the reference: glibc, the fixed threshold, and both with huge pages
-                results[(wrapper, setting)] = run_one(wrapper, setting, args, Path(tmp))
-    section = render_section(args, results)
+
+    def measure() -> dict[str, Any]:
+        runs = []
+        with tempfile.TemporaryDirectory(prefix="fullshard-cpu-allocator-") as tmp:
+            for wrapper in args.wrappers:
+                for setting in args.settings:
+                    if wrapper == "ddp" and setting not in ("glibc", "fixed", "glibc-thp", "fixed-thp"):
+                        continue  # DDP is the reference: glibc, the fixed threshold, and both with huge pages
+                    runs.append([wrapper, setting, run_one(wrapper, setting, args, Path(tmp))])
+        return {"runs": runs, "thp": thp_setting()}
+
+    section = render(run_or_report(args, __file__, measure))
     print()
     print(section)
     if args.write_docs:

@@ -33,14 +33,14 @@ from typing import Any
 import torch
 from _common import (
     REPO,
-    cores,
     heading_target,
     make_parser,
     parse_args,
     peak_rss_kib,
+    provenance,
     rss_kib,
+    run_or_report,
     table,
-    today,
     worker_env,
     wrap,
     write_section,
@@ -102,7 +102,7 @@ def worker(mode: str, out: Path) -> None:
     (out / f"{mode}-{trainer.global_rank}.json").write_text(json.dumps(result))
 
 
-def render_table(rows: list[tuple[str, float, dict[str, Any]]]) -> str:
+def render_table(rows: list[Any]) -> str:
     info = rows[0][2]
     bound = info["share_mib"] + info["unit_mib"]
     header = [
@@ -118,7 +118,9 @@ def render_table(rows: list[tuple[str, float, dict[str, Any]]]) -> str:
     return table(header, cells)
 
 
-def render_section(args: argparse.Namespace, rows: list[tuple[str, float, dict[str, Any]]]) -> str:
+def render(result: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (the rows ``measure`` returned, saved)."""
+    rows = result["figures"]
     info = rows[0][2]
     bullets = [
         "Model: the Hugging Face-style language model of the fast-init tests (tests/hf_patterns.py: tied"
@@ -128,7 +130,8 @@ def render_section(args: argparse.Namespace, rows: list[tuple[str, float, dict[s
         " `FSDP2Strategy` with the same arguments, FULL_SHARD: each process's share is"
         f" {info['share_mib']:.0f} MiB, and the largest unit is the root (embeddings, tied head, final"
         f" norm: {info['unit_mib']:.0f} MiB).",
-        f"Machine: {cores()}, torch {info['torch']}, 2 processes with 1 intra-op thread each; {today()}.",
+        f"Machine: {result['cores']} cores ({result['machine']}), torch {info['torch']}, 2 processes with 1"
+        f" intra-op thread each; {result['date']}.",
         "Memory: each process's peak resident set size (`ru_maxrss`) once `fit(max_steps=0)` has built"
         " and sharded the model, minus its resident set size when `configure_model` starts; the larger"
         " of the two ranks. The last column compares it with the share plus the largest unit"
@@ -142,13 +145,27 @@ Peak memory added per process while a model larger than one process's share is b
 eagerly and with `empty_init=True`, in 2 CPU processes (gloo).
 
 ```bash
-{args.command}
+{result["command"]}
 ```
+
+{provenance(result, __file__)}
 
 {body}
 
 {render_table(rows)}
 """
+
+
+def measure(out: Path) -> list[list[Any]]:
+    """``[mode, peak added (MiB, larger rank), rank 0's facts]`` for each mode, each run in 2 fresh processes."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[list[Any]] = []
+    for mode in MODES:
+        command = [sys.executable, __file__, "--mode", mode, "--out", str(out)]
+        subprocess.run(command, check=True, env=worker_env(threads=1), cwd=REPO)
+        ranks = [json.loads((out / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
+        rows.append([mode, max(r["added_mib"] for r in ranks), ranks[0]])
+    return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,13 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode:
         worker(args.mode, out)
         return
-    out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for mode in MODES:
-        command = [sys.executable, __file__, "--mode", mode, "--out", str(out)]
-        subprocess.run(command, check=True, env=worker_env(threads=1), cwd=REPO)
-        ranks = [json.loads((out / f"{mode}-{r}.json").read_text()) for r in (0, 1)]
-        rows.append((mode, max(r["added_mib"] for r in ranks), ranks[0]))
+    result = run_or_report(args, __file__, lambda: measure(out))
+    rows = result["figures"]
     info = rows[0][2]
     print(
         f"\nmodel: {info['params'] / 1e6:.1f}M parameters, {info['total_mib']:.0f} MiB; per-process share "
@@ -179,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(render_table(rows))
     if args.write_docs:
-        write_section(render_section(args, rows))
+        write_section(render(result))
 
 
 if __name__ == "__main__":

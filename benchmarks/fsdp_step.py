@@ -44,13 +44,13 @@ from typing import Any
 
 from _common import (
     abba,
-    cpu_model,
     heading_target,
     make_parser,
     parse_args,
+    provenance,
     ratio_summary,
+    run_or_report,
     table,
-    today,
     worker_env,
     write_section,
 )
@@ -213,7 +213,10 @@ def run_job(job: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]
     return result
 
 
-def render_section(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> str:
+def render(saved: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (each job's figures, saved)."""
+    results: dict[str, dict[str, Any]] = saved["figures"]
+    args = argparse.Namespace(**saved["arguments"])
     rows, own_rows = [], []
     for job, result in results.items():
         _, setting, strategy = JOBS[job]
@@ -253,12 +256,15 @@ def render_section(args: argparse.Namespace, results: dict[str, dict[str, Any]])
         "this section):",
         "",
         "```",
-        args.command,
+        saved["command"],
         "```",
+        "",
+        provenance(saved, __file__),
         "",
         f"- Workload: {work.describe()}, in one FSDP unit; {args.pairs} pairs of segments per job, the",
         f"  first {PAIRED_WARMUP} steps of each segment not timed.",
-        f"- Machine: {cpu_model()}; 2 processes with one intra-op thread each; torch {torch_version}; {today()}.",
+        f"- Machine: {saved['cpu']}; 2 processes with one intra-op thread each; torch {torch_version};"
+        f" {saved['date']}.",
         "",
         table(
             [
@@ -316,9 +322,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(parser, argv)
     if args.pair_steps <= PAIRED_WARMUP + 1:
         parser.error(f"--pair-steps must exceed {PAIRED_WARMUP + 1}")
-    with tempfile.TemporaryDirectory(prefix="fullshard-fsdp-step-") as tmp:
-        results = {job: run_job(job, args, Path(tmp)) for job in args.jobs}
-    section = render_section(args, results)
+
+    def measure() -> dict[str, dict[str, Any]]:
+        with tempfile.TemporaryDirectory(prefix="fullshard-fsdp-step-") as tmp:
+            return {job: run_job(job, args, Path(tmp)) for job in args.jobs}
+
+    section = render(run_or_report(args, __file__, measure))
     print()
     print(section)
     if args.write_docs:

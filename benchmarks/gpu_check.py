@@ -8,9 +8,13 @@ It takes about 4 minutes on one H100; ``--budget`` (default 330 s) bounds the wh
 part has its own timeout within it, and a part that fails or times out does not stop the others.
 It prints a table as the parts finish and writes ``gpu_check.json`` and ``gpu_check.md`` to
 ``--out`` (with ``--write-docs``, also the section "GPU" of that machine's docs/benchmarks.md).
-The GPU machine's tree does not come back: to put the figures into this checkout's docs::
+The GPU machine's tree does not come back: to put the figures into this checkout's docs, copy
+its ``gpu_check.json`` into benchmarks/results/ under a name that says the device and date, and
+render the section from it (the section names that file; tests/test_benchmark_claims.py checks
+that it renders the section exactly)::
 
-    python benchmarks/gpu_check.py --report path/to/gpu_check.json --write-docs
+    cp path/to/gpu_check.json benchmarks/results/gpu_check-h100-2026-11-27.json
+    python benchmarks/gpu_check.py --report benchmarks/results/gpu_check-h100-2026-11-27.json --write-docs
 
 Tried on CPU first (a test runs this; about a minute on 2 cores)::
 
@@ -60,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, heading_target, make_parser, parse_args, table, today, write_section
+from _common import REPO, heading_target, load_result, make_parser, parse_args, table, today, write_section
 
 SECTION = "## GPU"
 LVENV_PYTHON = Path("/tmp/lvenv/bin/python")
@@ -245,6 +249,15 @@ def render(report: dict[str, Any]) -> str:
         f"Python {report['python']}; {report['wall_s']:.0f} s in all). Each part ran in a process of "
         "its own; see the script's docstring for what each measures.",
         "",
+        *(
+            [
+                f"Result file: `{report['result_file']}` (`python benchmarks/gpu_check.py --report "
+                f"{report['result_file']} --write-docs` renders this section from it again).",
+                "",
+            ]
+            if "result_file" in report
+            else []
+        ),
         table(
             ["part", "status", "seconds", "figures"],
             [
@@ -343,7 +356,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION))
+    parser = make_parser(__file__, __doc__, write_docs=heading_target(SECTION), report=False)
     parser.add_argument("--out", type=Path, help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--accelerator", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny models (the CPU try-out)")
@@ -425,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         _gpu_parts.run(args)
         return
     if args.report:
-        report = json.loads(args.report.read_text())
+        report = load_result(args.report)
     else:
         if args.out is None:
             raise SystemExit(

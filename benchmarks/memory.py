@@ -62,15 +62,15 @@ from typing import Any
 import torch
 from _common import (
     REPO,
-    cores,
     heading_target,
     load_average,
     make_parser,
     parse_args,
     peak_rss_kib,
+    provenance,
     rss_kib,
+    run_or_report,
     table,
-    today,
     worker_env,
     write_section,
 )
@@ -430,15 +430,36 @@ def render_variants(results: Results) -> str:
     return table(header, rows)
 
 
-def render_section(args: argparse.Namespace, results: Results) -> str:
+def figures_of(results: Results) -> dict[str, Any]:
+    """What the runs measured, as the result file keeps it (and the machine's THP setting)."""
+    thp = "absent"  # the file reads like "always [madvise] never", the bracketed one chosen
+    if THP_SETTING.exists():
+        thp = next((w[1:-1] for w in THP_SETTING.read_text().split() if w.startswith("[")), "unknown")
+    runs = {
+        variant: {name: {"ranks": r.ranks, "load": r.load} for name, r in by_config.items()}
+        for variant, by_config in results.items()
+    }
+    return {"runs": runs, "thp": thp}
+
+
+def results_of(figures: dict[str, Any]) -> Results:
+    """``figures_of``'s inverse."""
+    return {
+        variant: {name: Result(BY_NAME[name], r["ranks"], r["load"]) for name, r in by_config.items()}
+        for variant, by_config in figures["runs"].items()
+    }
+
+
+def render(saved: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (every run's figures, saved)."""
+    args = argparse.Namespace(**saved["arguments"])
+    results = results_of(saved["figures"])
+    thp = saved["figures"]["thp"]
     every = [r for runs in results.values() for r in runs.values()]
     main = [results[DEFAULTS.name][c.name] for c in CONFIGS]
     first = main[0].ranks[0]
     numel = max(r.ranks[0]["numel"] for r in main)
     loads = [r.load for r in every]
-    thp = "absent"  # the file reads like "always [madvise] never", the bracketed one chosen
-    if THP_SETTING.exists():
-        thp = next((w[1:-1] for w in THP_SETTING.read_text().split() if w.startswith("[")), "unknown")
     variants = ""
     if len(results) > 1:
         variants = f"""
@@ -453,18 +474,20 @@ Per-rank peak memory and speed of DDP and FSDP's sharding strategies, in 2 CPU p
 (gloo), on a model whose memory is almost all parameters, gradients and AdamW state.
 
 ```bash
-{args.command}
+{saved["command"]}
 ```
+
+{provenance(saved, __file__)}
 
 - Model: {args.depth} blocks of `Linear({args.width}, {args.width})` + ReLU, {numel / 1e6:.1f}M
   parameters ({numel * 4 / MIB:.0f} MB in float32); AdamW; batch {args.batch_size} per process, so
   activations are a few MB. FSDP makes every block a unit and builds the model with
   `empty_init=True`; DDP builds it in `configure_model` as well.
-- Machine: {cores()}, torch {first["torch"]}, {WORLD_SIZE} processes
+- Machine: {saved["cores"]} cores ({saved["machine"]}), torch {first["torch"]}, {WORLD_SIZE} processes
   with {first["threads"]} intra-op thread each; 1-minute load average at the starts of the runs
   {min(loads):.2f} to {max(loads):.2f} (the benchmark's own 2 processes make up to about 2 of it;
   more means other work competed for the cores and the wall times are noisy);
-  {today()}.
+  {saved["date"]}.
 
 {render_table(main)}
 
@@ -530,13 +553,16 @@ def main(argv: list[str] | None = None) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         run_worker(BY_NAME[args.config], VARIANT_BY_NAME[args.variant], args.out, args)
         return
-    results = run_all([DEFAULTS] if args.main_only else list(VARIANTS), args)
+    saved = run_or_report(
+        args, __file__, lambda: figures_of(run_all([DEFAULTS] if args.main_only else list(VARIANTS), args))
+    )
+    results = results_of(saved["figures"])
     main_results = [results[DEFAULTS.name][c.name] for c in CONFIGS]
     print(f"\n{render_table(main_results)}\n\n{target_line(main_results)}")
     if len(results) > 1:
         print(f"\n{render_variants(results)}")
     if args.write_docs:
-        write_section(render_section(args, results))
+        write_section(render(saved))
 
 
 if __name__ == "__main__":

@@ -91,21 +91,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _common import (
     HERE,
     REPO,
-    cpu_model,
     heading_target,
     make_parser,
     parse_args,
+    provenance,
     ratio_summary,
     rotations,
+    run_or_report,
     table,
-    today,
     worker_env,
     wrap,
     write_section,
@@ -664,10 +664,27 @@ def render_paired(ratios: list[float], steps: int) -> str:
     return ratio_summary(ratios, f"pairs of {steps}-step segments")
 
 
-def render_section(
-    args: argparse.Namespace, configs: list[Config], results: Results, ratios: list[float]
-) -> str:
-    """The ``## Trainer overhead`` section of docs/benchmarks.md."""
+def figures_of(configs: list[Config], results: Results, ratios: list[float]) -> dict[str, Any]:
+    """What a run measured, as its result file keeps it."""
+    return {
+        "configs": [{"name": c.name, "label": c.label, "skip_reason": c.skip_reason} for c in configs],
+        "runs": {name: [asdict(run) for run in runs] for name, runs in results.items()},
+        "ratios": ratios,
+        "python": platform.python_version(),
+    }
+
+
+def from_figures(figures: dict[str, Any]) -> tuple[list[Config], Results, list[float]]:
+    """``figures_of``'s inverse."""
+    configs = [Config(c["name"], c["label"], [], c["skip_reason"]) for c in figures["configs"]]
+    results = {name: [Run(**run) for run in runs] for name, runs in figures["runs"].items()}
+    return configs, results, figures["ratios"]
+
+
+def render(result: dict[str, Any]) -> str:
+    """The ``## Trainer overhead`` section of docs/benchmarks.md, from a result (saved figures)."""
+    args = argparse.Namespace(**result["arguments"])
+    configs, results, ratios = from_figures(result["figures"])
     work = Workload(steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
     versions: dict[str, str] = {}
     others = []
@@ -677,10 +694,10 @@ def render_section(
             others.append(run.other_load)
     bullets = [
         f"Workload: {work.describe()}; random data in memory, one epoch.",
-        f"Machine: {os.cpu_count()} CPU cores ({cpu_model()}); 2 processes with one intra-op thread each"
-        f" (`OMP_NUM_THREADS=1`); Python {platform.python_version()}, torch {versions.get('torch', '?')},"
+        f"Machine: {result['cores']} CPU cores ({result['cpu']}); 2 processes with one intra-op thread each"
+        f" (`OMP_NUM_THREADS=1`); Python {result['figures']['python']}, torch {versions.get('torch', '?')},"
         f" fullshard {versions.get('fullshard', '?')}, Lightning {versions.get('lightning', 'not measured')}.",
-        f"{today()}: {args.repeats} interleaved repeats, medians shown; the first"
+        f"{result['date']}: {args.repeats} interleaved repeats, medians shown; the first"
         f" {args.warmup} steps of each run are not timed. Other processes on the machine kept"
         f" {statistics.median(others):.2f} cores busy during a run (median; {min(others):.2f} to"
         f" {max(others):.2f}); contention from a shared host does not show in that number but in the spread"
@@ -701,7 +718,8 @@ def render_section(
             f" (2 processes, CPU, gloo). Targets: at most {PER_STEP_TARGET:.2f}x the loop's time per step and"
             f" at most {START_UP_TARGET_S:.0f} s more start-up. Reproduce (rewrites this section):"
         ),
-        f"```\n{args.command}\n```",
+        f"```\n{result['command']}\n```",
+        provenance(result, __file__),
         "\n".join(wrap(b, bullet=True) for b in bullets),
         render_table(configs, results),
         wrap(
@@ -782,7 +800,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.pairs and args.pair_steps <= PAIRED_WARMUP + 1:
         parser.error(f"--pair-steps must exceed {PAIRED_WARMUP + 1}")
     configs = [c for c in _configs() if (c.name in {"loop", *args.only} if args.only else not c.diagnostic)]
-    results, ratios = run_benchmark(args, configs)
+    result = run_or_report(args, __file__, lambda: figures_of(configs, *run_benchmark(args, configs)))
+    configs, results, ratios = from_figures(result["figures"])
     print()
     print(render_table(configs, results))
     print()
@@ -794,7 +813,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(_verdict(results, ratios))
     if args.write_docs:
-        write_section(render_section(args, configs, results, ratios))
+        write_section(render(result))
 
 
 def _worker_main(name: str, argv: list[str]) -> None:

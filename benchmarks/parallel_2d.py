@@ -61,15 +61,14 @@ import torch
 import torch.nn.functional as F
 from _common import (
     REPO,
-    cores,
     heading_target,
-    load_average,
     make_parser,
     parse_args,
     peak_rss_kib,
+    provenance,
     rss_kib,
+    run_or_report,
     table,
-    today,
     worker_env,
     wrap,
     write_section,
@@ -291,7 +290,11 @@ def _median_after_warmup(rank: dict[str, Any], key: str) -> float:
     return float(statistics.median(rank[key][rank["warmup"] :]))
 
 
-def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load: float) -> str:
+def render(saved: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (every rank's figures per configuration, saved)."""
+    results: dict[str, list[dict[str, Any]]] = saved["figures"]["runs"]
+    args = argparse.Namespace(**saved["arguments"])
+    load = saved["load_average_start"]
     names = list(results)
     peak = {n: max(r["added_peak_kib"] for r in results[n]) / 1024 for n in names}
     step = {n: _median_after_warmup(results[n][0], "step_s") for n in names}
@@ -306,7 +309,8 @@ def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, l
     ]  # fmt: skip
     numel = results[names[0]][0]["numel"]
     setup = (
-        f"{today()}, torch {torch.__version__}, {cores()}, load average {load:.2f} at the start; 4 processes, one "
+        f"{saved['date']}, torch {saved['figures']['torch']}, {saved['cores']} cores ({saved['machine']}), load average"
+        f" {load:.2f} at the start; 4 processes, one "
         f"intra-op thread each. Model: {args.layers} blocks of width {args.dim} ({args.heads} heads, MLP "
         f"{4 * args.dim}), vocabulary {args.vocab}, {numel / 1e6:.1f}M parameters; sequences of {args.seq} "
         f"tokens, {args.global_batch} per step; AdamW; median of {args.steps} steps after {args.warmup}."
@@ -318,7 +322,8 @@ def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace, l
     return "\n\n".join(
         [
             SECTION,
-            wrap(f"Command: `{args.command}`. {setup}"),
+            wrap(f"Command: `{saved['command']}`. {setup}"),
+            provenance(saved, __file__),
             table(["", *(CONFIGS[n] for n in names)], rows),
             wrap(reading),
         ]
@@ -348,10 +353,13 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--config needs --out")
         run_worker(args)
         return
-    load = load_average()
-    with tempfile.TemporaryDirectory(prefix="fullshard-2d-") as tmp:
-        results = {config: run_one(config, args, Path(tmp) / config) for config in CONFIGS}
-    section = render(results, args, load)
+
+    def measure() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="fullshard-2d-") as tmp:
+            runs = {config: run_one(config, args, Path(tmp) / config) for config in CONFIGS}
+        return {"runs": runs, "torch": torch.__version__}
+
+    section = render(run_or_report(args, __file__, measure))
     print(section)
     if args.write_docs:
         write_section(section)

@@ -31,7 +31,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import REPO, make_parser, markers, parse_args, table, today, worker_env, write_marked
+from _common import (
+    REPO,
+    load_result,
+    make_parser,
+    markers,
+    parse_args,
+    provenance,
+    save_result,
+    table,
+    worker_env,
+    write_marked,
+)
 
 DOC = REPO / "docs" / "fsdp" / "plan.md"
 PLOT = REPO / "docs" / "fsdp" / "plan-accuracy.png"
@@ -285,7 +296,25 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         run_worker(Case(**json.loads(args.worker)), Path(args.out))
         return
-    rows, errors, failed = [], [], []
+    if args.report:
+        saved = load_result(args.report)
+    else:
+        saved = measure_all(args)
+        if not saved["figures"]["rows"]:
+            return
+    body = render(saved)
+    print(body)
+    if args.write_docs:
+        write_marked(body, DOC, *markers("planner.py"))
+        if not args.report:
+            _plot(saved["figures"]["rows"])
+
+
+def measure_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Predict and measure every case; with ``--write-docs``, save the result and write the block
+    after every case (a run cut short still leaves what it measured)."""
+    rows: list[dict[str, Any]] = []
+    failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases():
             if args.only and args.only not in case.name:
@@ -298,26 +327,52 @@ def main(argv: list[str] | None = None) -> None:
                 failed.append(case.name)
                 continue
             error = (predicted - measured) / measured
-            errors.append(error)
-            rows.append((case, predicted, measured, error, split, seconds))
-            if args.write_docs:  # after every case: a run cut short still leaves what it measured
-                write_marked(report(rows, errors, failed, args.command), DOC, *markers("planner.py"))
+            rows.append(
+                {
+                    "case": asdict(case),
+                    "predicted": predicted,
+                    "measured": measured,
+                    "split": split,
+                    "seconds": seconds,
+                }
+            )
+            if args.write_docs:
+                write_marked(
+                    render(save_result(args, __file__, {"rows": rows, "failed": failed})),
+                    DOC,
+                    *markers("planner.py"),
+                )
             print(
                 f"{case.name}: predicted {predicted / 2**20:.2f} MiB, measured {measured / 2**20:.2f} MiB, "
                 f"{error:+.1%} (planned in {seconds:.1f} s)",
                 flush=True,
             )
-    if not rows:
-        return
-    body = report(rows, errors, failed, args.command)
-    print(body)
-    if args.write_docs:
-        write_marked(body, DOC, *markers("planner.py"))
-        _plot(rows)
+    figures = {"rows": rows, "failed": failed}
+    if args.write_docs and rows:
+        return save_result(args, __file__, figures)
+    return {
+        "command": args.command,
+        **args.facts,
+        "torch": torch.__version__,
+        "figures": figures,
+        "result_file": "(not saved)",
+    }
 
 
-def report(rows: list[Any], errors: list[float], failed: list[str], command: str) -> str:
-    """The measured block of docs/fsdp/plan.md."""
+def render(saved: dict[str, Any]) -> str:
+    """The measured block of docs/fsdp/plan.md, from a result (every case's figures, saved)."""
+    failed = saved["figures"]["failed"]
+    rows = [
+        (
+            Case(**r["case"]),
+            r["predicted"],
+            r["measured"],
+            (r["predicted"] - r["measured"]) / r["measured"],
+            r["split"],
+        )
+        for r in saved["figures"]["rows"]
+    ]
+    errors = [e for _, _, _, e, _ in rows]
     abs_errors = [abs(e) for e in errors]
     summary = (
         f"{len(rows)} cases; |error| median {statistics.median(abs_errors):.1%}, max {max(abs_errors):.1%}; "
@@ -326,7 +381,9 @@ def report(rows: list[Any], errors: list[float], failed: list[str], command: str
     )
     return "\n".join(
         [
-            f"Measured {today()} with `{command}` (torch {torch.__version__}, CPU, gloo).",
+            f"Measured {saved['date']} with `{saved['command']}` (torch {saved['torch']}, CPU, gloo).",
+            "",
+            provenance(saved, __file__),
             "",
             table(
                 [
@@ -356,7 +413,7 @@ def report(rows: list[Any], errors: list[float], failed: list[str], command: str
                         f"{e:+.1%}",
                         f"{s['activations'] / 2**20:.2f}",
                     ]
-                    for c, p, m, e, s, _ in rows
+                    for c, p, m, e, s in rows
                 ],
             ),
             "",
@@ -375,8 +432,8 @@ def _plot(rows: list[Any]) -> None:
         print("matplotlib is not installed: no plot")
         return
     figure, axes = plt.subplots(figsize=(5, 5))
-    measured = [m / 2**20 for _, _, m, _, _, _ in rows]
-    predicted = [p / 2**20 for _, p, _, _, _, _ in rows]
+    measured = [r["measured"] / 2**20 for r in rows]
+    predicted = [r["predicted"] / 2**20 for r in rows]
     axes.loglog(measured, predicted, "o")
     low, high = min(measured + predicted) * 0.8, max(measured + predicted) * 1.25
     axes.plot([low, high], [low, high], "k--", linewidth=0.8, label="predicted = measured")

@@ -43,7 +43,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import REPO, make_parser, markers, parse_args, rotations, table, today, worker_env, write_marked
+from _common import (
+    REPO,
+    make_parser,
+    markers,
+    parse_args,
+    provenance,
+    rotations,
+    run_or_report,
+    table,
+    worker_env,
+    write_marked,
+)
 from planner import Case, Probe, build, candidate_of, collectives_complete_on_this_thread, measure
 
 DOC = REPO / "docs" / "fsdp" / "plan.md"
@@ -239,6 +250,26 @@ def main(argv: list[str] | None = None) -> None:
     if args.calibrate:
         calibrate_comm(Path(args.calibrate))
         return
+    result = run_or_report(args, __file__, lambda: judge_all(args))
+    body = render(result)
+    print(body)
+    if args.write_docs:
+        write_marked(body, DOC, *markers("planner_choice.py"))
+
+
+def runs_saved_on(path: str) -> str:
+    """The date of the commit that last changed the runs file ``path`` (when it was measured)."""
+    done = subprocess.run(
+        ["git", "log", "-1", "--format=%ad %h", "--date=short", "--", path],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip() or "not committed"
+
+
+def judge_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure every candidate (or read ``--runs``), ask the planner under each budget, judge."""
     from fullshard.planner import DeviceSpec
 
     saved = json.loads(Path(args.runs).read_text()) if args.runs and Path(args.runs).exists() else None
@@ -295,14 +326,17 @@ def main(argv: list[str] | None = None) -> None:
                     model, memory, plan_for(model, memory, default), by_candidate
                 )["ok"]
                 print(f"  budget {memory / 2**20:.2f} MiB: {results[-1]}", flush=True)
-        if args.runs:
+        if args.runs and saved is None:  # measured now: keep the runs (a saved file stays as it is)
             Path(args.runs).write_text(
                 json.dumps({"comm": comm, "flops": all_flops, "runs": all_runs}, indent=1)
             )
-    body = report(results, args.command, comm)
-    print(body)
-    if args.write_docs:
-        write_marked(body, DOC, *markers("planner_choice.py"))
+    return {
+        "results": results,
+        "tolerance": TOLERANCE,
+        "comm": comm,
+        "runs_file": args.runs if saved else None,
+        "runs_saved": runs_saved_on(args.runs) if saved else None,
+    }
 
 
 def budgets_for(loose: Any, wanted: int) -> list[int]:
@@ -354,7 +388,15 @@ def _name(key: tuple[str, int] | None) -> str:
     return f"{sharding}, {({0: 'no checkpointing', 1: 'every block'}).get(every, f'every {every}nd block')}"
 
 
-def report(results: list[dict[str, Any]], command: str, comm: dict[str, float]) -> str:
+def render(result: dict[str, Any]) -> str:
+    """The choice block of docs/fsdp/plan.md, from a result (the judged cases, saved)."""
+    results, comm = result["figures"]["results"], result["figures"]["comm"]
+    runs_file, runs_saved = result["figures"]["runs_file"], result["figures"]["runs_saved"]
+    measured = (
+        f"Judged {result['date']} from the runs saved in `{runs_file}` (committed {runs_saved}), "
+        if runs_file
+        else f"Measured {result['date']} "
+    )
     rows = [
         [
             r["model"],
@@ -371,9 +413,11 @@ def report(results: list[dict[str, Any]], command: str, comm: dict[str, float]) 
     passed = sum(r["ok"] for r in results)
     return "\n".join(
         [
-            f"Measured {today()} with `{command}` (torch {torch.__version__}, 2 CPU processes, gloo: "
+            f"{measured}with `{result['command']}` (torch {result['torch']}, 2 CPU processes, gloo: "
             f"{comm['bandwidth'] / 1e9:.2f} GB/s, {comm['fsdp_latency'] * 1e3:.2f} ms a collective as FSDP2 "
             "issues it, measured first).",
+            "",
+            provenance(result, __file__, timed=not runs_file),
             "",
             table(
                 [

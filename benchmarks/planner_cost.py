@@ -22,7 +22,17 @@ import sys
 import time
 from typing import Any
 
-from _common import REPO, cores, make_parser, parse_args, table, today, worker_env, write_marked
+from _common import (
+    REPO,
+    make_parser,
+    markers,
+    parse_args,
+    provenance,
+    run_or_report,
+    table,
+    worker_env,
+    write_marked,
+)
 
 DOC = REPO / "docs" / "fsdp" / "plan.md"
 PLANS = [("llama_7b", 8, 1), ("llama_7b", 8, 8), ("llama_70b", 8, 8)]
@@ -87,28 +97,37 @@ def build_parser() -> argparse.ArgumentParser:
     return make_parser(__file__, __doc__, write_docs="the planning-cost block of docs/fsdp/plan.md")
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(build_parser(), argv)
-    rows, cpu_before = [], 0.0
+def measure() -> list[dict[str, Any]]:
+    """``run``'s figures for each plan of ``PLANS``, CPU time per plan (not cumulative)."""
+    measured, cpu_before = [], 0.0
     for factory, devices, nodes in PLANS:
         result = run(factory, devices, nodes)
-        cpu, cpu_before = result["cpu"] - cpu_before, result["cpu"]
-        rows.append(
-            [
-                factory.replace("llama_", "Llama 2 ").upper().replace("LLAMA", "Llama"),
-                f"{devices * nodes} ({nodes} node{'s' if nodes > 1 else ''})",
-                str(result["rows"]),
-                f"{result['planned']:.1f}",
-                f"{result['wall']:.1f}",
-                f"{cpu:.1f}",
-                f"{result['rss'] / 2**20:.0f}",
-                result["chosen"],
-            ]
-        )
-        print(rows[-1], flush=True)
-    body = "\n".join(
+        result["cpu"], cpu_before = result["cpu"] - cpu_before, result["cpu"]
+        measured.append({"factory": factory, "devices": devices, "nodes": nodes, **result})
+        print(measured[-1], flush=True)
+    return measured
+
+
+def render(result: dict[str, Any]) -> str:
+    """The block of docs/fsdp/plan.md, from a result (``measure``'s figures, saved)."""
+    rows = [
         [
-            f"Measured {today()} with `{args.command}` on {cores()}.",
+            m["factory"].replace("llama_", "Llama 2 ").upper().replace("LLAMA", "Llama"),
+            f"{m['devices'] * m['nodes']} ({m['nodes']} node{'s' if m['nodes'] > 1 else ''})",
+            str(m["rows"]),
+            f"{m['planned']:.1f}",
+            f"{m['wall']:.1f}",
+            f"{m['cpu']:.1f}",
+            f"{m['rss'] / 2**20:.0f}",
+            m["chosen"],
+        ]
+        for m in result["figures"]
+    ]
+    return "\n".join(
+        [
+            f"Measured {result['date']} with `{result['command']}` on {result['cores']} cores ({result['machine']}).",
+            "",
+            provenance(result, __file__),
             "",
             table(
                 [
@@ -125,14 +144,14 @@ def main(argv: list[str] | None = None) -> None:
             ),
         ]
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(build_parser(), argv)
+    body = render(run_or_report(args, __file__, measure))
     print(body)
     if args.write_docs:
-        write_marked(
-            body,
-            DOC,
-            "<!-- benchmarks/planner_cost.py: start -->",
-            "<!-- benchmarks/planner_cost.py: end -->",
-        )
+        write_marked(body, DOC, *markers("planner_cost.py"))
 
 
 if __name__ == "__main__":

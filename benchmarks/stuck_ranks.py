@@ -53,8 +53,9 @@ from _common import (
     load_average,
     make_parser,
     parse_args,
+    provenance,
     ratio_summary,
-    today,
+    run_or_report,
     wrap,
     write_section,
 )
@@ -167,14 +168,15 @@ def _every(seconds: float) -> str:
     return "every second" if seconds == 1 else f"every {seconds:g} s"
 
 
-def render_section(args: argparse.Namespace, m: dict[str, Any]) -> str:
-    """The section of docs/benchmarks.md, from what ``measure`` returned."""
+def render(result: dict[str, Any]) -> str:
+    """The section of docs/benchmarks.md, from a result (``measure``'s figures, saved)."""
+    m, args = result["figures"], argparse.Namespace(**result["arguments"])
     default, short = m["settings"]
     loaded = m["load"] > 1.5  # this benchmark keeps one core busy
     ratios = default["ratios"] + short["ratios"]
     step_ms = TRAINER_STEP_S * 1e3
     bullets = [
-        f"{today()}, {m['cores']} CPU cores (load average {m['load']:.1f}"
+        f"{result['date']}, {m['cores']} CPU cores (load average {m['load']:.1f}"
         f"{': other jobs were running' if loaded else ''}), torch {m['torch']}, one thread.",
         f"The call the loops make per batch: {m['active_ns']:.0f} ns with a watchdog started"
         f" ({m['idle_ns']:.0f} ns without one).",
@@ -199,8 +201,10 @@ def render_section(args: argparse.Namespace, m: dict[str, Any]) -> str:
 What the stuck-rank watchdog (docs/launching.md, "Stuck ranks") adds to a training step:
 
 ```
-{args.command}
+{result["command"]}
 ```
+
+{provenance(result, __file__)}
 
 {body}
 """
@@ -260,9 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(build_parser(), argv)
-    measured = measure(args)
+    result = run_or_report(args, __file__, lambda: measure(args))
     if args.write_docs:
-        write_section(render_section(args, measured))
+        write_section(render(result))
+    elif args.report:
+        print(render(result), end="")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ SCRIPTS = {
     "planner": "plan",
     "planner_choice": "plan",
     "planner_cost": "plan",
-    "nonfinite_check": None,
+    "nonfinite_check": "benchmarks",
     "gpu_check": "benchmarks",
     "_lightning_overhead": None,
 }
@@ -227,3 +227,27 @@ def test_the_docs_list_every_command(common: ModuleType, scripts: dict[str, Modu
     for name, module in scripts.items():
         if not name.startswith("_"):
             assert f"`{common.command_of(module.__doc__)}`" in howto, name
+
+
+def test_a_run_saves_its_result_and_report_renders_it_without_running(
+    common: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = common.make_parser(
+        "benchmarks/x.py", "python benchmarks/x.py --write-docs\n\nMeasures x.", write_docs="somewhere"
+    )
+    parser.add_argument("--n", type=int, default=3)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    args = common.parse_args(parser, ["--write-docs", "--n", "4"])
+    result = common.run_or_report(args, "x.py", lambda: {"a": 1.5})
+    saved = tmp_path / "x.json"
+    assert saved.is_file() and result["figures"] == {"a": 1.5} and result["arguments"] == {"n": 4}
+    assert result["command"] == "python benchmarks/x.py --write-docs --n 4"
+    for fact in ("date", "cores", "load_average_start", "torch", "commit", "cpu"):
+        assert fact in result
+    again = common.parse_args(parser, ["--report", str(saved), "--write-docs"])
+    assert common.run_or_report(again, "x.py", lambda: pytest.fail("--report runs nothing")) == result
+    # without --write-docs a run saves nothing
+    saved.unlink()
+    common.run_or_report(common.parse_args(parser, []), "x.py", lambda: {"a": 2})
+    assert not saved.exists()
+    assert f"`{result['result_file']}`" in common.provenance(result, "x.py")
