@@ -162,7 +162,7 @@ def main() -> None:
         source = generate.render(spec)
         if FRAMEWORK == "fullshard":
             source = generate.port(source)
-        results[str(spec["seed"])] = run_one(spec["seed"], source)
+        results[str(spec.get("id", spec["seed"]))] = run_one(spec["seed"], source)
     args.out.write_text(json.dumps(results, indent=None, sort_keys=True, default=repr))
 
 
