@@ -4,6 +4,7 @@ one module, the command line, and plan="auto" in a real 2-process job on CPU."""
 
 from __future__ import annotations
 
+import _thread
 import os
 import subprocess
 import sys
@@ -181,19 +182,32 @@ def test_simulations_on_several_cores_give_the_plan_of_one() -> None:
     assert "forked planning ok" in result.stdout
 
 
-def test_a_process_with_other_threads_plans_without_forking(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("start", ["threading", "_thread"])
+def test_a_process_with_other_threads_plans_without_forking(
+    monkeypatch: pytest.MonkeyPatch, start: str
+) -> None:
+    """Also beside a thread ``threading`` does not know (``_thread.start_new_thread``, as
+    pytest-xdist's receiver thread is started): a planner test hung forked beside one."""
+
     def no_fork() -> int:
         raise AssertionError("the planner forked beside another thread")
 
     monkeypatch.setattr(os, "fork", no_fork)
-    release = threading.Event()
-    other = threading.Thread(target=release.wait)
-    other.start()
+    release, done = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        release.wait()
+        done.set()
+
+    if start == "threading":
+        threading.Thread(target=wait).start()
+    else:
+        _thread.start_new_thread(wait, ())
     try:
         result = plan(Net(depth=4), batch(), devices=2, device_memory="4MiB", device_type="cpu", workers=3)
     finally:
         release.set()
-        other.join()
+        done.wait(10)
     assert result.rows
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import threading
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -45,6 +45,13 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _other_python_threads() -> bool:
+    """Whether another thread runs Python code in this process: every such thread has a frame in
+    ``sys._current_frames()``, also one started with ``_thread.start_new_thread``, which
+    ``threading.active_count()`` does not count (pytest-xdist's receiver thread is one)."""
+    return len(sys._current_frames()) > 1
+
+
 def run_forked(jobs: Sequence[Callable[[], T]], workers: int, *, forget_group: bool = False) -> list[T]:
     """Each of ``jobs`` run in one of ``workers`` forked children (see [Note: simulating on several
     cores]); their results, in the order of ``jobs``. ``forget_group``: the children forget this
@@ -55,7 +62,7 @@ def run_forked(jobs: Sequence[Callable[[], T]], workers: int, *, forget_group: b
         MisconfigurationError with its traceback), or MisconfigurationError when a child dies
         without a result.
     """
-    if not forget_group and (workers <= 1 or len(jobs) <= 1 or threading.active_count() > 1):
+    if not forget_group and (workers <= 1 or len(jobs) <= 1 or _other_python_threads()):
         return [job() for job in jobs]
     workers = max(1, min(workers, len(jobs)))
     children = []
