@@ -102,12 +102,11 @@ def test_resume_is_bitwise_identical(straight: tuple[str, Path], resumed: dict[s
     assert_same_state(_final(run), _final(out))
 
 
+@pytest.mark.parametrize("straight", ["sharded"], indirect=True)  # resharding: the sharded format's
 def test_sharded_checkpoint_reshards(
     straight: tuple[str, Path], resumed: dict[str, Any], tmp_path: Path
 ) -> None:
-    fmt, out = straight
-    if fmt != "sharded":
-        pytest.skip("resharding is a property of the sharded format")
+    _, out = straight
     ckpt = out / "ckpts" / "epoch=1-step=12.ckpt"
     expected = _final(out)
     _job(tmp_path / "three", "--devices", "3", "--resume", str(ckpt), "--max-steps", "12")  # 2 -> 3
@@ -118,12 +117,11 @@ def test_sharded_checkpoint_reshards(
     assert_same_state(_final(resumed["root"] / "two"), resumed["single"])
 
 
+@pytest.mark.parametrize("straight", ["full"], indirect=True)  # the full format is the portable one
 def test_full_checkpoint_loads_in_every_strategy(
     straight: tuple[str, Path], resumed: dict[str, Any], tmp_path: Path
 ) -> None:
-    fmt, out = straight
-    if fmt != "full":
-        pytest.skip("the full format is the portable one")
+    _, out = straight
     ckpt = out / "ckpts" / "epoch=1-step=12.ckpt"
     expected = _final(out)
     assert_same_state(_final(resumed["root"] / "ddp"), expected)  # DDP, --resume ckpt (see resumed)
@@ -133,10 +131,9 @@ def test_full_checkpoint_loads_in_every_strategy(
     type(model)().load_state_dict(plain)
 
 
+@pytest.mark.parametrize("straight", ["sharded"], indirect=True)  # one damaged layout is enough
 def test_damaged_checkpoint_fails_on_every_rank(straight: tuple[str, Path], tmp_path: Path) -> None:
-    fmt, out = straight
-    if fmt != "sharded":
-        pytest.skip("one damaged layout is enough")
+    _, out = straight
     broken = shutil.copytree(out / "ckpts" / "epoch=0-step=3.ckpt", tmp_path / "broken")
     next(broken.glob("data-*/__1_0.distcp")).unlink()
     start = time.monotonic()
