@@ -32,12 +32,26 @@ import warnings
 import torch.distributed as dist
 from lightning_utilities.core.rank_zero import rank_zero_only
 
-__all__ = ["global_rank", "rank_zero_info", "rank_zero_only", "rank_zero_warn", "set_global_rank"]
+__all__ = [
+    "PossibleUserWarning",
+    "global_rank",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_warn",
+    "set_global_rank",
+]
 
 log = logging.getLogger("fullshard")
 # [Note: the rank of rank_zero_only]; the attribute is set on the function (mypy does not know it)
 rank_zero_only.rank = getattr(rank_zero_only, "rank", 0)  # type: ignore[attr-defined]
 _recorded = False  # whether set_global_rank gave a rank
+
+
+class PossibleUserWarning(UserWarning):
+    """A warning about a setting that is often a mistake but may well be meant (a short run that
+    logs no step metrics): the category Lightning gives such warnings, so that a script's
+    ``warnings.filterwarnings("ignore", category=PossibleUserWarning)`` keeps working.
+    Importable as ``fullshard.utilities.warnings.PossibleUserWarning``, Lightning's path."""
 
 
 def set_global_rank(rank: int | None) -> None:

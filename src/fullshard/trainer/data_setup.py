@@ -162,6 +162,7 @@ class ReloadSchedule:
         assert rebuilt is not None  # set by setup_train_loader
         rebuilt.reseed(seed)
         check_same_batch_count(loop.trainer.strategy, loop.num_training_batches, "training")
+        loop.warn_if_few_batches()
         self.train_epoch = epoch
         self._update_val_check(loop)
 
