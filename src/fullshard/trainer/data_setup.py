@@ -61,7 +61,15 @@ def prepare(
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
-    return prepared, limit_batches(getattr(trainer, _LIMIT[kind]), available, _LIMIT[kind])
+    limit = getattr(trainer, _LIMIT[kind])
+    if available == 0 and limit != 0:  # Lightning's check, on each loader it builds
+        rank_zero_warn(
+            f"The {kind} dataloader has length zero ({type(loader).__name__} of no batches): nothing of it "
+            "runs. Make sure this is intended (an empty dataset? drop_last=True with fewer samples than "
+            "batch_size?).",
+            stacklevel=1,
+        )
+    return prepared, limit_batches(limit, available, _LIMIT[kind])
 
 
 def _shuffles_training_data(trainer: Trainer) -> bool:

@@ -118,10 +118,9 @@ class FitLoop:
         """The training loader of ``fit`` (asked for after the sanity validation, as in Lightning)."""
         if self.train_loader is None:
             self.setup_train_loader(sources.get("train", module))
-        if self.num_training_batches == 0:
-            rank_zero_warn(
-                "The training dataloader yields no batches (or limit_train_batches=0): nothing to train."
-            )
+        if self.num_training_batches == 0 and self.trainer.limit_train_batches != 0:
+            # a warning came with the empty loader (data_setup.prepare); as Lightning, an info line
+            rank_zero_info("fit stops: the training dataloader has no batches.")
         data_setup.check_same_batch_count(self.trainer.strategy, self.num_training_batches, "training")
 
     # ------------------------------------------------------------------ checkpointed state
