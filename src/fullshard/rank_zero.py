@@ -38,6 +38,7 @@ __all__ = [
     "rank_zero_info",
     "rank_zero_only",
     "rank_zero_warn",
+    "rank_zero_warn_once",
     "set_global_rank",
 ]
 
@@ -82,6 +83,17 @@ def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklev
     """
     if global_rank() == 0:
         warnings.warn(message, category, stacklevel=stacklevel + 1)
+
+
+_said_once: set[str] = set()  # the messages rank_zero_warn_once gave in this process
+
+
+def rank_zero_warn_once(message: str, category: type[Warning] = UserWarning, stacklevel: int = 2) -> None:
+    """:func:`rank_zero_warn`, once per process for each message (what Lightning says through its
+    module-level ``WarningCache``: a second Trainer of the same process stays silent)."""
+    if message not in _said_once:
+        _said_once.add(message)
+        rank_zero_warn(message, category, stacklevel=stacklevel + 1)
 
 
 def rank_zero_debug(message: str) -> None:
