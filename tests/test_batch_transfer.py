@@ -151,7 +151,10 @@ class Data(fullshard.LightningDataModule):
         return [batch[0] * 10, batch[1]]
 
 
-def test_a_datamodules_hook_wins_over_the_modules(tmp_path: Path) -> None:
+def test_a_datamodules_hook_wins_over_the_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        "fullshard.rank_zero._said_once", set()
+    )  # said once per process: forget earlier tests
     model = Hooked()
     with pytest.warns(
         UserWarning, match="overridden `on_before_batch_transfer` in both the Module and the DataModule"

@@ -319,10 +319,6 @@ NOT_SUPPORTED: dict[str, str] = {
         "upgrades checkpoints written by older Lightning versions; fullshard reads Lightning 2.x "
         "checkpoints as they are (docs/checkpoints.md)"
     ),
-    "utilities.warnings": (
-        "fullshard's advisory warnings are plain UserWarnings from the fullshard package: silence "
-        "them with fullshard.utilities.disable_possible_user_warnings()"
-    ),
     # single names
     "callbacks.finetuning:multiplicative": "Lightning's default lr lambda of BackboneFinetuning; pass lambda_func= yourself",
     "callbacks.progress.progress_bar:get_standard_metrics": "fullshard's progress bar shows the logged metrics itself; override ProgressBar.get_metrics",

@@ -377,6 +377,11 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
             logger=True if logger is None else logger,
             add_dataloader_idx=add_dataloader_idx,
         )
+        if logger and self.trainer.logger is None:  # asked for explicitly, as Lightning warns
+            rank_zero_warn(
+                f"self.log({name!r}, ..., logger=True) was called but the Trainer has no logger configured, "
+                "so the value reaches no logger. Pass Trainer(logger=...) (a CSVLogger, say) to record it."
+            )
 
     def log_dict(self, dictionary: Mapping[str, Any] | Any, **kwargs: Any) -> None:
         """Call :meth:`log` for each entry of ``dictionary`` with the same options; a

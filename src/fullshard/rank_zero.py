@@ -32,12 +32,27 @@ import warnings
 import torch.distributed as dist
 from lightning_utilities.core.rank_zero import rank_zero_only
 
-__all__ = ["global_rank", "rank_zero_info", "rank_zero_only", "rank_zero_warn", "set_global_rank"]
+__all__ = [
+    "PossibleUserWarning",
+    "global_rank",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_warn",
+    "rank_zero_warn_once",
+    "set_global_rank",
+]
 
 log = logging.getLogger("fullshard")
 # [Note: the rank of rank_zero_only]; the attribute is set on the function (mypy does not know it)
 rank_zero_only.rank = getattr(rank_zero_only, "rank", 0)  # type: ignore[attr-defined]
 _recorded = False  # whether set_global_rank gave a rank
+
+
+class PossibleUserWarning(UserWarning):
+    """A warning about a setting that is often a mistake but may well be meant (a short run that
+    logs no step metrics): the category Lightning gives such warnings, so that a script's
+    ``warnings.filterwarnings("ignore", category=PossibleUserWarning)`` keeps working.
+    Importable as ``fullshard.utilities.warnings.PossibleUserWarning``, Lightning's path."""
 
 
 def set_global_rank(rank: int | None) -> None:
@@ -68,6 +83,17 @@ def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklev
     """
     if global_rank() == 0:
         warnings.warn(message, category, stacklevel=stacklevel + 1)
+
+
+_said_once: set[str] = set()  # the messages rank_zero_warn_once gave in this process
+
+
+def rank_zero_warn_once(message: str, category: type[Warning] = UserWarning, stacklevel: int = 2) -> None:
+    """:func:`rank_zero_warn`, once per process for each message (what Lightning says through its
+    module-level ``WarningCache``: a second Trainer of the same process stays silent)."""
+    if message not in _said_once:
+        _said_once.add(message)
+        rank_zero_warn(message, category, stacklevel=stacklevel + 1)
 
 
 def rank_zero_debug(message: str) -> None:

@@ -61,7 +61,15 @@ def prepare(
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
-    return prepared, limit_batches(getattr(trainer, _LIMIT[kind]), available, _LIMIT[kind])
+    limit = getattr(trainer, _LIMIT[kind])
+    if available == 0 and limit != 0:  # Lightning's check, on each loader it builds
+        rank_zero_warn(
+            f"The {kind} dataloader has length zero ({type(loader).__name__} of no batches): nothing of it "
+            "runs. Make sure this is intended (an empty dataset? drop_last=True with fewer samples than "
+            "batch_size?).",
+            stacklevel=1,
+        )
+    return prepared, limit_batches(limit, available, _LIMIT[kind])
 
 
 def _shuffles_training_data(trainer: Trainer) -> bool:
@@ -162,6 +170,7 @@ class ReloadSchedule:
         assert rebuilt is not None  # set by setup_train_loader
         rebuilt.reseed(seed)
         check_same_batch_count(loop.trainer.strategy, loop.num_training_batches, "training")
+        loop.warn_if_few_batches()
         self.train_epoch = epoch
         self._update_val_check(loop)
 

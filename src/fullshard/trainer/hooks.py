@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fullshard.batch_transfer import BATCH_TRANSFER_HOOKS, BatchTransfer
 from fullshard.datamodule import DataModule
 from fullshard.module import Module
-from fullshard.rank_zero import rank_zero_warn
+from fullshard.rank_zero import rank_zero_warn_once
 from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from fullshard.trainer.preflight import overrides
 
@@ -100,16 +100,23 @@ def resolve_batch_transfer(
     """The batch-transfer hooks ``Strategy.batch_to_device`` runs, or None when neither the
     module nor the DataModule overrides one (the strategy then moves the batch itself). Each hook
     is the DataModule's when it overrides it, else the module's (Lightning's rule, with its
-    warning when both do)."""
+    warnings, once per process as Lightning gives them, when the module overrides one and a
+    DataModule is given)."""
     chosen: list[Callable[..., Any]] = []
     overridden = False
     for name in BATCH_TRANSFER_HOOKS:
         in_data = datamodule is not None and overrides(datamodule, DataModule, name)
         in_module = overrides(module, Module, name)
         if in_data and in_module:
-            rank_zero_warn(
+            rank_zero_warn_once(
                 f"You have overridden `{name}` in both the Module and the DataModule: the DataModule's "
                 "is used (as in Lightning). Remove one of them to silence this warning.",
+                stacklevel=4,
+            )
+        elif datamodule is not None and in_module:
+            rank_zero_warn_once(
+                f"You have overridden `{name}` in the LightningModule, and the LightningDataModule passed "
+                "does not override it: the module's is used.",
                 stacklevel=4,
             )
         owner: Any = datamodule if in_data else module

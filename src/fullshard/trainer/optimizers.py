@@ -30,6 +30,8 @@ class LRSchedulerConfig:
     name: str | None = None
     strict: bool = True
     reduce_on_plateau: bool = False
+    # the keys of those three the config dict gave (manual optimization ignores them, with a warning)
+    automatic_only_keys: tuple[str, ...] = ()
 
     @property
     def is_plateau(self) -> bool:
@@ -99,6 +101,7 @@ def _scheduler_config(value: Any, monitor: str | None = None) -> LRSchedulerConf
             value.get("name"),
             bool(value.get("strict", True)),
             bool(value.get("reduce_on_plateau", False)),
+            tuple(k for k in value if k in ("monitor", "strict", "reduce_on_plateau")),
         )
     if not hasattr(value, "step") or not hasattr(value, "state_dict"):
         raise MisconfigurationError(
@@ -143,11 +146,12 @@ def check_schedulers(schedulers: list[LRSchedulerConfig], module: Any) -> None:
                 f"Trainer cannot step it. Override {type(module).__name__}.lr_scheduler_step(scheduler, metric) "
                 "to step it (e.g. scheduler.step(epoch=self.current_epoch)), or use a torch.optim.lr_scheduler."
             )
-        if manual and (config.monitor is not None or config.reduce_on_plateau or not config.strict):
+        if manual and config.automatic_only_keys:  # given at all, whatever their values, as Lightning warns
+            keys = ", ".join(repr(k) for k in config.automatic_only_keys)
             rank_zero_warn(
-                f"The lr_scheduler config of {type(scheduler).__name__} sets 'monitor', 'strict' or "
-                "'reduce_on_plateau', which manual optimization ignores: call scheduler.step() yourself "
-                "in training_step (or on_train_epoch_end)."
+                f"The lr_scheduler config of {type(scheduler).__name__} sets {keys}, which manual "
+                "optimization ignores: call scheduler.step() yourself in training_step (or on_train_epoch_end).",
+                RuntimeWarning,
             )
 
 

@@ -27,6 +27,7 @@ import torch
 
 from fullshard.launch import stuck_ranks
 from fullshard.module import Module
+from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer import data_setup
 from fullshard.trainer.combined_loader import PreparedCombined
 from fullshard.trainer.data import PreparedLoader
@@ -64,6 +65,7 @@ class EvaluationLoop:
         # per dataloader, the batches run since its loader was built (the sanity run's aside): the
         # step loggers get for what a step logged, as Lightning counts
         self._logged_batches: list[int] = []
+        self._said_none = False  # whether predict_step's None was warned about (once per Trainer)
 
     @property
     def loader(self) -> PreparedLoader | PreparedCombined | None:
@@ -247,6 +249,13 @@ class EvaluationLoop:
             output = strategy.evaluation_step(method, batch, batch_idx, *extra)
             if predictions is not None:
                 predictions.append(output)
+            if output is None and stage == "predict" and not self._said_none:
+                self._said_none = True  # once per Trainer, as Lightning says it
+                rank_zero_warn(
+                    "predict_step returned None for a batch, so its prediction is None: ignore this "
+                    "warning if that is meant, else return the predictions from predict_step.",
+                    stacklevel=1,
+                )
             for hook in batch_end:
                 hook(output, batch, batch_idx, *extra)
             batch_idx += 1

@@ -32,7 +32,7 @@ import torch
 
 from fullshard.launch import stuck_ranks
 from fullshard.module import Module
-from fullshard.rank_zero import rank_zero_info, rank_zero_warn
+from fullshard.rank_zero import PossibleUserWarning, rank_zero_info, rank_zero_warn
 from fullshard.seed import current_seed, rng_states, set_rng_states
 from fullshard.trainer import data_setup, nonfinite, preemption
 from fullshard.trainer.combined_loader import PreparedCombined
@@ -118,10 +118,9 @@ class FitLoop:
         """The training loader of ``fit`` (asked for after the sanity validation, as in Lightning)."""
         if self.train_loader is None:
             self.setup_train_loader(sources.get("train", module))
-        if self.num_training_batches == 0:
-            rank_zero_warn(
-                "The training dataloader yields no batches (or limit_train_batches=0): nothing to train."
-            )
+        if self.num_training_batches == 0 and self.trainer.limit_train_batches != 0:
+            # a warning came with the empty loader (data_setup.prepare); as Lightning, an info line
+            rank_zero_info("fit stops: the training dataloader has no batches.")
         data_setup.check_same_batch_count(self.trainer.strategy, self.num_training_batches, "training")
 
     # ------------------------------------------------------------------ checkpointed state
@@ -266,7 +265,7 @@ class FitLoop:
             self.val_check_batch = data_setup.val_check_batch(
                 trainer, validate.num_batches if validate.loader is not None else 0, self.num_training_batches
             )
-            self._warn_if_nothing_logged()
+            self.warn_if_few_batches()
             if checkpoint is not None and inside_epoch:
                 trainer.checkpoint_manager.restore_rng_states(checkpoint)
             hooks.call("on_train_start")
@@ -305,24 +304,20 @@ class FitLoop:
             self.metrics.restore(snapshot)
         return True
 
-    def _warn_if_nothing_logged(self) -> None:
-        """Say, as Lightning does, when the steps of the run (or of an epoch) are fewer than
-        ``log_every_n_steps``: their step metrics would never reach the loggers."""
+    def warn_if_few_batches(self) -> None:
+        """Say when an epoch has fewer batches than ``log_every_n_steps``, by Lightning's rule:
+        each time a fit builds its training loader (at the start, and at each reload), with a
+        logger, outside ``fast_dev_run``. Such step metrics may never reach the loggers, yet a
+        short run is often meant: a PossibleUserWarning."""
         trainer = self.trainer
-        if not trainer.loggers or trainer.fast_dev_run:
-            return
-        steps = self.num_training_batches / trainer.accumulate_grad_batches  # inf: an iterable dataset
-        what = (
-            f"The training epoch has {math.ceil(steps) if not math.isinf(steps) else steps} optimizer step(s)"
-        )
-        if trainer.max_steps >= 0 and trainer.max_steps - self.progress.global_step < steps:
-            steps = trainer.max_steps - self.progress.global_step
-            what = f"This run has {steps} optimizer step(s) left (max_steps={trainer.max_steps})"
-        if 0 < steps < trainer.log_every_n_steps:
+        batches = self.num_training_batches  # inf for an iterable dataset: never fewer
+        if trainer.loggers and not trainer.fast_dev_run and 0 < batches < trainer.log_every_n_steps:
             rank_zero_warn(
-                f"{what}, fewer than Trainer(log_every_n_steps={trainer.log_every_n_steps}): step metrics are "
-                "logged every log_every_n_steps steps, so they will not reach the loggers (epoch metrics still "
-                "do). Pass a lower log_every_n_steps to see them.",
+                f"The training epoch has {batches} batch(es), fewer than Trainer(log_every_n_steps="
+                f"{trainer.log_every_n_steps}): step metrics are sent every log_every_n_steps steps, so "
+                "those of a short run may never reach the loggers (epoch metrics do). Pass a lower "
+                "log_every_n_steps to see them.",
+                PossibleUserWarning,
                 stacklevel=1,
             )
 
