@@ -48,9 +48,26 @@ TOPICS: list[tuple[str, str]] = [
         "monitored key not found",
         r"could not find the monitored key|cannot find '\w+' among the logged metrics",
     ),
+    ("self.log with logger=True but no logger", r"logger=True\)`? .*no logger configured"),
+    ("predict_step returned None", r"predict returned None|predict_step returned None"),
+    ("empty dataloader", r"Total length of `DataLoader` across ranks is zero|dataloader has length zero"),
+    (
+        "module's batch-transfer hook beside a DataModule",
+        r"overridden `\w+` in `LightningModule` but have passed in a `LightningDataModule`"
+        r"|overridden `\w+` in the LightningModule, and the LightningDataModule passed",
+    ),
+    (
+        "ModelCheckpoint dirpath changed since the checkpoint",
+        r"The dirpath has changed from .* won't be reloaded"
+        r"|ModelCheckpoint's dirpath changed from .* \(in the checkpoint\)",
+    ),
 ]
 # torch's deprecation warnings about how Lightning calls torch, not observations of the script
-NOT_OBSERVED = [r"isinstance\(treespec, LeafSpec\)` is deprecated"]
+NOT_OBSERVED = [
+    r"isinstance\(treespec, LeafSpec\)` is deprecated",
+    # torch's once-per-process warning about float(loss) in the generated log_dict call
+    r"Converting a tensor with requires_grad=True to a scalar",
+]
 # exception types by the name a ported script catches them with (fullshard.utilities.exceptions)
 EXCEPTION_NAMES = {"MisconfigurationError": "MisconfigurationException"}
 

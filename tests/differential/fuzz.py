@@ -6,7 +6,8 @@ docs/lightning.md does not accept, each minimized to the smallest script that st
 Seeds ``seed .. seed + n - 1`` (the suite's corpus is 0 .. 299: take seeds above it). For each
 script with an unexplained difference, the report gives the differences and the minimized script
 (features dropped one at a time, in rounds, as long as the first difference stays), ready to run
-under either framework. Needs Lightning's environment (``python tests/lightning_env.py``).
+under either framework (``--minimize K``: the first K, 3 by default; each takes a few minutes).
+Needs Lightning's environment (``python tests/lightning_env.py``).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _both(specs: list[Spec], lightning: str, jobs: int) -> tuple[dict[str, Any],
     return theirs, ours
 
 
-def minimize(spec: Spec, target: str, lightning: str, jobs: int, rounds: int = 25) -> Spec:
+def minimize(spec: Spec, target: str, lightning: str, jobs: int, rounds: int = 12) -> Spec:
     """The simplest spec found, by rounds of one-step simplifications, that still shows ``target``."""
     current = spec
     for _ in range(rounds):
@@ -112,7 +113,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=corpus.CORPUS_SIZE)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--report", type=Path, default=Path("fuzz-report.md"))
-    parser.add_argument("--no-minimize", action="store_true")
+    parser.add_argument(
+        "--minimize",
+        type=int,
+        default=3,
+        help="minimize the first K scripts that differ (0: none; minutes each)",
+    )
     args = parser.parse_args()
     began = time.perf_counter()
     lightning = corpus.lightning_python()
@@ -130,13 +136,14 @@ def main() -> None:
             (kinds if line in left else accepted_kinds)[line.split(":")[0]] += 1
         if not left:
             continue
-        spec = generate.spec(seed)
-        if not args.no_minimize:
+        spec, title = generate.spec(seed), "Script"
+        if len(sections) < args.minimize:
             spec = minimize(spec, signature(left[0]), lightning, args.jobs)
+            title = "Minimized (for the first difference)"
         sections.append(
             f"## seed {seed}\n\n"
             + "\n".join(f"- {line}" for line in left)
-            + f"\n\nMinimized (for the first difference):\n\n```python\n{generate.render(spec)}```\n"
+            + f"\n\n{title}:\n\n```python\n{generate.render(spec)}```\n"
         )
     summary = (
         f"# Differential run: seeds {seeds[0]}..{seeds[-1]}\n\n{len(seeds)} scripts, "

@@ -15,6 +15,7 @@ Needs only the standard library, torch and the framework.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -96,8 +97,31 @@ def _csv(root: Path) -> dict[str, list[str]]:
     return {str(p.relative_to(root)): p.read_text().splitlines() for p in sorted(root.rglob("metrics.csv"))}
 
 
+_ONCE_CACHES: list[set[Any]] = []
+_SCRIPTS_RUN = [0]
+
+
+def _forget_warnings_given() -> None:
+    """Each script starts as in a fresh process: the warnings both frameworks give once per process
+    (Lightning's module-level ``WarningCache`` sets, fullshard's ``rank_zero_warn_once``) are
+    forgotten, so whether one is given does not depend on the scripts that ran before it. The
+    caches are looked for again every 25 scripts (a module imported late brings its own)."""
+    import gc
+
+    if _SCRIPTS_RUN[0] % 25 == 0:
+        _ONCE_CACHES[:] = [o for o in gc.get_objects() if type(o).__name__ == "WarningCache"]
+        if FRAMEWORK == "fullshard":
+            from fullshard import rank_zero
+
+            _ONCE_CACHES.append(rank_zero._said_once)
+    _SCRIPTS_RUN[0] += 1
+    for cache in _ONCE_CACHES:
+        cache.clear()
+
+
 def run_one(seed: int, source: str) -> dict[str, Any]:
     """Run one script's source in a fresh directory; its observations."""
+    _forget_warnings_given()
     recording.RECORD = recording._Record()
     recording._ACTIVE.clear()
     start = os.getcwd()
@@ -149,6 +173,8 @@ def main() -> None:
     os.environ["PORT_FRAMEWORK"] = FRAMEWORK  # the recorders read it
     recording.FRAMEWORK = FRAMEWORK
     signal.signal(signal.SIGALRM, _alarm)
+    # the framework imported before the first script, so its once-per-process caches exist to be found
+    importlib.import_module("lightning.pytorch" if FRAMEWORK == "lightning" else "fullshard")
     import logging
 
     logging.disable(logging.INFO)  # the frameworks' info lines are not observations here

@@ -25,12 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullshard.errors import MisconfigurationError
-from fullshard.rank_zero import rank_zero_warn
+from fullshard.rank_zero import rank_zero_warn_once
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
-
-_warned_none = False  # once per process, as Lightning's warning cache gives it
 
 
 def extract_loss(output: Any) -> torch.Tensor | None:
@@ -59,16 +57,14 @@ def batch_outputs(output: Any, loss: torch.Tensor | None) -> Any:
 
 
 def warn_none_once() -> None:
-    """The warning of a ``training_step`` that returned None, once per process."""
-    global _warned_none
-    if not _warned_none:
-        _warned_none = True
-        rank_zero_warn(
-            "training_step returned None: that batch adds no gradient, and the optimizer step of its "
-            "accumulation window still runs and counts (global_step, schedulers), as in Lightning. If this "
-            "was on purpose, ignore this warning (given once).",
-            stacklevel=1,
-        )
+    """The warning of a ``training_step`` that returned None, once per process (as Lightning's
+    class-level warning cache gives it)."""
+    rank_zero_warn_once(
+        "training_step returned None: that batch adds no gradient, and the optimizer step of its "
+        "accumulation window still runs and counts (global_step, schedulers), as in Lightning. If this "
+        "was on purpose, ignore this warning (given once).",
+        stacklevel=1,
+    )
 
 
 def refuse_unsynchronised_window(trainer: Trainer, batch_idx: int) -> None:
