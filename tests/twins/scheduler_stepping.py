@@ -3,6 +3,8 @@ scheduler's frequency counts batches in the epoch (from 1), at accumulation boun
 "epoch" one steps at the epoch's last batch, not when ``max_steps`` cuts the epoch short;
 ``on_train_batch_start`` returning -1 makes that batch the epoch's last (the schedulers due then
 step); a ``ReduceLROnPlateau`` whose metric is missing raises (strict) or warns and skips.
+What a checkpoint records of such epochs: after -1 the epoch is finished (a resumed run goes on
+with the next one), after ``max_steps`` its top-level ``"epoch"`` is ``current_epoch``.
 
 TWIN_FRAMEWORK=lightning /tmp/lvenv/bin/python tests/twins/scheduler_stepping.py --out /tmp/l.json
 TWIN_FRAMEWORK=fullshard python tests/twins/scheduler_stepping.py --out /tmp/f.json
@@ -76,9 +78,11 @@ class Net(L.LightningModule):
         self.strict = strict
         self.batch = -1
         self.calls: list[Any] = []
+        self.trained: list[Any] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         self.batch = batch_idx
+        self.trained.append([self.current_epoch, batch_idx])
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.layer(x), y)
         self.log("train_loss", loss)
@@ -229,6 +233,40 @@ def case_plateau_metric_missing_not_strict(tmp: Path) -> Any:
         "warnings": len(runtime),
         "categories": sorted({w.category.__name__ for w in runtime}),
     }
+
+
+def _saved(path: str) -> list[Any]:
+    checkpoint = torch.load(path, weights_only=False)
+    return [checkpoint["epoch"], checkpoint["global_step"]]
+
+
+def case_resume_after_epoch_ended_by_hook(tmp: Path) -> Any:
+    model = Net([("step", "epoch", 1)], stop_at=2)
+    t = trainer()
+    t.fit(model, data(4))
+    t.save_checkpoint("after.ckpt")
+    resumed = Net([("step", "epoch", 1)], stop_at=2)
+    more = trainer(max_epochs=3)
+    more.fit(resumed, data(4), ckpt_path="after.ckpt")
+    return {
+        "saved": _saved("after.ckpt"),
+        "first": observe(model, t),
+        "resumed": {**observe(resumed, more), "trained": resumed.trained},
+    }
+
+
+def case_checkpoint_epoch_after_max_steps(tmp: Path) -> Any:
+    # the cut epoch is what fullshard resumes from (docs/lightning.md, "Resuming is exact");
+    # the top-level "epoch" is current_epoch, as Lightning writes it
+    model = Net([])
+    t = trainer(
+        max_steps=1,
+        enable_checkpointing=True,
+        callbacks=[imp("callbacks").ModelCheckpoint(dirpath="ckpts", save_last=True, save_top_k=0)],
+    )
+    t.fit(model, data(3))
+    t.save_checkpoint("after.ckpt")
+    return {"saved": _saved("after.ckpt"), "last": _saved("ckpts/last.ckpt"), "epoch": t.current_epoch}
 
 
 if __name__ == "__main__":

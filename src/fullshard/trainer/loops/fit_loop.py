@@ -535,13 +535,17 @@ class FitLoop:
         [Note: epochs cut short]
         An epoch that ends early (``max_steps``, a stop request, ``on_train_batch_start`` returning
         -1) still ends as in Lightning: its epoch-end hooks run and ``current_epoch`` moves on. A
-        checkpoint written then or afterwards still records the position inside the cut epoch (the
-        batches and the samples consumed), so ``fit(ckpt_path=...)`` with a larger ``max_steps``
-        continues exactly where training stopped, on any number of processes.
+        checkpoint written then or afterwards still records the position inside an epoch cut by
+        ``max_steps`` or a stop request (the batches and the samples consumed), so
+        ``fit(ckpt_path=...)`` with a larger ``max_steps`` continues exactly where training
+        stopped, on any number of processes; its top-level ``"epoch"`` is still ``current_epoch``,
+        as Lightning writes it. An epoch the module ended (-1) is finished: nothing of it is left
+        to run, an uninterrupted run would go on with the next epoch, and so does a resumed one.
         """
         trainer, progress, metrics = self.trainer, self.progress, self.metrics
         cut_short = (
-            not math.isinf(self.num_training_batches)
+            not ended_by_hook  # the module ended it: an uninterrupted run goes on with the next one
+            and not math.isinf(self.num_training_batches)
             and progress.batches_in_epoch < self.num_training_batches
         )
         progress.resume_point = (
