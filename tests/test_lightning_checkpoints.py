@@ -111,7 +111,10 @@ def test_full_checkpoint_has_what_lightning_reads(written: dict[str, Path]) -> N
     # older than every Lightning that reads it, newer than all its migrations (none is applied)
     assert checkpoint[LIGHTNING_VERSION_KEY] == LIGHTNING_LAYOUT_VERSION == "2.0.0"
     assert not is_lightning_checkpoint(checkpoint)
-    assert (checkpoint["epoch"], checkpoint["global_step"]) == (1, 12)
+    # max_steps=12 cut epoch 1 (8 steps an epoch): "epoch" is current_epoch (2), as Lightning
+    # writes it; the loops keep the position inside the cut epoch, where fullshard resumes
+    assert (checkpoint["epoch"], checkpoint["global_step"]) == (2, 12)
+    assert (checkpoint["loops"]["epoch"], checkpoint["loops"]["batches_in_epoch"]) == (1, 4)
     assert type(checkpoint["hyper_parameters"]) is dict
     assert checkpoint["hyper_parameters"] == {"hidden": 8, "lr": 0.05}
     # what Lightning's _load_state does: cls(**hyper_parameters), then a strict load_state_dict
@@ -152,7 +155,7 @@ def test_sharded_meta_has_the_non_tensor_entries(written: dict[str, Path]) -> No
         LIGHTNING_VERSION_KEY,
     ):
         assert key in meta, key
-    assert (meta["epoch"], meta["global_step"]) == (1, 12)
+    assert (meta["epoch"], meta["global_step"]) == (2, 12)
     assert "state_dict" not in meta and "optimizer_states" not in meta  # in the DCP files
 
 

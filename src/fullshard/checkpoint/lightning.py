@@ -54,11 +54,13 @@ def lightning_version(checkpoint: Mapping[str, Any]) -> str:
     return str(checkpoint.get(LIGHTNING_VERSION_KEY, "unknown"))
 
 
-def lightning_entries(loops: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level entries a fullshard checkpoint carries for Lightning's readers, from
-    fullshard's loop state (``epoch`` is the epoch in progress, as Lightning writes it)."""
+def lightning_entries(loops: Mapping[str, Any], current_epoch: int) -> dict[str, Any]:
+    """The top-level entries a fullshard checkpoint carries for Lightning's readers: ``epoch`` is
+    the Trainer's ``current_epoch``, as Lightning writes it, which after an epoch cut short by
+    ``max_steps`` is the next one, while ``loops`` keeps the position inside the cut epoch that a
+    resumed run continues from ([Note: epochs cut short] in fullshard.trainer.loops.fit_loop)."""
     return {
-        "epoch": int(loops["epoch"]),
+        "epoch": current_epoch,
         "global_step": int(loops["global_step"]),
         LIGHTNING_VERSION_KEY: LIGHTNING_LAYOUT_VERSION,
     }

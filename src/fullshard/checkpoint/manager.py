@@ -339,7 +339,7 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
     module = trainer.lightning_module
     loops = trainer.fit_loop.state_dict()
     checkpoint: dict[str, Any] = {
-        **lightning_entries(loops),
+        **lightning_entries(loops, trainer.current_epoch),
         "fullshard_version": fullshard.__version__,
         "strategy": strategy.strategy_name or type(strategy).__name__,
         "world_size": strategy.world_size,

@@ -51,7 +51,8 @@ class LRSchedulerConfig:
                 if self.monitor is not None and not self.strict:
                     rank_zero_warn(
                         f"ReduceLROnPlateau's metric {self.monitor!r} was not logged; the scheduler is not "
-                        "stepped this time (strict=False)."
+                        "stepped this time (strict=False).",
+                        RuntimeWarning,  # Lightning's category
                     )
                     return
                 raise MisconfigurationError(

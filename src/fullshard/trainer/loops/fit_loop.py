@@ -355,6 +355,7 @@ class FitLoop:
         # unless reload_dataloaders_every_n_epochs rebuilt the loader since
         iterator = first[1] if first is not None and first[0] is self.train_loader else self._epoch_batches()
         batch_idx = start
+        ended_by_hook = False
         while batch_idx < num_batches:
             try:
                 batch = next(iterator)
@@ -370,8 +371,16 @@ class FitLoop:
             for hook in batch_start_callbacks:
                 hook(batch, batch_idx)
             if module_batch_start is not None and module_batch_start(batch, batch_idx) == -1:
-                break  # Lightning's contract: -1 skips the rest of the epoch
-            boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
+                # Lightning's contract: -1 skips the rest of the epoch; the batch counts as the
+                # epoch's last for the schedulers ([Note: when schedulers step])
+                if not manual:
+                    self._step_schedulers("step", plateau=False, count=batch_idx + 1)
+                    self._step_schedulers("epoch", plateau=False)
+                ended_by_hook = True
+                break
+            boundary = (
+                batch_idx + 1
+            ) % accumulate == 0 or trainer.is_last_batch  # Lightning steps on the last batch
             if manual:  # see [Note: three ways through a training batch] in fullshard.trainer.optimization
                 output, loss, stepped = optimization.manual_batch(batch, batch_idx), None, True
             elif with_hooks:
@@ -406,7 +415,10 @@ class FitLoop:
             if stepped and not manual:
                 if not with_hooks:
                     self._optimizer_step(hooks)
-                self._after_optimizer_step()
+                progress.global_step += 1
+                self._step_schedulers("step", plateau=False, count=batch_idx)
+            if trainer.is_last_batch and not manual:
+                self._step_schedulers("epoch", plateau=False)
             # at every boundary, stepped or skipped: see
             # [Note: preemption, agreed without a per-step collective] in fullshard.trainer.preemption
             if boundary and preempt.requested and preempt.should_stop(progress.total_batch_idx):
@@ -428,13 +440,13 @@ class FitLoop:
                 metrics.set_batch(batch)
             if boundary:
                 if not manual:
-                    self._step_schedulers("step", plateau=True)
+                    self._step_schedulers("step", plateau=True, count=batch_idx)
                 progress.batches_that_stepped += 1
             if trainer.max_steps >= 0 and progress.global_step >= trainer.max_steps:
                 break
             if self.stop_requested():
                 break
-        self._end_epoch(hooks)
+        self._end_epoch(hooks, ended_by_hook)
 
     def _epoch_batches(self) -> Fetcher:
         """The batches of this epoch (its rest, when resuming), fetched a batch ahead when their
@@ -477,23 +489,29 @@ class FitLoop:
                 strategy.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
             strategy.optimizer_step(optimizer)
 
-    def _after_optimizer_step(self) -> None:
-        self.progress.global_step += 1
-        self._step_schedulers("step", plateau=False)
-        if self.trainer.is_last_batch:
-            self._step_schedulers("epoch", plateau=False)
+    def _step_schedulers(self, interval: str, *, plateau: bool, count: int | None = None) -> None:
+        """Step the schedulers of ``interval`` that are (or are not) ``ReduceLROnPlateau``, whose
+        frequency divides ``count`` (step interval: the batch's number in its epoch, from 1).
 
-    def _step_schedulers(self, interval: str, *, plateau: bool) -> None:
-        """Step the schedulers of ``interval`` that are (or are not) ``ReduceLROnPlateau``, as
-        Lightning orders them: plateau ones after the validation that produces their metric.
-        Under manual optimization the module steps them itself (as in Lightning)."""
-        trainer, progress = self.trainer, self.progress
+        [Note: when schedulers step]
+        As Lightning does (its rules, not the optimizer's step count): a "step" scheduler is due
+        at each accumulation boundary whose batch number *in the epoch* (from 1) its frequency
+        divides, so with ``accumulate_grad_batches=2`` and ``frequency=2`` it steps at every
+        optimizer step, and an epoch starts the count afresh. An "epoch" scheduler is due at the
+        epoch's last batch when its frequency divides ``current_epoch + 1``; an epoch cut short
+        by ``max_steps`` or a stop request does not step it. ``on_train_batch_start`` returning
+        -1 makes that batch the epoch's last: the schedulers due then step, though no optimizer
+        did (torch then warns that ``lr_scheduler.step()`` came before ``optimizer.step()``, as
+        under Lightning). Plateau ones step after the validation that produces their metric.
+        Under manual optimization the module steps them itself.
+        """
+        trainer = self.trainer
         hook = self.optimization.scheduler_hook
+        due = self.progress.epoch + 1 if count is None else count
         for config in trainer.lr_scheduler_configs:
             if config.interval != interval or config.is_plateau != plateau:
                 continue
-            count = progress.global_step if interval == "step" else progress.epoch + 1
-            if count % config.frequency == 0:
+            if due % config.frequency == 0:
                 config.step(trainer.callback_metrics, hook)
 
     def _log_step_metrics(self) -> None:
@@ -504,19 +522,25 @@ class FitLoop:
             if values:
                 send_to_loggers(trainer, values, step)
 
-    def _end_epoch(self, hooks: Hooks) -> None:
-        """Epoch-level metrics, the epoch-end hooks (checkpoints save here), then epoch schedulers.
+    def _end_epoch(self, hooks: Hooks, ended_by_hook: bool) -> None:
+        """Epoch-level metrics, the epoch-end hooks (checkpoints save here), then the plateau
+        epoch schedulers when the epoch reached its last batch (``ended_by_hook``:
+        ``on_train_batch_start`` returned -1, which counts as that; [Note: when schedulers step]).
 
         [Note: epochs cut short]
         An epoch that ends early (``max_steps``, a stop request, ``on_train_batch_start`` returning
         -1) still ends as in Lightning: its epoch-end hooks run and ``current_epoch`` moves on. A
-        checkpoint written then or afterwards still records the position inside the cut epoch (the
-        batches and the samples consumed), so ``fit(ckpt_path=...)`` with a larger ``max_steps``
-        continues exactly where training stopped, on any number of processes.
+        checkpoint written then or afterwards still records the position inside an epoch cut by
+        ``max_steps`` or a stop request (the batches and the samples consumed), so
+        ``fit(ckpt_path=...)`` with a larger ``max_steps`` continues exactly where training
+        stopped, on any number of processes; its top-level ``"epoch"`` is still ``current_epoch``,
+        as Lightning writes it. An epoch the module ended (-1) is finished: nothing of it is left
+        to run, an uninterrupted run would go on with the next epoch, and so does a resumed one.
         """
         trainer, progress, metrics = self.trainer, self.progress, self.metrics
         cut_short = (
-            not math.isinf(self.num_training_batches)
+            not ended_by_hook  # the module ended it: an uninterrupted run goes on with the next one
+            and not math.isinf(self.num_training_batches)
             and progress.batches_in_epoch < self.num_training_batches
         )
         progress.resume_point = (
@@ -530,7 +554,8 @@ class FitLoop:
         values = metrics.pop_epoch_log()
         if values:
             send_to_loggers(trainer, values, max(progress.batches_that_stepped - 1, 0))
-        if not self.optimization.manual:  # the module steps its schedulers itself (Lightning's rule)
+        reached_end = trainer.is_last_batch if math.isinf(self.num_training_batches) else not cut_short
+        if (reached_end or ended_by_hook) and not self.optimization.manual:
             self._step_schedulers("epoch", plateau=True)
         metrics.in_step = True
         progress.start_next_epoch()
