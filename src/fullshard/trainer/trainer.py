@@ -520,10 +520,8 @@ class Trainer(TrainerProperties):
         except BaseException as exception:
             call.handle_failure(self, exception, hooks)  # SystemExit(1) after Ctrl+C
             raise
-        finally:
-            if datamodule is not None:
-                datamodule.teardown(stage)
-            hooks.call("teardown", stage)
+        finally:  # the teardown hooks run after a call that did not raise only, as in Lightning
+            call.teardown(self.state, datamodule, hooks, stage)
             self._stage = None
             call.end(self.state)
 

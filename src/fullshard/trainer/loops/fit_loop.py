@@ -116,7 +116,9 @@ class FitLoop:
 
     def _setup_train_data(self, module: Module, sources: DataSources) -> None:
         """The training loader of ``fit`` (asked for after the sanity validation, as in Lightning)."""
-        if self.train_loader is None:
+        if self.trainer.limit_train_batches == 0:  # not even asked for, as in Lightning
+            self.train_loader, self.num_training_batches = None, 0
+        elif self.train_loader is None:
             self.setup_train_loader(sources.get("train", module))
         if self.num_training_batches == 0:
             rank_zero_warn(
@@ -245,14 +247,16 @@ class FitLoop:
             sanity_ran = self._run_sanity_check(module, sources, hooks)
             set_rng_states(states)
             self._setup_train_data(module, sources)
-            if not sanity_ran:
-                self.validate_loop.setup_data(module, sources)
             # counted from current_epoch as the loaders were built (before an epoch the checkpoint
             # ended is moved past), as Lightning counts
             self.reload = data_setup.ReloadSchedule(
                 trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
             )
             self.place_restored_position()
+            if self.done():  # no batches, or max_steps/max_epochs reached already
+                return  # as in Lightning: no on_train_start, no epoch, no on_train_end
+            if not sanity_ran:
+                self.validate_loop.setup_data(module, sources)
             # Lightning makes the first epoch's iterator here, before on_train_start (see
             # [Note: fetching a batch ahead] in fetcher.py). A checkpoint written inside the
             # epoch was written after it, with the states its draws left: they come back after
@@ -261,7 +265,7 @@ class FitLoop:
             inside_epoch = progress.epoch_start != (0, 0)
             if checkpoint is not None and not inside_epoch:
                 trainer.checkpoint_manager.restore_rng_states(checkpoint)
-            self._first_batches = None if self.done() else (self.train_loader, self._epoch_batches())
+            self._first_batches = (self.train_loader, self._epoch_batches())
             validate = self.validate_loop
             self.val_check_batch = data_setup.val_check_batch(
                 trainer, validate.num_batches if validate.loader is not None else 0, self.num_training_batches
