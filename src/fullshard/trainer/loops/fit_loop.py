@@ -125,6 +125,8 @@ class FitLoop:
                 "The training dataloader yields no batches (or limit_train_batches=0): nothing to train."
             )
         data_setup.check_same_batch_count(self.trainer.strategy, self.num_training_batches, "training")
+        if self.num_training_batches:
+            data_setup.check_interval_fits(self.trainer, self.num_training_batches)
 
     # ------------------------------------------------------------------ checkpointed state
     def state_dict(self) -> dict[str, Any]:
@@ -275,7 +277,8 @@ class FitLoop:
                 trainer.checkpoint_manager.restore_rng_states(checkpoint)
             hooks.call("on_train_start")
             while not self.done():
-                self.reload.before_epoch(self)  # reload_dataloaders_every_n_epochs
+                if self.reload.before_epoch(self):  # reload_dataloaders_every_n_epochs
+                    self._iterate_rebuilt_loader()
                 self.run_epoch()
             hooks.call("on_train_end")
         finally:
@@ -364,6 +367,7 @@ class FitLoop:
         # unless reload_dataloaders_every_n_epochs rebuilt the loader since
         iterator = first[1] if first is not None and first[0] is self.train_loader else self._epoch_batches()
         batch_idx = start
+        ended_by_module = False
         while batch_idx < num_batches:
             try:
                 batch = next(iterator)
@@ -379,7 +383,8 @@ class FitLoop:
             for hook in batch_start_callbacks:
                 hook(batch, batch_idx)
             if module_batch_start is not None and module_batch_start(batch, batch_idx) == -1:
-                break  # Lightning's contract: -1 skips the rest of the epoch
+                ended_by_module = True  # Lightning's contract: -1 skips the rest of the epoch
+                break
             boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
             if manual:  # see [Note: three ways through a training batch] in fullshard.trainer.optimization
                 output, loss, stepped = optimization.manual_batch(batch, batch_idx), None, True
@@ -443,7 +448,17 @@ class FitLoop:
                 break
             if self.stop_requested():
                 break
-        self._end_epoch(hooks)
+        self._end_epoch(hooks, ended_by_module)
+
+    def _iterate_rebuilt_loader(self) -> None:
+        """Make a rebuilt training loader's iterator at once, as Lightning does when it rebuilds
+        it (before ``on_train_epoch_start``). In the run's first epoch that iterator is the
+        epoch's; in a later one Lightning makes another when the epoch starts and drops this
+        one, whose draws from the global generator still count ([Note: the epoch's draws] in
+        fullshard.trainer.data): a ported script sees the same orders and random numbers."""
+        batches = self._epoch_batches()
+        if self._first_batches is not None:
+            self._first_batches = (self.train_loader, batches)
 
     def _epoch_batches(self) -> Fetcher:
         """The batches of this epoch (its rest, when resuming), fetched a batch ahead when their
@@ -513,7 +528,7 @@ class FitLoop:
             if values:
                 send_to_loggers(trainer, values, step)
 
-    def _end_epoch(self, hooks: Hooks) -> None:
+    def _end_epoch(self, hooks: Hooks, ended_by_module: bool = False) -> None:
         """Epoch-level metrics, the epoch-end hooks (checkpoints save here), then epoch schedulers.
 
         [Note: epochs cut short]
@@ -521,11 +536,15 @@ class FitLoop:
         -1) still ends as in Lightning: its epoch-end hooks run and ``current_epoch`` moves on. A
         checkpoint written then or afterwards still records the position inside the cut epoch (the
         batches and the samples consumed), so ``fit(ckpt_path=...)`` with a larger ``max_steps``
-        continues exactly where training stopped, on any number of processes.
+        continues exactly where training stopped, on any number of processes. An epoch the module
+        ended (``on_train_batch_start`` returned -1: "skip the rest of this epoch") is finished,
+        as in Lightning: the uninterrupted run would go on with the next epoch, and so does a
+        resumed one (resuming inside it would run that epoch's start and end hooks once more).
         """
         trainer, progress, metrics = self.trainer, self.progress, self.metrics
         cut_short = (
-            not math.isinf(self.num_training_batches)
+            not ended_by_module
+            and not math.isinf(self.num_training_batches)
             and progress.batches_in_epoch < self.num_training_batches
         )
         progress.resume_point = (
