@@ -61,7 +61,17 @@ def prepare(
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
-    return prepared, limit_batches(getattr(trainer, _LIMIT[kind]), available, _LIMIT[kind])
+    name, limit = _LIMIT[kind], getattr(trainer, _LIMIT[kind])
+    batches = limit_batches(limit, available, name)
+    if (
+        batches == 0 < available and isinstance(limit, float) and limit > 0
+    ):  # as Lightning: too small a fraction
+        raise MisconfigurationError(
+            f"{name}={limit} of the {kind} dataloader's {available} batches is less than one batch, so "
+            f"nothing would run. Pass at least {name}={1 / available} (or a number of batches, e.g. "
+            f"{name}=1), or {name}=0 to skip it."
+        )
+    return prepared, batches
 
 
 def _shuffles_training_data(trainer: Trainer) -> bool:

@@ -187,7 +187,10 @@ class FitLoop:
     def can_stop_early(self) -> bool:
         """Whether ``min_epochs`` and ``min_steps`` are reached."""
         trainer, progress = self.trainer, self.progress
-        epochs_ok = trainer.min_epochs is None or progress.epoch >= trainer.min_epochs  # finished epochs
+        min_epochs = trainer.min_epochs
+        if min_epochs is None and trainer.min_steps is not None:
+            min_epochs = 1  # Lightning's rule: min_steps alone also asks for one whole epoch
+        epochs_ok = min_epochs is None or progress.epoch >= min_epochs  # finished epochs
         steps_ok = trainer.min_steps is None or progress.global_step >= trainer.min_steps
         return epochs_ok and steps_ok
 
@@ -385,7 +388,8 @@ class FitLoop:
             if module_batch_start is not None and module_batch_start(batch, batch_idx) == -1:
                 ended_by_module = True  # Lightning's contract: -1 skips the rest of the epoch
                 break
-            boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == num_batches
+            # the last batch ends a window also where it is known by fetching ahead (an iterable)
+            boundary = (batch_idx + 1) % accumulate == 0 or trainer.is_last_batch
             if manual:  # see [Note: three ways through a training batch] in fullshard.trainer.optimization
                 output, loss, stepped = optimization.manual_batch(batch, batch_idx), None, True
             elif with_hooks:
