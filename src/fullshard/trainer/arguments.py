@@ -316,12 +316,13 @@ def check_loop_arguments(
     min_steps: Any,
     check_val_every_n_epoch: Any,
     num_sanity_val_steps: Any,
-    val_check_interval: int | float,
+    val_check_interval: int | float | None,
     gradient_clip_val: Any,
     gradient_clip_algorithm: str,
 ) -> None:
-    """The Trainer's loop settings (``val_check_interval``, ``gradient_clip_algorithm``: with
-    their defaults filled in)."""
+    """The Trainer's loop settings (``gradient_clip_algorithm`` with its default filled in;
+    ``val_check_interval`` as given: None, once an epoch, also goes with
+    ``check_val_every_n_epoch=None``, as in Lightning)."""
     check_int("max_steps", max_steps, "-1 (no limit) or an int >= 0")
     if max_steps < -1:
         raise MisconfigurationError(f"max_steps={max_steps!r} is invalid: use -1 (no limit) or an int >= 0.")
@@ -343,7 +344,8 @@ def check_loop_arguments(
                 f"num_sanity_val_steps={num_sanity_val_steps!r} is invalid: use {accepted}."
             )
     check_clipping(gradient_clip_val, gradient_clip_algorithm)
-    check_val_check_interval(val_check_interval)
+    if val_check_interval is not None:
+        check_val_check_interval(val_check_interval)
     if isinstance(val_check_interval, float) and check_val_every_n_epoch is None:
         raise MisconfigurationError(
             f"val_check_interval={val_check_interval} (a fraction of an epoch) needs "

@@ -25,6 +25,7 @@ from fullshard.trainer.loggers import finalize_loggers
 from fullshard.trainer.states import CALL_STAGES, TrainerFn, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:
+    from fullshard.datamodule import DataModule
     from fullshard.trainer.hooks import Hooks
     from fullshard.trainer.trainer import Trainer
 
@@ -56,6 +57,18 @@ def handle_failure(trainer: Trainer, exception: BaseException, hooks: Hooks) -> 
     if ctrl_c:
         raise SystemExit(1)
     state.stage = None
+
+
+def teardown(state: TrainerState, datamodule: DataModule | None, hooks: Hooks, stage: str) -> None:
+    """The DataModule's, the callbacks' and the module's ``teardown(stage)``, unless the call
+    failed: as Lightning, a call that raised ends with ``on_exception`` (:func:`handle_failure`)
+    and no teardown hook, so a ``teardown`` that cleans up after a finished stage never runs on
+    a half-done one."""
+    if state.status == TrainerStatus.INTERRUPTED:
+        return
+    if datamodule is not None:
+        datamodule.teardown(stage)
+    hooks.call("teardown", stage)
 
 
 def end(state: TrainerState) -> None:

@@ -61,7 +61,7 @@ def prepare(
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
-    limit = getattr(trainer, _LIMIT[kind])
+    name, limit = _LIMIT[kind], getattr(trainer, _LIMIT[kind])
     if available == 0 and limit != 0:  # Lightning's check, on each loader it builds
         rank_zero_warn(
             f"The {kind} dataloader has length zero ({type(loader).__name__} of no batches): nothing of it "
@@ -69,7 +69,16 @@ def prepare(
             "batch_size?).",
             stacklevel=1,
         )
-    return prepared, limit_batches(limit, available, _LIMIT[kind])
+    batches = limit_batches(limit, available, name)
+    if (
+        batches == 0 < available and isinstance(limit, float) and limit > 0
+    ):  # as Lightning: too small a fraction
+        raise MisconfigurationError(
+            f"{name}={limit} of the {kind} dataloader's {available} batches is less than one batch, so "
+            f"nothing would run. Pass at least {name}={1 / available} (or a number of batches, e.g. "
+            f"{name}=1), or {name}=0 to skip it."
+        )
+    return prepared, batches
 
 
 def _shuffles_training_data(trainer: Trainer) -> bool:
@@ -114,22 +123,30 @@ def check_same_batch_count(strategy: Strategy, count: int | float, what: str) ->
         )
 
 
+def check_interval_fits(trainer: Trainer, train_batches: int | float) -> None:
+    """Refuse an int ``val_check_interval`` above the training batches of an epoch (validation
+    would never run), as Lightning does when it builds the training loader: a ``ValueError``,
+    also when the run has no validation, unless ``limit_val_batches=0`` turns it off."""
+    interval = trainer.val_check_interval
+    if (
+        isinstance(interval, int)
+        and trainer.check_val_every_n_epoch is not None
+        and trainer.limit_val_batches > 0
+        and interval > train_batches  # never for a loader without a length (inf)
+    ):
+        raise ValueError(
+            f"val_check_interval={interval} is more than the {train_batches} training batches of an "
+            "epoch. Pass a smaller number, check_val_every_n_epoch=None to count batches across "
+            "epochs, or limit_val_batches=0 to turn validation off."
+        )
+
+
 def val_check_batch(trainer: Trainer, val_batches: int | float, train_batches: int | float) -> int | float:
     """Validate after every this many training batches (inf: at the end of each epoch; 0: never)."""
     if val_batches == 0:
         return 0
     interval = trainer.val_check_interval
     if isinstance(interval, int):
-        if (
-            trainer.check_val_every_n_epoch is not None
-            and not math.isinf(train_batches)
-            and interval > train_batches
-        ):
-            raise MisconfigurationError(
-                f"val_check_interval={interval} is more than the {train_batches} training batches "
-                "of an epoch. Pass a smaller number, or check_val_every_n_epoch=None to count batches "
-                "across epochs."
-            )
         return interval
     if math.isinf(train_batches):
         if interval == 1.0:
@@ -156,12 +173,13 @@ class ReloadSchedule:
         self.val_epoch = epoch
         self.module, self.sources = module, sources
 
-    def before_epoch(self, loop: FitLoop) -> None:
+    def before_epoch(self, loop: FitLoop) -> bool:
         """Rebuild the training loader from its source (``train_dataloader()``, the DataModule's,
-        or the loader given to ``fit``) when due, keeping the run's data seed."""
+        or the loader given to ``fit``) when due, keeping the run's data seed. Returns whether
+        it did."""
         epoch = loop.progress.epoch
         if not self.every or epoch - self.train_epoch < self.every or loop.train_loader is None:
-            return
+            return False
         assert self.module is not None and self.sources is not None  # given with every > 0
         seed = loop.train_loader.seed
         loop.train_loader = None
@@ -171,8 +189,11 @@ class ReloadSchedule:
         rebuilt.reseed(seed)
         check_same_batch_count(loop.trainer.strategy, loop.num_training_batches, "training")
         loop.warn_if_few_batches()
+        if loop.num_training_batches:
+            check_interval_fits(loop.trainer, loop.num_training_batches)
         self.train_epoch = epoch
         self._update_val_check(loop)
+        return True
 
     def before_validation(self, loop: FitLoop) -> None:
         """Rebuild the validation loader when due."""

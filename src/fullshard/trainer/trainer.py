@@ -205,7 +205,6 @@ class Trainer(TrainerProperties):
             log_every_n_steps=log_every_n_steps,
         )
         gradient_clip_algorithm = arguments.clip_algorithm(gradient_clip_algorithm)
-        val_check_interval = 1.0 if val_check_interval is None else val_check_interval
         arguments.check_loop_arguments(
             max_steps=max_steps,
             max_epochs=max_epochs,
@@ -244,7 +243,7 @@ class Trainer(TrainerProperties):
         self.max_epochs = arguments.default_max_epochs(max_epochs, max_steps, max_time, callbacks)
         self.min_epochs = min_epochs
         self.min_steps = min_steps
-        self.val_check_interval = val_check_interval
+        self.val_check_interval = 1.0 if val_check_interval is None else val_check_interval  # each epoch
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.num_sanity_val_steps = 2 if num_sanity_val_steps is None else num_sanity_val_steps
         self.accumulate_grad_batches = accumulate_grad_batches
@@ -520,10 +519,8 @@ class Trainer(TrainerProperties):
         except BaseException as exception:
             call.handle_failure(self, exception, hooks)  # SystemExit(1) after Ctrl+C
             raise
-        finally:
-            if datamodule is not None:
-                datamodule.teardown(stage)
-            hooks.call("teardown", stage)
+        finally:  # the teardown hooks run after a call that did not raise only, as in Lightning
+            call.teardown(self.state, datamodule, hooks, stage)
             self._stage = None
             call.end(self.state)
 

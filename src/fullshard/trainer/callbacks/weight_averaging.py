@@ -130,9 +130,10 @@ class WeightAveraging(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
+        # set afresh: a fit that raised ended without on_train_end and teardown (as in Lightning)
+        self._fitting, self._in_fit = stage == "fit", False
         if stage == "fit":
             self._average = None  # made from the set-up (possibly sharded) model when fit starts
-            self._fitting = True
 
     @override
     def teardown(self, trainer: Trainer, pl_module: Module, stage: str) -> None:

@@ -116,12 +116,16 @@ class FitLoop:
 
     def _setup_train_data(self, module: Module, sources: DataSources) -> None:
         """The training loader of ``fit`` (asked for after the sanity validation, as in Lightning)."""
-        if self.train_loader is None:
+        if self.trainer.limit_train_batches == 0:  # not even asked for, as in Lightning
+            self.train_loader, self.num_training_batches = None, 0
+        elif self.train_loader is None:
             self.setup_train_loader(sources.get("train", module))
         if self.num_training_batches == 0 and self.trainer.limit_train_batches != 0:
             # a warning came with the empty loader (data_setup.prepare); as Lightning, an info line
             rank_zero_info("fit stops: the training dataloader has no batches.")
         data_setup.check_same_batch_count(self.trainer.strategy, self.num_training_batches, "training")
+        if self.num_training_batches:
+            data_setup.check_interval_fits(self.trainer, self.num_training_batches)
 
     # ------------------------------------------------------------------ checkpointed state
     def state_dict(self) -> dict[str, Any]:
@@ -182,7 +186,10 @@ class FitLoop:
     def can_stop_early(self) -> bool:
         """Whether ``min_epochs`` and ``min_steps`` are reached."""
         trainer, progress = self.trainer, self.progress
-        epochs_ok = trainer.min_epochs is None or progress.epoch >= trainer.min_epochs  # finished epochs
+        min_epochs = trainer.min_epochs
+        if min_epochs is None and trainer.min_steps is not None:
+            min_epochs = 1  # Lightning's rule: min_steps alone also asks for one whole epoch
+        epochs_ok = min_epochs is None or progress.epoch >= min_epochs  # finished epochs
         steps_ok = trainer.min_steps is None or progress.global_step >= trainer.min_steps
         return epochs_ok and steps_ok
 
@@ -244,14 +251,16 @@ class FitLoop:
             sanity_ran = self._run_sanity_check(module, sources, hooks)
             set_rng_states(states)
             self._setup_train_data(module, sources)
-            if not sanity_ran:
-                self.validate_loop.setup_data(module, sources)
             # counted from current_epoch as the loaders were built (before an epoch the checkpoint
             # ended is moved past), as Lightning counts
             self.reload = data_setup.ReloadSchedule(
                 trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
             )
             self.place_restored_position()
+            if self.done():  # no batches, or max_steps/max_epochs reached already
+                return  # as in Lightning: no on_train_start, no epoch, no on_train_end
+            if not sanity_ran:
+                self.validate_loop.setup_data(module, sources)
             # Lightning makes the first epoch's iterator here, before on_train_start (see
             # [Note: fetching a batch ahead] in fetcher.py). A checkpoint written inside the
             # epoch was written after it, with the states its draws left: they come back after
@@ -260,7 +269,7 @@ class FitLoop:
             inside_epoch = progress.epoch_start != (0, 0)
             if checkpoint is not None and not inside_epoch:
                 trainer.checkpoint_manager.restore_rng_states(checkpoint)
-            self._first_batches = None if self.done() else (self.train_loader, self._epoch_batches())
+            self._first_batches = (self.train_loader, self._epoch_batches())
             validate = self.validate_loop
             self.val_check_batch = data_setup.val_check_batch(
                 trainer, validate.num_batches if validate.loader is not None else 0, self.num_training_batches
@@ -270,7 +279,8 @@ class FitLoop:
                 trainer.checkpoint_manager.restore_rng_states(checkpoint)
             hooks.call("on_train_start")
             while not self.done():
-                self.reload.before_epoch(self)  # reload_dataloaders_every_n_epochs
+                if self.reload.before_epoch(self):  # reload_dataloaders_every_n_epochs
+                    self._iterate_rebuilt_loader()
                 self.run_epoch()
             hooks.call("on_train_end")
         finally:
@@ -448,6 +458,16 @@ class FitLoop:
                 break
         self._end_epoch(hooks, ended_by_hook)
 
+    def _iterate_rebuilt_loader(self) -> None:
+        """Make a rebuilt training loader's iterator at once, as Lightning does when it rebuilds
+        it (before ``on_train_epoch_start``). In the run's first epoch that iterator is the
+        epoch's; in a later one Lightning makes another when the epoch starts and drops this
+        one, whose draws from the global generator still count ([Note: the epoch's draws] in
+        fullshard.trainer.data): a ported script sees the same orders and random numbers."""
+        batches = self._epoch_batches()
+        if self._first_batches is not None:
+            self._first_batches = (self.train_loader, batches)
+
     def _epoch_batches(self) -> Fetcher:
         """The batches of this epoch (its rest, when resuming), fetched a batch ahead when their
         number is unknown ([Note: fetching a batch ahead] in fetcher.py)."""
@@ -522,7 +542,7 @@ class FitLoop:
             if values:
                 send_to_loggers(trainer, values, step)
 
-    def _end_epoch(self, hooks: Hooks, ended_by_hook: bool) -> None:
+    def _end_epoch(self, hooks: Hooks, ended_by_hook: bool = False) -> None:
         """Epoch-level metrics, the epoch-end hooks (checkpoints save here), then the plateau
         epoch schedulers when the epoch reached its last batch (``ended_by_hook``:
         ``on_train_batch_start`` returned -1, which counts as that; [Note: when schedulers step]).
