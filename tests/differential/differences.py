@@ -133,6 +133,7 @@ def differences(lightning: dict[str, Any], ours: dict[str, Any]) -> list[str]:
         elif l_err["stage"] != o_err["stage"]:
             found.append(
                 f"exception: {l_type} raised in {o_err['stage']} by fullshard, in {l_err['stage']} by lightning"
+                f" ({o_err['message'][:150]})"
             )
     if found and (o_err or {}).get("stage") == "build":
         # fullshard refused the script at construction: what Lightning went on to do is the
@@ -140,17 +141,20 @@ def differences(lightning: dict[str, Any], ours: dict[str, Any]) -> list[str]:
         return found
     ours_events = [_lightning_names(e) for e in ours["events"]]
     if lightning["events"] != ours_events:
-        diff = difflib.unified_diff(
-            lightning["events"], ours_events, "lightning", "fullshard", n=1, lineterm=""
-        )
-        hunks: list[list[str]] = []
-        for line in list(diff)[2:]:
-            if line.startswith("@@"):
-                hunks.append([])
-            elif hunks:
-                hunks[-1].append(line)
-        # one line per place where the hook sequences part (at most 8: the rest follow from them)
-        found += ["events: " + " | ".join(hunk[:12]) for hunk in hunks[:8]]
+        # one line per place where the hook sequences part (at most 8: the rest follow from them),
+        # named by the script's part it is in (the last "S <part>" mark before it: fit, resume, ...)
+        matcher = difflib.SequenceMatcher(None, lightning["events"], ours_events, autojunk=False)
+        for group in list(matcher.get_grouped_opcodes(1))[:8]:
+            start = group[0][1]
+            marks = [e[2:] for e in lightning["events"][:start + 1] if e.startswith("S ")]
+            lines: list[str] = []
+            for tag, i1, i2, j1, j2 in group:
+                if tag == "equal":
+                    lines += [" " + e for e in lightning["events"][i1:i2]]
+                    continue
+                lines += ["-" + e for e in lightning["events"][i1:i2]]
+                lines += ["+" + e for e in ours_events[j1:j2]]
+            found.append(f"events [{marks[-1] if marks else 'start'}]: " + " | ".join(lines[:12]))
     elif lightning["states"] != ours["states"]:
         at = next(
             i for i, (a, b) in enumerate(zip(lightning["states"], ours["states"], strict=False)) if a != b
