@@ -252,7 +252,8 @@ class MetricsCollector:
         self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool, base: str | None
     ) -> None:
         self.callback_metrics[key] = value
-        self._published.add(key)
+        if logger:  # Lightning's validate/test results hold what went to the loggers only
+            self._published.add(key)
         if base is not None:
             self.callback_metrics[base] = value
         if prog_bar:
@@ -350,7 +351,8 @@ class MetricsCollector:
         self._metric_objects[stage].clear()
 
     def epoch_results(self) -> dict[str, float]:
-        """The epoch values published since the last call (what ``validate``/``test`` return)."""
+        """The epoch values published with ``logger=True`` since the last call (what
+        ``validate``/``test`` return: Lightning leaves ``logger=False`` values out)."""
         out = {k: float(self.callback_metrics[k]) for k in self._published if k in self.callback_metrics}
         self._published.clear()
         return out
