@@ -61,7 +61,16 @@ def prepare(
         **trainer.strategy.distributed_sampler_kwargs,
     )
     available = len(prepared) if prepared.has_len() else math.inf
-    return prepared, limit_batches(getattr(trainer, _LIMIT[kind]), available, _LIMIT[kind])
+    limit = getattr(trainer, _LIMIT[kind])
+    batches = limit_batches(limit, available, _LIMIT[kind])
+    if batches == 0 and isinstance(limit, float) and limit > 0 and 0 < available < math.inf:
+        # Lightning refuses a fraction that rounds down to no batch, where 0 would be quiet
+        raise MisconfigurationError(
+            f"{_LIMIT[kind]}={limit} of the {kind} dataloader's {available} batch(es) is less than one batch "
+            f"({limit} * {available} < 1), so nothing would run. Pass at least {_LIMIT[kind]}={1.0 / available} "
+            f"(or a number of batches, an int), or {_LIMIT[kind]}=0 to skip it."
+        )
+    return prepared, batches
 
 
 def _shuffles_training_data(trainer: Trainer) -> bool:
