@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import sys
@@ -33,19 +34,21 @@ def test_csv_logger_touches_no_disk_before_the_first_write(tmp_path: Path) -> No
     assert Path(logger.log_dir, "metrics.csv").is_file()
 
 
-def test_csv_rows_share_a_step_and_the_header_grows(tmp_path: Path) -> None:
+def test_csv_rows_one_per_call_and_the_header_grows(tmp_path: Path) -> None:
+    # Lightning's layout (the same file Lightning 2.6.6 writes, but for its "\r\n" line ends):
+    # a row per call, also for the same step, and the columns sorted by name
     logger = CSVLogger(tmp_path)
     logger.log_metrics({"loss": 2.5}, step=0)
-    logger.log_metrics({"lr": 0.1}, step=0)  # same step: same row
+    logger.log_metrics({"lr": 0.1}, step=0)  # same step: a row of its own
     logger.log_metrics({"loss": 2.0}, step=1)
     logger.save()
-    assert _read(logger) == "step,loss,lr\n0,2.5,0.1\n1,2.0,\n"
+    assert _read(logger) == "loss,lr,step\n2.5,,0\n,0.1,0\n2.0,,1\n"
 
     logger.log_metrics({"loss": 1.5}, step=2)
     logger.save()  # same columns: appended
     logger.log_metrics({"val_loss": 3.0, "loss": 1.25}, step=3)
     logger.finalize("success")  # new column: file rewritten under the wider header
-    assert _read(logger) == ("step,loss,lr,val_loss\n0,2.5,0.1,\n1,2.0,,\n2,1.5,,\n3,1.25,,3.0\n")
+    assert _read(logger) == ("loss,lr,step,val_loss\n2.5,,0,\n,0.1,0,\n2.0,,1,\n1.5,,2,\n1.25,,3,3.0\n")
 
 
 def test_csv_flushes_on_its_own_once_enough_steps_are_buffered(tmp_path: Path) -> None:
@@ -53,11 +56,11 @@ def test_csv_flushes_on_its_own_once_enough_steps_are_buffered(tmp_path: Path) -
     logger.log_metrics({"loss": 1.0}, step=0)
     logger.log_metrics({"loss": 2.0}, step=1)
     assert not Path(logger.log_dir).exists()
-    logger.log_metrics({"loss": 3.0}, step=2)  # a third step begins: the two finished rows go out
-    assert _read(logger) == "step,loss\n0,1.0\n1,2.0\n"
-    logger.log_metrics({"acc": 0.5}, step=2)  # the current step's row is still open
+    logger.log_metrics({"loss": 3.0}, step=2)  # a third row: the two waiting ones go out first
+    assert _read(logger) == "loss,step\n1.0,0\n2.0,1\n"
+    logger.log_metrics({"acc": 0.5}, step=2)
     logger.save()
-    assert _read(logger) == "step,loss,acc\n0,1.0,\n1,2.0,\n2,3.0,0.5\n"
+    assert _read(logger) == "acc,loss,step\n,1.0,0\n,2.0,1\n,3.0,2\n0.5,,2\n"
 
 
 def test_csv_versions_count_up_and_can_be_named(tmp_path: Path) -> None:
@@ -82,7 +85,7 @@ def test_csv_resumed_run_appends_to_its_metrics_file(tmp_path: Path) -> None:
     after = CSVLogger(tmp_path, version=0)
     after.log_metrics({"loss": 0.5}, step=1)
     after.finalize("success")
-    assert _read(after) == "step,loss\n0,1.0\n1,0.5\n"
+    assert _read(after) == "loss,step\n1.0,0\n0.5,1\n"
 
 
 def test_csv_hyperparameters_go_to_a_yaml_file(tmp_path: Path) -> None:
@@ -228,8 +231,10 @@ def test_a_users_logger_calls_write_from_rank_zero_only(tmp_path: Path, strategy
     assert (
         logs / "tb" / "version_0" / "hparams.yaml"
     ).read_text() == "hidden: 4\n"  # written at the first save
-    rows = (csv_dir / "metrics.csv").read_text().splitlines()
-    assert rows[0].split(",")[:2] == ["step", "rank_metric"] and rows[1].startswith("0,0.0,")
+    with (csv_dir / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    # rank 0's value only, in a row of its own (one row per log_metrics call, as Lightning)
+    assert [(row["step"], row["rank_metric"]) for row in rows if row["rank_metric"]] == [("0", "0.0")]
 
 
 def _events(run_dir: Path) -> Any:
@@ -333,7 +338,7 @@ def test_csv_prefix_step_default_and_experiment_writer(tmp_path: Path) -> None:
     writer.log_metrics({"acc": 0.25}, step=1)  # the writer takes names as given
     writer.log_hparams({"seed": 3})
     logger.save()
-    assert _read(logger) == "step,run-loss,acc\n0,1.0,\n1,0.5,0.25\n"
+    assert _read(logger) == "acc,run-loss,step\n,1.0,0\n,0.5,1\n0.25,,1\n"
     assert writer.hparams == {"seed": 3}
 
 

@@ -294,6 +294,23 @@ def test_overfit_batches_uses_the_same_unshuffled_batches_each_epoch(tmp_path: P
 
 
 @pytest.mark.parametrize(
+    ("option", "message"),
+    [  # Lightning 2.6.6 raises MisconfigurationException for both
+        (
+            "limit_train_batches",
+            r"limit_train_batches=0.1 of the train dataloader's 8 batch\(es\) .*0.1 \* 8 < 1",
+        ),
+        ("limit_val_batches", r"limit_val_batches=0.2 of the val dataloader's 4 batch\(es\) .*0.2 \* 4 < 1"),
+    ],
+)
+def test_a_limit_fraction_below_one_batch_is_refused(tmp_path: Path, option: str, message: str) -> None:
+    fraction = 0.1 if option == "limit_train_batches" else 0.2
+    trainer = quiet_trainer(tmp_path, max_epochs=1, **{option: fraction})
+    with pytest.raises(MisconfigurationError, match=message + r".*Pass at least " + option + r"=0.(125|25)"):
+        trainer.fit(Net())
+
+
+@pytest.mark.parametrize(
     ("options", "expected"),
     [  # recorded from Lightning 2.6.6 with the same module
         (

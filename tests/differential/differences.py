@@ -146,7 +146,7 @@ def differences(lightning: dict[str, Any], ours: dict[str, Any]) -> list[str]:
         matcher = difflib.SequenceMatcher(None, lightning["events"], ours_events, autojunk=False)
         for group in list(matcher.get_grouped_opcodes(1))[:8]:
             start = group[0][1]
-            marks = [e[2:] for e in lightning["events"][:start + 1] if e.startswith("S ")]
+            marks = [e[2:] for e in lightning["events"][: start + 1] if e.startswith("S ")]
             lines: list[str] = []
             for tag, i1, i2, j1, j2 in group:
                 if tag == "equal":

@@ -56,6 +56,7 @@ def handle_failure(trainer: Trainer, exception: BaseException, hooks: Hooks) -> 
         finalize_loggers(trainer, "failed")
     if ctrl_c:
         raise SystemExit(1)
+    trainer.metrics_collector.drop_uncommitted()  # [Note: committed metrics] in fullshard.trainer.metrics
     state.stage = None
 
 

@@ -71,7 +71,7 @@ def prepare(
         )
     batches = limit_batches(limit, available, name)
     if (
-        batches == 0 < available and isinstance(limit, float) and limit > 0
+        batches == 0 < available < math.inf and isinstance(limit, float) and limit > 0
     ):  # as Lightning: too small a fraction
         raise MisconfigurationError(
             f"{name}={limit} of the {kind} dataloader's {available} batches is less than one batch, so "

@@ -10,6 +10,16 @@ to the loggers in one row after the epoch-end hooks, so what ``on_validation_epo
 reaches ``ModelCheckpoint``/``EarlyStopping`` (which act in ``on_validation_end``) and the
 loggers of the same validation run.
 
+[Note: committed metrics]
+Lightning keeps what a step or an epoch-end logs apart until that batch (after its
+``on_*_batch_end`` hooks), evaluation dataloader or epoch end (after its ``on_*_epoch_end`` hooks)
+is over, or until ``trainer.callback_metrics``/``trainer.logged_metrics`` is read: only then does
+the value stay visible once a call fails. So a value a failing hook logged, which nobody read,
+is absent from both after the exception, and one a callback read (``EarlyStopping`` reading
+``callback_metrics`` before it raises) is in ``callback_metrics`` but not in ``logged_metrics``.
+The collector keeps such values "fresh" until :meth:`MetricsCollector.commit` (or a read of the
+property) and drops the fresh ones when the call fails.
+
 [Note: torchmetrics]
 A ``torchmetrics.Metric`` given to ``log`` is not turned into a number: the collector keeps the
 object. Its step value is what its last ``forward`` returned (the batch's value); its epoch value
@@ -134,8 +144,11 @@ class MetricsCollector:
         self._all_reduce = all_reduce
         self.stage = "train"
         self.in_step = True  # False while an epoch-level hook runs
-        self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.logged_metrics: dict[str, torch.Tensor] = {}  # what goes to loggers, as soon as logged
+        # [Note: committed metrics]
+        self._callback: dict[str, torch.Tensor] = {}
+        self._logged: dict[str, torch.Tensor] = {}
+        self._fresh_callback: dict[str, torch.Tensor] = {}
+        self._fresh_logged: dict[str, torch.Tensor] = {}
         self._prog_bar: set[str] = set()
         # step values of validation/test/predict: Lightning keeps them out of callback_metrics
         # (monitors see epoch values only there) but shows them in the progress bar
@@ -151,8 +164,41 @@ class MetricsCollector:
         # the torchmetrics each stage logged: reset once its epoch's values were logged
         self._metric_objects: dict[str, list[Any]] = {stage: [] for stage in STAGES}
 
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """``trainer.callback_metrics``: reading it takes in what the running step or epoch-end
+        logged so far ([Note: committed metrics])."""
+        self._callback.update(self._fresh_callback)
+        self._fresh_callback.clear()
+        return self._callback
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """``trainer.logged_metrics``, read as :attr:`callback_metrics` is."""
+        self._logged.update(self._fresh_logged)
+        self._fresh_logged.clear()
+        return self._logged
+
+    def _visible_callback(self) -> dict[str, torch.Tensor]:
+        return {**self._callback, **self._fresh_callback}
+
+    def commit(self) -> None:
+        """A batch or an epoch's end is over: what it logged stays visible after a failure."""
+        self._callback.update(self._fresh_callback)
+        self._logged.update(self._fresh_logged)
+        self._fresh_callback.clear()
+        self._fresh_logged.clear()
+
+    def drop_uncommitted(self) -> None:
+        """The call failed: forget what was logged since the last commit and never read
+        ([Note: committed metrics])."""
+        self._fresh_callback.clear()
+        self._fresh_logged.clear()
+
     def set_batch(self, batch: Any) -> None:
-        """The batch being processed (its size weights epoch means)."""
+        """The batch being processed (its size weights epoch means); the previous batch is over,
+        so what it logged is committed."""
+        self.commit()
         self._batch = batch
         self._batch_size = None
 
@@ -212,16 +258,16 @@ class MetricsCollector:
             step_value = self._all_reduce(tensor, reduce) if sync_dist else tensor
             key = f"{name}_step{suffix}" if on_epoch else f"{name}{suffix}"
             if self.stage == "train":
-                self.callback_metrics[key] = step_value
+                self._fresh_callback[key] = step_value
                 if on_epoch:
-                    self.callback_metrics[f"{name}{suffix}"] = step_value
+                    self._fresh_callback[f"{name}{suffix}"] = step_value
             else:
                 self._eval_step_values[key] = step_value
             if prog_bar:
                 self._prog_bar.add(key)
             if logger:
                 self._pending_step[self.stage][key] = step_value
-                self.logged_metrics[key] = step_value
+                self._fresh_logged[key] = step_value
         if not on_epoch:
             return
         key = f"{name}_epoch{suffix}" if on_step else f"{name}{suffix}"
@@ -251,15 +297,16 @@ class MetricsCollector:
     def _publish_epoch_value(
         self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool, base: str | None
     ) -> None:
-        self.callback_metrics[key] = value
-        self._published.add(key)
+        self._fresh_callback[key] = value
+        if logger:  # Lightning's validate/test results hold what went to the loggers only
+            self._published.add(key)
         if base is not None:
-            self.callback_metrics[base] = value
+            self._fresh_callback[base] = value
         if prog_bar:
             self._prog_bar.add(key)
         if logger:
             self._pending_epoch[key] = value
-            self.logged_metrics[key] = value
+            self._fresh_logged[key] = value
 
     def _check_one_loader(self, name: str, idx: int) -> None:
         first = self._loader_of_name.setdefault(name, idx)
@@ -318,6 +365,7 @@ class MetricsCollector:
     def reduce_epoch(self, stage: str) -> None:
         """Finish the accumulated metrics of ``stage``'s epoch (collective when any is
         ``sync_dist``); the results go to ``callback_metrics`` and wait for :meth:`pop_epoch_log`."""
+        self.commit()  # the last batch is over
         accumulators = self._epoch[stage]
         for key, acc in accumulators.items():
             if acc.metric is not None:
@@ -335,10 +383,13 @@ class MetricsCollector:
                 value = value / weight
             self._publish_epoch_value(key, value, acc.prog_bar, acc.logger, acc.base)
         accumulators.clear()
+        if stage != "train":  # an evaluation dataloader's values are final at once (Lightning's rule)
+            self.commit()
 
     def pop_epoch_log(self) -> dict[str, float]:
         """The epoch values waiting for the loggers, as floats; the torchmetrics the current
         stage logged are reset (its epoch is over)."""
+        self.commit()  # the epoch-end hooks are over
         out = {k: float(v) for k, v in self._pending_epoch.items()}
         self._pending_epoch.clear()
         self._reset_metrics(self.stage)
@@ -350,8 +401,10 @@ class MetricsCollector:
         self._metric_objects[stage].clear()
 
     def epoch_results(self) -> dict[str, float]:
-        """The epoch values published since the last call (what ``validate``/``test`` return)."""
-        out = {k: float(self.callback_metrics[k]) for k in self._published if k in self.callback_metrics}
+        """The epoch values published with ``logger=True`` since the last call (what
+        ``validate``/``test`` return: Lightning leaves ``logger=False`` values out)."""
+        visible = self._visible_callback()
+        out = {k: float(visible[k]) for k in self._published if k in visible}
         self._published.clear()
         return out
 
@@ -362,16 +415,17 @@ class MetricsCollector:
     def snapshot(self) -> Snapshot:
         """The visible state, to put back with :meth:`restore` (after the sanity validation)."""
         return (
-            dict(self.callback_metrics),
-            dict(self.logged_metrics),
+            self._visible_callback(),
+            {**self._logged, **self._fresh_logged},
             set(self._prog_bar),
             dict(self._eval_step_values),
         )
 
     def restore(self, snapshot: Snapshot) -> None:
         """Forget everything logged since :meth:`snapshot` was taken."""
-        self.callback_metrics = dict(snapshot[0])
-        self.logged_metrics = dict(snapshot[1])
+        self._callback = dict(snapshot[0])
+        self._logged = dict(snapshot[1])
+        self._fresh_callback, self._fresh_logged = {}, {}
         self._prog_bar = set(snapshot[2])
         self._eval_step_values = dict(snapshot[3])
         for pending in self._pending_step.values():
@@ -386,5 +440,5 @@ class MetricsCollector:
     def progress_bar_metrics(self) -> dict[str, float]:
         """The latest values of the metrics logged with ``prog_bar=True``, in the order they were
         logged (the same in every run, as the bar shows them)."""
-        values = {**self._eval_step_values, **self.callback_metrics}
+        values = {**self._eval_step_values, **self._visible_callback()}
         return {k: float(v) for k, v in values.items() if k in self._prog_bar}

@@ -55,10 +55,9 @@ class ExperimentWriter:
 class CSVLogger(VersionedLogger):
     """Writes metrics to ``log_dir/metrics.csv`` and hyperparameters to ``log_dir/hparams.yaml``.
 
-    The CSV has one row per step, a ``step`` column first and one column per metric name; a
-    metric missing from a row is left empty. Metrics logged for the same step between two
-    flushes share a row. When a new metric name appears, the header grows and the file is
-    rewritten. ``hparams.yaml`` holds every hyperparameter logged so far, written as Lightning
+    The CSV has one row per ``log_metrics`` call and one column per metric name and ``step``,
+    sorted by name (Lightning's layout); a metric missing from a row is left empty. When a new
+    metric name appears, the header grows and the file is rewritten. ``hparams.yaml`` holds every hyperparameter logged so far, written as Lightning
     writes it (keys sorted; the same file for the same hyperparameters).
 
     Rows are kept in memory and written by :meth:`save`, and automatically once
@@ -139,19 +138,16 @@ class CSVLogger(VersionedLogger):
                 "The metric name 'step' is reserved for the CSV's step column. Log it under another name."
             )
         step = self._logged if step is None else step
-        rows = self._rows
-        if rows and rows[-1]["step"] == step:
-            row = rows[-1]
-        else:
-            # Flush only when a new step begins, so the row of the current step stays in memory
-            # and later metrics of that step still land in it.
-            if len(rows) >= self._flush_every:
-                self._flush()
-            row = {"step": step}
-            self._rows.append(row)
-            self._logged += 1
+        # one row per call, as Lightning writes it: a validation row and the training epoch's row
+        # of the same step stay two rows
+        if len(self._rows) >= self._flush_every:
+            self._flush()
+        row: dict[str, Any] = {"step": step}
         for key, value in metrics.items():
-            row[key] = float(scalar(value))
+            number = scalar(value)
+            row[key] = number if isinstance(number, int) and not isinstance(number, bool) else float(number)
+        self._rows.append(row)
+        self._logged += 1
 
     @override
     @rank_zero_only
@@ -182,15 +178,18 @@ class CSVLogger(VersionedLogger):
         path = Path(self.log_dir, self.METRICS_FILE)
         if self._columns is None:
             self._columns = self._read_header(path)
-        new_keys = dict.fromkeys(key for row in self._rows for key in row if key not in self._columns)
+        new_keys = {key for row in self._rows for key in row} - set(self._columns)
+        # Lightning's header: every name sorted ("step" among them), widened (and the file
+        # rewritten) when a name appears
+        columns = sorted({*self._columns, *new_keys})
         if not self._columns:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._columns = ["step", *(key for key in new_keys if key != "step")]
+            self._columns = columns
             _write_csv(path, self._columns, self._rows, mode="w")
         elif new_keys:
             with path.open(newline="", encoding="utf-8") as f:
                 old_rows: list[dict[str, Any]] = list(csv.DictReader(f))
-            self._columns += new_keys
+            self._columns = columns
             tmp = path.with_name(path.name + ".tmp")
             _write_csv(tmp, self._columns, old_rows + self._rows, mode="w")
             os.replace(tmp, path)

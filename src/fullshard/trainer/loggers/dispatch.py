@@ -117,7 +117,7 @@ def send_to_loggers(
         if "step" in values:
             step = int(values.pop("step"))
         else:
-            values.setdefault("epoch", float(trainer.current_epoch))
+            values.setdefault("epoch", trainer.current_epoch)  # an int, as Lightning sends it
     for logger in trainer.loggers:
         logger.log_metrics(values, step=step)
 

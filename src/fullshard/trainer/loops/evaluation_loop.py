@@ -258,6 +258,7 @@ class EvaluationLoop:
                 )
             for hook in batch_end:
                 hook(output, batch, batch_idx, *extra)
+            metrics.commit()  # [Note: committed metrics] in fullshard.trainer.metrics
             batch_idx += 1
             if trainer.sanity_checking:
                 metrics.pop_step_log()

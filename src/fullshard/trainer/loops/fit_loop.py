@@ -439,6 +439,7 @@ class FitLoop:
                 outputs = output if manual else step_output.batch_outputs(output, loss)
                 for hook in batch_end:
                     hook(outputs, batch, batch_idx - 1)
+            metrics.commit()  # [Note: committed metrics] in fullshard.trainer.metrics
             if boundary:
                 self._log_step_metrics()
             if self.should_validate(batch_idx):
@@ -571,12 +572,17 @@ class FitLoop:
         metrics.in_step = False
         metrics.reduce_epoch("train")
         hooks.call("on_train_epoch_end")
-        values = metrics.pop_epoch_log()
-        if values:
-            send_to_loggers(trainer, values, max(progress.batches_that_stepped - 1, 0))
+        metrics.commit()
+        # as Lightning: the epoch schedulers step before the epoch's row goes to the loggers (a
+        # plateau scheduler missing its metric raises with nothing sent), when the epoch reached
+        # its last batch or the module ended it ([Note: when schedulers step]); the row goes at the
+        # step before the next one (-1 when none was taken)
         reached_end = trainer.is_last_batch if math.isinf(self.num_training_batches) else not cut_short
         if (reached_end or ended_by_hook) and not self.optimization.manual:
             self._step_schedulers("epoch", plateau=True)
+        values = metrics.pop_epoch_log()
+        if values:
+            send_to_loggers(trainer, values, progress.batches_that_stepped - 1)
         metrics.in_step = True
         progress.start_next_epoch()
         if math.isinf(self.num_training_batches):
