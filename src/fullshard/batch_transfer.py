@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from fullshard.nested import apply_to_collection
+from fullshard.rank_zero import rank_zero_warn_once
 
 
 class _Transferable(ABC):  # noqa: B024  # no abstract methods: a structural check via __subclasshook__
@@ -45,19 +46,25 @@ def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
 
 
 class BatchTransfer:
-    """The three batch-transfer hooks, each the callable that overrides it (or the default)."""
+    """The three batch-transfer hooks, each the callable that overrides it (or the default), and
+    the warnings about which was chosen (``notes``), given when the first batch moves, where
+    Lightning gives them (a run that fails before its first batch says nothing of them)."""
 
     def __init__(
         self,
         before: Callable[[Any, int], Any],
         transfer: Callable[[Any, torch.device, int], Any],
         after: Callable[[Any, int], Any],
+        notes: tuple[str, ...] = (),
     ) -> None:
         self.before = before
         self.transfer = transfer
         self.after = after
+        self._notes = list(notes)
 
     def __call__(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        while self._notes:
+            rank_zero_warn_once(self._notes.pop(0), stacklevel=3)
         batch = self.before(batch, dataloader_idx)
         batch = self.transfer(batch, device, dataloader_idx)
         return self.after(batch, dataloader_idx)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from fullshard.batch_transfer import BATCH_TRANSFER_HOOKS, BatchTransfer
 from fullshard.datamodule import DataModule
 from fullshard.module import Module
-from fullshard.rank_zero import rank_zero_warn_once
 from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from fullshard.trainer.preflight import overrides
 
@@ -101,29 +100,31 @@ def resolve_batch_transfer(
     module nor the DataModule overrides one (the strategy then moves the batch itself). Each hook
     is the DataModule's when it overrides it, else the module's (Lightning's rule, with its
     warnings, once per process as Lightning gives them, when the module overrides one and a
-    DataModule is given)."""
+    DataModule is given: given as the first batch moves, see :class:`BatchTransfer`)."""
     chosen: list[Callable[..., Any]] = []
+    notes: list[str] = []
     overridden = False
     for name in BATCH_TRANSFER_HOOKS:
         in_data = datamodule is not None and overrides(datamodule, DataModule, name)
         in_module = overrides(module, Module, name)
         if in_data and in_module:
-            rank_zero_warn_once(
+            notes.append(
                 f"You have overridden `{name}` in both the Module and the DataModule: the DataModule's "
-                "is used (as in Lightning). Remove one of them to silence this warning.",
-                stacklevel=4,
+                "is used (as in Lightning). Remove one of them to silence this warning."
             )
         elif datamodule is not None and in_module:
-            rank_zero_warn_once(
+            notes.append(
                 f"You have overridden `{name}` in the LightningModule, and the LightningDataModule passed "
-                "does not override it: the module's is used.",
-                stacklevel=4,
+                "does not override it: the module's is used."
             )
         owner: Any = datamodule if in_data else module
         kind = "LightningDataModule" if in_data else "LightningModule"
         chosen.append(wrap(f"[{kind}]{type(owner).__name__}.{name}", getattr(owner, name)))
         overridden = overridden or in_data or in_module
-    return BatchTransfer(*chosen) if overridden else None
+    if not overridden:
+        return None
+    before, transfer, after = chosen
+    return BatchTransfer(before, transfer, after, notes=tuple(notes))
 
 
 def start_fit(trainer: Trainer, hooks: Hooks) -> None:
