@@ -74,9 +74,9 @@ def prepare(
         batches == 0 < available < math.inf and isinstance(limit, float) and limit > 0
     ):  # as Lightning: too small a fraction
         raise MisconfigurationError(
-            f"{name}={limit} of the {kind} dataloader's {available} batches is less than one batch, so "
-            f"nothing would run. Pass at least {name}={1 / available} (or a number of batches, e.g. "
-            f"{name}=1), or {name}=0 to skip it."
+            f"{name}={limit} of the {kind} dataloader's {available} batch(es) is less than one batch "
+            f"({limit} * {available} < 1), so nothing would run. Pass at least {name}={1 / available} (or a "
+            f"number of batches, e.g. {name}=1), or {name}=0 to skip it."
         )
     return prepared, batches
 
