@@ -198,6 +198,8 @@ def main() -> None:
         if FRAMEWORK == "fullshard":
             source = generate.port(source)
         observed = run_one(args.one, source, workdir=args.out.resolve() / "work")
+        if rank:  # the folder is rank 0's too, which may still be writing it: rank 0 reports its files
+            observed.update(files=[], checkpoints={}, csv={})
         (args.out / f"out.rank{rank}.json").write_text(json.dumps(observed, sort_keys=True, default=repr))
         return
     specs = (
