@@ -22,6 +22,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "differential_lightning_2.6.6.json.gz"
 CORPUS_SIZE = 300
+DDP_FIXTURE = REPO / "tests" / "fixtures" / "differential_ddp_lightning_2.6.6.json.gz"
+DDP_SUBSET_SIZE = 4
+DDP_DEVICES = 2
 _LAUNCH_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
@@ -72,14 +75,59 @@ def run(
     return results
 
 
-def load_fixture() -> dict[str, Any]:
-    with gzip.open(FIXTURE, "rt") as f:
+def ddp_subset(recorded: dict[str, Any], size: int = DDP_SUBSET_SIZE) -> list[int]:
+    """The seeds of the 2-process subset: the first ``size`` corpus seeds whose script finished
+    without an exception under Lightning (``recorded``: the one-process fixture) and uses none of
+    what a second process would make a different script: manual optimization, an iterable dataset
+    (each rank would read all of it), a resumed second Trainer (its checkpoint path is per rank),
+    an empty training set."""
+    seeds = []
+    for seed in range(CORPUS_SIZE):
+        s = recorded["scripts"][str(seed)]
+        spec = s["spec"]
+        if s["observed"]["error"] or spec["manual"] or spec["resume"]:
+            continue
+        if spec["data"]["iterable"] or spec["data"]["empty_train"]:
+            continue
+        seeds.append(seed)
+        if len(seeds) == size:
+            break
+    return seeds
+
+
+def run_launched(
+    framework: str, python: str, seed: int, *, strategy: str, devices: int = DDP_DEVICES, timeout: float = 300
+) -> dict[str, Any]:
+    """Observations of the script of ``seed`` rendered with ``strategy`` on ``devices`` CPU
+    processes, under ``framework``, per rank: ``{"0": ..., "1": ...}``. One process is started
+    (``run.py --one``); the framework launches the others with its command line."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV and not k.startswith("PL_")}
+    env.update(TWIN_FRAMEWORK=framework, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    env["PYTHONPATH"] = str(REPO / "src") if framework == "fullshard" else ""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        command = [python, str(HERE / "run.py"), "--one", str(seed), "--out", str(out)]
+        command += ["--strategy", strategy, "--devices", str(devices)]
+        done = subprocess.run(
+            command, env=env, cwd=tmp, timeout=timeout, capture_output=True, text=True, check=False
+        )
+        ranks = {str(r): out / f"out.rank{r}.json" for r in range(devices)}
+        if done.returncode != 0 or not all(p.exists() for p in ranks.values()):
+            raise RuntimeError(
+                f"{framework} run of script {seed} with strategy={strategy!r}, devices={devices} failed"
+                f" ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
+            )
+        return {r: json.loads(p.read_text()) for r, p in ranks.items()}
+
+
+def load_fixture(path: Path = FIXTURE) -> dict[str, Any]:
+    with gzip.open(path, "rt") as f:
         return json.load(f)  # type: ignore[no-any-return]
 
 
-def write_fixture(data: dict[str, Any]) -> None:
-    FIXTURE.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.GzipFile(FIXTURE, "wb", mtime=0) as f:
+def write_fixture(data: dict[str, Any], path: Path = FIXTURE) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(path, "wb", mtime=0) as f:
         f.write(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
 
 

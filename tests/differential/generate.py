@@ -381,8 +381,9 @@ def _loaders(s: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(s: dict[str, Any]) -> str:
-    """Script ``s`` as a Lightning 2.6.6 user writes it."""
+def render(s: dict[str, Any], *, strategy: str | None = None, devices: int = 1) -> str:
+    """Script ``s`` as a Lightning 2.6.6 user writes it; with ``strategy``, its Trainers get
+    ``devices=devices, strategy=strategy`` instead of ``devices=1`` (the 2-process subset)."""
     lines = [
         f'"""Generated Lightning script, seed {s["seed"]} (tests/differential/generate.py)."""',
         "import torch",
@@ -484,7 +485,10 @@ def render(s: dict[str, Any]) -> str:
             lines += ["    def predict_dataloader(self):", "        return eval_loaders(1, 30)", ""]
         lines.append("")
     lines += _main(s)
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if strategy is not None:
+        text = text.replace("devices=1,", f"devices={devices}, strategy={strategy!r},")
+    return text
 
 
 def _callback(c: dict[str, Any]) -> str:

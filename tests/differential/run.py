@@ -119,8 +119,9 @@ def _forget_warnings_given() -> None:
         cache.clear()
 
 
-def run_one(seed: int, source: str) -> dict[str, Any]:
-    """Run one script's source in a fresh directory; its observations."""
+def run_one(seed: int, source: str, workdir: Path | None = None) -> dict[str, Any]:
+    """Run one script's source in a fresh directory (``workdir``, or a temporary one); its
+    observations."""
     _forget_warnings_given()
     recording.RECORD = recording._Record()
     recording._ACTIVE.clear()
@@ -128,7 +129,8 @@ def run_one(seed: int, source: str) -> dict[str, Any]:
     error: dict[str, Any] | None = None
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(tmp) if workdir is None else workdir
+        root.mkdir(parents=True, exist_ok=True)
         script = root / "script.py"
         script.write_text(source)
         os.chdir(root)
@@ -166,10 +168,21 @@ def run_one(seed: int, source: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", required=True, help="e.g. 0-299 or 3,7,9")
-    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seeds", help="e.g. 0-299 or 3,7,9")
+    parser.add_argument("--out", required=True, type=Path, help="a file; with --one, a folder")
     parser.add_argument("--specs", type=Path, help="a JSON list of specs to run instead of seeds")
+    parser.add_argument(
+        "--one",
+        type=int,
+        help="run only this seed's script, rendered with --strategy and --devices, its launched"
+        " processes included (the framework starts them with this command line): each rank writes"
+        " OUT/out.rank{RANK}.json, and the script runs in OUT/work, which all ranks share",
+    )
+    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--devices", type=int, default=2)
     args = parser.parse_args()
+    if (args.seeds is None) == (args.one is None):
+        parser.error("give --seeds or --one")
     os.environ["PORT_FRAMEWORK"] = FRAMEWORK  # the recorders read it
     recording.FRAMEWORK = FRAMEWORK
     signal.signal(signal.SIGALRM, _alarm)
@@ -178,6 +191,17 @@ def main() -> None:
     import logging
 
     logging.disable(logging.INFO)  # the frameworks' info lines are not observations here
+    if args.one is not None:
+        # rank 0 is the process started by hand (no LOCAL_RANK yet); the others get it from the launcher
+        rank = int(os.environ.get("LOCAL_RANK", "0"))
+        source = generate.render(generate.spec(args.one), strategy=args.strategy, devices=args.devices)
+        if FRAMEWORK == "fullshard":
+            source = generate.port(source)
+        observed = run_one(args.one, source, workdir=args.out.resolve() / "work")
+        if rank:  # the folder is rank 0's too, which may still be writing it: rank 0 reports its files
+            observed.update(files=[], checkpoints={}, csv={})
+        (args.out / f"out.rank{rank}.json").write_text(json.dumps(observed, sort_keys=True, default=repr))
+        return
     specs = (
         json.loads(args.specs.read_text())
         if args.specs

@@ -8,14 +8,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import RandomSampler
+from torch.utils.data import DistributedSampler, RandomSampler
 
 from fullshard.errors import MisconfigurationError, RankDivergenceError
-from fullshard.rank_zero import rank_zero_warn
+from fullshard.rank_zero import PossibleUserWarning, rank_zero_warn
 from fullshard.seed import current_seed
 from fullshard.strategies.parallel import ParallelStrategy
 from fullshard.trainer.combined_loader import CombinedLoader, PreparedCombined, as_combined, combined_length
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
+from fullshard.trainer.states import TrainerFn
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -60,6 +61,7 @@ def prepare(
         draws_order=not inner and not isinstance(trainer.strategy, ParallelStrategy),
         **trainer.strategy.distributed_sampler_kwargs,
     )
+    _warn_padded_evaluation(trainer, prepared, kind)
     available = len(prepared) if prepared.has_len() else math.inf
     name, limit = _LIMIT[kind], getattr(trainer, _LIMIT[kind])
     if available == 0 and limit != 0:  # Lightning's check, on each loader it builds
@@ -79,6 +81,26 @@ def prepare(
             f"number of batches, e.g. {name}=1), or {name}=0 to skip it."
         )
     return prepared, batches
+
+
+def _warn_padded_evaluation(trainer: Trainer, prepared: PreparedLoader, kind: str) -> None:
+    """``trainer.validate``/``test`` on several processes: the split sampler repeats samples to
+    give every process as many batches, so some are evaluated twice (Lightning warns too)."""
+    sampler = getattr(prepared.loader, "sampler", None)
+    entry = trainer.state.fn
+    if (
+        isinstance(sampler, DistributedSampler)
+        and sampler.num_replicas > 1
+        and entry in (TrainerFn.VALIDATING, TrainerFn.TESTING)
+    ):
+        rank_zero_warn(
+            f"trainer.{entry.value}() on {sampler.num_replicas} processes splits the {kind} dataloader with a "
+            "DistributedSampler, which repeats samples so that every process gets as many batches: some "
+            f"are evaluated twice. Run trainer.{entry.value}() with Trainer(devices=1, num_nodes=1) to "
+            "evaluate each sample exactly once.",
+            category=PossibleUserWarning,
+            stacklevel=1,
+        )
 
 
 def _shuffles_training_data(trainer: Trainer) -> bool:

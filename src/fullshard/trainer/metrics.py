@@ -33,6 +33,7 @@ a Metric is recognized through ``sys.modules``, so fullshard never imports it.
 from __future__ import annotations
 
 import numbers
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from typing import Any
 import torch
 
 from fullshard.errors import MisconfigurationError
+from fullshard.rank_zero import PossibleUserWarning, rank_zero_warn_once
 from fullshard.strategies.strategy import ReduceOp
 
 _REDUCE_FX: tuple[ReduceOp, ...] = ("mean", "sum", "max", "min")
@@ -131,6 +133,20 @@ def extract_batch_size(batch: Any) -> int | None:
             if size is not None:
                 return size
     return None
+
+
+def _warn_unsynced_epoch_value(key: str) -> None:
+    """An epoch value logged without ``sync_dist`` on several processes is this process's alone
+    (said once per logged name, whichever evaluation dataloaders it was logged for)."""
+    name = re.sub(r"/dataloader_idx_\d+$", "", key)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed and torch.distributed.get_world_size() > 1:
+        rank_zero_warn_once(
+            f"self.log({name!r}, ...) on epoch level without sync_dist=True gives each process the "
+            "value of its own batches only. Pass sync_dist=True to reduce it across processes "
+            "(as a monitored or compared metric usually needs).",
+            category=PossibleUserWarning,
+        )
 
 
 class MetricsCollector:
@@ -375,6 +391,8 @@ class MetricsCollector:
             if acc.value is None:
                 continue
             value, weight = acc.value, torch.tensor(acc.weight)
+            if not acc.sync_dist:
+                _warn_unsynced_epoch_value(acc.base or key)
             if acc.sync_dist:
                 value = self._all_reduce(value, "sum" if acc.reduce_fx in ("mean", "sum") else acc.reduce_fx)
                 if acc.reduce_fx == "mean":
