@@ -78,6 +78,9 @@ NOT_OBSERVED = [
     r"isinstance\(treespec, LeafSpec\)` is deprecated",
     # torch's once-per-process warning about float(loss) in the generated log_dict call
     r"Converting a tensor with requires_grad=True to a scalar",
+    # fullshard's advice about the machine's memory set-up under FSDP on CPU (transparent huge
+    # pages): given or not by the environment, not by the script
+    r"FSDP on CPU maps every gathered unit afresh",
 ]
 # exception types by the name a ported script catches them with (fullshard.utilities.exceptions)
 EXCEPTION_NAMES = {"MisconfigurationError": "MisconfigurationException"}

@@ -232,13 +232,23 @@ class Logged(fullshard.Callback):
 class Loaded(fullshard.Callback):
     """Rank 0 writes the full model and optimizer states to ``path`` when training starts: after a
     checkpoint given as ``ckpt_path`` is loaded (its optimizer states after ``on_fit_start``, as
-    in Lightning), before any step (collective). ``model_only``: the model's alone (the
-    optimizers have not stepped yet: there is no state to record)."""
+    in Lightning), before any step (collective); or, when the checkpoint has reached ``max_steps``
+    already (nothing to train: no ``on_train_start``, as in Lightning), when fit ends.
+    ``model_only``: the model's alone (the optimizers have not stepped yet: there is no state to
+    record)."""
 
     def __init__(self, path: Path, model_only: bool = False) -> None:
-        self.path, self.model_only = path, model_only
+        self.path, self.model_only, self.written = path, model_only, False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._write(trainer)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if not self.written:
+            self._write(trainer)
+
+    def _write(self, trainer: Any) -> None:
+        self.written = True
         optimizers = [] if self.model_only else trainer.optimizers
         model_state, optimizer_states = trainer.strategy.get_state(optimizers, full=True)
         if trainer.is_global_zero:
