@@ -41,7 +41,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from fullshard.checkpoint.layout import SHARD_FILE, file_kind, link_problem
+from fullshard.checkpoint.layout import SHARD_FILE, file_kind
+from fullshard.checkpoint.links import link_problem
 from fullshard.errors import CorruptCheckpointError
 
 # the dtypes a fullshard checkpoint's tensors can have: torch's plain numeric ones
