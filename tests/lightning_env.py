@@ -71,5 +71,37 @@ def make() -> None:
     print(f"Lightning {VERSION} for the comparison tests: {PYTHON} (made)")
 
 
+# Lightning with tensorboard installed, for recording the differential corpus (its TensorBoardLogger
+# scripts): an environment of its own that sees VENV's packages through a .pth file, so VENV stays
+# without tensorboard (where Lightning's default logger is a CSVLogger, as tests/twins compare)
+TENSORBOARD_VENV = VENV.parent / f"{VENV.name}-tensorboard"
+
+
+def make_with_tensorboard() -> Path:
+    """The interpreter of ``TENSORBOARD_VENV``, made (once) over a ready ``VENV``."""
+    python = TENSORBOARD_VENV / "bin" / "python"
+    check = f"import lightning, tensorboard; assert lightning.__version__ == {VERSION!r}"
+    if python.is_file() and subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0:
+        return python
+    make()
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(TENSORBOARD_VENV)], check=True)
+    site = subprocess.run(
+        [str(PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(own, "lightning_env.pth").write_text(site + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "tensorboard>=2.14"], check=True)
+    subprocess.run([str(python), "-c", check], check=True)
+    return python
+
+
 if __name__ == "__main__":
     make()

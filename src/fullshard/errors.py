@@ -44,6 +44,11 @@ class IncompleteCheckpointError(CheckpointError):
     """The checkpoint at a path was never completed (its save was interrupted)."""
 
 
+class OptimizerGroupsMismatchError(CheckpointError, ValueError):
+    """A checkpoint's optimizer state has another number of parameter groups than the optimizer
+    it is loaded into (a ValueError, as torch's ``Optimizer.load_state_dict`` raises for it)."""
+
+
 class CorruptCheckpointError(CheckpointError):
     """The checkpoint at a path is damaged: truncated, a file fails its CRC-32 check, or its
     content fails to decode."""

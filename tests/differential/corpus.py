@@ -143,4 +143,5 @@ def lightning_python() -> str:
     sys.path.insert(0, str(REPO / "tests"))
     import lightning_env
 
-    return str(lightning_env.PYTHON)
+    # with tensorboard: the corpus has TensorBoardLogger scripts (made on first use)
+    return str(lightning_env.make_with_tensorboard())

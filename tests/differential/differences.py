@@ -1,8 +1,8 @@
 """What differs between a script's observations under Lightning 2.6.6 and under fullshard.
 
 :func:`differences` returns one line per difference, ``"<kind>: <detail>"``, kinds being
-``exception``, ``events``, ``metrics``, ``values``, ``warnings``, ``files``, ``checkpoints`` and
-``csv``. A line that matches an accepted difference of docs/lightning.md (the table under
+``exception``, ``events``, ``metrics``, ``values``, ``warnings``, ``files``, ``checkpoints``,
+``csv`` and ``tensorboard`` (the scalars of each run directory). A line that matches an accepted difference of docs/lightning.md (the table under
 "Differential harness: accepted differences", read by :func:`accepted`) is dropped by
 :func:`unexplained`: every difference the harness finds is fixed or written down there with its
 reason.
@@ -72,6 +72,32 @@ TOPICS: list[tuple[str, str]] = [
         r"The dirpath has changed from .* won't be reloaded"
         r"|ModelCheckpoint's dirpath changed from .* \(in the checkpoint\)",
     ),
+    (
+        "a step checkpoint under manual optimization holds the weights after the update",
+        r"no pre-optimization state was saved|that is AFTER its optimizer\.step\(\) calls",
+    ),
+    (
+        "a batch-transfer hook in both the module and the DataModule",
+        r"overridden `\w+` in both `LightningModule` and `LightningDataModule`"
+        r"|overridden `\w+` in both the Module and the DataModule",
+    ),
+    (
+        "self.log under barebones",
+        r"trying to `self\.log\(\)` but `Trainer\(barebones=True\)`|was called with Trainer\(barebones=True\)",
+    ),
+    (
+        "no learning-rate finder in a fast_dev_run",
+        r"Skipping learning rate finder since `fast_dev_run`|learning rate finder is skipped in a fast_dev_run",
+    ),
+    (
+        "SWA replaces a scheduler not stepped every epoch",
+        r"SWA is currently only supported every epoch|SWA steps its scheduler every epoch",
+    ),
+    (
+        "optimizer_step/optimizer_zero_grad overridden with gradient accumulation",
+        r"accumulate_grad_batches != \d+\)` and overriding `LightningModule\.optimizer_"
+        r"|With gradient accumulation, the module's optimizer_step/optimizer_zero_grad overrides",
+    ),
 ]
 # torch's deprecation warnings about how Lightning calls torch, not observations of the script
 NOT_OBSERVED = [
@@ -83,7 +109,12 @@ NOT_OBSERVED = [
     r"FSDP on CPU maps every gathered unit afresh",
 ]
 # exception types by the name a ported script catches them with (fullshard.utilities.exceptions)
-EXCEPTION_NAMES = {"MisconfigurationError": "MisconfigurationException"}
+# (an optimizer state with another number of parameter groups: a ValueError under both, torch's own
+# under Lightning, a subclass of it under fullshard that names the optimizer and the fix)
+EXCEPTION_NAMES = {
+    "MisconfigurationError": "MisconfigurationException",
+    "OptimizerGroupsMismatchError": "ValueError",
+}
 
 
 def close(a: Any, b: Any, rel: float = 1e-4, abs_: float = 1e-6) -> bool:
@@ -216,6 +247,11 @@ def differences(lightning: dict[str, Any], ours: dict[str, Any]) -> list[str]:
         a_rows, b_rows = _csv_rows(lightning["csv"][name]), _csv_rows(ours["csv"][name])
         if not close(a_rows, b_rows):
             found.append(f"csv: {name}: lightning {_short(a_rows)}, fullshard {_short(b_rows)}")
+    l_tb, o_tb = lightning.get("tensorboard", {}), ours.get("tensorboard", {})
+    for name in sorted(set(l_tb) | set(o_tb)):
+        a, b = l_tb.get(name), o_tb.get(name)
+        if not close(a, b):
+            found.append(f"tensorboard: {name}: lightning {_short(a)}, fullshard {_short(b)}")
     return found
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import extensions
+
 FEATURES = (
     "trainer",
     "training_step",
@@ -210,7 +212,7 @@ def spec(seed: int) -> dict[str, Any]:
         loggers, callbacks, log_dict, epoch_end_logging = False, [], False, False
         logging = {"train": [], "val": [], "test": []}
         hooks = [h for h in hooks if "self.log" not in MODULE_HOOK_BODIES[h]]
-    return {
+    drawn = {
         "seed": seed,
         "trainer": trainer,
         "training_step": training_step,
@@ -231,6 +233,8 @@ def spec(seed: int) -> dict[str, Any]:
         "datamodule": rng.random() < 0.25,
         "resume": trainer["enable_checkpointing"] and rng.random() < 0.3,
     }
+    drawn["more"] = extensions.draw(seed, drawn)
+    return drawn
 
 
 # ---------------------------------------------------------------------------------- render
@@ -251,6 +255,7 @@ def _training_step(s: dict[str, Any]) -> list[str]:
     step = s["training_step"]
     args = "self, batch, batch_idx" if step["batch_idx"] else "self, batch"
     out = [f"    def training_step({args}):", "        x, y = batch", "        loss = F.mse_loss(self(x), y)"]
+    out += extensions.metric_lines(s, "train")
     if s["manual"]:
         opts = "opt_a, opt_b = self.optimizers()" if s["optim"]["count"] == 2 else "opt_a = self.optimizers()"
         out += [
@@ -291,6 +296,8 @@ def _eval_step(s: dict[str, Any], stage: str, loaders: int, with_idx: bool, retu
     args = "self, batch, batch_idx, dataloader_idx=0" if with_idx else "self, batch, batch_idx"
     out = [f"    def {stage}_step({args}):", "        x, y = batch", "        loss = F.mse_loss(self(x), y)"]
     out += _log_lines(s["logging"]["val" if stage == "validation" else "test"], "loss", "        ")
+    if stage == "validation":
+        out += extensions.metric_lines(s, "val")
     if returns == "loss":
         out.append("        return loss")
     elif returns == "dict":
@@ -301,9 +308,9 @@ def _eval_step(s: dict[str, Any], stage: str, loaders: int, with_idx: bool, retu
 def _configure_optimizers(s: dict[str, Any]) -> list[str]:
     optim = s["optim"]
     make = (
-        "torch.optim.SGD({params}, lr=0.1)"
+        f"torch.optim.SGD({{params}}, lr={extensions.learning_rate(s, '0.1')})"
         if optim["optimizer"] == "SGD"
-        else "torch.optim.Adam({params}, lr=0.01)"
+        else f"torch.optim.Adam({{params}}, lr={extensions.learning_rate(s, '0.01')})"
     )
     out = ["    def configure_optimizers(self):"]
     if optim["count"] == 2:
@@ -311,7 +318,9 @@ def _configure_optimizers(s: dict[str, Any]) -> list[str]:
         out.append("        opt_b = " + make.format(params="self.head.parameters()"))
         opts = "[opt_a, opt_b]"
     else:
-        out.append("        opt_a = " + make.format(params="self.parameters()"))
+        out.append(
+            "        opt_a = " + make.format(params=extensions.optimizer_params(s, "self.parameters()"))
+        )
         opts = "opt_a"
     sched = optim.get("scheduler")
     if not sched:
@@ -392,13 +401,18 @@ def render(s: dict[str, Any], *, strategy: str | None = None, devices: int = 1) 
         "from torch.utils.data import DataLoader, IterableDataset, TensorDataset",
         "",
         "import lightning.pytorch as L",
-        "from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint",
+        "from lightning.pytorch.callbacks import "
+        + ", ".join(
+            ["EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", *extensions.callback_names(s)]
+        ),
         "from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger",
         "from recording import RecordCallbackHooks, RecordModuleHooks, mark, snapshot, value",
+        *extensions.imports(s),
         "",
         "",
     ]
     lines += _loaders(s)
+    lines += extensions.classes(s)
     lines += [
         "class Memory(Logger):",
         "    def __init__(self):",
@@ -429,10 +443,12 @@ def render(s: dict[str, Any], *, strategy: str | None = None, devices: int = 1) 
         "        super().__init__()",
         "        self.layer = nn.Linear(4, 3)",
         "        self.head = nn.Linear(3, 1)",
+        *extensions.module_init(s),
     ]
     if s["manual"]:
         lines.append("        self.automatic_optimization = False")
-    lines += ["", "    def forward(self, x):", "        return self.head(torch.tanh(self.layer(x)))", ""]
+    forward = f"        return self.head(torch.tanh(self.layer({extensions.forward_input(s)})))"
+    lines += ["", "    def forward(self, x):", forward, ""]
     lines += [*_training_step(s), ""]
     val = s["validation"]
     if val["loaders"]:
@@ -463,8 +479,10 @@ def render(s: dict[str, Any], *, strategy: str | None = None, devices: int = 1) 
         lines += [f"    def {hook}(self{', ' + params if params else ''}):", f"        {body}", ""]
     lines += [*_configure_optimizers(s), "", ""]
     if s["datamodule"]:
+        bases, hooks = extensions.datamodule_lines(s)
         lines += [
-            "class Data(L.LightningDataModule):",
+            f"class Data({bases}):",
+            *hooks,
             "    def train_dataloader(self):",
             "        return train_loader()",
             "",
@@ -491,8 +509,9 @@ def render(s: dict[str, Any], *, strategy: str | None = None, devices: int = 1) 
     return text
 
 
-def _callback(c: dict[str, Any]) -> str:
+def _callback(c: dict[str, Any], s: dict[str, Any]) -> str:
     args = {k: v for k, v in c.items() if k != "kind" and v is not None}
+    args.update(extensions.callback_extra(s, c["kind"]))
     if c["kind"] == "ModelCheckpoint":
         args = {"dirpath": "ckpts", **args}
     return f"{c['kind']}({_kwargs(args)})"
@@ -500,12 +519,12 @@ def _callback(c: dict[str, Any]) -> str:
 
 def _main(s: dict[str, Any]) -> list[str]:
     trainer = dict(s["trainer"])
-    callbacks = ["Recorder()"] + [_callback(c) for c in s["callbacks"]]
+    callbacks = ["Recorder()"] + [_callback(c, s) for c in s["callbacks"]] + extensions.callback_calls(s)
     if s["loggers"] is False:
         logger = "False"
     else:
         made = {"memory": "memory", "csv": "CSVLogger('logs')", "tensorboard": "TensorBoardLogger('logs')"}
-        logger = "[" + ", ".join(made[name] for name in s["loggers"]) + "]"
+        logger = "[" + ", ".join([*(made[name] for name in s["loggers"]), *extensions.logger_extra(s)]) + "]"
     val = s["validation"]
     out = [
         "def main():",
@@ -527,6 +546,7 @@ def _main(s: dict[str, Any]) -> list[str]:
         fit_args = "model, train_dataloaders=train_loader()"
         if val["loaders"]:
             fit_args += f", val_dataloaders=eval_loaders({val['loaders']}, 10)"
+    out += extensions.before_fit(s, fit_args)
     out += [
         "    try:",
         "        mark('fit')",
@@ -564,7 +584,7 @@ def _main(s: dict[str, Any]) -> list[str]:
             f"    predictions = trainer.predict(model, {eval_source.format(n=1, seed=30)})",
             "    value('predict', predictions)",
         ]
-    out += ["    value('memory logger', memory.calls)", ""]
+    out += [*extensions.after_all(s), "    value('memory logger', memory.calls)", ""]
     return out
 
 

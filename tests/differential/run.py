@@ -97,6 +97,28 @@ def _csv(root: Path) -> dict[str, list[str]]:
     return {str(p.relative_to(root)): p.read_text().splitlines() for p in sorted(root.rglob("metrics.csv"))}
 
 
+def _tensorboard(root: Path) -> dict[str, list[list[Any]]]:
+    """The scalars each TensorBoard run directory holds: [tag, step, value] in the order written."""
+    found: dict[str, list[list[Any]]] = {}
+    files = sorted(root.rglob("events.out.tfevents.*"))
+    if not files:
+        return found
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    for path in files:
+        scalars = found.setdefault(str(path.parent.relative_to(root)), [])
+        for event in EventFileLoader(str(path)).Load():
+            for v in event.summary.value:
+                if v.HasField("tensor") and v.metadata.plugin_data.plugin_name == "scalars":
+                    number = float(v.tensor.float_val[0] if v.tensor.float_val else v.tensor.double_val[0])
+                    scalars.append([v.tag, int(event.step), round(number, 5)])
+                elif v.HasField("simple_value"):
+                    scalars.append([v.tag, int(event.step), round(float(v.simple_value), 5)])
+    # sorted: a directory's event files are named by the second they were opened, so the order
+    # of two files written within one second is not an observation
+    return {name: sorted(scalars) for name, scalars in found.items()}
+
+
 _ONCE_CACHES: list[set[Any]] = []
 _SCRIPTS_RUN = [0]
 
@@ -162,6 +184,7 @@ def run_one(seed: int, source: str, workdir: Path | None = None) -> dict[str, An
             "files": _files(root),
             "checkpoints": _checkpoints(root),
             "csv": _csv(root),
+            "tensorboard": _tensorboard(root),
             "seconds": round(time.perf_counter() - began, 3),
         }
 

@@ -25,7 +25,12 @@ from fullshard.checkpoint.archive import PICKLE_ENTRY, archive_entries, entry_pr
 from fullshard.checkpoint.io import AfterCommitError
 from fullshard.checkpoint.layout import UNVERIFIED_HINT, CommitRecord, damaged_sharded, share_problems
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS
-from fullshard.errors import CheckpointError, CheckpointSaveError, CorruptCheckpointError
+from fullshard.errors import (
+    CheckpointError,
+    CheckpointSaveError,
+    CorruptCheckpointError,
+    OptimizerGroupsMismatchError,
+)
 
 if TYPE_CHECKING:
     from fullshard.strategies.strategy import Strategy
@@ -79,7 +84,7 @@ def check_param_groups(
     """Each optimizer has as many parameter groups as the checkpoint's state of it."""
     for i, (groups, optimizer) in enumerate(zip(param_groups, optimizers, strict=False)):
         if len(groups) != len(optimizer.param_groups):
-            raise CheckpointError(
+            raise OptimizerGroupsMismatchError(
                 f"The checkpoint {str(path)!r} holds optimizer {i} ({type(optimizer).__name__}) with "
                 f"{len(groups)} parameter group(s), but configure_optimizers() (and the callbacks' on_fit_start) "
                 f"built it with {len(optimizer.param_groups)}. Build the optimizer with the groups it was trained "

@@ -83,12 +83,14 @@ class CheckpointManager:
         """The whole checkpoint, the model and optimizer states in the strategy's format, after
         the save hooks ran on it. A collective call: every rank must make it."""
         trainer = self._trainer
-        checkpoint = trainer_state(trainer)
-        if weights_only:
+        checkpoint = trainer_state(trainer, with_callbacks=not weights_only)
+        if weights_only:  # the weights and the loops, as Lightning: no callback state or hook
             checkpoint["lr_schedulers"] = []
         checkpoint.update(self._tensor_entries(() if weights_only else trainer.optimizers))
         module = trainer.lightning_module
-        for callback in trainer.callbacks:  # Lightning's order: callbacks, then the module
+        for callback in (
+            () if weights_only else trainer.callbacks
+        ):  # Lightning's order: callbacks, then the module
             callback.on_save_checkpoint(trainer, module, checkpoint)
         module.on_save_checkpoint(checkpoint)
         if trainer.is_global_zero:  # what every rank would say: once, before a load refuses it
@@ -330,7 +332,7 @@ class CheckpointManager:
         set_rng_states(_native(states[rank]))
 
 
-def trainer_state(trainer: Trainer) -> dict[str, Any]:
+def trainer_state(trainer: Trainer, with_callbacks: bool = True) -> dict[str, Any]:
     """What the Trainer owns of a checkpoint: everything but the model and optimizer states, and
     before the hooks. A collective call (the RNG states are gathered to rank 0)."""
     import fullshard
@@ -348,7 +350,11 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
         "grad_scaler": strategy.precision.state_dict(),
         "loops": loops,
         # as Lightning: a callback whose state is empty is not saved, so its load_state_dict is not called
-        "callbacks": {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())},
+        "callbacks": {
+            cb.state_key: state
+            for cb in (trainer.callbacks if with_callbacks else ())
+            if (state := cb.state_dict())
+        },
         # Rank 0 writes the checkpoint's metadata: only it receives every rank's states.
         "rng_states": [_portable(s) for s in strategy.gather_object(rng_states()) or []],
         "hyper_parameters": dict(getattr(module, "hparams", {})),

@@ -227,6 +227,9 @@ class ModelCheckpoint(Checkpoint):
         self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step_due = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
+        if not getattr(pl_module, "automatic_optimization", True):
+            self._save_after_manual_step(trainer, step_due)
+            return
         time_due = False
         if self._train_time_interval is not None:
             now, last = time.monotonic(), self._last_time_checked
@@ -250,6 +253,25 @@ class ModelCheckpoint(Checkpoint):
             return
         if self._should_skip_saving_checkpoint(trainer):
             return
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+        self._remove_pending(trainer)
+
+    def _save_after_manual_step(self, trainer: Trainer, step_due: bool) -> None:
+        """A step-triggered save under manual optimization (``train_time_interval`` is not read
+        here, as in Lightning 2.6.6): the weights saved are those after the step's updates."""
+        if not step_due or self._should_skip_saving_checkpoint(trainer):
+            return
+        candidates = self._monitor_candidates(trainer)
+        if self.monitor is not None and self.monitor not in candidates:
+            self._defer_save_until_validation = True
+            return
+        rank_zero_warn(
+            "ModelCheckpoint(every_n_train_steps=...) with manual optimization saves the model as it is"
+            " after training_step returned, that is AFTER its optimizer.step() calls. To keep the state"
+            " from before an update, copy it in training_step before optimizer.step() (for example"
+            " {k: v.detach().clone() for k, v in self.state_dict().items()}) and save it yourself."
+        )
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
         self._remove_pending(trainer)

@@ -204,11 +204,9 @@ class FitLoop:
             return True
         if trainer.max_epochs >= 0 and progress.epoch >= trainer.max_epochs:
             return True
-        if trainer.should_stop:
-            if self.can_stop_early():
-                return True
-            trainer.should_stop = False  # Lightning's rule: min_epochs/min_steps win over a stop request
-        return False
+        # a stop request waits for min_epochs/min_steps; should_stop stays set meanwhile (so step
+        # metrics are logged every step, as Lightning 2.6.6 does)
+        return self.stop_requested()
 
     def should_validate(self, batches_done: int) -> bool:
         """Whether validation runs after the ``batches_done``-th batch of this epoch (Lightning's rule)."""
