@@ -180,6 +180,9 @@ def differences(lightning: dict[str, Any], ours: dict[str, Any]) -> list[str]:
                 f"exception: {l_type} raised in {o_err['stage']} by fullshard, in {l_err['stage']} by lightning"
                 f" ({o_err['message'][:150]})"
             )
+    # a metrics snapshot taken after the stage both frameworks raised the same exception in is
+    # told apart: what the metrics hold then depends on where the step was cut short
+    crashed = l_err["stage"] if l_err and o_err and not found else None
     if found and (o_err or {}).get("stage") == "build":
         # fullshard refused the script at construction: what Lightning went on to do is the
         # consequence of that one difference, not another one
@@ -208,10 +211,11 @@ def differences(lightning: dict[str, Any], ours: dict[str, Any]) -> list[str]:
             f"events: at {lightning['events'][at]} lightning is at {lightning['states'][at]}, fullshard at {ours['states'][at]}"
         )
     for a, b in zip(lightning["metrics"], ours["metrics"], strict=False):
+        kind = "metrics (after the exception)" if crashed and a["point"].split()[0] == crashed else "metrics"
         for key in ("callback_metrics", "logged_metrics", "progress_bar_metrics"):
             if not close(a[key], b[key]):
                 found.append(
-                    f"metrics: {key} after {a['point']}: lightning {_short(a[key])}, fullshard {_short(b[key])}"
+                    f"{kind}: {key} after {a['point']}: lightning {_short(a[key])}, fullshard {_short(b[key])}"
                 )
     if len(lightning["metrics"]) != len(ours["metrics"]):
         found.append(

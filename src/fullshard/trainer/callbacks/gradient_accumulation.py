@@ -68,11 +68,6 @@ class GradientAccumulationScheduler(Callback):
                 "GradientAccumulationScheduler works with automatic optimization only: under manual optimization "
                 "the module decides when to step. Remove the callback, or accumulate in training_step yourself."
             )
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(
-                f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) was given together with a "
-                "GradientAccumulationScheduler: remove one of them (put the factor for epoch 0 in the scheduling)."
-            )
         custom = overrides(pl_module, Module, "optimizer_step") or overrides(
             pl_module, Module, "optimizer_zero_grad"
         )
@@ -80,6 +75,11 @@ class GradientAccumulationScheduler(Callback):
             rank_zero_warn(
                 "With gradient accumulation, the module's optimizer_step/optimizer_zero_grad overrides are called "
                 "once per optimizer step, not once per batch."
+            )
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(
+                f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) was given together with a "
+                "GradientAccumulationScheduler: remove one of them (put the factor for epoch 0 in the scheduling)."
             )
 
     @override
