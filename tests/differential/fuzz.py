@@ -5,7 +5,7 @@ docs/lightning.md does not accept, each minimized to the smallest script that st
 
 Seeds ``seed .. seed + n - 1`` (the suite's corpus is 0 .. 299: take seeds above it). For each
 script with an unexplained difference, the report gives the differences and the minimized script
-(features dropped one at a time, in rounds, as long as the first difference stays), ready to run
+(by delta debugging over the features: as many dropped at once as keep the first difference), ready to run
 under either framework (``--minimize K``: the first K, 3 by default; each takes a few minutes).
 Needs Lightning's environment (``python tests/lightning_env.py``).
 """
@@ -18,7 +18,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,50 +34,79 @@ def signature(line: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", line)[:70]
 
 
-def simpler(spec: Spec) -> Iterator[Spec]:
-    """Every spec one step simpler than ``spec``."""
+Edit = Callable[[Spec], None]
 
-    def changed(edit: Callable[[Spec], None]) -> Spec:
-        out = copy.deepcopy(spec)
-        edit(out)
-        return out
 
+def edits(spec: Spec) -> list[Edit]:
+    """The one-step simplifications of ``spec``, each an edit that composes with the others (an
+    item to drop from a list is set to None; :func:`apply` removes them after all edits ran)."""
+    out: list[Edit] = []
     for i in range(len(spec["callbacks"])):
-        yield changed(lambda s, i=i: s["callbacks"].pop(i))
+        out.append(lambda s, i=i: s["callbacks"].__setitem__(i, None))
     for key in list(spec["trainer"]):
         if key not in ("max_epochs", "max_steps"):
-            yield changed(lambda s, key=key: s["trainer"].pop(key))
+            out.append(lambda s, key=key: s["trainer"].pop(key, None))
     if spec["loggers"]:
-        yield changed(lambda s: s.update(loggers=[]))
+        out.append(lambda s: s.update(loggers=[]))
     for i in range(len(spec["hooks"])):
-        yield changed(lambda s, i=i: s["hooks"].pop(i))
+        out.append(lambda s, i=i: s["hooks"].__setitem__(i, None))
     for stage in ("test", "predict"):
         if spec[stage]["run"]:
-            yield changed(lambda s, stage=stage: s[stage].update(run=False))
+            out.append(lambda s, stage=stage: s[stage].update(run=False))
     for flag in ("validate", "resume", "datamodule", "log_dict", "epoch_end_logging"):
         if spec[flag]:
-            yield changed(lambda s, flag=flag: s.update({flag: False}))
+            out.append(lambda s, flag=flag: s.update({flag: False}))
     if spec["validation"]["loaders"]:
-        yield changed(lambda s: s["validation"].update(loaders=0))
+        out.append(lambda s: s["validation"].update(loaders=0))
     if spec["validation"]["loaders"] == 2:
-        yield changed(lambda s: s["validation"].update(loaders=1))
+        out.append(lambda s: s["validation"].update(loaders=min(s["validation"]["loaders"], 1)))
     for stage, calls in spec["logging"].items():
         for i, call in enumerate(calls):
-            yield changed(lambda s, stage=stage, i=i: s["logging"][stage].pop(i))
+            out.append(lambda s, stage=stage, i=i: s["logging"][stage].__setitem__(i, None))
             for option in call:
                 if option != "name":
-                    yield changed(
-                        lambda s, stage=stage, i=i, option=option: s["logging"][stage][i].pop(option)
+                    out.append(
+                        lambda s, stage=stage, i=i, option=option: (
+                            s["logging"][stage][i] and s["logging"][stage][i].pop(option, None)
+                        )
                     )
     if spec["training_step"]["returns"] != "loss":
-        yield changed(lambda s: s["training_step"].update(returns="loss"))
+        out.append(lambda s: s["training_step"].update(returns="loss"))
     if spec["optim"].get("scheduler"):
-        yield changed(lambda s: s["optim"].pop("scheduler"))
+        out.append(lambda s: s["optim"].pop("scheduler", None))
     if spec["manual"]:
-        yield changed(lambda s: (s.update(manual=False), s["optim"].update(count=1)))
+        out.append(lambda s: (s.update(manual=False), s["optim"].update(count=1)))
     for flag in ("iterable", "shuffle", "drop_last", "empty_train"):
         if spec["data"][flag]:
-            yield changed(lambda s, flag=flag: s["data"].update({flag: False}))
+            out.append(lambda s, flag=flag: s["data"].update({flag: False}))
+    more = spec.get("more", {})
+    for i in range(len(more.get("callbacks", []))):
+        out.append(lambda s, i=i: s["more"]["callbacks"].__setitem__(i, None))
+    for key in ("early_stopping", "checkpoint"):
+        for option in more.get(key, {}):
+            out.append(lambda s, key=key, option=option: s["more"][key].pop(option, None))
+    for key, empty in (
+        ("metric", None),
+        ("datamodule_hooks", []),
+        ("tensorboard", False),
+        ("lr_find", False),
+    ):
+        if more.get(key):
+            out.append(lambda s, key=key, empty=empty: s["more"].update({key: empty}))
+    return out
+
+
+def apply(spec: Spec, chosen: list[Edit]) -> Spec:
+    """``spec`` with the edits ``chosen`` made (items set to None dropped)."""
+    out = copy.deepcopy(spec)
+    for edit in chosen:
+        edit(out)
+    out["callbacks"] = [c for c in out["callbacks"] if c is not None]
+    out["hooks"] = [h for h in out["hooks"] if h is not None]
+    out["logging"] = {stage: [c for c in calls if c is not None] for stage, calls in out["logging"].items()}
+    if "more" in out:
+        out["more"]["callbacks"] = [c for c in out["more"]["callbacks"] if c is not None]
+    return out
 
 
 def _both(specs: list[Spec], lightning: str, jobs: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -88,21 +117,35 @@ def _both(specs: list[Spec], lightning: str, jobs: int) -> tuple[dict[str, Any],
     return theirs, ours
 
 
-def minimize(spec: Spec, target: str, lightning: str, jobs: int, rounds: int = 12) -> Spec:
-    """The simplest spec found, by rounds of one-step simplifications, that still shows ``target``."""
+def minimize(spec: Spec, target: str, lightning: str, jobs: int, rounds: int = 8) -> Spec:
+    """A simpler spec that still shows ``target``, by delta debugging over the edits of
+    :func:`edits`: each round runs, in one batch, the spec with all edits made, with each half,
+    quarter, ... of them, and with each single one, and keeps the candidate with the most edits
+    made that still shows the difference; it stops when no edit can be made."""
     current = spec
     for _ in range(rounds):
-        candidates = list(simpler(current))
-        if not candidates:
+        possible = edits(current)
+        if not possible:
             break
+        subsets: list[list[Edit]] = []
+        size = len(possible)
+        while size >= 1:
+            subsets += [possible[i : i + size] for i in range(0, len(possible), size)]
+            size //= 2
+        candidates = [apply(current, chosen) for chosen in subsets]
         theirs, ours = _both(candidates, lightning, jobs)
-        for i, candidate in enumerate(candidates):
-            found = differences.differences(theirs[str(i)], ours[str(i)])
-            if any(signature(line) == target for line in found):
-                current = candidate
-                break
-        else:
+        showing = [
+            (len(chosen), i)
+            for i, chosen in enumerate(subsets)
+            if any(
+                signature(line) == target for line in differences.differences(theirs[str(i)], ours[str(i)])
+            )
+        ]
+        if not showing:
             break
+        current = candidates[max(showing)[1]]
+        if max(showing)[0] == len(possible):
+            break  # every edit made at once: nothing is left to simplify
     current.pop("id", None)
     return current
 
