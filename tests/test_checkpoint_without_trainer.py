@@ -1,12 +1,14 @@
 """A strategy saves and loads checkpoints without a Trainer: Lightning's ``strategy.save_checkpoint``
 and ``strategy.load_checkpoint`` on a strategy set up by hand go through the checkpoint engine, by
-the strategy's own :class:`~fullshard.checkpoint.checkpointer.Checkpointer`.
+the strategy's own :class:`~fullshard.checkpoint.checkpointer.Checkpointer`: in one process
+(SingleDeviceStrategy), and on 2 gloo processes with FSDP2 (tests/scripts/strategy_checkpoint_job.py).
 
 Run: pytest tests/test_checkpoint_without_trainer.py
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import check_ok, run_script
 from fullshard.checkpoint.events import set_event_hook
 from fullshard.checkpoint.tools import inspect
 from fullshard.strategies import SingleDeviceStrategy
@@ -98,3 +101,22 @@ def test_a_background_save_without_a_trainer_is_owned_by_the_strategy(tmp_path: 
     strategy.load_checkpoint(path, [optimizer])  # waits for the save first: it loads what it wrote
     assert checkpointer.pending is None and checkpointer.background.unfinished() == []
     torch.testing.assert_close(model.state_dict(), saved, rtol=0, atol=0)
+
+
+def test_two_processes_with_strategies_set_up_by_hand_save_and_load(tmp_path: Path) -> None:
+    """FSDP2 on 2 gloo processes, no Trainer: each format (full, sharded, sharded in the
+    background) saved by ``strategy.save_checkpoint`` and loaded back by ``load_checkpoint``
+    (tests/scripts/strategy_checkpoint_job.py)."""
+    check_ok(run_script("strategy_checkpoint_job.py", str(tmp_path), timeout=240))
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen == {
+            f"{fmt}-{background}": {
+                "pending_after_save": background,
+                "changed_by_training": True,
+                "restored": True,
+                "by_hand": 7,
+                "format": "directory" if fmt == "sharded" else "file",
+            }
+            for fmt, background in (("full", False), ("sharded", False), ("sharded", True))
+        }
