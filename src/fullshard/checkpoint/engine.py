@@ -1,12 +1,13 @@
 """Saving and loading checkpoints of a :class:`~fullshard.checkpoint.host.CheckpointHost` (a strategy),
-in the full or the sharded format.
+in the full or the sharded format. How (full or sharded, in the background) is the caller's to
+say with each save, usually a :class:`~fullshard.checkpoint.checkpointer.Checkpointer`'s.
 
 Every function here is collective: each rank of the job calls it with the same arguments.
 Decisions that depend on the files (does the checkpoint exist, is it complete, does it fit the
 model) are taken on rank 0 and broadcast, so every rank raises the same exception at once
 instead of some ranks waiting forever for the others. Work every rank does on its own (writing
 its shards, checksumming its share of the files on load) ends with an exchange of what went
-wrong, for the same reason.
+wrong, for the same reason (agreement.py).
 
 [Note: a failed save]
 A save that fails (disk full, no permission, a state that cannot be pickled) raises one
