@@ -103,6 +103,7 @@ def test_a_background_save_without_a_trainer_is_owned_by_the_strategy(tmp_path: 
     torch.testing.assert_close(model.state_dict(), saved, rtol=0, atol=0)
 
 
+@pytest.mark.multiprocess
 def test_two_processes_with_strategies_set_up_by_hand_save_and_load(tmp_path: Path) -> None:
     """FSDP2 on 2 gloo processes, no Trainer: each format (full, sharded, sharded in the
     background) saved by ``strategy.save_checkpoint`` and loaded back by ``load_checkpoint``
