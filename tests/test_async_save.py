@@ -78,6 +78,11 @@ class SaveAt(fullshard.Callback):
             self.then(trainer)
 
 
+def _unfinished(trainer: fullshard.Trainer) -> list[async_save.PendingSave]:
+    """The background saves of ``trainer`` whose outcome no main thread has taken yet."""
+    return list(trainer.checkpoint_manager.checkpointer.background.unfinished())
+
+
 def _in_background() -> bool:
     return threading.current_thread() is not threading.main_thread()
 
@@ -161,9 +166,9 @@ def test_one_staged_copy_at_a_time_freed_once_written(tmp_path: Path) -> None:
 
     def count(point: str) -> None:
         if point == "async.staged":  # the new save's copy exists; the previous one must be gone
-            live_copies.append(sum(p._staging.state is not None for p in async_save.unfinished()))
+            live_copies.append(sum(p._staging.state is not None for p in _unfinished(trainer)))
         if point == "async.copied":  # the writer thread copied the parameters
-            newest = [p._staging for p in async_save.unfinished() if p._staging.state is not None]
+            newest = [p._staging for p in _unfinished(trainer) if p._staging.state is not None]
             staged_refs.append(weakref.ref(newest[0].state["model"]["head.weight"]))
 
     set_event_hook(count)
@@ -257,7 +262,7 @@ def test_state_that_cannot_be_pickled_is_refused_before_anything_starts(tmp_path
         r"tensors is pickled: keep hyperparameters and callback states to plain data",
     ):
         trainer.save_checkpoint(path)
-    assert trainer.checkpoint_manager.pending is None and async_save.unfinished() == []
+    assert trainer.checkpoint_manager.pending is None and _unfinished(trainer) == []
     del model.hparams["transform"]
     trainer.save_checkpoint(path)  # the next save works, and removes the first one's empty directory
     trainer.checkpoint_manager.wait()
@@ -508,10 +513,3 @@ def test_a_dict_saved_through_the_strategy_is_owned_by_the_trainers_manager(tmp_
     release.set()
     rest = trainer.strategy.load_checkpoint(tmp_path / "hand", trainer.optimizers)  # waits for it first
     assert trainer.checkpoint_manager.pending is None and rest["by_hand"] == 7
-
-
-def test_a_strategy_without_a_trainer_says_how_to_save(tmp_path: Path) -> None:
-    with pytest.raises(
-        RuntimeError, match=r"SingleDeviceStrategy.save_checkpoint\(\) needs the strategy to be connected"
-    ):
-        SingleDeviceStrategy().save_checkpoint({}, tmp_path / "x.ckpt")

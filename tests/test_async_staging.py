@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 import fullshard
 from ckpt_helpers import Net, assert_same_state, full_state, make_data, run_single
 from conftest import quiet_trainer
-from fullshard.checkpoint import async_save, staging
+from fullshard.checkpoint import staging
 from fullshard.checkpoint.events import set_event_hook
 from fullshard.checkpoint.tools import consolidate, inspect
 from fullshard.errors import CheckpointError
@@ -339,7 +339,11 @@ def test_pinned_buffers_are_reused_by_the_next_save_on_cuda(tmp_path: Path) -> N
 
     def hook(point: str) -> None:
         if point == "async.copied":
-            (pending,) = [p for p in async_save.unfinished() if p._staging.state is not None]
+            (pending,) = [
+                p
+                for p in trainer.checkpoint_manager.checkpointer.background.unfinished()
+                if p._staging.state is not None
+            ]
             state = pending._staging.state
             moments = [v for s in state["optimizers"].values() for p in s.values() for v in p.values()]
             # the parameters and AdamW's moments (its step counts are CPU tensors)

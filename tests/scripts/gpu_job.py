@@ -33,7 +33,6 @@ from torch.utils.data import DataLoader
 from train_fsdp import Block, BlockModel, actual_units, make_data
 
 import fullshard
-from fullshard.checkpoint.async_save import buffers_for
 from fullshard.checkpoint.events import set_event_hook
 from fullshard.checkpoint.tools import inspect
 from fullshard.nested import apply_to_collection
@@ -388,7 +387,7 @@ def async_save(args: argparse.Namespace) -> None:
     trainer = async_trainer(args, out / "train", args.steps, [saver])
     trainer.fit(Net(), DataLoader(ckpt_data(), batch_size=8, shuffle=True))
     trainer.checkpoint_manager.wait()
-    buffers = buffers_for(trainer.strategy)
+    buffers = trainer.checkpoint_manager.checkpointer.background.buffers
     kept = [t for free in buffers._free.values() for t in free]  # private: the buffers kept for the next save
     report = inspect(path, verify_checksums=True)
 

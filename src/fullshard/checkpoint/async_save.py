@@ -3,19 +3,21 @@
 A sharded save (``fullshard.checkpoint.engine``, on every rank at the same point of the program)
 plans this rank's host copy of the model and optimizer state (:func:`fullshard.checkpoint.staging.stage`:
 buffers copied now, parameters and optimizer state only referenced) and pickles ``meta.pt``
-(:func:`serialize`); :func:`start` hands them to a thread of this process and returns, and
-training goes on while the thread copies the rest and writes. Until the copy is done, the
-optimizers wait at the start of their ``step`` ([Note: staging off the training thread] in
-staging.py). The Trainer's :class:`~fullshard.checkpoint.manager.CheckpointManager` keeps the
-:class:`PendingSave` :func:`start` returns and waits for it (:func:`finish`) before every save
-and load, at the end of ``fit`` and when ``fit`` fails; an ``atexit`` function waits when the
+(:func:`serialize`); :meth:`BackgroundSaves.start` hands them to a thread of this process and
+returns, and training goes on while the thread copies the rest and writes. Until the copy is
+done, the optimizers wait at the start of their ``step`` ([Note: staging off the training
+thread] in staging.py). A :class:`~fullshard.checkpoint.checkpointer.Checkpointer` (the
+Trainer's, owned by its :class:`~fullshard.checkpoint.manager.CheckpointManager`, or a
+strategy's own without a Trainer) owns the :class:`BackgroundSaves` and keeps the
+:class:`PendingSave` it returns, and waits for it (:func:`finish`) before every save and load,
+at the end of ``fit`` and when ``fit`` fails; an ``atexit`` function waits when the
 process exits. While a save is pending, the fit loop calls
 :meth:`PendingSave.step_boundary` after each optimizer step: an attribute write and read (and
 once, the removal of the optimizers' wait), unless the save has failed.
 
 [Note: asynchronous commit]
 The background thread of every rank runs the steps of a synchronous sharded save (see
-[Note: directory commit] in layout.py), on a gloo process group of its own (:func:`_group_for`) so
+[Note: directory commit] in layout.py), on a gloo process group of its own (:meth:`BackgroundSaves.group`) so
 that its collectives never interleave with the training collectives of the default group:
 
 0. copy the parameters and optimizer state to host memory, check the copy's parameters for NaN
@@ -63,8 +65,8 @@ import io
 import sys
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +77,7 @@ from fullshard.checkpoint.staging import Staging, StagingBuffers, StepGuard
 from fullshard.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from fullshard.strategies.strategy import Strategy
+    from fullshard.checkpoint.host import CheckpointHost
 
 Write = Callable[[Any, Any], None]  # (staged state, process group or None): this rank's shards and record
 Commit = Callable[[], None]  # once every rank wrote: meta.pt and the commit record (rank 0)
@@ -89,15 +91,6 @@ class SaveSteps:
     prepare: Callable[[], None]  # makes the save's data directory (rank 0; the others' do nothing)
     write: Write
     commit: Commit
-
-
-# The background process group of each strategy: created once, by every rank, at its first save.
-_GROUPS: weakref.WeakKeyDictionary[Strategy, Any] = weakref.WeakKeyDictionary()
-# The pinned host buffers each strategy's saves reuse (CUDA state only: see staging.py).
-_BUFFERS: weakref.WeakKeyDictionary[Strategy, StagingBuffers] = weakref.WeakKeyDictionary()
-# Saves whose thread is running or whose outcome no main thread has taken yet (atexit waits for them).
-_UNFINISHED: set[PendingSave] = set()
-_atexit_registered = False
 
 
 # -------------------------------------------------------------------------------------- staging
@@ -121,6 +114,7 @@ class PendingSave:
         group: Any,
         rank: int,
         world_size: int,
+        unfinished: set[PendingSave],
     ) -> None:
         self.path = path
         self.staged_bytes = staging.nbytes  # this rank's host copy, until the files are written
@@ -131,6 +125,7 @@ class PendingSave:
         self._group = group
         self._rank = rank
         self._world_size = world_size
+        self._unfinished = unfinished  # its owner's saves that atexit waits for, until taken
         self._save_step = step
         # [Note: failures surface at the same step on every rank]
         self._step = step  # the last optimizer step the main thread reached (written by it)
@@ -186,7 +181,7 @@ class PendingSave:
 
     def raise_if_failed(self) -> None:
         """Raise the failure, once, if no step boundary raised it yet."""
-        _UNFINISHED.discard(self)
+        self._unfinished.discard(self)
         if self._failure is not None and not self._reported:
             self._reported = True
             raise self._error("")
@@ -341,60 +336,75 @@ def _causes(err: BaseException, rank: int) -> list[str]:
 
 
 # ----------------------------------------------------------------------- called by the engine
-def _group_for(strategy: Strategy) -> Any:
-    """The strategy's own gloo group for background collectives (None with one process)."""
-    import torch.distributed as dist
+class BackgroundSaves:
+    """What one owner's background saves share (the owner: a
+    :class:`~fullshard.checkpoint.checkpointer.Checkpointer`, the Trainer's through its
+    :class:`~fullshard.checkpoint.manager.CheckpointManager`): the gloo process group their
+    threads communicate on, the pinned host buffers their copies reuse, and the saves whose
+    outcome no main thread has taken yet, which an ``atexit`` function waits for.
 
-    if not strategy.is_distributed or not dist.is_initialized():
-        return None
-    if strategy not in _GROUPS:
-        # a collective of the default group: every rank makes its first async save at the same point
-        timeout = getattr(strategy, "timeout", None)
-        _GROUPS[strategy] = dist.new_group(backend="gloo", timeout=timeout)
-    return _GROUPS[strategy]
-
-
-def buffers_for(strategy: Strategy) -> StagingBuffers:
-    """The pinned host buffers that ``strategy``'s saves reuse for state on CUDA."""
-    if strategy not in _BUFFERS:
-        _BUFFERS[strategy] = StagingBuffers(pin=torch.cuda.is_available(), reuse=True)
-    return _BUFFERS[strategy]
-
-
-def start(
-    strategy: Strategy,
-    path: Path,
-    step: int,
-    staging: Staging,
-    steps: SaveSteps,
-) -> PendingSave:
-    """Hand ``staging`` to a background thread that finishes the copy and runs ``steps``;
-    return the save at once (its owner is the Trainer's
-    :class:`~fullshard.checkpoint.manager.CheckpointManager`). Until the copy is done, every
-    optimizer waits at the start of its ``step`` (see [Note: staging off the training thread] in
-    staging.py).
-
-    The caller has finished the previous save (:func:`finish`), so one staged copy exists at a time.
+    ``timeout``: the process group's (the strategy's ``timeout``; torch's default when None).
     """
-    global _atexit_registered
-    pending = PendingSave(
-        path, step, staging, steps, _group_for(strategy), strategy.global_rank, strategy.world_size
-    )
-    if staging.deferred:
-        pending._guard = StepGuard(staging.copied)
-    if not _atexit_registered:
-        # registered after the process group's teardown, so it runs before it (atexit is LIFO)
-        atexit.register(_wait_at_exit)
-        _atexit_registered = True
-    _UNFINISHED.add(pending)
-    try:
-        checkpoint_event("async.staged")
-    except BaseException:  # a test's hook: leave no save behind that nothing will ever run
-        _UNFINISHED.discard(pending)
-        pending._drop_guard()
-        raise
-    pending._thread.start()
-    return pending
+
+    def __init__(self, timeout: timedelta | None = None) -> None:
+        self._timeout = timeout
+        self._group: Any = None  # created once, by every rank, at the first save of several processes
+        self._buffers: StagingBuffers | None = None
+        self._unfinished: set[PendingSave] = set()
+        self._waits_at_exit = False
+
+    def group(self, host: CheckpointHost) -> Any:
+        """The gloo group for background collectives (None with one process)."""
+        import torch.distributed as dist
+
+        if host.world_size <= 1 or not dist.is_initialized():
+            return None
+        if self._group is None:
+            # a collective of the default group: every rank makes its first async save at the same point
+            self._group = dist.new_group(backend="gloo", timeout=self._timeout)
+        return self._group
+
+    @property
+    def buffers(self) -> StagingBuffers:
+        """The pinned host buffers the saves reuse for state on CUDA."""
+        if self._buffers is None:
+            self._buffers = StagingBuffers(pin=torch.cuda.is_available(), reuse=True)
+        return self._buffers
+
+    def start(
+        self, host: CheckpointHost, path: Path, step: int, staging: Staging, steps: SaveSteps
+    ) -> PendingSave:
+        """Hand ``staging`` to a background thread that finishes the copy and runs ``steps``;
+        return the save at once, for the owner to keep and :func:`finish`. Until the copy is done,
+        every optimizer waits at the start of its ``step`` (see [Note: staging off the training
+        thread] in staging.py).
+
+        The caller has finished the previous save (:func:`finish`), so one staged copy exists at a time.
+        """
+        group = self.group(host)
+        pending = PendingSave(
+            path, step, staging, steps, group, host.global_rank, host.world_size, self._unfinished
+        )
+        if staging.deferred:
+            pending._guard = StepGuard(staging.copied)
+        if not self._waits_at_exit:
+            # registered after the process group's teardown, so it runs before it (atexit is LIFO);
+            # it holds the set, not this object
+            atexit.register(_wait_at_exit, self._unfinished)
+            self._waits_at_exit = True
+        self._unfinished.add(pending)
+        try:
+            checkpoint_event("async.staged")
+        except BaseException:  # a test's hook: leave no save behind that nothing will ever run
+            self._unfinished.discard(pending)
+            pending._drop_guard()
+            raise
+        pending._thread.start()
+        return pending
+
+    def unfinished(self) -> Sequence[PendingSave]:
+        """The saves whose outcome no main thread has taken yet (for tests)."""
+        return list(self._unfinished)
 
 
 def finish(pending: PendingSave) -> None:
@@ -408,17 +418,12 @@ def finish(pending: PendingSave) -> None:
     pending.raise_if_failed()
 
 
-def _wait_at_exit() -> None:
+def _wait_at_exit(unfinished: set[PendingSave]) -> None:
     """Let the saves still running finish before the process exits; report the failures no
     main thread took (an exception raised here would not change the exit status)."""
-    for pending in list(_UNFINISHED):
+    for pending in list(unfinished):
         pending.join()
         try:
             pending.raise_if_failed()
         except CheckpointError as err:
             print(f"fullshard: {err}", file=sys.stderr, flush=True)
-
-
-def unfinished() -> Sequence[PendingSave]:
-    """The saves of this process whose outcome no main thread has taken yet (for tests)."""
-    return list(_UNFINISHED)

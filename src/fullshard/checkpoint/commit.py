@@ -54,7 +54,7 @@ from fullshard.checkpoint.layout import (
 from fullshard.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from fullshard.strategies.strategy import Strategy
+    from fullshard.checkpoint.host import CheckpointHost
 
 
 class ShardWriter(FileSystemWriter):
@@ -86,18 +86,18 @@ class ShardWriter(FileSystemWriter):
         metadata.planner_data = {}
 
 
-def record_of(strategy: Strategy, checkpoint: dict[str, Any], data_name: str) -> CommitRecord:
+def record_of(host: CheckpointHost, checkpoint: dict[str, Any], data_name: str) -> CommitRecord:
     """The commit record of this save, its ``files`` still to be filled in by :func:`commit_sharded`."""
     loops = checkpoint.get("loops", {})
     return CommitRecord(
         data=data_name,
         files={},
-        world_size=strategy.world_size,
-        strategy=checkpoint.get("strategy", type(strategy).__name__),
+        world_size=host.world_size,
+        strategy=checkpoint.get("strategy", type(host).__name__),
         epoch=int(loops.get("epoch", 0)),
         global_step=int(loops.get("global_step", 0)),
         fullshard_version=str(checkpoint.get("fullshard_version", "")),
-        rank_records=strategy.world_size,
+        rank_records=host.world_size,
     )
 
 

@@ -1,11 +1,13 @@
-"""Saving and loading checkpoints through a strategy, in the full or the sharded format.
+"""Saving and loading checkpoints of a :class:`~fullshard.checkpoint.host.CheckpointHost` (a strategy),
+in the full or the sharded format. How (full or sharded, in the background) is the caller's to
+say with each save, usually a :class:`~fullshard.checkpoint.checkpointer.Checkpointer`'s.
 
 Every function here is collective: each rank of the job calls it with the same arguments.
 Decisions that depend on the files (does the checkpoint exist, is it complete, does it fit the
 model) are taken on rank 0 and broadcast, so every rank raises the same exception at once
 instead of some ranks waiting forever for the others. Work every rank does on its own (writing
 its shards, checksumming its share of the files on load) ends with an exchange of what went
-wrong, for the same reason.
+wrong, for the same reason (agreement.py).
 
 [Note: a failed save]
 A save that fails (disk full, no permission, a state that cannot be pickled) raises one
@@ -20,12 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import pickle
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -35,6 +36,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.optim import Optimizer
 
 from fullshard.checkpoint import async_save, staging
+from fullshard.checkpoint.agreement import agreed, decide, portable
 from fullshard.checkpoint.commit import (
     commit_sharded,
     names_data,
@@ -91,9 +93,8 @@ from fullshard.checkpoint.validate import (
 from fullshard.errors import CheckpointError, CorruptCheckpointError
 
 if TYPE_CHECKING:
-    from fullshard.strategies.strategy import Strategy
+    from fullshard.checkpoint.host import CheckpointHost
 
-T = TypeVar("T")
 
 # torch's own deprecation chatter from inside FSDP1's sharded state dict code, nothing users can act on
 _TORCH_NOISE = (
@@ -110,50 +111,6 @@ def _quiet_torch() -> Iterator[None]:
         for message in _TORCH_NOISE:
             warnings.filterwarnings("ignore", message=message)
         yield
-
-
-def _decide(strategy: Strategy, decide: Callable[[], T]) -> T:
-    """Run ``decide`` on rank 0 and give every rank its result, or raise its exception everywhere.
-
-    Any ``Exception`` of rank 0 is raised on every rank (one that does not pickle, as a
-    :class:`CheckpointError` with its type and message): the other ranks wait for rank 0's
-    answer, and an exception that rank 0 kept to itself would leave them waiting forever.
-    """
-    outcome: tuple[Any, BaseException | None] = (None, None)
-    if strategy.is_global_zero:
-        try:
-            outcome = (decide(), None)
-        except Exception as err:
-            outcome = (None, err if not strategy.is_distributed else _portable(err))
-    result, error = strategy.broadcast(outcome)
-    if error is not None:
-        raise error
-    return result  # type: ignore[no-any-return]
-
-
-def _portable(err: Exception) -> Exception:
-    """``err`` if it survives pickling (a broadcast), else a CheckpointError that says what it was."""
-    try:
-        pickle.loads(pickle.dumps(err))
-    except Exception:
-        return CheckpointError(f"{type(err).__name__}: {err}")
-    return err
-
-
-def _agreed(strategy: Strategy, make: Callable[[], T]) -> T:
-    """``make()`` on every rank; if it raises on any rank, that exception on every rank (the
-    first rank's), rather than some ranks going on into collectives alone. (Each rank reads the
-    file rank 0 checked before; this catches a file that changed since.)"""
-    made: Any = None
-    problem: Exception | None = None
-    try:
-        made = make()
-    except Exception as err:
-        problem = _portable(err) if strategy.is_distributed else err
-    problems = [p for p in strategy.all_gather_object(problem) if p is not None]
-    if problems:
-        raise problems[0]
-    return made  # type: ignore[no-any-return]
 
 
 def tied_parameters(module: nn.Module | None, state: Mapping[str, Any]) -> dict[str, str] | None:
@@ -181,15 +138,21 @@ def tied_parameters(module: nn.Module | None, state: Mapping[str, Any]) -> dict[
 
 # --------------------------------------------------------------------------------------- save
 def save(
-    strategy: Strategy, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer]
+    host: CheckpointHost,
+    checkpoint: dict[str, Any],
+    path: str | Path,
+    optimizers: Sequence[Optimizer],
+    *,
+    sharded: bool,
+    background: async_save.BackgroundSaves | None = None,
 ) -> async_save.PendingSave | None:
-    """Write ``checkpoint`` to ``path`` in the strategy's format. Its ``"state_dict"`` and
-    ``"optimizer_states"`` are the model's and ``optimizers``' states as the strategy's
-    ``get_state`` gave them (whole tensors for the full format, this rank's shards for the
+    """Write ``checkpoint`` to ``path``, one file (``sharded=False``) or a directory of shards. Its
+    ``"state_dict"`` and ``"optimizer_states"`` are the model's and ``optimizers``' states as the
+    host's ``get_state`` gave them (whole tensors for the full format, this rank's shards for the
     sharded one), after the save hooks: what they hold is what is written.
 
-    With the strategy's ``async_save``, returns the save being written in the background, for the
-    caller to own (:class:`~fullshard.checkpoint.manager.CheckpointManager`); it has finished any
+    With ``background`` (sharded only), returns the save being written in the background, for the
+    caller to own (:class:`~fullshard.checkpoint.checkpointer.Checkpointer`); it has finished any
     previous one first: one save at a time, one staged copy of the state (see
     [Note: asynchronous commit]). Returns None when the files are committed.
     """
@@ -208,14 +171,14 @@ def save(
         "optimizer_types": [type(optimizer).__qualname__ for optimizer in optimizers],
     }
     with _quiet_torch():
-        if strategy.state_dict_type == "sharded":
-            return _save_sharded(strategy, checkpoint, path, optimizers)
-        _save_full(strategy, checkpoint, path, optimizers)
+        if sharded:
+            return _save_sharded(host, checkpoint, path, optimizers, background)
+        _save_full(host, checkpoint, path, optimizers)
     return None
 
 
 def _save_full(
-    strategy: Strategy, checkpoint: dict[str, Any], path: Path, optimizers: Sequence[Optimizer]
+    host: CheckpointHost, checkpoint: dict[str, Any], path: Path, optimizers: Sequence[Optimizer]
 ) -> None:
     if path.is_dir():
         raise CheckpointError(
@@ -223,13 +186,13 @@ def _save_full(
             "Choose another path, or save with state_dict_type='sharded'."
         )
     model_state, optimizer_states = checkpoint.pop("state_dict"), checkpoint.pop("optimizer_states")
-    tied = tied_parameters(strategy.module, model_state)
+    tied = tied_parameters(host.module, model_state)
     if tied is not None:  # [Note: tied parameters stored once] in io.py
         model_state = {**model_state, **{alias: model_state[c] for alias, c in tied.items()}}
         checkpoint[TIED_KEY] = tied
 
     def write() -> None:
-        refuse_nonfinite(path, nonfinite_parameters(strategy, model_state))  # whole tensors here
+        refuse_nonfinite(path, nonfinite_parameters(host, model_state))  # whole tensors here
         try:  # [Note: a failed save]: atomic_torch_save removes its temporary file
             atomic_torch_save(
                 {**checkpoint, "state_dict": model_state, "optimizer_states": optimizer_states}, path
@@ -239,11 +202,15 @@ def _save_full(
         except Exception as err:
             raise save_error(path, failures_of(err, 0)) from err
 
-    _decide(strategy, write)
+    decide(host, write)
 
 
 def _save_sharded(
-    strategy: Strategy, checkpoint: dict[str, Any], path: Path, optimizers: Sequence[Optimizer]
+    host: CheckpointHost,
+    checkpoint: dict[str, Any],
+    path: Path,
+    optimizers: Sequence[Optimizer],
+    background: async_save.BackgroundSaves | None,
 ) -> async_save.PendingSave | None:
     # [Note: directory commit] in layout.py; with async_save, [Note: asynchronous commit] in async_save.py
     if path.is_file():
@@ -262,13 +229,13 @@ def _save_sharded(
 
     model_state, optimizer_states = checkpoint.pop("state_dict"), checkpoint.pop("optimizer_states")
     data_name = ""  # a background save checks its copy and makes the directory in _stage
-    if not strategy.async_save:
+    if background is None:
         # each rank checks its shards; before anything is written, every rank learns what all found
-        found = strategy.all_gather_object(nonfinite_parameters(strategy, model_state))
+        found = host.all_gather_object(nonfinite_parameters(host, model_state))
         refuse_nonfinite(path, sorted({name for names in found for name in names}))
-        data_name = _decide(strategy, prepare)
+        data_name = decide(host, prepare)
     data = path / data_name
-    tied = tied_parameters(strategy.module, model_state)
+    tied = tied_parameters(host.module, model_state)
     if tied is not None:  # [Note: tied parameters stored once] in io.py: DCP gets each tensor once
         model_state = {k: v for k, v in model_state.items() if k not in tied}
         checkpoint[TIED_KEY] = tied
@@ -278,19 +245,19 @@ def _save_sharded(
     # stored under keys that a reader with differently sharded state does not look for.
     checkpoint["optimizer_param_groups"] = [s["param_groups"] for s in optimizer_states]
     state = {"model": model_state, "optimizers": {str(i): s["state"] for i, s in enumerate(optimizer_states)}}
-    record = record_of(strategy, checkpoint, data_name)
-    step, rank, no_dist = record.global_step, strategy.global_rank, not strategy.is_distributed
-    if strategy.async_save:
-        staged, meta, data_name = _stage(strategy, state, checkpoint, path, step)
+    record = record_of(host, checkpoint, data_name)
+    step, rank, no_dist = record.global_step, host.global_rank, host.world_size == 1
+    if background is not None:
+        staged, meta, data_name = _stage(host, state, checkpoint, path, step, background.buffers)
         del state, model_state, optimizer_states  # only the copy goes on: training may change these
         record, data = dataclasses.replace(record, data=data_name), path / data_name
         steps = async_save.SaveSteps(
-            check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(strategy, staged["model"])),
-            prepare=(lambda: data.mkdir(parents=True)) if strategy.is_global_zero else lambda: None,
+            check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(host, staged["model"])),
+            prepare=(lambda: data.mkdir(parents=True)) if host.global_rank == 0 else lambda: None,
             write=lambda staged, group: write_shards(staged, data, rank, step, group, no_dist),
             commit=lambda: commit_sharded(path, record, lambda target: write_bytes(meta, target)),
         )
-        return async_save.start(strategy, path, record.global_step, staged, steps)
+        return background.start(host, path, record.global_step, staged, steps)
     failures: list[Failure] = []
     try:
         checkpoint[SAVE_KEY] = {"id": data_name, "step": step}  # [Note: one save, one identity]
@@ -299,16 +266,16 @@ def _save_sharded(
         failures = failures_of(err, rank)
     # every rank learns whether every rank succeeded (a flag: each rank's checksums are in its
     # record, beside its shard), and only on a failure what failed: none may go on to the commit alone
-    if not strategy.reduce_boolean_decision(not failures, all=True):
+    if not host.reduce_boolean_decision(not failures, all=True):
         failures = [
-            failure for rank_failures in strategy.all_gather_object(failures) for failure in rank_failures
+            failure for rank_failures in host.all_gather_object(failures) for failure in rank_failures
         ]
 
         def clean_up() -> None:  # [Note: a failed save]: every rank is done writing into it
             remove_tree(data)
             raise save_error(path, failures)
 
-        _decide(strategy, clean_up)  # the others raise once rank 0 has removed it
+        decide(host, clean_up)  # the others raise once rank 0 has removed it
 
     def commit() -> None:
         try:
@@ -319,34 +286,39 @@ def _save_sharded(
             remove_tree(data)
             raise save_error(path, failures_of(err, 0)) from err
 
-    _decide(strategy, commit)
+    decide(host, commit)
     return None
 
 
 def _stage(
-    strategy: Strategy, state: dict[str, Any], checkpoint: dict[str, Any], path: Path, step: int
+    host: CheckpointHost,
+    state: dict[str, Any],
+    checkpoint: dict[str, Any],
+    path: Path,
+    step: int,
+    buffers: staging.StagingBuffers,
 ) -> tuple[Any, bytes, str]:
     """A background save's copy (see [Note: staging off the training thread]), ``meta.pt`` and the
     name of its data directory (rank 0's; its thread makes it), with one collective: a failure on
     any rank raises on every rank."""
     staged, meta, name, problem = None, b"", "", None
     try:
-        defer = staging.changed_only_by_steps(strategy.module)
-        staged = staging.stage(state, defer=defer, buffers=async_save.buffers_for(strategy))
-        if strategy.is_global_zero:
+        defer = staging.changed_only_by_steps(host.module)
+        staged = staging.stage(state, defer=defer, buffers=buffers)
+        if host.global_rank == 0:
             name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
             meta = async_save.serialize({**checkpoint, SAVE_KEY: {"id": name, "step": step}})
     except CheckpointError as err:  # the state's own types
-        problem = _portable(err) if strategy.is_distributed else err
+        problem = portable(err) if host.world_size > 1 else err
     except Exception as err:  # pickling (hyperparameters, callback states), memory
         problem = CheckpointError(
             f"The checkpoint to {str(path)!r} could not be copied for the background save: rank "
-            f"{strategy.global_rank}: {type(err).__name__}: {err}. Nothing was written; the checkpoint previously "
+            f"{host.global_rank}: {type(err).__name__}: {err}. Nothing was written; the checkpoint previously "
             "at that path, if any, is intact. Every entry but the tensors is pickled: keep hyperparameters and "
             "callback states to plain data (numbers, strings, lists, dicts), and host memory must hold a copy "
             "of this process's shard of the model and optimizer state."
         )
-    outcomes = strategy.all_gather_object((problem, name))
+    outcomes = host.all_gather_object((problem, name))
     problems = [p for p, _ in outcomes if p is not None]
     if problems:
         raise problems[0]
@@ -355,7 +327,7 @@ def _stage(
 
 # --------------------------------------------------------------------------------------- load
 def load(
-    strategy: Strategy,
+    host: CheckpointHost,
     path: str | Path,
     optimizers: Sequence[Optimizer] = (),
     *,
@@ -384,16 +356,14 @@ def load(
     load may be that one, and the state loaded into may be the one it is copying.
     """
     path = Path(path)
-    fmt = _decide(strategy, lambda: detect_format(path))
+    fmt = decide(host, lambda: detect_format(path))
     n_optimizers = 0 if weights_only else len(optimizers)
     if not weights_only:  # a resume believes the loop state: [Note: loop counters checked on resume]
         check = with_loop_checks(path, check)
     load = _load_full if fmt == "full" else _load_sharded
     clear_gradients(optimizers[:n_optimizers])  # [Note: gradients cleared before optimizer states load]
     with _quiet_torch():
-        return load(
-            strategy, path, optimizers[:n_optimizers], check, verify, trust, strict, before_optimizers
-        )
+        return load(host, path, optimizers[:n_optimizers], check, verify, trust, strict, before_optimizers)
 
 
 # [Note: callbacks restored before the optimizers]
@@ -419,7 +389,7 @@ def _prepare_optimizers(
 
 
 def _load_full(
-    strategy: Strategy,
+    host: CheckpointHost,
     path: Path,
     optimizers: Sequence[Optimizer],
     check: MetaCheck | None,
@@ -430,7 +400,7 @@ def _load_full(
 ) -> dict[str, Any]:
     tensors: dict[str, Any] = {}
     # on every rank: under FSDP with manual wrap() learning the shapes is collective
-    shapes = strategy.full_shapes()
+    shapes = host.full_shapes()
 
     def read() -> tuple[dict[str, Any], list[Any] | None]:
         archive = ArchiveCheck(path) if verify else None
@@ -445,7 +415,7 @@ def _load_full(
         if is_lightning_checkpoint(checkpoint):  # [Note: Lightning checkpoints] in lightning.py
             check_state_dict_matches(shapes, checkpoint["state_dict"], strict)  # before its optimizer states
             checkpoint = convert_checkpoint(
-                checkpoint, str(path), module=strategy.module, optimizers=optimizers, shapes=shapes
+                checkpoint, str(path), module=host.module, optimizers=optimizers, shapes=shapes
             )
         if "optimizer_count" not in checkpoint and "optimizer_states" in checkpoint:
             checkpoint["optimizer_count"] = len(checkpoint["optimizer_states"])
@@ -465,20 +435,20 @@ def _load_full(
         tensors["optimizer_states"] = checkpoint.pop("optimizer_states")
         return checkpoint, groups
 
-    meta, groups = _decide(strategy, read)
-    from_rank0 = strategy.is_distributed
-    if strategy.is_global_zero or not from_rank0:
+    meta, groups = decide(host, read)
+    from_rank0 = host.world_size > 1
+    if host.global_rank == 0 or not from_rank0:
         model_state, optimizer_states = tensors["state_dict"], tensors["optimizer_states"][: len(optimizers)]
     else:
         model_state, optimizer_states = {}, [{} for _ in optimizers]
     if before_optimizers is None:
-        strategy.set_state(
+        host.set_state(
             model_state, optimizer_states, optimizers, full=True, from_rank0=from_rank0, strict=strict
         )
         return meta
-    strategy.set_state(model_state, [], (), full=True, from_rank0=from_rank0, strict=strict)
+    host.set_state(model_state, [], (), full=True, from_rank0=from_rank0, strict=strict)
     _prepare_optimizers(before_optimizers, meta, path, optimizers, groups)
-    strategy.set_optimizer_states(optimizer_states, optimizers, full=True, from_rank0=from_rank0)
+    host.set_optimizer_states(optimizer_states, optimizers, full=True, from_rank0=from_rank0)
     return meta
 
 
@@ -499,7 +469,7 @@ def _dcp_shapes(path: Path, record: CommitRecord, trust: bool) -> dict[str, torc
 
 
 def _load_sharded(
-    strategy: Strategy,
+    host: CheckpointHost,
     path: Path,
     optimizers: Sequence[Optimizer],
     check: MetaCheck | None,
@@ -508,7 +478,7 @@ def _load_sharded(
     strict: bool,
     before_optimizers: MetaCheck | None,
 ) -> dict[str, Any]:
-    expected = strategy.full_shapes()  # on every rank, as in _load_full
+    expected = host.full_shapes()  # on every rank, as in _load_full
 
     def read() -> tuple[CommitRecord, dict[str, Any], set[int], set[str]]:
         record = CommitRecord.read(path)
@@ -548,19 +518,19 @@ def _load_sharded(
         check_optimizer_shapes(str(path), expected, optimizers, sharded_optimizer_tensors(shapes))
         return record, meta, stepped, set(saved)
 
-    record, meta, stepped, saved_keys = _decide(strategy, read)
-    check_shares(strategy, path, record, verify)
+    record, meta, stepped, saved_keys = decide(host, read)
+    check_shares(host, path, record, verify)
     data = path / record.data
     groups = meta.pop("optimizer_param_groups")
 
     def read_into(state: dict[str, Any]) -> None:
-        reader = _agreed(strategy, lambda: SafeReader(data, trust, save_id=record.save_id))
+        reader = agreed(host, lambda: SafeReader(data, trust, save_id=record.save_id))
         with untrusted_raised():
             dcp_load(
                 state,
                 storage_reader=reader,
                 planner=load_planner(data, trust),
-                no_dist=not strategy.is_distributed,
+                no_dist=host.world_size == 1,
             )
 
     def optimizer_states_read(states: list[dict[str, Any]], read: dict[str, Any]) -> list[dict[str, Any]]:
@@ -569,9 +539,7 @@ def _load_sharded(
     # in one pass, unless the optimizers' states wait for before_optimizers ([Note: callbacks
     # restored before the optimizers])
     together = before_optimizers is None
-    model_state, optimizer_states = strategy.get_state(
-        optimizers if together else (), full=False, to_load=True
-    )
+    model_state, optimizer_states = host.get_state(optimizers if together else (), full=False, to_load=True)
     # the aliases are not in the DCP files: read the canonical tensors, then hand each alias its
     # canonical one ([Note: tied parameters stored once] in io.py)
     tied = {a: c for a, c in meta.get(TIED_KEY, {}).items() if a in model_state and c in model_state}
@@ -586,14 +554,14 @@ def _load_sharded(
     restore_tied(state["model"], tied)
     if together:
         loaded = optimizer_states_read(optimizer_states, state.get("optimizers", {}))
-        strategy.set_state(state["model"], loaded, optimizers, full=False, from_rank0=False, strict=strict)
+        host.set_state(state["model"], loaded, optimizers, full=False, from_rank0=False, strict=strict)
         return meta
-    strategy.set_state(state["model"], [], (), full=False, from_rank0=False, strict=strict)
+    host.set_state(state["model"], [], (), full=False, from_rank0=False, strict=strict)
     _prepare_optimizers(before_optimizers, meta, path, optimizers, groups)
-    optimizer_states = strategy.get_state(optimizers, full=False, to_load=True)[1]
+    optimizer_states = host.get_state(optimizers, full=False, to_load=True)[1]
     wanted = {str(i): optimizer_states[i]["state"] for i in sorted(stepped)}
     if wanted:
         read_into({"optimizers": wanted})
     loaded = optimizer_states_read(optimizer_states, wanted)
-    strategy.set_optimizer_states(loaded, optimizers, full=False, from_rank0=False)
+    host.set_optimizer_states(loaded, optimizers, full=False, from_rank0=False)
     return meta

@@ -33,7 +33,7 @@ from fullshard.errors import (
 )
 
 if TYPE_CHECKING:
-    from fullshard.strategies.strategy import Strategy
+    from fullshard.checkpoint.host import CheckpointHost
 
 REQUIRED_KEYS = ("lr_schedulers", "loops", "optimizer_count")
 MetaCheck = Callable[[dict[str, Any]], None]
@@ -137,7 +137,7 @@ class ArchiveCheck:
             raise full_file_error(self.path, self._problems, UNVERIFIED_HINT)
 
 
-def check_shares(strategy: Strategy, path: Path, record: CommitRecord, verify: bool) -> None:
+def check_shares(host: CheckpointHost, path: Path, record: CommitRecord, verify: bool) -> None:
     """Each rank checks its share of the tensor files (``verify``: their CRC-32s too; see [Note:
     checksums checked on load] in layout.py); every rank raises if any rank found a problem.
     Collective: one all-reduce of a flag, and an exchange of the problems only when there are some.
@@ -146,10 +146,10 @@ def check_shares(strategy: Strategy, path: Path, record: CommitRecord, verify: b
     """
     if not verify and not record.rank_records:
         return
-    mine = share_problems(path, record, strategy.global_rank, strategy.world_size, verify)
-    if strategy.reduce_boolean_decision(not mine, all=True):
+    mine = share_problems(path, record, host.global_rank, host.world_size, verify)
+    if host.reduce_boolean_decision(not mine, all=True):
         return
-    found = sorted({problem for problems in strategy.all_gather_object(mine) for problem in problems})
+    found = sorted({problem for problems in host.all_gather_object(mine) for problem in problems})
     raise damaged_sharded(path, found, UNVERIFIED_HINT if verify else "")
 
 
@@ -166,12 +166,12 @@ def local_tensors(value: Any) -> list[torch.Tensor]:
     return [value] if isinstance(value, torch.Tensor) else []
 
 
-def nonfinite_parameters(strategy: Strategy, model_state: Mapping[str, Any]) -> list[str]:
+def nonfinite_parameters(host: CheckpointHost, model_state: Mapping[str, Any]) -> list[str]:
     """The entries of ``model_state`` (this rank's part) that hold NaN or inf, buffers excepted: a
     mask of ``-inf`` is a buffer. One synchronisation per device. Each tensor is read once by
     ``aminmax`` (NaN propagates to both ends, an infinity is one of them), with no temporary the
     size of the tensor: about 10x faster than ``isfinite(x).all()`` on CPU."""
-    module = strategy.module
+    module = host.module
     buffers = (
         {".".join(p for p in n.split(".") if p not in _WRAPPER_COMPONENTS) for n, _ in module.named_buffers()}
         if module is not None

@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullshard import hyperparameters
+from fullshard.checkpoint.checkpointer import TENSOR_ENTRIES, Checkpointer
 from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
-from fullshard.launch import stuck_ranks
 from fullshard.rank_zero import rank_zero_info
 from fullshard.seed import rng_states, set_rng_states
 
@@ -59,24 +59,23 @@ if TYPE_CHECKING:
     from fullshard.checkpoint.async_save import PendingSave
     from fullshard.trainer.trainer import Trainer
 
-# engine and async_save are imported where used: they import torch's distributed checkpointing,
-# which a run that never saves does not pay for at start-up (benchmarks/overhead.py)
-
-TENSOR_ENTRIES = ("state_dict", "optimizer_states")  # what the strategy provides, in its format
-
 
 class CheckpointManager:
     """One Trainer's checkpoints: :meth:`save`, :meth:`load` (for a stage's ``ckpt_path``),
     :meth:`restore_rng_states`, and the save being written in the background (:attr:`pending`,
     :meth:`wait`, :meth:`wait_for_copy`, :meth:`after_commit`, :meth:`finish_after_failure`).
 
-    The strategy's ``save_checkpoint``/``load_checkpoint`` (Lightning's API, for a dict built by
-    hand) go through :meth:`write` and :meth:`read`, so that a background save has one owner
-    whichever way it was started."""
+    It owns the :class:`~fullshard.checkpoint.checkpointer.Checkpointer` that writes and reads
+    the strategy's states, which the Trainer connects to the strategy: Lightning's
+    ``strategy.save_checkpoint``/``load_checkpoint`` (for a dict built by hand) go through it too,
+    so that a background save has one owner whichever way it was started."""
 
     def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
-        self._pending: PendingSave | None = None
+        strategy = trainer.strategy
+        #: Writes and reads the strategy's states and owns the save being written in the background
+        #: (its process group, buffers and pending saves); the Trainer connects it to the strategy.
+        self.checkpointer = Checkpointer(strategy, timeout=getattr(strategy, "timeout", None))
 
     # ------------------------------------------------------------------------------ saving
     def dump(self, weights_only: bool = False) -> dict[str, Any]:
@@ -114,26 +113,14 @@ class CheckpointManager:
         self.write(checkpoint, path, () if weights_only else self._trainer.optimizers)
 
     def write(self, checkpoint: dict[str, Any], path: str | Path, optimizers: Sequence[Optimizer]) -> None:
-        """Write a checkpoint dict as it is, in the strategy's format; where it has no model and
-        optimizer states, the current ones of the model and ``optimizers`` are added. Collective."""
-        from fullshard.checkpoint import engine
-
-        if any(key not in checkpoint for key in TENSOR_ENTRIES):
-            checkpoint = {**checkpoint, **self._tensor_entries(optimizers)}
-        self.wait()  # one save at a time (and one staged copy of the state)
-        with stuck_ranks.paused():  # checkpoint I/O is never timed as a stuck rank
-            self._pending = engine.save(self._trainer.strategy, checkpoint, path, optimizers)
+        """Write a checkpoint dict as it is, in the strategy's format (:meth:`Checkpointer.write`). Collective."""
+        strategy = self._trainer.strategy
+        sharded = strategy.state_dict_type == "sharded"
+        self.checkpointer.write(checkpoint, path, optimizers, sharded=sharded, background=strategy.async_save)
 
     def _tensor_entries(self, optimizers: Sequence[Optimizer]) -> dict[str, Any]:
-        """The model's and ``optimizers``' states as the strategy provides them, read after the
-        previous background save has copied them."""
-        strategy = self._trainer.strategy
-        self.wait()
-        with stuck_ranks.paused():  # gathering a full state is checkpoint I/O, not a stuck rank
-            model_state, optimizer_states = strategy.get_state(
-                optimizers, full=strategy.state_dict_type != "sharded"
-            )
-        return {"state_dict": model_state, "optimizer_states": optimizer_states}
+        """The model's and ``optimizers``' states as the strategy provides them (:meth:`Checkpointer.states`)."""
+        return self.checkpointer.states(optimizers, full=self._trainer.strategy.state_dict_type != "sharded")
 
     # ------------------------------------------------------------------ the background save
     @property
@@ -141,7 +128,7 @@ class CheckpointManager:
         """The checkpoint being written in the background (``async_save``), if any: its
         ``path``, ``step``, ``staged_bytes`` and ``copy_wait_s`` (how long optimizer steps waited
         for its copy so far)."""
-        return self._pending
+        return self.checkpointer.pending
 
     def wait(self) -> None:
         """Wait until the checkpoint being written in the background, if any, is committed.
@@ -151,45 +138,32 @@ class CheckpointManager:
             CheckpointError: on every rank, when that save failed and no optimizer step reported
                 it yet. The checkpoint previously at its path is intact.
         """
-        from fullshard.checkpoint import async_save
-
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            with stuck_ranks.paused():
-                async_save.finish(pending)
+        self.checkpointer.wait()
 
     def wait_for_copy(self) -> None:
         """Return once the checkpoint being written in the background, if any, has copied this
         process's parameters and optimizer state; from then on they may be changed in place.
         Optimizer steps, loads and saves wait by themselves; call it before changing them any
         other way (docs/checkpoints.md, "Asynchronous checkpoints"). No communication."""
-        if self._pending is not None:
-            self._pending.wait_for_copy()
+        self.checkpointer.wait_for_copy()
 
     def after_commit(self, action: Callable[[], None]) -> bool:
         """Run ``action`` on this rank once the checkpoint being written in the background is
         committed, and return True; return False (and do nothing) when none is being written.
         ``action`` is dropped when that save fails. The answer is the same on every rank."""
-        if self._pending is None:
-            return False
-        self._pending.after_commit(action)
-        return True
+        return self.checkpointer.after_commit(action)
 
     def step_boundary(self, global_step: int) -> None:
         """Called by the fit loop after each optimizer step: raises the background save's failure
         at the step every rank agrees on ([Note: failures surface at the same step on every rank]
         in async_save.py). An attribute read when no save is pending."""
-        if self._pending is not None:
-            self._pending.step_boundary(global_step)
+        self.checkpointer.step_boundary(global_step)
 
     def finish_after_failure(self, exception: BaseException) -> None:
         """When a run fails, let the checkpoint being written in the background commit: it is
         complete, and the last state before the failure. Its own failure, if any, is reported
         beside the run's exception, which goes on."""
-        try:
-            self.wait()
-        except CheckpointError as err:
-            warnings.warn(f"{err} (The run itself failed with {type(exception).__name__}.)", stacklevel=3)
+        self.checkpointer.finish_after_failure(exception)
 
     # ----------------------------------------------------------------------------- loading
     def load(
@@ -254,21 +228,16 @@ class CheckpointManager:
         return the rest of it, after the background save, if any, is committed (the checkpoint
         may be that one). The checks and ``before_optimizers`` are
         :func:`fullshard.checkpoint.engine.load`'s. Collective."""
-        from fullshard.checkpoint import engine
-
-        self.wait()
-        with stuck_ranks.paused():
-            return engine.load(
-                self._trainer.strategy,
-                path,
-                optimizers,
-                weights_only=weights_only,
-                check=check,
-                verify=verify,
-                trust=trust,
-                strict=strict,
-                before_optimizers=before_optimizers,
-            )
+        return self.checkpointer.read(
+            path,
+            optimizers,
+            weights_only=weights_only,
+            check=check,
+            verify=verify,
+            trust=trust,
+            strict=strict,
+            before_optimizers=before_optimizers,
+        )
 
     def _restore_callbacks(self, checkpoint: dict[str, Any]) -> None:
         """Lightning's order: the module's hook, the DataModule's state, then each callback's hook

@@ -20,10 +20,11 @@ from torch.optim import Optimizer
 from fullshard.errors import MisconfigurationError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
+    from fullshard.checkpoint.checkpointer import Checkpointer
     from fullshard.precision import Precision
     from fullshard.strategies.strategy import ReduceOp
 
@@ -71,8 +72,11 @@ class LightningStrategyAPI:
     module: nn.Module | None
     model: nn.Module | None
     state_dict_type: str
+    async_save: bool
 
     if TYPE_CHECKING:  # what Strategy provides
+
+        def own_checkpointer(self) -> Checkpointer: ...
 
         def _require_model(self) -> nn.Module: ...
         def _state_dict_options(self, *, full: bool) -> StateDictOptions: ...
@@ -150,3 +154,71 @@ class LightningStrategyAPI:
             else:
                 path.unlink(missing_ok=True)
         self.barrier("remove_checkpoint")
+
+    def save_checkpoint(
+        self,
+        checkpoint: dict[str, Any],
+        filepath: str | Path,
+        storage_options: Any = None,
+        *,
+        optimizers: Sequence[Optimizer] = (),
+    ) -> None:
+        """Write ``checkpoint`` to ``filepath`` (collective), as Lightning's ``Strategy.save_checkpoint``.
+
+        ``storage_options`` must be None: they are for a checkpoint plugin, which fullshard has not
+        (Lightning's default one refuses them too).
+
+        The Trainer saves through its :class:`~fullshard.checkpoint.manager.CheckpointManager`,
+        which builds the whole dict; this is for a dict built by hand, written by the strategy's
+        :class:`~fullshard.checkpoint.checkpointer.Checkpointer` (the Trainer's, which owns the
+        save being written in the background; without a Trainer, the strategy's own: a strategy
+        set up by hand saves and loads too). Its ``"state_dict"`` and
+        ``"optimizer_states"`` are written as they are; where it has none, the model's and
+        ``optimizers``' states are taken (:meth:`get_state`). The format follows
+        :attr:`state_dict_type`: ``"full"`` writes one file from rank 0, ``"sharded"`` one
+        directory with a file per rank; both commit atomically. With :attr:`async_save` it returns
+        at once and the files are written in the background (docs/checkpoints.md, "Asynchronous
+        checkpoints").
+        """
+        if storage_options is not None:
+            raise TypeError(
+                f"save_checkpoint(storage_options={storage_options!r}): fullshard writes checkpoints itself and "
+                "takes no storage options; leave them out."
+            )
+        sharded = self.state_dict_type == "sharded"
+        self.own_checkpointer().write(
+            checkpoint, filepath, optimizers, sharded=sharded, background=self.async_save
+        )
+
+    def load_checkpoint(
+        self,
+        checkpoint_path: str | Path,
+        optimizers: Sequence[Optimizer] = (),
+        *,
+        weights_only: bool = False,
+        check: Callable[[dict[str, Any]], None] | None = None,
+        verify: bool = True,
+        trust_checkpoint: bool = False,
+        strict: bool = True,
+    ) -> dict[str, Any]:
+        """Load the model (and optimizer) states of a checkpoint of either format into place and
+        return the rest of it (collective). Nothing changes when the checkpoint is incomplete, damaged,
+        of another model or optimizer, holds more than plain data, or fails ``check``.
+
+        ``weights_only``: load the model state only (the optimizers keep theirs). ``verify``: check
+        the CRC-32 of every file read first, spread over the ranks (docs/checkpoints.md); False
+        loads a damaged checkpoint's bytes as they are. ``trust_checkpoint``: unpickle it
+        unrestricted, which runs any code its files name; by default anything but plain data
+        raises ``UntrustedCheckpointError`` (docs/checkpoints.md, "Loading checkpoints you did not
+        write"). Only for a checkpoint from someone you trust. ``strict=False``: the checkpoint may
+        hold part of the model's state (the rest stays as it is), as ``load_state_dict(strict=False)``.
+        """
+        return self.own_checkpointer().read(
+            checkpoint_path,
+            optimizers,
+            weights_only=weights_only,
+            check=check,
+            verify=verify,
+            trust=trust_checkpoint,
+            strict=strict,
+        )

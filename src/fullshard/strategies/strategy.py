@@ -12,9 +12,10 @@
 6. Collectives: :meth:`barrier`, :meth:`broadcast`, :meth:`all_reduce` (and
    :meth:`all_reduce_data_parallel`, over the data replicas only), :meth:`all_gather_object`,
    :meth:`gather_object`.
-7. Checkpoints: the model and optimizer states (:meth:`get_state`, :meth:`set_state`), which the
-   host's checkpoint manager (:attr:`checkpoint_manager`) saves and loads; :meth:`save_checkpoint`
-   and :meth:`load_checkpoint` hand a dict built by hand to that manager.
+7. Checkpoints: the model and optimizer states (:meth:`get_state`, :meth:`set_state`,
+   :meth:`full_shapes`), which a :class:`~fullshard.checkpoint.checkpointer.Checkpointer` saves
+   and loads (the host's, :attr:`checkpointer`); :meth:`save_checkpoint` and
+   :meth:`load_checkpoint` go through it, or without a host through one of the strategy's own.
 8. :meth:`teardown`.
 
 A strategy knows nothing of loops or callbacks, so another host can drive it the same way.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.distributed.device_mesh import DeviceMesh
 
-    from fullshard.checkpoint.manager import CheckpointManager
+    from fullshard.checkpoint.checkpointer import Checkpointer
     from fullshard.launch import ClusterEnvironment, Launcher
     from fullshard.strategies.registry import StrategyRegistry
 
@@ -70,10 +70,10 @@ class Strategy(LightningStrategyAPI):
     #: Write sharded checkpoints in the background (set by the strategies that can:
     #: ``FSDP2Strategy(async_save=True)``; see fullshard.checkpoint.async_save).
     async_save: bool = False
-    #: The host's checkpoints (the Trainer's ``checkpoint_manager``, connected by the Trainer): it
-    #: saves and loads the states this strategy provides, and owns the save being written in the
-    #: background.
-    checkpoint_manager: CheckpointManager | None = None
+    #: Saves and loads the states this strategy provides and owns the save being written in the
+    #: background: the host's (the Trainer connects its CheckpointManager's), else the strategy's
+    #: own, made by the first save_checkpoint/load_checkpoint without a Trainer.
+    checkpointer: Checkpointer | None = None
     #: Set by the host for each ``fit``: the module steps its optimizers itself (Lightning's manual
     #: optimization), calling :meth:`backward` inside its training step, possibly several times.
     manual_optimization: bool = False
@@ -516,77 +516,14 @@ class Strategy(LightningStrategyAPI):
         """
         return unsharded_parameter_sizes(module)
 
-    def save_checkpoint(
-        self,
-        checkpoint: dict[str, Any],
-        filepath: str | Path,
-        storage_options: Any = None,
-        *,
-        optimizers: Sequence[Optimizer] = (),
-    ) -> None:
-        """Write ``checkpoint`` to ``filepath`` (collective), as Lightning's ``Strategy.save_checkpoint``.
+    def own_checkpointer(self) -> Checkpointer:
+        """What saves and loads this strategy's checkpoints (:meth:`save_checkpoint`,
+        :meth:`load_checkpoint`): the host's, else (no Trainer) one of its own, made now."""
+        if self.checkpointer is None:
+            from fullshard.checkpoint.checkpointer import Checkpointer
 
-        ``storage_options`` must be None: they are for a checkpoint plugin, which fullshard has not
-        (Lightning's default one refuses them too).
-
-        The Trainer saves through its :class:`~fullshard.checkpoint.manager.CheckpointManager`,
-        which builds the whole dict; this is for a dict built by hand, written by that manager
-        (:meth:`~fullshard.checkpoint.manager.CheckpointManager.write`). Its ``"state_dict"`` and
-        ``"optimizer_states"`` are written as they are; where it has none, the model's and
-        ``optimizers``' states are taken (:meth:`get_state`). The format follows
-        :attr:`state_dict_type`: ``"full"`` writes one file from rank 0, ``"sharded"`` one
-        directory with a file per rank; both commit atomically. With :attr:`async_save` it returns
-        at once and the files are written in the background (docs/checkpoints.md, "Asynchronous
-        checkpoints").
-        """
-        if storage_options is not None:
-            raise TypeError(
-                f"save_checkpoint(storage_options={storage_options!r}): fullshard writes checkpoints itself and "
-                "takes no storage options; leave them out."
-            )
-        self._checkpoints("save_checkpoint").write(checkpoint, filepath, optimizers)
-
-    def load_checkpoint(
-        self,
-        checkpoint_path: str | Path,
-        optimizers: Sequence[Optimizer] = (),
-        *,
-        weights_only: bool = False,
-        check: Callable[[dict[str, Any]], None] | None = None,
-        verify: bool = True,
-        trust_checkpoint: bool = False,
-        strict: bool = True,
-    ) -> dict[str, Any]:
-        """Load the model (and optimizer) states of a checkpoint of either format into place and
-        return the rest of it (collective). Nothing changes when the checkpoint is incomplete, damaged,
-        of another model or optimizer, holds more than plain data, or fails ``check``.
-
-        ``weights_only``: load the model state only (the optimizers keep theirs). ``verify``: check
-        the CRC-32 of every file read first, spread over the ranks (docs/checkpoints.md); False
-        loads a damaged checkpoint's bytes as they are. ``trust_checkpoint``: unpickle it
-        unrestricted, which runs any code its files name; by default anything but plain data
-        raises ``UntrustedCheckpointError`` (docs/checkpoints.md, "Loading checkpoints you did not
-        write"). Only for a checkpoint from someone you trust. ``strict=False``: the checkpoint may
-        hold part of the model's state (the rest stays as it is), as ``load_state_dict(strict=False)``.
-        """
-        return self._checkpoints("load_checkpoint").read(
-            checkpoint_path,
-            optimizers,
-            weights_only=weights_only,
-            check=check,
-            verify=verify,
-            trust=trust_checkpoint,
-            strict=strict,
-        )
-
-    def _checkpoints(self, method: str) -> CheckpointManager:
-        if self.checkpoint_manager is None:
-            raise RuntimeError(
-                f"{type(self).__name__}.{method}() needs the strategy to be connected to a Trainer, which saves "
-                "and loads its checkpoints: pass the strategy to fullshard.Trainer(strategy=...) and call it "
-                "after fit(), validate(), test() or predict() set the model up."
-            )
-        return self.checkpoint_manager
+            self.checkpointer = Checkpointer(self, timeout=getattr(self, "timeout", None))
+        return self.checkpointer
 
     def on_exception(self, exception: BaseException) -> None:
         """Called by the host when a run fails in this process, before the error propagates."""

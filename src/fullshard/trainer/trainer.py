@@ -283,7 +283,7 @@ class Trainer(TrainerProperties):
         self._spawn_state: dict[str, torch.Tensor] = {}
         #: Builds, saves and loads this Trainer's checkpoints (fullshard's own; not in Lightning).
         self.checkpoint_manager = CheckpointManager(self)
-        self._strategy.checkpoint_manager = self.checkpoint_manager  # its save_/load_checkpoint go through it
+        self._strategy.checkpointer = self.checkpoint_manager.checkpointer  # its save_/load_checkpoint too
         self.validate_loop = EvaluationLoop(self, self._metrics, "validate")
         self.test_loop = EvaluationLoop(self, self._metrics, "test")
         self.predict_loop = EvaluationLoop(self, self._metrics, "predict")
