@@ -68,8 +68,8 @@ class Hooks:
                 calls.append(module_hook)
             calls += [callback_call(cb, name) for cb in monitoring]
             self._calls[name] = calls
-        self.batch_transfer = resolve_batch_transfer(module, trainer.datamodule, wrap)
-        self.steps = StrategySteps(trainer.strategy, self.batch_transfer, profiler)
+        transfer = resolve_batch_transfer(module, trainer.datamodule, wrap)
+        self.steps = StrategySteps(trainer.strategy, transfer, profiler)
 
     def __getitem__(self, name: str) -> list[Callable[..., Any]]:
         return self._calls.get(name, [])
@@ -107,9 +107,11 @@ class StrategySteps:
         self.evaluation_step: Callable[..., Any] = strategy.evaluation_step
         if isinstance(profiler, PassThroughProfiler):
             return
-        kind = type(strategy).__name__
-        for name in ("batch_to_device", "training_step", "backward", "optimizer_step"):
-            setattr(self, name, profiler.wrap(f"[Strategy]{kind}.{name}", getattr(self, name)))
+        kind, wrap = type(strategy).__name__, profiler.wrap
+        self.batch_to_device = wrap(f"[Strategy]{kind}.batch_to_device", self.batch_to_device)
+        self.training_step = wrap(f"[Strategy]{kind}.training_step", self.training_step)
+        self.backward = wrap(f"[Strategy]{kind}.backward", self.backward)
+        self.optimizer_step = wrap(f"[Strategy]{kind}.optimizer_step", self.optimizer_step)
         evaluation_step = self.evaluation_step
 
         def profiled_evaluation_step(method: str, batch: Any, batch_idx: int, *extra: Any) -> Any:
