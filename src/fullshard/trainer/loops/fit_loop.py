@@ -145,14 +145,12 @@ class FitLoop:
         self.progress.pending = state
 
     def snapshot(self) -> tuple[Any, ...]:
-        """What a tuner's trial run changes in this loop, for :meth:`restore` ([Note: the tuner
-        leaves things as they were] in fullshard.tuner.search)."""
+        """What a tuner's trial run changes here, for :meth:`restore` (see fullshard.tuner.search)."""
         settings = (self.train_loader, self.num_training_batches, self.val_check_batch, self.preemption)
         return (self.progress.snapshot(), self._hooks, self.reload, *settings)
 
     def restore(self, snapshot: tuple[Any, ...], module: Module) -> None:
-        """Put back what :meth:`snapshot` recorded; after a search inside training, the running
-        loop's steps use its hooks again."""
+        """Put back what :meth:`snapshot` recorded (searched inside training: its hooks again)."""
         progress, self._hooks, self.reload, self.train_loader, *settings = snapshot
         self.num_training_batches, self.val_check_batch, self.preemption = settings
         self.progress.restore(progress)
