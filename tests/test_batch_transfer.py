@@ -15,9 +15,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import fullshard
 from conftest import quiet_trainer
-from fullshard.batch_transfer import move_data_to_device
+from fullshard.batch_transfer import BatchTransfer, move_data_to_device
 from fullshard.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from fullshard.errors import MisconfigurationError
+from fullshard.strategies import SingleDeviceStrategy
 from fullshard.trainer.arguments import attach_model_callbacks
 
 
@@ -69,9 +70,18 @@ class Hooked(Plain):
         return [batch[0], batch[1] + 1]
 
 
-class Probe(Callback):
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.transfer = trainer.strategy.batch_transfer
+class Probe(SingleDeviceStrategy):
+    """Records the batch-transfer hooks the Trainer passes with each batch."""
+
+    def batch_to_device(
+        self,
+        batch: Any,
+        device: torch.device | None = None,
+        dataloader_idx: int = 0,
+        transfer: Any = "module",
+    ) -> Any:
+        self.transfers = [*getattr(self, "transfers", []), transfer]
+        return super().batch_to_device(batch, device, dataloader_idx, transfer)
 
 
 def test_the_hooks_run_in_lightnings_order_for_every_stage(tmp_path: Path) -> None:
@@ -88,11 +98,12 @@ def test_the_hooks_run_in_lightnings_order_for_every_stage(tmp_path: Path) -> No
 
 def test_not_overriding_them_costs_nothing(tmp_path: Path) -> None:
     probe = Probe()
-    quiet_trainer(tmp_path, max_epochs=1, callbacks=[probe]).fit(Plain(), _data())
-    assert probe.transfer is None  # batch_to_device keeps its fast path
+    quiet_trainer(tmp_path, max_epochs=1, strategy=probe).fit(Plain(), _data())
+    assert probe.transfers == [None, None]  # passed with each batch: batch_to_device keeps its fast path
     probe = Probe()
-    quiet_trainer(tmp_path, max_epochs=1, callbacks=[probe]).fit(Hooked(), _data())
-    assert probe.transfer is not None
+    quiet_trainer(tmp_path, max_epochs=1, strategy=probe).fit(Hooked(), _data())
+    assert len(probe.transfers) == 2 and all(isinstance(t, BatchTransfer) for t in probe.transfers)
+    assert "batch_transfer" not in vars(probe)  # an argument, not state the strategy keeps
 
 
 class Pair:

@@ -3,15 +3,17 @@
 ``Strategy.batch_to_device`` runs, as Lightning's does, ``on_before_batch_transfer``,
 ``transfer_batch_to_device`` and ``on_after_batch_transfer`` of whichever object overrides each
 (the DataModule's first, then the Module's; see :func:`resolve_batch_transfer` in
-``trainer/hooks.py``). When none is overridden the strategy keeps its own fast path: the choice
-is made once per ``fit``/``validate``/``test``/``predict``, not per batch.
+``trainer/hooks.py``). The Trainer makes that choice once per ``fit``/``validate``/``test``/
+``predict`` and passes it to each ``batch_to_device`` call (``transfer=``, None when nothing is
+overridden: the strategy's fast path); a direct call (``trainer.strategy.batch_to_device(batch)``)
+runs the module's own hooks, as Lightning's strategy does.
 """
 
 from __future__ import annotations
 
 from abc import ABC
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -71,3 +73,21 @@ class BatchTransfer:
 
 
 BATCH_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+# ``Strategy.batch_to_device(transfer=...)``: the batch-transfer hooks to run (the Trainer passes
+# the ones it resolved for the call), None when no hook is overridden (the strategy's fast path),
+# or ``"module"`` (a direct call, as ``trainer.strategy.batch_to_device(batch)``): the strategy's
+# module's own hooks, as Lightning's strategy runs them.
+Transfer = BatchTransfer | Literal["module"] | None
+
+
+def resolve_transfer(transfer: Transfer, module: Any) -> BatchTransfer | None:
+    """``transfer``, with ``"module"`` made the batch-transfer hooks of ``module`` itself (a
+    fullshard Module; a plain ``nn.Module`` has none: None)."""
+    if not isinstance(transfer, str):
+        return transfer
+    hooks = [getattr(module, name, None) for name in BATCH_TRANSFER_HOOKS]
+    if not all(callable(hook) for hook in hooks):
+        return None
+    before, move, after = hooks
+    return BatchTransfer(before, move, after)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from fullshard.batch_transfer import BatchTransfer, move_data_to_device
+from fullshard.batch_transfer import Transfer, move_data_to_device, resolve_transfer
 from fullshard.compile import CompileConfig, CompileUnit, apply_compile, resolve_compile
 from fullshard.errors import MisconfigurationError
 from fullshard.precision import Precision
@@ -98,9 +98,6 @@ class Strategy(LightningStrategyAPI):
         self._compile_setting: CompileConfig | None = None
         self.compile: CompileConfig | None = None
         self._batch_passthrough = False  # CPU and no input casting: batch_to_device has nothing to do
-        # the batch-transfer hooks of the running call, when a Module or DataModule overrides one
-        # (set once per call by the Trainer's Hooks); None keeps batch_to_device's fast path
-        self.batch_transfer: BatchTransfer | None = None
         # Trainer(sync_batchnorm=True): BatchNorm layers synchronised across processes (setup_module)
         self.sync_batchnorm = False
 
@@ -361,20 +358,23 @@ class Strategy(LightningStrategyAPI):
         """Context skipping gradient synchronisation (all micro-batches but the last one)."""
         return NULL_CONTEXT
 
-    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
-        """Move the tensors of ``batch`` to ``device`` (default :attr:`root_device`) and cast them
-        for "-true" precisions. With :attr:`batch_transfer` set (a Module or DataModule overrides a
-        batch-transfer hook), its hooks run first, as in Lightning: ``on_before_batch_transfer``,
-        ``transfer_batch_to_device``, ``on_after_batch_transfer``."""
-        transfer = self.batch_transfer
+    def batch_to_device(
+        self,
+        batch: Any,
+        device: torch.device | None = None,
+        dataloader_idx: int = 0,
+        transfer: Transfer = "module",
+    ) -> Any:
+        """``batch`` on ``device`` (default :attr:`root_device`), cast for "-true" precisions, after ``transfer``."""
+        transfer = resolve_transfer(transfer, self.module)  # see fullshard.batch_transfer.Transfer
         if transfer is not None:
             batch = transfer(batch, device or self.root_device, dataloader_idx)
-            return batch if self._batch_passthrough else self.precision.convert_input(batch)
-        if self._batch_passthrough and device is None:
+        elif self._batch_passthrough and device is None:
             return batch
-        device = device or self.root_device
-        if device.type != "cpu":
+        elif (device := device or self.root_device).type != "cpu":
             batch = move_data_to_device(batch, device)
+        if transfer is not None and self._batch_passthrough:
+            return batch
         return self.precision.convert_input(batch)
 
     # --------------------------------------------------------------------------- collectives

@@ -1,10 +1,16 @@
 """Which callables each hook name calls, worked out once per ``fit``/``validate``/``test``/``predict``.
 
 The hot path stays lean: a hook that no callback and not the module overrides has an empty
-list, so calling it costs a dictionary lookup and nothing per step. A profiler
-(``Trainer(profiler=...)``) wraps each callable here, once per call, under Lightning's action
-names (``[Callback]<state_key>.<hook>``, ``[LightningModule]<class>.<hook>``); without one the
-callables are the bound methods themselves.
+list, so calling it costs a dictionary lookup and nothing per step.
+
+[Note: profiling at the dispatch]
+The loops reach the hooks and the strategy's per-batch steps only through this dispatch (the
+strategy's through :class:`StrategySteps`), so a profiler (``Trainer(profiler=...)``) times them
+here: each callable is wrapped once per call under Lightning's action names
+(``[Callback]<state_key>.<hook>``, ``[LightningModule]<class>.<hook>``,
+``[Strategy]<class>.<step>``), as Lightning's ``_call_strategy_hook`` times at its dispatch.
+Without a profiler the callables are the bound methods themselves: no cost per step. Nothing is
+replaced on the strategy or the loops.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ from typing import TYPE_CHECKING, Any
 from fullshard.batch_transfer import BATCH_TRANSFER_HOOKS, BatchTransfer
 from fullshard.datamodule import DataModule
 from fullshard.module import Module
+from fullshard.profilers.base import PassThroughProfiler, Profiler
 from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from fullshard.trainer.preflight import overrides
 
 if TYPE_CHECKING:
+    from fullshard.strategies.strategy import Strategy
     from fullshard.trainer.trainer import Trainer
 
 HOOK_NAMES = [name for name in vars(Callback) if name.startswith("on_") or name in ("setup", "teardown")]
@@ -36,8 +44,8 @@ class Hooks:
     def __init__(self, trainer: Trainer, callbacks: Iterable[Callback], module: Module) -> None:
         self.module = module
         self._calls: dict[str, list[Callable[..., Any]]] = {}
-        profiler = getattr(trainer, "profiler", None)
-        wrap = profiler.wrap if profiler is not None else _unwrapped
+        profiler = trainer.profiler
+        wrap = profiler.wrap
         self._wrap = wrap
         self._module_hooks: dict[str, Callable[..., Any] | None] = {}
         callbacks = list(callbacks)
@@ -60,11 +68,8 @@ class Hooks:
                 calls.append(module_hook)
             calls += [callback_call(cb, name) for cb in monitoring]
             self._calls[name] = calls
-        strategy = getattr(trainer, "strategy", None)
-        if strategy is not None:
-            strategy.batch_transfer = resolve_batch_transfer(
-                module, getattr(trainer, "datamodule", None), wrap
-            )
+        transfer = resolve_batch_transfer(module, trainer.datamodule, wrap)
+        self.steps = StrategySteps(trainer.strategy, transfer, profiler)
 
     def __getitem__(self, name: str) -> list[Callable[..., Any]]:
         return self._calls.get(name, [])
@@ -85,6 +90,35 @@ class Hooks:
                 )
             self._module_hooks[name] = found
         return self._module_hooks[name]
+
+
+class StrategySteps:
+    """The strategy's per-batch calls as the loops make them: its bound methods, or each timed
+    by the profiler ([Note: profiling at the dispatch]); ``batch_to_device`` is given the
+    batch-transfer hooks of the call (an argument, not state the strategy keeps)."""
+
+    def __init__(self, strategy: Strategy, transfer: BatchTransfer | None, profiler: Profiler) -> None:
+        self.batch_to_device: Callable[..., Any] = functools.partial(
+            strategy.batch_to_device, transfer=transfer
+        )
+        self.training_step: Callable[..., Any] = strategy.training_step
+        self.backward: Callable[..., Any] = strategy.backward
+        self.optimizer_step: Callable[..., Any] = strategy.optimizer_step
+        self.evaluation_step: Callable[..., Any] = strategy.evaluation_step
+        if isinstance(profiler, PassThroughProfiler):
+            return
+        kind, wrap = type(strategy).__name__, profiler.wrap
+        self.batch_to_device = wrap(f"[Strategy]{kind}.batch_to_device", self.batch_to_device)
+        self.training_step = wrap(f"[Strategy]{kind}.training_step", self.training_step)
+        self.backward = wrap(f"[Strategy]{kind}.backward", self.backward)
+        self.optimizer_step = wrap(f"[Strategy]{kind}.optimizer_step", self.optimizer_step)
+        evaluation_step = self.evaluation_step
+
+        def profiled_evaluation_step(method: str, batch: Any, batch_idx: int, *extra: Any) -> Any:
+            with profiler.profile(f"[Strategy]{kind}.{method}"):  # extra: dataloader_idx with several loaders
+                return evaluation_step(method, batch, batch_idx, *extra)
+
+        self.evaluation_step = profiled_evaluation_step
 
 
 def _unwrapped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:

@@ -33,7 +33,8 @@ from fullshard.module import Module
 from fullshard.trainer.preflight import overrides
 
 if TYPE_CHECKING:
-    from fullshard.trainer.hooks import Hooks
+    from fullshard.strategies.strategy import Strategy
+    from fullshard.trainer.hooks import Hooks, StrategySteps
     from fullshard.trainer.loops.progress import Progress
     from fullshard.trainer.nonfinite import NonFiniteLoss
     from fullshard.trainer.trainer import Trainer
@@ -191,6 +192,11 @@ class Optimization:
             self._module = self.trainer.lightning_module
         return self._module
 
+    def _steps(self) -> StrategySteps | Strategy:
+        """The strategy's steps through the Trainer's dispatch ([Note: profiling at the dispatch]
+        in fullshard.trainer.hooks); the strategy itself before a call set the hooks up."""
+        return self._hooks.steps if self._hooks is not None else self.trainer.strategy
+
     # ------------------------------------------------------------------ shared pieces
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """``on_before_backward``, the backward (the module's ``backward`` hook, when it
@@ -200,7 +206,7 @@ class Optimization:
         if hooks is not None:
             hooks.call("on_before_backward", loss)
         module_backward = self._require_module().backward if self._backward_hook else None
-        self.trainer.strategy.backward(loss, *args, backward=module_backward, **kwargs)
+        self._steps().backward(loss, *args, backward=module_backward, **kwargs)
         if hooks is not None:
             hooks.call("on_after_backward")
 
@@ -264,7 +270,7 @@ class Optimization:
                 )
             elif trainer.gradient_clip_val is not None:
                 self.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
-        trainer.strategy.optimizer_step(optimizer, **kwargs)
+        self._steps().optimizer_step(optimizer, **kwargs)
         if self.manual:
             self.progress.global_step += 1
         return result
@@ -336,7 +342,7 @@ class Optimization:
     def manual_batch(self, batch: Any, batch_idx: int) -> Any:
         """One batch of manual optimization: ``training_step`` and nothing else. Returns what
         ``on_train_batch_end`` receives: the output as a dict, its ``"loss"`` detached (Lightning's)."""
-        output = self.trainer.strategy.training_step(batch, batch_idx)
+        output = self._steps().training_step(batch, batch_idx)
         if output is None:
             return {}
         if isinstance(output, torch.Tensor):

@@ -457,7 +457,8 @@ class Trainer(TrainerProperties):
             raise RuntimeError(
                 "save_checkpoint() needs a model that was set up by fit(), validate(), test() or predict() first."
             )
-        self.checkpoint_manager.save(filepath, weights_only, storage_options)
+        with self.profiler.profile("save_checkpoint"):  # as Lightning's; [Note: profiling at the dispatch]
+            self.checkpoint_manager.save(filepath, weights_only, storage_options)
 
     def _preflight(self, stage: str, model: Any, sources: DataSources) -> None:
         check_call(stage, model, sources)

@@ -24,18 +24,6 @@ if TYPE_CHECKING:
     from fullshard.trainer.callbacks import Callback
     from fullshard.trainer.trainer import Trainer
 
-_LOOP_STATE = ("_hooks", "preemption", "reload", "val_check_batch")
-_SETTINGS = (
-    "max_steps",
-    "limit_train_batches",
-    "limit_val_batches",
-    "num_sanity_val_steps",
-    "loggers",
-    "should_stop",
-    "lr_scheduler_configs",
-    "optimizers",
-)
-
 
 class Snapshot:
     """What a search may change, recorded to be put back by :meth:`restore`."""
@@ -46,17 +34,21 @@ class Snapshot:
         self.scheduler_states = [
             copy.deepcopy(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs
         ]
-        self.settings = {name: getattr(trainer, name) for name in _SETTINGS}
-        self.settings["lr_scheduler_configs"] = list(trainer.lr_scheduler_configs)
-        self.settings["loggers"] = list(trainer.loggers)
-        fit_loop = trainer.fit_loop
-        self.progress = copy.deepcopy(vars(fit_loop.progress))
-        self.loader = (fit_loop.train_loader, fit_loop.num_training_batches)
-        self.metrics = trainer.metrics_collector.snapshot()
-        self.modes = {name: m.training for name, m in module.named_modules()}
+        self.settings = (
+            trainer.max_steps,
+            trainer.limit_train_batches,
+            trainer.limit_val_batches,
+            trainer.num_sanity_val_steps,
+            list(trainer.loggers),
+            trainer.should_stop,
+            list(trainer.lr_scheduler_configs),
+            trainer.optimizers,
+        )
         # A search from a hook inside training (a LearningRateFinder subclass at an epoch's start)
         # runs the fit loop within the running one: what that run sets up for itself is put back.
-        self.loop_state = {name: getattr(fit_loop, name) for name in _LOOP_STATE}
+        self.fit_loop = trainer.fit_loop.snapshot()
+        self.metrics = trainer.metrics_collector.snapshot()
+        self.modes = {name: m.training for name, m in module.named_modules()}
         validate = trainer.validate_loop
         self.val_loaders = (validate.loaders, validate.max_batches)
         collector = trainer.metrics_collector
@@ -65,28 +57,28 @@ class Snapshot:
 
     def restore(self, trainer: Trainer, module: Module) -> None:
         copy_into(local_tensors(module), self.tensors, trainer.strategy.model)
-        for name, value in self.settings.items():
-            setattr(trainer, name, value)
+        (
+            trainer.max_steps,
+            trainer.limit_train_batches,
+            trainer.limit_val_batches,
+            trainer.num_sanity_val_steps,
+            trainer.loggers,
+            trainer.should_stop,
+            trainer.lr_scheduler_configs,
+            trainer.optimizers,
+        ) = self.settings
         for optimizer, state in zip(trainer.optimizers, self.optimizer_states, strict=True):
             optimizer.load_state_dict(state)
         for config, state in zip(trainer.lr_scheduler_configs, self.scheduler_states, strict=True):
             config.scheduler.load_state_dict(state)
-        fit_loop = trainer.fit_loop
-        vars(fit_loop.progress).clear()
-        vars(fit_loop.progress).update(copy.deepcopy(self.progress))
-        fit_loop.train_loader, fit_loop.num_training_batches = self.loader
         collector = trainer.metrics_collector
         collector.restore(self.metrics)
         collector.stage, collector.in_step = self.metrics_stage
         for name, m in module.named_modules():
             m.train(self.modes.get(name, m.training))
         trainer.is_last_batch, trainer.batch_idx_start = self.batch_state
-        for name, value in self.loop_state.items():
-            setattr(fit_loop, name, value)
+        trainer.fit_loop.restore(self.fit_loop, module)
         trainer.validate_loop.loaders, trainer.validate_loop.max_batches = self.val_loaders
-        outer_hooks = self.loop_state["_hooks"]
-        if outer_hooks is not None:  # searched during training: the running loop's steps use its hooks again
-            fit_loop.optimization.setup(module, outer_hooks, fit_loop.nonfinite)
 
 
 def rebuild_train_loader(trainer: Trainer, module: Module) -> None:

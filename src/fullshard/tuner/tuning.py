@@ -90,8 +90,8 @@ class Tuner:
             early_stop_threshold=early_stop_threshold,
             update_attr=update_attr,
             attr_name=attr_name,
+            early_exit=True,
         )
-        finder._early_exit = True
         trainer.callbacks = [finder, *trainer.callbacks]
         try:
             trainer.fit(model, train_dataloaders, val_dataloaders, datamodule)
@@ -146,8 +146,8 @@ class Tuner:
             batch_arg_name=batch_arg_name,
             margin=margin,
             max_val=max_val,
+            early_exit=True,
         )
-        finder._early_exit = True
         trainer.callbacks = [finder, *trainer.callbacks]
         try:
             trainer.fit(model, train_dataloaders, val_dataloaders, datamodule)

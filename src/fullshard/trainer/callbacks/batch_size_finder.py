@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 class BatchSizeFinder(Callback):
     """Runs :meth:`fullshard.tuner.Tuner.scale_batch_size`'s search in ``on_fit_start`` and
     trains on with the batch size found (the weights it started with are put back). The
-    arguments are :meth:`~fullshard.tuner.Tuner.scale_batch_size`'s. Works with several
+    arguments are :meth:`~fullshard.tuner.Tuner.scale_batch_size`'s (``early_exit=True``,
+    fullshard's, keyword only: end the ``fit`` call once the search is done, as the Tuner runs
+    it). Works with several
     processes too: a trial counts as out of memory when any process ran out (Lightning refuses
     distributed runs); an out-of-memory error inside a collective can still leave the other
     processes waiting in it.
@@ -40,6 +42,8 @@ class BatchSizeFinder(Callback):
         batch_arg_name: str = "batch_size",
         margin: float = 0.05,
         max_val: int = 8192,
+        *,
+        early_exit: bool = False,
     ) -> None:
         mode = mode.lower()
         if mode not in self.SUPPORTED_MODES:
@@ -54,7 +58,7 @@ class BatchSizeFinder(Callback):
         self._batch_arg_name = batch_arg_name
         self._margin = margin
         self._max_val = max_val
-        self._early_exit = False
+        self._early_exit = early_exit
 
     @override
     def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:

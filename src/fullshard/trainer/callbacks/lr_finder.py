@@ -19,7 +19,8 @@ class LearningRateFinder(Callback):
     suggested learning rate (``update_attr``) and lets the fit go on from the weights it
     started with. Subclass it and call :meth:`lr_find` from another hook to search again later
     (at given epochs, say). The arguments are :meth:`~fullshard.tuner.Tuner.lr_find`'s
-    (``num_training_steps`` is its ``num_training``).
+    (``num_training_steps`` is its ``num_training``); ``early_exit=True`` (fullshard's, keyword
+    only) ends the ``fit`` call once the search is done, as the Tuner runs it.
 
     Raises:
         ValueError: for a ``mode`` other than ``"linear"``/``"exponential"``.
@@ -36,6 +37,8 @@ class LearningRateFinder(Callback):
         early_stop_threshold: float | None = 4.0,
         update_attr: bool = True,
         attr_name: str = "",
+        *,
+        early_exit: bool = False,
     ) -> None:
         mode = mode.lower()
         if mode not in self.SUPPORTED_MODES:
@@ -51,7 +54,7 @@ class LearningRateFinder(Callback):
         self._early_stop_threshold = early_stop_threshold
         self._update_attr = update_attr
         self._attr_name = attr_name
-        self._early_exit = False
+        self._early_exit = early_exit
         self.optimal_lr: LRFinder | None = None
 
     def lr_find(self, trainer: Trainer, pl_module: Module) -> None:

@@ -88,8 +88,7 @@ def log_run_start(trainer: Trainer, model: Module, datamodule: DataModule | None
 
 def _agree_on_versions(trainer: Trainer) -> None:
     """Give every process rank 0's version of each file-based logger (collective), so that
-    ``logger.log_dir`` names the one run folder on every rank: another rank choosing by itself
-    would find rank 0's new ``version_N`` and pick ``version_N+1``."""
+    ``logger.log_dir`` names the one run folder on every rank (see ``VersionedLogger.use_version``)."""
     from fullshard.trainer.loggers.files import VersionedLogger
 
     loggers = [lg for lg in trainer.loggers if isinstance(lg, VersionedLogger)]
@@ -97,7 +96,7 @@ def _agree_on_versions(trainer: Trainer) -> None:
         return
     versions = trainer.strategy.broadcast([lg.version if trainer.is_global_zero else None for lg in loggers])
     for logger, version in zip(loggers, versions, strict=True):
-        logger._version = version
+        logger.use_version(version)
 
 
 def send_to_loggers(

@@ -48,6 +48,12 @@ class VersionedLogger(Logger):
             self._version = self._next_version()
         return self._version
 
+    def use_version(self, version: int | str | None) -> None:
+        """Write under ``version`` from now on: the Trainer gives every process rank 0's choice,
+        so that all of them name one run folder (another rank choosing by itself would find rank
+        0's new ``version_N`` and pick ``version_N+1``)."""
+        self._version = version
+
     # root_dir and log_dir read `save_dir`, `name` and `version` through the properties, so a
     # subclass that overrides one of them moves the folders with it (as in Lightning).
     @property

@@ -225,7 +225,7 @@ class EvaluationLoop:
     ) -> None:
         trainer, metrics, stage = self.trainer, self.metrics, self.stage
         name = _HOOK_STAGE[stage]
-        strategy = trainer.strategy
+        steps = hooks.steps  # [Note: profiling at the dispatch] in fullshard.trainer.hooks
         batch_start = hooks[f"on_{name}_batch_start"]
         batch_end = hooks[f"on_{name}_batch_end"]
         method = f"{name}_step"
@@ -239,14 +239,14 @@ class EvaluationLoop:
             except StopIteration:
                 break
             stuck_ranks.kick(stage, batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
-            batch = strategy.batch_to_device(batch, dataloader_idx=index)
+            batch = steps.batch_to_device(batch, dataloader_idx=index)
             metrics.set_batch(batch)
             if writers:
                 self.current_batch_indices = recorder.indices(batch_idx) if recorder is not None else []
                 self._epoch_batch_indices[index].append(self.current_batch_indices)
             for hook in batch_start:
                 hook(batch, batch_idx, *extra)
-            output = strategy.evaluation_step(method, batch, batch_idx, *extra)
+            output = steps.evaluation_step(method, batch, batch_idx, *extra)
             if predictions is not None:
                 predictions.append(output)
             if output is None and stage == "predict" and not self._said_none:

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import signal
 
     from fullshard.trainer.data import PreparedLoader
-    from fullshard.trainer.hooks import Hooks
+    from fullshard.trainer.hooks import Hooks, StrategySteps
     from fullshard.trainer.loops.evaluation_loop import EvaluationLoop
     from fullshard.trainer.metrics import MetricsCollector
     from fullshard.trainer.preflight import DataSources
@@ -143,6 +143,19 @@ class FitLoop:
         """Keep a checkpoint's loop state (with its ``world_size``) until the loop starts: it is
         put back after ``on_fit_start``, as in Lightning."""
         self.progress.pending = state
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """What a tuner's trial run changes here, for :meth:`restore` (see fullshard.tuner.search)."""
+        settings = (self.train_loader, self.num_training_batches, self.val_check_batch, self.preemption)
+        return (self.progress.snapshot(), self._hooks, self.reload, *settings)
+
+    def restore(self, snapshot: tuple[Any, ...], module: Module) -> None:
+        """Put back what :meth:`snapshot` recorded (searched inside training: its hooks again)."""
+        progress, self._hooks, self.reload, self.train_loader, *settings = snapshot
+        self.num_training_batches, self.val_check_batch, self.preemption = settings
+        self.progress.restore(progress)
+        if self._hooks is not None:
+            self.optimization.setup(module, self._hooks, self.nonfinite)
 
     def samples_in_epoch(self) -> int | None:
         """How many positions of this epoch's order the processes together have consumed (see
@@ -279,7 +292,8 @@ class FitLoop:
             while not self.done():
                 if self.reload.before_epoch(self):  # reload_dataloaders_every_n_epochs
                     self._iterate_rebuilt_loader()
-                self.run_epoch()
+                with trainer.profiler.profile("run_training_epoch"):  # [Note: profiling at the dispatch]
+                    self.run_epoch()
             hooks.call("on_train_end")
         finally:
             self._first_batches = None
@@ -334,7 +348,7 @@ class FitLoop:
         trainer, progress, metrics = self.trainer, self.progress, self.metrics
         hooks = self._hooks
         assert hooks is not None and self.train_loader is not None
-        strategy = trainer.strategy
+        strategy, steps = trainer.strategy, hooks.steps
         module = trainer.lightning_module
         num_batches = self.num_training_batches
         start = progress.batches_in_epoch
@@ -373,7 +387,7 @@ class FitLoop:
                 )
                 break
             stuck_ranks.kick("train", batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
-            batch = strategy.batch_to_device(batch)
+            batch = steps.batch_to_device(batch)
             metrics.set_batch(batch)
             trainer.is_last_batch = iterator.done if iterator.ahead else batch_idx + 1 == num_batches
             for hook in batch_start_callbacks:
@@ -396,12 +410,12 @@ class FitLoop:
                     batch,
                     batch_idx,
                     boundary,
-                    functools.partial(self._training_step, batch, batch_idx, boundary),
+                    functools.partial(self._training_step, steps, batch, batch_idx, boundary),
                 )
             else:
                 # [Note: a training step that returns None] in step_output.py
                 with strategy.no_backward_sync(enabled=not boundary):
-                    output, loss = self._training_step(batch, batch_idx, boundary)
+                    output, loss = self._training_step(steps, batch, batch_idx, boundary)
                     if loss is not None:
                         nonfinite_check.observe(loss, batch_idx)
                     if batch_idx % accumulate == 0:
@@ -414,7 +428,7 @@ class FitLoop:
                             loss = loss / accumulate
                         for hook in before_backward:
                             hook(loss)
-                        strategy.backward(loss)
+                        steps.backward(loss)
                         for hook in after_backward:
                             hook()
                 stepped = boundary and nonfinite_check.step_allowed(trainer)
@@ -480,10 +494,12 @@ class FitLoop:
         iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start, resumed)
         return Fetcher(iterator, ahead=math.isinf(self.num_training_batches))
 
-    def _training_step(self, batch: Any, batch_idx: int, boundary: bool) -> tuple[Any, torch.Tensor | None]:
+    def _training_step(
+        self, steps: StrategySteps, batch: Any, batch_idx: int, boundary: bool
+    ) -> tuple[Any, torch.Tensor | None]:
         """``training_step`` and its loss; a batch without one (None) is agreed on by every rank
         (see [Note: a training step that returns None] in step_output.py)."""
-        output = self.trainer.strategy.training_step(batch, batch_idx)
+        output = steps.training_step(batch, batch_idx)
         loss = step_output.extract_loss(output)
         if loss is None:
             step_output.warn_none_once()
@@ -506,7 +522,7 @@ class FitLoop:
                 hook(optimizer)
             if trainer.gradient_clip_val is not None:
                 strategy.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
-            strategy.optimizer_step(optimizer)
+            hooks.steps.optimizer_step(optimizer)
 
     def _step_schedulers(self, interval: str, *, plateau: bool, count: int | None = None) -> None:
         """Step the schedulers of ``interval`` that are (or are not) ``ReduceLROnPlateau``, whose

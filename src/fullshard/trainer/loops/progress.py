@@ -4,6 +4,8 @@ writer; the Trainer's ``current_epoch`` and ``global_step`` read it, and a check
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,6 +115,16 @@ class Progress:
         self.resumed_draws = EpochDraws(rng_state, order_state)
         self.epoch_finished = False
         self.epoch_end_pending = bool(state.get("epoch_finished"))
+
+    def snapshot(self) -> Progress:
+        """A copy of the whole record, in memory (more than :meth:`state_dict` keeps: what a
+        checkpoint pending or restored holds too), for :meth:`restore`."""
+        return copy.deepcopy(self)
+
+    def restore(self, snapshot: Progress) -> None:
+        """Become what :meth:`snapshot` recorded (this object stays: the loops hold it)."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, copy.deepcopy(getattr(snapshot, field.name)))
 
     def start_next_epoch(self) -> None:
         """Move on to the next epoch, at its first batch."""
