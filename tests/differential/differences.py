@@ -77,6 +77,15 @@ TOPICS: list[tuple[str, str]] = [
         r"no pre-optimization state was saved|that is AFTER its optimizer\.step\(\) calls",
     ),
     (
+        "fit without ckpt_path resumes from 'last' because of an OnExceptionCheckpoint",
+        r"`\.fit\(ckpt_path=None\)` was called without a model\. The last model of the previous `fit`"
+        r"|without ckpt_path, with an OnExceptionCheckpoint callback, resumes from the newest",
+    ),
+    (
+        "ckpt_path='last' found no checkpoint",
+        r"ckpt_path=\"last\"\) is set, but there is no last checkpoint available|\(ckpt_path='last'\) found no checkpoint",
+    ),
+    (
         "a batch-transfer hook in both the module and the DataModule",
         r"overridden `\w+` in both `LightningModule` and `LightningDataModule`"
         r"|overridden `\w+` in both the Module and the DataModule",

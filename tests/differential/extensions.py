@@ -52,13 +52,21 @@ def draw(seed: int, base: dict[str, Any]) -> dict[str, Any]:
     for kind in CALLBACKS:
         if rng.random() >= 0.06:
             continue
+        # mostly scripts the callback can run in (what Lightning refuses is drawn rarely)
         if kind in ("BackboneFinetuning", "LearningRateFinder") and not automatic_single:
+            continue
+        if kind in ("StochasticWeightAveraging", "GradientAccumulationScheduler") and not automatic_single:
+            continue
+        if kind == "GradientAccumulationScheduler" and "accumulate_grad_batches" in base["trainer"]:
+            continue
+        if kind == "OnExceptionCheckpoint" and not base["trainer"]["enable_checkpointing"]:
             continue
         args: dict[str, Any] = {}
         if kind == "StochasticWeightAveraging":
             args = {"swa_lrs": _pick(rng, 0.05, 0.01), "swa_epoch_start": _pick(rng, 1, 0.5, 2)}
         elif kind == "GradientAccumulationScheduler":
-            args = {"scheduling": _pick(rng, {0: 2}, {0: 1, 1: 2}, {1: 3})}
+            # [epoch, factor] pairs: the spec is JSON, whose keys are strings
+            args = {"scheduling": _pick(rng, [[0, 2]], [[0, 1], [1, 2]], [[1, 3]])}
         elif kind == "Timer":
             args = {"duration": "00:00:10:00", "interval": _pick(rng, "step", "epoch")}
         elif kind == "BackboneFinetuning":
@@ -177,7 +185,7 @@ def module_init(s: dict[str, Any]) -> list[str]:
         out.append("        self.backbone = nn.Linear(4, 4)")
     if more.get("metric"):
         out.append(f"        self.metric = torchmetrics.{more['metric']['kind']}()")
-    if more.get("lr_find"):
+    if tunes_lr(s):
         out.append("        self.lr = 0.05")
     return out
 
@@ -201,8 +209,15 @@ def optimizer_params(s: dict[str, Any], default: str) -> str:
     return "filter(lambda p: p.requires_grad, self.parameters())" if backbone(s) else default
 
 
+def tunes_lr(s: dict[str, Any]) -> bool:
+    """Whether the learning-rate finder runs (its attribute ``lr`` is then the optimizer's)."""
+    return bool(_more(s).get("lr_find")) or any(
+        c["kind"] == "LearningRateFinder" for c in _more(s).get("callbacks", [])
+    )
+
+
 def learning_rate(s: dict[str, Any], default: str) -> str:
-    return "self.lr" if _more(s).get("lr_find") else default
+    return "self.lr" if tunes_lr(s) else default
 
 
 def datamodule_lines(s: dict[str, Any]) -> tuple[str, list[str]]:
@@ -227,6 +242,8 @@ def callback_calls(s: dict[str, Any]) -> list[str]:
             )
         elif c["kind"] == "PredictionWriter":
             out.append(f"Writer({args['write_interval']!r})")
+        elif c["kind"] == "GradientAccumulationScheduler":
+            out.append(f"GradientAccumulationScheduler(scheduling={dict(map(tuple, args['scheduling']))!r})")
         else:
             out.append(f"{c['kind']}({', '.join(f'{k}={v!r}' for k, v in args.items())})")
     return out

@@ -96,6 +96,28 @@ class CheckpointManager:
             warn_not_plain({k: v for k, v in checkpoint.items() if k not in TENSOR_ENTRIES})
         return checkpoint
 
+    def restore_after_search(self, checkpoint: dict[str, Any]) -> None:
+        """Give the DataModule, the module and the callbacks back what :meth:`dump` took before a
+        tuner's search (their states and load hooks, in the order Lightning's tuners restore the
+        checkpoint they save first); the search puts the tensors and loops back itself."""
+        trainer = self._trainer
+        module = trainer.lightning_module
+        datamodule = trainer.datamodule
+        if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
+            datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
+        module.on_load_checkpoint(checkpoint)
+        # the weights as the checkpoint holds them (a save hook may have put others there, as
+        # WeightAveraging puts its average), before the callbacks' load hooks
+        strategy = trainer.strategy
+        full = strategy.state_dict_type != "sharded"
+        strategy.set_state(checkpoint["state_dict"], [], [], full=full, from_rank0=False)
+        for callback in trainer.callbacks:
+            callback.on_load_checkpoint(trainer, module, checkpoint)
+        callback_states = checkpoint.get("callbacks", {})
+        for callback in trainer.callbacks:
+            if callback.state_key in callback_states:
+                callback.load_state_dict(callback_states[callback.state_key])
+
     def save(self, path: str | Path, weights_only: bool = False, storage_options: Any = None) -> None:
         """Build the checkpoint (:meth:`dump`) and write it to ``path`` in the strategy's format;
         with ``async_save`` the files are written in the background (see
@@ -353,7 +375,9 @@ def newest_checkpoint(trainer: Trainer, stage: str) -> str | None:
 
     newest: str | None = None
     if trainer.is_global_zero:
-        found = [p for cb in trainer.checkpoint_callbacks if (p := cb.newest_checkpoint()) is not None]
+        # every checkpointing callback's (ModelCheckpoint's newest, OnExceptionCheckpoint's file)
+        newest_of = [getattr(cb, "newest_checkpoint", None) for cb in trainer.callbacks]
+        found = [p for newest in newest_of if newest is not None and (p := newest()) is not None]
         newest = max(found, key=lambda p: commit_time(Path(p))) if found else None
     newest = trainer.strategy.broadcast(newest)
     if newest is None and trainer.is_global_zero:

@@ -30,6 +30,7 @@ from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
 from fullshard.trainer import arguments, call, nonfinite, preemption, states
 from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.callbacks.on_exception_checkpoint import fit_resume_path
 from fullshard.trainer.devices import configure_torch, configured_strategy
 from fullshard.trainer.hooks import Hooks, start_fit
 from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log_run_start
@@ -335,7 +336,7 @@ class Trainer(TrainerProperties):
         )
         sources = make_sources(datamodule, train=train_dataloaders, val=val_dataloaders)
         self._preflight("fit", model, sources)
-        self._launch("fit", model, sources, ckpt_path)
+        self._launch("fit", model, sources, fit_resume_path(self, ckpt_path))
 
     def validate(
         self,

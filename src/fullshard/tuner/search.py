@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from fullshard.trainer.callbacks.local_state import clone_to, copy_into, local_tensors
+from fullshard.trainer.loggers.base import DummyLogger
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -29,6 +30,9 @@ class Snapshot:
     """What a search may change, recorded to be put back by :meth:`restore`."""
 
     def __init__(self, trainer: Trainer, module: Module) -> None:
+        # the Trainer's state through the save hooks, as Lightning's tuners save a checkpoint
+        # before they search (and restore it through the load hooks after)
+        self.checkpoint = trainer.checkpoint_manager.dump()
         self.tensors = clone_to(local_tensors(module), None)
         self.optimizer_states = [copy.deepcopy(o.state_dict()) for o in trainer.optimizers]
         self.scheduler_states = [
@@ -79,6 +83,8 @@ class Snapshot:
         trainer.is_last_batch, trainer.batch_idx_start = self.batch_state
         trainer.fit_loop.restore(self.fit_loop, module)
         trainer.validate_loop.loaders, trainer.validate_loop.max_batches = self.val_loaders
+        # the load hooks see the Trainer as it was before the search, as under Lightning
+        trainer.checkpoint_manager.restore_after_search(self.checkpoint)
 
 
 def rebuild_train_loader(trainer: Trainer, module: Module) -> None:
@@ -86,6 +92,7 @@ def rebuild_train_loader(trainer: Trainer, module: Module) -> None:
     does, so that the fit that follows asks for it once, before its ``on_fit_start`` hooks."""
     sources: Any = trainer.data_sources  # the running fit's
     trainer.fit_loop.setup_train_loader(sources.get("train", module))
+    trainer.fit_loop.warn_if_few_batches()  # Lightning's set-up of the rebuilt loader says it again
 
 
 def rebuild_val_loaders(trainer: Trainer, module: Module, snapshot: Snapshot) -> None:
@@ -99,13 +106,14 @@ def rebuild_val_loaders(trainer: Trainer, module: Module, snapshot: Snapshot) ->
 
 def run_trial(trainer: Trainer, module: Module, callbacks: Iterable[Callback]) -> None:
     """Run the fit loop once with only ``callbacks`` (and the module's own hooks), as set up
-    by the caller (``max_steps``, limits, schedulers). No sanity validation, no loggers."""
+    by the caller (``max_steps``, limits, schedulers). No sanity validation; nothing logged."""
     from fullshard.trainer.hooks import Hooks
 
     sources: Any = trainer.data_sources  # the running fit's (the search runs inside fit)
     hooks = Hooks(trainer, list(callbacks), module)
     trainer.num_sanity_val_steps = 0
-    trainer.loggers = []
+    # Lightning's: a logger that drops everything in place of the run's (none where it had none)
+    trainer.loggers = [DummyLogger()] if trainer.loggers else []
     trainer.should_stop = False
     fit_loop = trainer.fit_loop
     fit_loop.train_loader = None  # built for this trial's settings

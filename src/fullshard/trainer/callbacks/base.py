@@ -185,3 +185,8 @@ class Callback:
 class Checkpoint(Callback):
     """The base class of callbacks that save checkpoints (:class:`ModelCheckpoint`), as Lightning's:
     ``isinstance(callback, Checkpoint)`` finds them."""
+
+    def newest_checkpoint(self) -> str | None:
+        """The newest complete checkpoint this callback wrote that ``fit(ckpt_path="last")`` may
+        resume from (None: none)."""
+        return None

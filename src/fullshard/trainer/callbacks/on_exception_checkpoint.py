@@ -17,6 +17,20 @@ if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
 
 
+def fit_resume_path(trainer: Trainer, ckpt_path: str | Path | None) -> str | Path | None:
+    """Lightning's rule: ``fit()`` without ``ckpt_path`` in a Trainer with an
+    :class:`OnExceptionCheckpoint` resumes from ``"last"`` (the on-exception checkpoint a failed
+    run left, or a ModelCheckpoint's newest), saying so."""
+    if ckpt_path is not None or not any(isinstance(cb, OnExceptionCheckpoint) for cb in trainer.callbacks):
+        return ckpt_path
+    rank_zero_warn(
+        "Trainer.fit() without ckpt_path, with an OnExceptionCheckpoint callback, resumes from the newest "
+        "checkpoint (ckpt_path='last'): the one a failed run left, else a ModelCheckpoint's, as Lightning does. "
+        "Pass ckpt_path (a path, 'last' or 'best') to choose, which also silences this warning."
+    )
+    return "last"
+
+
 class OnExceptionCheckpoint(Checkpoint):
     """Saves ``<dirpath>/<filename>.ckpt`` with ``trainer.save_checkpoint`` when the run raises
     (a ``KeyboardInterrupt`` included), so that training can resume from where it failed. A run
@@ -53,6 +67,10 @@ class OnExceptionCheckpoint(Checkpoint):
     def ckpt_path(self) -> str:
         """Where the checkpoint is written."""
         return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
+
+    @override
+    def newest_checkpoint(self) -> str | None:
+        return self.ckpt_path if Path(self.ckpt_path).is_file() else None
 
     @override
     def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:

@@ -56,6 +56,13 @@ class ShardAverage:
     @torch.no_grad()
     def update(self, module: torch.nn.Module) -> None:
         current = local_tensors(module)
+        if [t.shape for t in current] != [t.shape for t in self.tensors]:
+            raise RuntimeError(
+                f"WeightAveraging: the model's parameters and buffers are not those the average was made of "
+                f"({len(self.tensors)} tensors then, {len(current)} now, or of other shapes): a callback such as "
+                "ModelPruning re-parametrized the model during fit. Averaging them pairwise would mix unrelated "
+                "tensors; prune before fit (or after it), or train without one of the two callbacks."
+            )
         averaged = self.tensors if self.use_buffers else self.tensors[: self.num_params]
         sources = current if self.use_buffers else current[: self.num_params]
         if int(self.n_averaged) == 0:
@@ -188,6 +195,8 @@ class WeightAveraging(Callback):
 
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: Module, checkpoint: dict[str, Any]) -> None:
+        if self._average is None and self._fitting:  # saved from an earlier on_fit_start (a tuner's)
+            self._ensure_average(pl_module)
         if self._average is None:
             rank_zero_info(
                 "WeightAveraging: a checkpoint saved outside fit holds no averaging state; after training, the "

@@ -83,6 +83,7 @@ class FitLoop:
         self.early_loader: Any = None  # the given training loader, while rank 0 checks optimizers early
         self._hooks: Hooks | None = None
         self.reload = data_setup.ReloadSchedule()  # reload_dataloaders_every_n_epochs; made for each fit
+        self._announced = False
         # the run's first epoch, made before on_train_start (with the loader it reads)
         self._first_batches: tuple[Any, Fetcher] | None = None
 
@@ -90,6 +91,7 @@ class FitLoop:
     def setup_train_loader(self, loader: Any) -> None:
         """Prepare the training loader (``estimated_stepping_batches`` may ask for it early)."""
         self.train_loader, self.num_training_batches = data_setup.prepare(self.trainer, loader, "train")
+        self._announced = False  # warn_if_few_batches has not looked at it yet
 
     def estimated_stepping_batches(self, train_loader: Callable[[], Any] | None) -> int | float:
         """The number of optimizer steps ``fit`` will take, as Lightning estimates it.
@@ -285,7 +287,8 @@ class FitLoop:
             self.val_check_batch = data_setup.val_check_batch(
                 trainer, validate.num_batches if validate.loader is not None else 0, self.num_training_batches
             )
-            self.warn_if_few_batches()
+            if not self._announced:  # (a tuner's search announced the loader it rebuilt)
+                self.warn_if_few_batches()
             if checkpoint is not None and inside_epoch:
                 trainer.checkpoint_manager.restore_rng_states(checkpoint)
             hooks.call("on_train_start")
@@ -342,6 +345,7 @@ class FitLoop:
                 PossibleUserWarning,
                 stacklevel=1,
             )
+        self._announced = True
 
     def run_epoch(self) -> None:
         """One epoch (or its remainder, when resuming mid-epoch)."""
