@@ -161,7 +161,7 @@ def _loss_of(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
 def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     """The module's optimizer (``configure_optimizers``; AdamW for a plain module), for-loop step."""
     if hasattr(model, "configure_optimizers"):
-        from fullshard.trainer.optimizers import parse_optimizers
+        from fullshard.optimizer_config import parse_optimizers
 
         optimizers, _ = parse_optimizers(model.configure_optimizers())  # type: ignore[operator]
         if len(optimizers) != 1:
