@@ -265,7 +265,7 @@ def test_fewer_layers_extended_match_the_whole_simulation() -> None:
 
     module, data = Net(depth=12, width=32), batch(8, 32)
     candidate = Candidate("fsdp2", "FULL_SHARD", ("Block",), 0, False)
-    whole = simulate(meta_copy(module), data, candidate, world_size=2, mesh_shape=(2,), precision="32-true")
+    whole = simulate(meta_copy(module), data, candidate, layout=candidate.layout(2, 1), precision="32-true")
     extended = api._simulate(meta_copy(module), data, candidate, 12, 2, 1, "32-true", False)
     assert extended.peak == pytest.approx(whole.peak, rel=0.05)
     assert extended.split["params"] == pytest.approx(whole.split["params"], rel=0.02)
@@ -366,10 +366,11 @@ def test_the_step_cost_counts_ring_volumes_and_offload() -> None:
     from fullshard.planner.cost import step_cost
 
     device = DeviceSpec.for_type("cuda", 80 * 2**30)
-    common: dict[str, Any] = dict(numel=1000, flops=0, compute_bytes=2, reduce_bytes=4, param_bytes=4, devices=4, num_nodes=1, device=device)  # fmt: skip
+    common: dict[str, Any] = dict(numel=1000, flops=0, compute_bytes=2, reduce_bytes=4, param_bytes=4, num_nodes=1, device=device)  # fmt: skip
 
     def cost(sharding: str, offload: bool = False) -> Any:
-        return step_cost(Candidate("fsdp2", sharding, ("B",), 0, offload), **common)
+        candidate = Candidate("fsdp2", sharding, ("B",), 0, offload)
+        return step_cost(candidate, layout=candidate.layout(4, 1), **common)
 
     assert cost("FULL_SHARD").comm_bytes == (2 * 2000 + 4000) * 3 // 4
     assert cost("SHARD_GRAD_OP").comm_bytes == (2000 + 4000) * 3 // 4
@@ -387,10 +388,11 @@ def test_the_step_time_overlaps_on_cuda_adds_up_on_cpu_and_counts_each_collectiv
     from fullshard.planner.cost import step_cost
 
     def seconds(sharding: str, device: DeviceSpec, units: int = 1) -> float:
+        candidate = Candidate("fsdp2", sharding, ("B",), 0, False)
         return step_cost(
-            Candidate("fsdp2", sharding, ("B",), 0, False),
-            numel=10**6, flops=10**9, compute_bytes=4, reduce_bytes=4, param_bytes=4, devices=2, num_nodes=1,
-            device=device, units=units,
+            candidate,
+            numel=10**6, flops=10**9, compute_bytes=4, reduce_bytes=4, param_bytes=4, layout=candidate.layout(2, 1),
+            num_nodes=1, device=device, units=units,
         ).seconds  # fmt: skip
 
     # 1 s of compute; FULL_SHARD sends (2 x 4 MB + 4 MB) / 2 = 6 MB a step: 0.75 s at 8 MB/s

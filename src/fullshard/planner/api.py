@@ -228,17 +228,12 @@ def _simulate(
     count_flops: bool,
     device_type: str = "cuda",
 ) -> Simulated:
-    world = devices * num_nodes
-    mesh_shape = {"HYBRID_SHARD": (num_nodes, devices), "NO_SHARD": (world, 1)}.get(
-        candidate.sharding, (world,)
-    )
     run = functools.partial(
         simulate,
         model,
         batch,
         candidate,
-        world_size=world,
-        mesh_shape=mesh_shape,
+        layout=candidate.layout(devices, num_nodes),
         precision=precision,
         count_flops=count_flops,
         device_type=device_type,
@@ -300,7 +295,7 @@ def _row(
         compute_bytes=half,
         reduce_bytes=4 if precision.endswith("mixed") or precision == "32-true" else 2,
         param_bytes=2 if precision.endswith("true") and precision != "32-true" else 4,
-        devices=devices,
+        layout=candidate.layout(devices, num_nodes),
         num_nodes=num_nodes,
         device=spec,
         units=num_blocks + 1,

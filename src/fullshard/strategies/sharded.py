@@ -220,10 +220,11 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
     @override
     def _make_layout(self) -> ParallelLayout:
         self._check_job()
-        return self._layout_for(self.world_size)
+        return self.layout_for(self.world_size)
 
-    def _layout_for(self, world_size: int) -> ParallelLayout:
-        """The layout of ``world_size`` processes under these settings (the job's, or one planned ahead)."""
+    def layout_for(self, world_size: int) -> ParallelLayout:
+        """The layout of ``world_size`` processes under these settings (the job's, one planned ahead,
+        or a simulated job's for the memory planner)."""
         if self._sharding_name == "NO_SHARD":  # replicate over every process, shard over none
             return ParallelLayout(replicas=world_size, shards=1, mesh_dims=("replicate", "shard"))
         shape = self._given_mesh_shape()
@@ -278,8 +279,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         if world_size is None and self._layout is not None:
             layout = self._layout
         else:
-            layout = self._layout_for(self.world_size if world_size is None else world_size)
-        auto_wrap, checkpointing, found, notes = self._resolve_policies(model)
+            layout = self.layout_for(self.world_size if world_size is None else world_size)
+        auto_wrap, checkpointing, found, notes = self.resolve_policies(model)
         plan = build_plan(
             model,
             auto_wrap,
@@ -311,11 +312,10 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         """The sharding torch will run for ``layout`` (the one asked for, unless the engine changes it)."""
         return self._sharding_name
 
-    def _resolve_policies(
-        self, model: nn.Module
-    ) -> tuple[Policy | None, Policy | None, list[str], list[str]]:
+    def resolve_policies(self, model: nn.Module) -> tuple[Policy | None, Policy | None, list[str], list[str]]:
         """Both policies resolved against ``model`` (the auto-wrap one keeping tied parameters in
-        one unit), the warnings that raised (not emitted), and the plan's notes on ties."""
+        one unit), the warnings that raised (not emitted), and the wrap plan's notes on ties: what
+        the wrapping (the strategy's, and the memory planner's simulation of it) selects."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             auto_wrap = resolve_policy(self.auto_wrap_policy, model)
