@@ -19,9 +19,12 @@ configurations; it is not a profiler (docs/fsdp/plan.md, "Reading the table").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fullshard.planner.config import Candidate, DeviceSpec
-from fullshard.strategies.parallel_layout import ParallelLayout
+
+if TYPE_CHECKING:
+    from fullshard.strategies.parallel_layout import ParallelLayout
 
 
 @dataclass(frozen=True)

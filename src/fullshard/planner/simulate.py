@@ -35,7 +35,7 @@ import contextlib
 import copy
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -44,7 +44,9 @@ from torch.utils._pytree import tree_map_only
 from fullshard.errors import MisconfigurationError
 from fullshard.planner import torch_tools
 from fullshard.planner.config import Candidate
-from fullshard.strategies.parallel_layout import ParallelLayout
+
+if TYPE_CHECKING:
+    from fullshard.strategies.parallel_layout import ParallelLayout
 
 
 @dataclass(frozen=True)

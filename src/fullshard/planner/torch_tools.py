@@ -18,13 +18,15 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from fullshard.errors import MisconfigurationError
-from fullshard.strategies.parallel_layout import ParallelLayout
+
+if TYPE_CHECKING:
+    from fullshard.strategies.parallel_layout import ParallelLayout
 
 
 class PlannerUnavailableError(MisconfigurationError):

@@ -31,7 +31,7 @@ from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.policies import (
     Policy,
     WrapPlan,
-    build_plan,
+    build_wrap_plan,
     keep_tied_together,
     normalize_policy,
     resolve_policy,
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from fullshard.planner.config import Candidate
-    from fullshard.planner.in_strategy import AutoPlan
-    from fullshard.planner.result import Plan
+    from fullshard.planner.in_strategy import AutoPlanSetting
+    from fullshard.planner.result import MemoryPlan
 
 log = logging.getLogger("fullshard")
 
@@ -119,7 +119,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         start_method: str = "popen",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
-        plan: AutoPlan | None = None,
+        plan: AutoPlanSetting | None = None,
     ) -> None:
         super().__init__(
             process_group_backend=process_group_backend,
@@ -146,7 +146,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         self._mesh: DeviceMesh | None = None
         self._auto_plan = plan  # plan="auto": [Note: plan="auto"] in fullshard.planner.in_strategy
         #: with plan="auto", the planner's result on rank 0 (None elsewhere and without it)
-        self.memory_plan: Plan | None = None
+        self.memory_plan: MemoryPlan | None = None
 
     @property
     def mixed_precision_config(self) -> Any:
@@ -266,10 +266,11 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
     def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
         return super().tensor_init_context(self.empty_init if empty_init is None else empty_init)
 
-    def plan(
+    def plan_wrapping(
         self, model: nn.Module, world_size: int | None = None, optimizer_states_per_param: int = 2
     ) -> WrapPlan:
         """The wrap plan for ``model``: units, checkpointed modules, memory estimate. No process group needed.
+        (``plan`` is its older name; the memory planner is ``fullshard.plan`` and ``plan="auto"``.)
 
         Args:
             model: the unwrapped model (it may live on the meta device).
@@ -281,7 +282,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         else:
             layout = self.layout_for(self.world_size if world_size is None else world_size)
         auto_wrap, checkpointing, found, notes = self.resolve_policies(model)
-        plan = build_plan(
+        plan = build_wrap_plan(
             model,
             auto_wrap,
             checkpointing,
@@ -307,6 +308,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
                 f"{layout.shards} process(es) to shard over (torch's FSDP1 has nothing to split)"
             )
         return plan
+
+    plan = plan_wrapping  # the older name, kept: docs/fsdp/plan.md, "Which plan is which"
 
     def _planned_sharding(self, layout: ParallelLayout) -> str:
         """The sharding torch will run for ``layout`` (the one asked for, unless the engine changes it)."""
@@ -374,7 +377,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         self._param_shapes = {} if manually_wrapped else _full_shapes(module)
         if self._auto_plan is not None and not manually_wrapped:
             self._plan_automatically(module)
-        self.wrap_plan = self.plan(module)
+        self.wrap_plan = self.plan_wrapping(module)
         if self.wrap_plan.errors:
             raise MisconfigurationError(
                 "FSDP cannot wrap this model as planned:\n- " + "\n- ".join(self.wrap_plan.errors)
