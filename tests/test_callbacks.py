@@ -27,12 +27,12 @@ from torch.utils.data import DataLoader, TensorDataset
 import fullshard
 from conftest import quiet_trainer
 from fullshard.errors import MisconfigurationError
+from fullshard.optimizer_config import LRSchedulerConfig
 from fullshard.trainer.callbacks import model_checkpoint as mc_module
 from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.loggers import CSVLogger, Logger
-from fullshard.trainer.optimizers import LRSchedulerConfig
 
 
 # ================================================================================ fake trainer

@@ -131,7 +131,7 @@ def test_init_weights_override_applies_without_empty_init(tmp_path: Path) -> Non
 
 # ---------------------------------------------------------------------------- the wrap plan
 def _plan(model: nn.Module, **kwargs: object) -> object:
-    return FSDPStrategy(**kwargs).plan(model, world_size=2)  # type: ignore[arg-type]
+    return FSDPStrategy(**kwargs).plan_wrapping(model, world_size=2)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

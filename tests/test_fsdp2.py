@@ -154,7 +154,7 @@ def test_plan_is_printed_as_for_fsdp1() -> None:
             self.fc = nn.Linear(8, 8)
 
     model = nn.Sequential(Block(), Block(), nn.Linear(8, 2))
-    plan = FSDP2Strategy(auto_wrap_policy={Block}).plan(model, world_size=4)
+    plan = FSDP2Strategy(auto_wrap_policy={Block}).plan_wrapping(model, world_size=4)
     assert [u.name for u in plan.units] == ["", "0", "1"]
     assert plan.shard_size == 4
     assert "FULL_SHARD" in plan.summary()

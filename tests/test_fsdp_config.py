@@ -42,7 +42,7 @@ def test_registry_names() -> None:
 
 def test_plan_matches_a_hand_count() -> None:
     model = nn.Sequential(Block(), Block(), nn.Linear(10, 2))  # 130 + 130 + 22
-    plan = FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}).plan(
+    plan = FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}).plan_wrapping(
         model, world_size=8
     )
     assert [(u.name, u.numel) for u in plan.units] == [("", 22), ("0", 130), ("1", 130)]
@@ -65,18 +65,18 @@ def test_plan_matches_a_hand_count() -> None:
 
 def test_plan_for_other_sharding_strategies() -> None:
     model = nn.Sequential(Block(), Block(), nn.Linear(10, 2))
-    grad_op = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy="SHARD_GRAD_OP").plan(
+    grad_op = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy="SHARD_GRAD_OP").plan_wrapping(
         model, world_size=2
     )
     assert grad_op.estimate.params == 282 * 4 // 2 + 282 * 4  # shards + a full gathered copy
-    no_shard = FSDPStrategy(sharding_strategy="NO_SHARD").plan(model, world_size=2)
+    no_shard = FSDPStrategy(sharding_strategy="NO_SHARD").plan_wrapping(model, world_size=2)
     assert no_shard.shard_size == 1 and no_shard.estimate == no_shard.estimate_no_shard
-    offload = FSDPStrategy(auto_wrap_policy={Block}, cpu_offload=True).plan(model, world_size=2)
+    offload = FSDPStrategy(auto_wrap_policy={Block}, cpu_offload=True).plan_wrapping(model, world_size=2)
     assert offload.estimate.optimizer == 0 and offload.cpu_offload
     hybrid = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy="HYBRID_SHARD", device_mesh=(2, 4))
-    assert hybrid.plan(model, world_size=8).shard_size == 4
+    assert hybrid.plan_wrapping(model, world_size=8).shard_size == 4
     bf16 = FSDPStrategy(auto_wrap_policy={Block}, mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
-    assert bf16.plan(model, world_size=2).estimate.params == 282 * 4 // 2 + 2 * 130 * 2
+    assert bf16.plan_wrapping(model, world_size=2).estimate.params == 282 * 4 // 2 + 2 * 130 * 2
 
 
 @pytest.mark.parametrize("sharding", ["FULL_SHARD", "SHARD_GRAD_OP"])
@@ -84,25 +84,31 @@ def test_plan_for_one_gpu_says_fsdp1_runs_no_shard(sharding: str) -> None:
     """torch's FSDP1 shards over nothing with one process: it runs NO_SHARD, and the plan says so
     (FSDP2 still splits over its one rank)."""
     model = nn.Sequential(Block(), Block(), nn.Linear(10, 2))
-    one = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=sharding).plan(model, world_size=1)
+    one = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=sharding).plan_wrapping(
+        model, world_size=1
+    )
     assert one.sharding_strategy == "NO_SHARD" and one.estimate == one.estimate_no_shard
     assert one.notes == [
         f"sharding_strategy='{sharding}' runs as NO_SHARD with 1 process(es) to shard over "
         "(torch's FSDP1 has nothing to split)"
     ]
     assert "NO_SHARD over 1 of 1 rank(s)" in one.summary()
-    two = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=sharding).plan(model, world_size=2)
+    two = FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=sharding).plan_wrapping(
+        model, world_size=2
+    )
     assert two.sharding_strategy == sharding and two.notes == []
-    fsdp2 = fullshard.strategies.FSDP2Strategy(auto_wrap_policy={Block}).plan(model, world_size=1)
+    fsdp2 = fullshard.strategies.FSDP2Strategy(auto_wrap_policy={Block}).plan_wrapping(model, world_size=1)
     assert fsdp2.sharding_strategy == "FULL_SHARD" and fsdp2.notes == []
 
 
 def test_plan_warns_about_unmatched_policy_and_tied_parameters() -> None:
-    plan = FSDPStrategy(auto_wrap_policy={Block, nn.TransformerEncoderLayer}).plan(Tied(), world_size=2)
+    plan = FSDPStrategy(auto_wrap_policy={Block, nn.TransformerEncoderLayer}).plan_wrapping(
+        Tied(), world_size=2
+    )
     assert not plan.warnings  # one of the classes matches
-    plan = FSDPStrategy(auto_wrap_policy={nn.TransformerEncoderLayer}).plan(Tied(), world_size=2)
+    plan = FSDPStrategy(auto_wrap_policy={nn.TransformerEncoderLayer}).plan_wrapping(Tied(), world_size=2)
     assert any("auto_wrap_policy selects no submodule of Tied" in w for w in plan.warnings)
-    plan = FSDPStrategy(auto_wrap_policy={nn.Embedding, Block}).plan(Tied(), world_size=2)
+    plan = FSDPStrategy(auto_wrap_policy={nn.Embedding, Block}).plan_wrapping(Tied(), world_size=2)
     # the policy would split the tie: the plan keeps it in one unit and says so (not a warning)
     assert not plan.warnings
     assert any("tied parameters embed.weight, head.weight are kept in one unit" in n for n in plan.notes)
@@ -118,7 +124,7 @@ def test_one_module_under_two_names_is_not_a_tie() -> None:
     aliased.linear = inner
     aliased.seq = nn.Sequential(inner, nn.ReLU())  # the same Linear again: one owner, two names
     assert tied_parameter_groups(aliased) == []
-    assert not FSDPStrategy(auto_wrap_policy={nn.Linear}).plan(aliased, world_size=2).notes
+    assert not FSDPStrategy(auto_wrap_policy={nn.Linear}).plan_wrapping(aliased, world_size=2).notes
     assert tied_parameter_groups(Tied()) == [["embed.weight", "head.weight"]]  # two modules: a tie
     both = nn.Module()
     both.tied, both.alias = Tied(), None
@@ -132,7 +138,7 @@ def test_plan_on_the_meta_device_and_for_the_demo() -> None:
     with torch.device("meta"):
         model = Transformer(nlayers=4, ninp=64, nhid=128, nhead=4)
     policy = {nn.TransformerEncoderLayer, nn.TransformerDecoderLayer}
-    plan = FSDPStrategy(auto_wrap_policy=policy).plan(model, world_size=4)
+    plan = FSDPStrategy(auto_wrap_policy=policy).plan_wrapping(model, world_size=4)
     assert len(plan.units) == 9 and plan.total_numel == sum(p.numel() for p in model.parameters())
 
 
@@ -240,7 +246,7 @@ def test_class_name_that_matches_no_module() -> None:
         MisconfigurationError,
         match=r"auto_wrap_policy names the class 'Blok', but no module of that class is in the model\. Classes in the model: Block, Embedding",
     ):
-        FSDPStrategy(auto_wrap_policy=["Blok"]).plan(Tied(), world_size=2)
+        FSDPStrategy(auto_wrap_policy=["Blok"]).plan_wrapping(Tied(), world_size=2)
 
 
 def test_trainer_level_errors(tmp_path: Path) -> None:

@@ -469,10 +469,10 @@ def test_fsdp2_tensor_parallel_arguments_and_wrap_plan() -> None:
     fullshard.Trainer(accelerator="cpu", devices=4, strategy=checkpointed, compile=False)  # off: fine
     # the memory estimate per process: each parameter split 2 ways by TP, then 2 ways by FSDP
     model = job.LlamaModule()
-    tp = FSDP2Strategy(auto_wrap_policy={job.Block}, tensor_parallel_size=2, tp_plan=plan).plan(
+    tp = FSDP2Strategy(auto_wrap_policy={job.Block}, tensor_parallel_size=2, tp_plan=plan).plan_wrapping(
         model, world_size=4
     )
-    alone = FSDP2Strategy(auto_wrap_policy={job.Block}).plan(model, world_size=4)
+    alone = FSDP2Strategy(auto_wrap_policy={job.Block}).plan_wrapping(model, world_size=4)
     assert (tp.shard_size, tp.tensor_parallel_size) == (2, 2)
     assert "FULL_SHARD over 2 of 4 rank(s) x tensor parallel 2" in tp.summary()
     assert tp.estimate.optimizer == alone.estimate.optimizer  # sharded state: a quarter either way

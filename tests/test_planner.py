@@ -82,6 +82,10 @@ def test_sizes_parse_and_bad_ones_say_the_form() -> None:
         ),
         ({"device_type": "tpu"}, r"device_type='tpu' must be 'cuda' or 'cpu'"),
         ({"workers": 0}, r"workers=0 must be an int of at least 1 \(processes to simulate in\)"),
+        (
+            {"shardings": ("HYBRID_SHARD",)},
+            r"shardings=\('HYBRID_SHARD',\) leaves no candidate to weigh for 1 node\(s\) of 2 process\(es\)",
+        ),
     ],
 )
 def test_bad_arguments_say_what_is_accepted(kwargs: dict[str, Any], message: str) -> None:
@@ -193,9 +197,10 @@ def test_a_process_with_other_threads_plans_without_forking(
         raise AssertionError("the planner forked beside another thread")
 
     monkeypatch.setattr(os, "fork", no_fork)
-    release, done = threading.Event(), threading.Event()
+    started, release, done = threading.Event(), threading.Event(), threading.Event()
 
     def wait() -> None:
+        started.set()
         release.wait()
         done.set()
 
@@ -203,6 +208,7 @@ def test_a_process_with_other_threads_plans_without_forking(
         threading.Thread(target=wait).start()
     else:
         _thread.start_new_thread(wait, ())
+    started.wait(10)  # running Python code: a thread not yet started holds no lock a fork could copy
     try:
         result = plan(Net(depth=4), batch(), devices=2, device_memory="4MiB", device_type="cpu", workers=3)
     finally:
@@ -265,10 +271,59 @@ def test_fewer_layers_extended_match_the_whole_simulation() -> None:
 
     module, data = Net(depth=12, width=32), batch(8, 32)
     candidate = Candidate("fsdp2", "FULL_SHARD", ("Block",), 0, False)
-    whole = simulate(meta_copy(module), data, candidate, world_size=2, mesh_shape=(2,), precision="32-true")
+    whole = simulate(meta_copy(module), data, candidate, layout=candidate.layout(2, 1), precision="32-true")
     extended = api._simulate(meta_copy(module), data, candidate, 12, 2, 1, "32-true", False)
     assert extended.peak == pytest.approx(whole.peak, rel=0.05)
     assert extended.split["params"] == pytest.approx(whole.split["params"], rel=0.02)
+
+
+def test_a_candidate_builds_the_strategy_that_runs_it_and_lays_out_the_job_as_it_does() -> None:
+    """A Candidate is frozen; its strategy() is the strategy configured as it says, and layout()
+    that strategy's ParallelLayout of the job (the planner's meshes and step costs read it)."""
+    import dataclasses
+
+    from fullshard.strategies import FSDP2Strategy, FSDPStrategy
+
+    grad_op = Candidate("fsdp2", "SHARD_GRAD_OP", ("Block",), 2, False)
+    strategy = grad_op.strategy()
+    assert isinstance(strategy, FSDP2Strategy) and strategy.reshard_after_forward is False
+    assert not strategy.offloads_params and strategy.activation_checkpointing_policy is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        grad_op.sharding = "FULL_SHARD"  # type: ignore[misc]
+    hybrid = Candidate("fsdp", "HYBRID_SHARD", ("Block",), 0, True)
+    assert isinstance(hybrid.strategy(), FSDPStrategy) and hybrid.strategy().offloads_params
+    layout = hybrid.layout(4, 2)  # a replica per node, sharded over its 4 processes
+    assert (layout.replicas, layout.shards, layout.mesh_dims) == (2, 4, ("replicate", "shard"))
+    assert Candidate("fsdp2", "NO_SHARD", ("Block",), 0, False).layout(4, 2).mesh_shape == (8, 1)
+    assert Candidate("fsdp2", "FULL_SHARD", ("Block",), 0, False).layout(4, 2).mesh_shape == (8,)
+    # the names of the plans: MemoryPlan (Plan, its older name), the wrap plan (plan is plan_wrapping's)
+    assert fullshard.planner.Plan is fullshard.planner.MemoryPlan
+    assert fullshard.planner.PlanRow is fullshard.planner.MemoryPlanRow
+    assert FSDP2Strategy.plan is FSDP2Strategy.plan_wrapping
+
+
+def test_the_simulation_shards_through_the_strategys_own_wrapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One implementation of wrapping: simulate() calls fully_shard_model, the function
+    FSDP2Strategy._wrap calls, with the strategy's reshard setting; FSDP1 is refused, not guessed."""
+    from fullshard.planner.simulate import meta_copy, simulate
+    from fullshard.strategies import wrapping
+
+    calls: list[dict[str, Any]] = []
+    real = wrapping.fully_shard_model
+
+    def spy(*args: Any, **kwargs: Any) -> list[nn.Module]:
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(wrapping, "fully_shard_model", spy)
+    module, data = Net(depth=2, width=16), batch(4, 16)
+    candidate = Candidate("fsdp2", "SHARD_GRAD_OP", ("Block",), 1, False)
+    simulate(meta_copy(module), data, candidate, layout=candidate.layout(2, 1), precision="32-true")
+    assert len(calls) == 1 and calls[0]["reshard_after_forward"] is False
+    assert calls[0]["auto_wrap"] is not None and calls[0]["checkpointing"] is not None
+    fsdp1 = Candidate("fsdp", "FULL_SHARD", ("Block",), 0, False)
+    with pytest.raises(MisconfigurationError, match=r"simulates FSDP2 only, but got the 'fsdp' candidate"):
+        simulate(meta_copy(module), data, fsdp1, layout=fsdp1.layout(2, 1), precision="32-true")
 
 
 def test_torch_without_the_tracker_raises_rather_than_guessing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -366,10 +421,11 @@ def test_the_step_cost_counts_ring_volumes_and_offload() -> None:
     from fullshard.planner.cost import step_cost
 
     device = DeviceSpec.for_type("cuda", 80 * 2**30)
-    common: dict[str, Any] = dict(numel=1000, flops=0, compute_bytes=2, reduce_bytes=4, param_bytes=4, devices=4, num_nodes=1, device=device)  # fmt: skip
+    common: dict[str, Any] = dict(numel=1000, flops=0, compute_bytes=2, reduce_bytes=4, param_bytes=4, num_nodes=1, device=device)  # fmt: skip
 
     def cost(sharding: str, offload: bool = False) -> Any:
-        return step_cost(Candidate("fsdp2", sharding, ("B",), 0, offload), **common)
+        candidate = Candidate("fsdp2", sharding, ("B",), 0, offload)
+        return step_cost(candidate, layout=candidate.layout(4, 1), **common)
 
     assert cost("FULL_SHARD").comm_bytes == (2 * 2000 + 4000) * 3 // 4
     assert cost("SHARD_GRAD_OP").comm_bytes == (2000 + 4000) * 3 // 4
@@ -387,10 +443,11 @@ def test_the_step_time_overlaps_on_cuda_adds_up_on_cpu_and_counts_each_collectiv
     from fullshard.planner.cost import step_cost
 
     def seconds(sharding: str, device: DeviceSpec, units: int = 1) -> float:
+        candidate = Candidate("fsdp2", sharding, ("B",), 0, False)
         return step_cost(
-            Candidate("fsdp2", sharding, ("B",), 0, False),
-            numel=10**6, flops=10**9, compute_bytes=4, reduce_bytes=4, param_bytes=4, devices=2, num_nodes=1,
-            device=device, units=units,
+            candidate,
+            numel=10**6, flops=10**9, compute_bytes=4, reduce_bytes=4, param_bytes=4, layout=candidate.layout(2, 1),
+            num_nodes=1, device=device, units=units,
         ).seconds  # fmt: skip
 
     # 1 s of compute; FULL_SHARD sends (2 x 4 MB + 4 MB) / 2 = 6 MB a step: 0.75 s at 8 MB/s

@@ -428,7 +428,7 @@ def _owner_units(model: nn.Module, wrapped: set[nn.Module]) -> dict[str, str]:
     }
 
 
-def build_plan(
+def build_wrap_plan(
     model: nn.Module,
     auto_wrap: Policy | None,
     checkpointing: Policy | None,

@@ -1,7 +1,8 @@
 """The memory planner: predict each process's peak memory, activations included, for every FSDP
 configuration of a model, and choose the fastest that fits (docs/fsdp/plan.md).
 
-- :func:`plan` (also ``fullshard.plan``): the prediction and the choice, a :class:`Plan`.
+- :func:`plan` (also ``fullshard.plan``): the prediction and the choice, a :class:`MemoryPlan`
+  (``Plan``, its older name), whose rows' :class:`Candidate` builds the strategy that runs it.
 - ``fullshard plan SCRIPT:FACTORY ...``: the same from the command line (:mod:`fullshard.cli.plan`).
 - ``FSDPStrategy(plan="auto")`` / ``FSDP2Strategy(plan="auto")`` / ``strategy="fsdp_auto"``: plan
   before wrapping and apply the choice.
@@ -14,7 +15,17 @@ tools, the only place they are imported).
 
 from fullshard.planner.api import plan
 from fullshard.planner.config import Candidate, DeviceSpec, parse_bytes
-from fullshard.planner.result import Plan, PlanRow
+from fullshard.planner.result import MemoryPlan, MemoryPlanRow, Plan, PlanRow
 from fullshard.planner.torch_tools import PlannerUnavailableError
 
-__all__ = ["Candidate", "DeviceSpec", "Plan", "PlanRow", "PlannerUnavailableError", "parse_bytes", "plan"]
+__all__ = [
+    "Candidate",
+    "DeviceSpec",
+    "MemoryPlan",
+    "MemoryPlanRow",
+    "Plan",
+    "PlanRow",
+    "PlannerUnavailableError",
+    "parse_bytes",
+    "plan",
+]

@@ -23,7 +23,7 @@ from fullshard.planner.candidates import (
 from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec, parse_bytes
 from fullshard.planner.cost import step_cost
 from fullshard.planner.forked import run_forked, usable_cores
-from fullshard.planner.result import Plan, PlanRow, fmt_bytes
+from fullshard.planner.result import MemoryPlan, MemoryPlanRow, fmt_bytes
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
 
 #: default cap on simulation workers: each holds the model's fake copy (about 0.5 GB for a 7B one)
@@ -47,7 +47,7 @@ def plan(
     shardings: tuple[str, ...] | None = None,
     workers: int | None = None,
     host_memory: int | float | str | None = None,
-) -> Plan:
+) -> MemoryPlan:
     """Predict rank 0's peak memory and step cost for each FSDP configuration; choose the fastest that fits.
 
     Nothing of the model is allocated: it is copied to the meta device and run on fake tensors
@@ -74,7 +74,7 @@ def plan(
             node's processes' offloaded state fits it less the headroom; None: not checked.
 
     Returns:
-        A :class:`~fullshard.planner.result.Plan`: ``print(plan.table())``, ``plan.choice``.
+        A :class:`~fullshard.planner.result.MemoryPlan`: ``print(plan.table())``, ``plan.choice``.
 
     Raises:
         MisconfigurationError: an argument is out of range, the model has no repeated blocks and
@@ -124,18 +124,23 @@ def plan(
             f"wrap={list(wrap)} names {missing}, which {type(module).__name__} does not contain. "
             f"Its repeated classes are {list(repeated_blocks(model))}."
         )
-    world = devices * num_nodes
     num_blocks = sum(1 for m in model.modules() if type(m).__name__ in wrap)
     todo = candidates or enumerate_candidates(
         wrap,
         num_blocks=num_blocks,
         num_nodes=num_nodes,
-        world_size=world,
+        devices=devices,
         device_type=device_type,
         engines=engines,
     )
     if shardings is not None:
         todo = [c for c in todo if c.sharding in shardings]
+    if not todo:
+        raise MisconfigurationError(
+            f"shardings={shardings!r} leaves no candidate to weigh for {num_nodes} node(s) of {devices} process(es). "
+            "Name shardings the job can run (HYBRID_SHARD needs several nodes of several processes), or pass None."
+        )
+    world = todo[0].layout(devices, num_nodes).world_size  # every layout of the job covers it all
     notes: list[str] = []
     depth = scalable_depth(model, wrap)
     if depth is not None:
@@ -144,7 +149,9 @@ def plan(
             "(the model's blocks are identical: see [Note: simulating fewer layers])"
         )
     probes: dict[tuple[str, tuple[str, ...], int], Candidate] = {}
-    for candidate in todo:  # one simulation per memory behaviour: FSDP1 and offload rows share FSDP2's
+    for (
+        candidate
+    ) in todo:  # one simulation per memory behaviour: FSDP1 and offload rows are priced from FSDP2's
         key = (candidate.sharding, candidate.wrap, candidate.checkpoint_every)
         probes.setdefault(key, Candidate("fsdp2", *key, False))
     # the FLOPs are counted once, on a step without checkpointing where there is one
@@ -190,7 +197,10 @@ def plan(
         for c in todo
     ]
     if any(c.engine == "fsdp" for c in todo):
-        notes.append("FSDP1 rows (~) are FSDP2's simulation: the same units gather and free the same bytes")
+        notes.append(  # see [Note: how a candidate is simulated]: torch has no tracker for FSDP1
+            "FSDP1 rows (~) are priced from FSDP2's simulation of the same units, not simulated themselves "
+            "(torch's memory tracker does not follow FSDP1)"
+        )
     if any(c.cpu_offload for c in todo):
         notes.append(
             "offload rows (~) take the sharded parameters, gradients and optimizer state out of the peak "
@@ -203,7 +213,7 @@ def plan(
         )
     rows.sort(key=lambda r: (r.seconds, r.candidate.engine != "fsdp2", r.peak))
     fitting = [r for r in rows if r.fits]
-    return Plan(
+    return MemoryPlan(
         rows,
         fitting[0] if fitting else None,
         memory,
@@ -214,6 +224,7 @@ def plan(
         time.perf_counter() - started,
         notes,
         host,
+        devices,
     )
 
 
@@ -228,17 +239,12 @@ def _simulate(
     count_flops: bool,
     device_type: str = "cuda",
 ) -> Simulated:
-    world = devices * num_nodes
-    mesh_shape = {"HYBRID_SHARD": (num_nodes, devices), "NO_SHARD": (world, 1)}.get(
-        candidate.sharding, (world,)
-    )
     run = functools.partial(
         simulate,
         model,
         batch,
         candidate,
-        world_size=world,
-        mesh_shape=mesh_shape,
+        layout=candidate.layout(devices, num_nodes),
         precision=precision,
         count_flops=count_flops,
         device_type=device_type,
@@ -279,7 +285,7 @@ def _row(
     num_nodes: int,
     spec: DeviceSpec,
     num_blocks: int,
-) -> PlanRow:
+) -> MemoryPlanRow:
     peak, split, modelled = sim.peak, dict(sim.split), ""
     if candidate.engine == "fsdp":
         modelled = "FSDP1 from FSDP2's simulation"
@@ -300,12 +306,12 @@ def _row(
         compute_bytes=half,
         reduce_bytes=4 if precision.endswith("mixed") or precision == "32-true" else 2,
         param_bytes=2 if precision.endswith("true") and precision != "32-true" else 4,
-        devices=devices,
+        layout=candidate.layout(devices, num_nodes),
         num_nodes=num_nodes,
         device=spec,
         units=num_blocks + 1,
     )
-    return PlanRow(
+    return MemoryPlanRow(
         candidate,
         peak,
         split,

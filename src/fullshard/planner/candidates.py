@@ -112,15 +112,15 @@ def enumerate_candidates(
     *,
     num_blocks: int,
     num_nodes: int,
-    world_size: int,
+    devices: int,
     device_type: str,
     engines: tuple[str, ...] = ("fsdp2", "fsdp"),
 ) -> list[Candidate]:
-    """Every configuration to weigh: sharding x checkpointing (none, every block, every 2nd when
+    """Every configuration to weigh for ``num_nodes`` nodes of ``devices`` processes: sharding x checkpointing (none, every block, every 2nd when
     there are 4 or more blocks) x CPU offload (CUDA only: on CPU the state is in host memory
     already) x engine."""
     shardings = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"]
-    if num_nodes > 1 and world_size > num_nodes:
+    if num_nodes > 1 and devices > 1:  # something to shard within a node, and nodes to replicate over
         shardings.insert(2, "HYBRID_SHARD")
     checkpointing = [0, 1] + ([2] if num_blocks >= 4 else [])
     offloads = [False, True] if device_type == "cuda" else [False]

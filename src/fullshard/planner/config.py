@@ -1,7 +1,9 @@
 """What the planner chooses between, and what it knows of the target devices.
 
 A :class:`Candidate` is one configuration of an FSDP strategy (engine, sharding, wrapped classes,
-activation checkpointing, CPU offload); :class:`DeviceSpec` holds the target's memory, compute
+activation checkpointing, CPU offload): the strategy is built from it (:meth:`Candidate.strategy`),
+and the planner simulates it through that strategy's own layout, policies and wrapping;
+:class:`DeviceSpec` holds the target's memory, compute
 and link speeds that turn a step's bytes and FLOPs into time. Both are frozen: built once from
 the user's arguments, then passed around.
 """
@@ -10,9 +12,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fullshard.errors import MisconfigurationError
+
+if TYPE_CHECKING:
+    from fullshard.strategies import ShardedStrategy
+    from fullshard.strategies.parallel_layout import ParallelLayout
 
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -117,7 +123,7 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One FSDP configuration the planner weighs.
+    """One FSDP configuration the planner weighs, and the strategy that runs it (:meth:`strategy`).
 
     Attributes:
         engine: ``"fsdp2"`` (``FSDP2Strategy``) or ``"fsdp"`` (``FSDPStrategy``, FSDP1).
@@ -168,6 +174,21 @@ class Candidate:
         if device_mesh is not None and self.sharding == "HYBRID_SHARD":
             kwargs["device_mesh"] = device_mesh
         return kwargs
+
+    def strategy(self, device_mesh: tuple[int, int] | None = None, **settings: Any) -> ShardedStrategy:
+        """The strategy that runs this candidate: ``FSDP2Strategy`` (engine ``"fsdp2"``) or
+        ``FSDPStrategy`` (``"fsdp"``) built from :meth:`strategy_kwargs` (``device_mesh``: HYBRID_SHARD's
+        ``(replicas, shard_size)``), with ``settings`` (the strategy's other arguments) added."""
+        from fullshard.strategies import FSDP2Strategy, FSDPStrategy
+
+        cls = FSDP2Strategy if self.engine == "fsdp2" else FSDPStrategy
+        return cls(**self.strategy_kwargs(device_mesh), **settings)
+
+    def layout(self, devices: int, num_nodes: int) -> ParallelLayout:
+        """How this candidate's strategy lays out a job of ``num_nodes`` nodes of ``devices``
+        processes (HYBRID_SHARD: a replica per node), as the strategy itself does."""
+        job = self.strategy(device_mesh=(num_nodes, devices), cpu_mmap_threshold=None)
+        return job.layout_for(devices * num_nodes)
 
 
 def every_kth_policy(classes: tuple[str, ...], k: int) -> Any:

@@ -19,8 +19,12 @@ configurations; it is not a profiler (docs/fsdp/plan.md, "Reading the table").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fullshard.planner.config import Candidate, DeviceSpec
+
+if TYPE_CHECKING:
+    from fullshard.strategies.parallel_layout import ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -41,14 +45,15 @@ def step_cost(
     compute_bytes: int,
     reduce_bytes: int,
     param_bytes: int,
-    devices: int,
+    layout: ParallelLayout,
     num_nodes: int,
     device: DeviceSpec,
     units: int = 1,
 ) -> StepCost:
     """The cost of one optimizer step of ``candidate`` with ``units`` FSDP units (the wrapped
-    blocks and the root; see [Note: the step-time model])."""
-    world = devices * num_nodes
+    blocks and the root; see [Note: the step-time model]), its processes laid out as ``layout``
+    (:meth:`Candidate.layout <fullshard.planner.config.Candidate.layout>`) over ``num_nodes`` nodes."""
+    world, shard, replicas = layout.world_size, layout.shards, layout.replicas
     params, grads = numel * compute_bytes, numel * reduce_bytes
     intra, inter = device.intra_node_bandwidth, device.inter_node_bandwidth
     spans_nodes = num_nodes > 1
@@ -57,15 +62,12 @@ def step_cost(
     if candidate.sharding == "NO_SHARD":
         comm = 2 * grads * (world - 1) / world
         seconds_comm = comm / (inter if spans_nodes else intra)
-        shard = 1
-    elif candidate.sharding == "HYBRID_SHARD":
-        shard = devices
+    elif candidate.sharding == "HYBRID_SHARD":  # a replica per node, sharded within it
         within = (2 * params + grads) * (shard - 1) / shard
-        across = 2 * (grads / shard) * (num_nodes - 1) / num_nodes
+        across = 2 * (grads / shard) * (replicas - 1) / replicas
         comm = within + across
         seconds_comm = within / intra + across / inter
     else:
-        shard = world
         gathers = 2 if candidate.sharding == "FULL_SHARD" else 1
         comm = (gathers * params + grads) * (shard - 1) / shard
         seconds_comm = comm / (inter if spans_nodes else intra)

@@ -23,13 +23,13 @@ from torch import nn
 
 from fullshard.errors import MisconfigurationError
 from fullshard.planner.config import Candidate, parse_bytes
-from fullshard.planner.result import Plan
+from fullshard.planner.result import MemoryPlan
 
 log = logging.getLogger("fullshard")
 
 
 @dataclass(frozen=True)
-class AutoPlan:
+class AutoPlanSetting:
     """The settings of ``plan="auto"``, checked once at construction."""
 
     batch: Any
@@ -51,8 +51,8 @@ def settings_a_plan_replaces(
 
 def check_plan_setting(
     plan: Any, batch: Any, device_memory: Any, *, given: dict[str, Any], headroom: float = 0.1
-) -> AutoPlan | None:
-    """``plan=`` and its companions -> :class:`AutoPlan` (None: no planning).
+) -> AutoPlanSetting | None:
+    """``plan=`` and its companions -> :class:`AutoPlanSetting` (None: no planning).
 
     Raises:
         MisconfigurationError: ``plan`` is not None or ``"auto"``, or ``plan="auto"`` comes with a
@@ -75,13 +75,13 @@ def check_plan_setting(
             f"plan='auto' chooses {', '.join(clashes)} itself, but they were given too. Remove them, or drop "
             "plan='auto' and keep your own."
         )
-    return AutoPlan(
+    return AutoPlanSetting(
         batch, None if device_memory is None else parse_bytes(device_memory, "plan_device_memory"), headroom
     )
 
 
 def choose(
-    setting: AutoPlan,
+    setting: AutoPlanSetting,
     module: nn.Module,
     *,
     engine: str,
@@ -91,7 +91,7 @@ def choose(
     precision: str,
     is_global_zero: bool,
     broadcast: Any,
-) -> tuple[Candidate, Plan | None]:
+) -> tuple[Candidate, MemoryPlan | None]:
     """Plan on rank 0, broadcast the chosen candidate; returns it (and the plan on rank 0).
 
     Raises:
@@ -105,7 +105,7 @@ def choose(
             f"plan='auto' runs one step of {type(module).__name__}.training_step on a batch, but neither plan_batch= "
             "nor the module's example_input_array gives one. Pass plan_batch=<one batch as a process gets it>."
         )
-    found: Plan | None = None
+    found: MemoryPlan | None = None
     answer: tuple[Candidate | None, str] = (None, "")
     if is_global_zero:
         try:

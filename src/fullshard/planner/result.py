@@ -1,4 +1,6 @@
-"""The planner's answer: one row per candidate, the table, and the choice."""
+"""The memory planner's answer (a :class:`MemoryPlan`): one row per candidate, the table, and the
+choice. Not the wrap plan (:class:`fullshard.policies.WrapPlan`: what a strategy wraps) nor
+``plan="auto"`` (the strategy argument that runs the planner); docs/fsdp/plan.md tells them apart."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ def fmt_bytes(n: float) -> str:
 
 
 @dataclass(frozen=True)
-class PlanRow:
+class MemoryPlanRow:
     """One candidate's prediction for the busiest process (rank 0).
 
     Attributes:
@@ -53,7 +55,7 @@ class PlanRow:
 
 
 @dataclass(frozen=True)
-class Plan:
+class MemoryPlan:
     """The planner's result: every candidate, and the fastest that fits (None if none does).
 
     Attributes:
@@ -63,10 +65,11 @@ class Plan:
         world_size, num_nodes, precision: the job planned for.
         seconds: wall time the planning took; ``notes``: what the planner assumed.
         host_memory: one node's host memory, where offload rows were checked against it.
+        devices: processes per node.
     """
 
-    rows: list[PlanRow]
-    choice: PlanRow | None
+    rows: list[MemoryPlanRow]
+    choice: MemoryPlanRow | None
     device_memory: int
     headroom: float
     world_size: int
@@ -75,6 +78,7 @@ class Plan:
     seconds: float
     notes: list[str] = field(default_factory=list)
     host_memory: int | None = None  # of one node, where CPU-offload rows were checked against it
+    devices: int = 1  # processes per node
 
     @property
     def budget(self) -> int:
@@ -112,7 +116,7 @@ class Plan:
         if self.choice is None:
             smallest = min(self.rows, key=lambda r: r.peak)
             if smallest.peak <= self.budget and self.host_memory is not None:  # short of host memory
-                per_node = self.world_size // self.num_nodes
+                per_node = self.devices
                 lines.append(
                     f"  nothing fits: {smallest.candidate.label()} fits the device, but its node's {per_node} "
                     f"process(es) keep {per_node} x {fmt_bytes(smallest.host_peak)} in host memory, of "
@@ -125,3 +129,9 @@ class Plan:
                 )
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+#: the older names of :class:`MemoryPlan` and :class:`MemoryPlanRow` (public since the planner's
+#: first release; ``fullshard.planner`` exports both)
+Plan = MemoryPlan
+PlanRow = MemoryPlanRow

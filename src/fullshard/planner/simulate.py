@@ -2,9 +2,11 @@
 
 [Note: how a candidate is simulated]
 A copy of the user's model is made on the meta device (no parameter memory), cast as the
-precision asks, then, inside ``FakeTensorMode`` and the fake process group of the job's size,
-sharded as the strategy would shard it: activation checkpointing wrappers first, then
-``fully_shard`` on each selected block, children first, then on the root (FSDP2Strategy's order).
+precision asks, then, inside ``FakeTensorMode`` and the fake process group of the job's size, over
+the mesh of the layout the candidate's strategy makes for the job, sharded by the strategy's own
+wrapping (``fully_shard_model``, with the policies the strategy built from the candidate resolves):
+activation checkpointing wrappers first, then ``fully_shard`` on each selected block, children
+first, then on the root.
 Its tensors are then made (fake: shapes only), the optimizer built from ``configure_optimizers``,
 and a training step run through the user's own ``training_step`` under the precision's
 autocast, watched by torch's ``FSDPMemTracker`` (the peak, split by kind). FLOPs are counted by
@@ -16,6 +18,15 @@ exists. The first step is not run: each parameter is given a zero gradient of it
 optimizer steps on those (``_as_after_a_step``), which leaves the same tensors a first step
 leaves, at a fraction of its cost. Optimizers run their for-loop step (``foreach=False``):
 torch 2.13's tracker over-counts the foreach and fused steps on fake tensors.
+
+Only FSDP2 is simulated; an FSDP1 candidate's row is its FSDP2 twin's, marked as modelled. FSDP1's
+own wrapping (``wrap_fsdp1``) runs on fake tensors over the fake process group, but torch (2.13)
+has no tracker for it: ``FSDPMemTracker`` follows ``fully_shard``'s parameter groups only, and the
+generic ``MemTracker`` stops at the first forward with ``use_orig_params=True`` (the strategy's
+default: the parameters are views into the flat parameter, and it registers a post-accumulate-grad
+hook on each, which torch refuses on a non-leaf tensor); with ``use_orig_params=False`` it runs, but
+files the gathered flat parameters under temporaries and the sharded gradients nowhere, so its
+split could not be trusted without measurements of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ import contextlib
 import copy
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,7 +43,10 @@ from torch.utils._pytree import tree_map_only
 
 from fullshard.errors import MisconfigurationError
 from fullshard.planner import torch_tools
-from fullshard.planner.config import Candidate, every_kth_policy
+from fullshard.planner.config import Candidate
+
+if TYPE_CHECKING:
+    from fullshard.strategies.parallel_layout import ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -71,45 +85,32 @@ def meta_copy(module: nn.Module) -> nn.Module:
     return copied
 
 
-def _shard(model: nn.Module, candidate: Candidate, mesh: Any, mp_policy: Any) -> list[str]:
-    """Shard ``model`` as FSDP2Strategy would for ``candidate`` (see [Note: FSDP2 units, bottom-up]);
-    the paths of the blocks made units."""
-    from torch.distributed.fsdp import fully_shard
+def _shard(
+    model: nn.Module, candidate: Candidate, layout: ParallelLayout, mesh: Any, mp_policy: Any
+) -> list[str]:
+    """Shard ``model`` as the candidate's strategy shards it: its policies, resolved as it resolves
+    them, through its own wrapping (:func:`~fullshard.strategies.wrapping.fully_shard_model`); the
+    paths of the blocks made units."""
+    from fullshard.strategies import FSDP2Strategy
+    from fullshard.strategies.wrapping import fully_shard_model
 
-    from fullshard.policies import keep_tied_together, normalize_policy, resolve_policy
-    from fullshard.strategies.fsdp2 import _apply_checkpointing
-    from fullshard.strategies.meta_init import children_first
-
-    # the strategy's selection: a block holding a tied parameter with a module outside it is not
-    # wrapped on its own (see [Note: tied parameters stay in one unit] in fullshard.policies)
-    wrap_policy, _ = keep_tied_together(
-        resolve_policy(normalize_policy(set(candidate.wrap), "auto_wrap_policy"), model), model
-    )
-    blocks = wrap_policy.selected(model) if wrap_policy is not None else []
-    paths = {m: name for name, m in model.named_modules()}
-    if candidate.checkpoint_every:
-        policy = normalize_policy(
-            every_kth_policy(candidate.wrap, candidate.checkpoint_every), "activation_checkpointing_policy"
+    strategy = candidate.strategy(cpu_mmap_threshold=None)
+    if not isinstance(strategy, FSDP2Strategy):  # see [Note: how a candidate is simulated]
+        raise MisconfigurationError(
+            f"The planner simulates FSDP2 only, but got the {candidate.engine!r} candidate {candidate.label()}. "
+            "Simulate its FSDP2 twin (engine='fsdp2'), as fullshard.plan does for FSDP1 rows."
         )
-        wrappers = _apply_checkpointing(model, policy)
-    else:
-        wrappers = {}
-    reshard: bool | int = candidate.sharding != "SHARD_GRAD_OP"  # as parse_fsdp2_sharding sets it
-    shard_mesh = mesh
-    chosen = set(blocks)
-    for block in children_first(list(model.modules())):
-        if block in chosen:
-            fully_shard(
-                wrappers.get(block, block),
-                mesh=shard_mesh,
-                reshard_after_forward=reshard,
-                mp_policy=mp_policy,
-            )
-    fully_shard(
+    auto_wrap, checkpointing, _, _ = strategy.resolve_policies(model)
+    paths = {m: name for name, m in model.named_modules()}
+    blocks = fully_shard_model(
         model,
-        mesh=shard_mesh,
-        reshard_after_forward=None if reshard is True else reshard,
+        layout,
+        mesh,
+        auto_wrap=auto_wrap,
+        checkpointing=checkpointing,
+        reshard_after_forward=strategy.reshard_after_forward,
         mp_policy=mp_policy,
+        **strategy.fsdp_kwargs,
     )
     return [paths[block] for block in blocks]
 
@@ -161,7 +162,7 @@ def _loss_of(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
 def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     """The module's optimizer (``configure_optimizers``; AdamW for a plain module), for-loop step."""
     if hasattr(model, "configure_optimizers"):
-        from fullshard.trainer.optimizers import parse_optimizers
+        from fullshard.optimizer_config import parse_optimizers
 
         optimizers, _ = parse_optimizers(model.configure_optimizers())  # type: ignore[operator]
         if len(optimizers) != 1:
@@ -184,14 +185,13 @@ def simulate(
     batch: Any,
     candidate: Candidate,
     *,
-    world_size: int,
-    mesh_shape: tuple[int, ...],
+    layout: ParallelLayout,
     precision: str,
     count_flops: bool = False,
     device_type: str = "cuda",
 ) -> Simulated:
-    """Run a simulated step of ``candidate`` (see [Note: how a candidate is simulated]);
-    ``count_flops``: also count the FLOPs of a step, in a step of its own before the tracked ones."""
+    """Run a simulated step of ``candidate`` on rank 0 of a job laid out as ``layout`` (see [Note:
+    how a candidate is simulated]); ``count_flops``: also count the FLOPs of a step, in a step of its own before the tracked ones."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from fullshard.precision import FSDP2Precision
@@ -200,10 +200,10 @@ def simulate(
     model = prec.convert_module(meta_copy(module))
     numel = sum(p.numel() for p in model.parameters())
     fake_mode = torch_tools.fake_tensor_mode()
-    with torch_tools.simulated_world(world_size, mesh_shape) as world, fake_mode, warnings.catch_warnings():
+    with torch_tools.simulated_world(layout) as world, fake_mode, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _to_empty_keeping_ties(model)  # fake tensors before sharding, as FSDP2 shards real ones
-        block_paths = _shard(model, candidate, world.mesh, prec.mixed_precision_config)
+        block_paths = _shard(model, candidate, layout, world.mesh, prec.mixed_precision_config)
         fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
         optimizer = _optimizer(model)
         tracker = torch_tools.memory_tracker(model, optimizer)

@@ -18,12 +18,15 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from fullshard.errors import MisconfigurationError
+
+if TYPE_CHECKING:
+    from fullshard.strategies.parallel_layout import ParallelLayout
 
 
 class PlannerUnavailableError(MisconfigurationError):
@@ -136,11 +139,9 @@ class SimulatedWorld:
 
 
 @contextlib.contextmanager
-def simulated_world(
-    world_size: int, mesh_shape: tuple[int, ...], device_type: str = "cpu"
-) -> Iterator[SimulatedWorld]:
-    """Make this process rank 0 of ``world_size`` over the fake process group, and a mesh of
-    ``mesh_shape``; the group is destroyed on exit.
+def simulated_world(layout: ParallelLayout, device_type: str = "cpu") -> Iterator[SimulatedWorld]:
+    """Make this process rank 0 of ``layout``'s processes over the fake process group, and the
+    layout's mesh (:meth:`ParallelLayout.build_mesh`); the group is destroyed on exit.
 
     Raises:
         MisconfigurationError: a process group is already initialised in this process (plan in a
@@ -155,18 +156,15 @@ def simulated_world(
             "init_process_group()."
         )
     try:
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.testing._internal.distributed.fake_pg import FakeStore
     except ImportError as error:  # pragma: no cover - depends on torch
         raise _missing(
             "the fake process group (torch.testing._internal.distributed.fake_pg)", error
         ) from error
     excepthook = sys.excepthook  # init_process_group wraps it to prefix "[rank0]:" each time
-    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    dist.init_process_group("fake", rank=0, world_size=layout.world_size, store=FakeStore())
     try:
-        names = ("replicate", "shard") if len(mesh_shape) == 2 else ("shard",)
-        mesh = init_device_mesh(device_type, mesh_shape, mesh_dim_names=names)
-        yield SimulatedWorld(world_size, mesh)
+        yield SimulatedWorld(layout.world_size, layout.build_mesh(device_type))
     finally:
         dist.destroy_process_group()
         sys.excepthook = excepthook

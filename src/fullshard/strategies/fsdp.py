@@ -7,7 +7,6 @@ import contextlib
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +39,7 @@ from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAUL
 from fullshard.strategies.parallel_layout import ParallelLayout
 from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.strategies.sharded import ShardedStrategy
+from fullshard.strategies.wrapping import wrap_fsdp1
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -196,12 +196,12 @@ class FSDPStrategy(ShardedStrategy):
         return self._sharding_name
 
     @override
-    def _layout_for(self, world_size: int) -> ParallelLayout:
+    def layout_for(self, world_size: int) -> ParallelLayout:
         if self._sharding_name in ("FULL_SHARD", "SHARD_GRAD_OP"):
             # torch's FSDP1 takes a device mesh for the hybrid strategies only (see _make_mesh):
             # these shard over every process, whatever device_mesh= says
             return ParallelLayout.split(world_size)
-        return super()._layout_for(world_size)
+        return super().layout_for(world_size)
 
     @override
     def _make_mesh(self) -> DeviceMesh | None:
@@ -242,15 +242,9 @@ class FSDPStrategy(ShardedStrategy):
 
     @override
     def _wrap(self, module: nn.Module) -> nn.Module:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            CheckpointImpl,
-            apply_activation_checkpointing,
-            checkpoint_wrapper,
-        )
-
         kwargs = self._fsdp_kwargs(module)
         manually_wrapped = self._manually_wrapped(module)
-        auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
+        auto_wrap, checkpointing, _, _ = self.resolve_policies(module)  # the plan raised the warnings
         if manually_wrapped:
             auto_wrap = None
         if manually_wrapped and self.auto_wrap_policy is not None and self.is_global_zero:
@@ -259,22 +253,9 @@ class FSDPStrategy(ShardedStrategy):
                 "model is not wrapped twice). Remove one of the two.",
                 stacklevel=3,
             )
-        if auto_wrap is not None:
-            kwargs["auto_wrap_policy"] = auto_wrap.torch_policy()
-        wrapped = torch_fsdp().FullyShardedDataParallel(module, **kwargs)
-        if checkpointing is not None:
-            wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-            if checkpointing.classes:
-                classes = tuple(checkpointing.classes)
-                apply_activation_checkpointing(
-                    wrapped, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, classes)
-                )
-            else:
-                apply_activation_checkpointing(
-                    wrapped, checkpoint_wrapper_fn=wrapper, auto_wrap_policy=checkpointing.torch_policy()
-                )
+        wrapped = wrap_fsdp1(module, auto_wrap=auto_wrap, checkpointing=checkpointing, **kwargs)
         self.compile_model(module, fsdp_units(wrapped), root=wrapped)  # see [Note: where compile happens]
-        return wrapped  # type: ignore[no-any-return]
+        return wrapped
 
     # ---------------------------------------------------------------------------- steps
     @override

@@ -47,7 +47,7 @@ from fullshard.strategies.fsdp_options import (
     parse_fsdp2_sharding,
 )
 from fullshard.strategies.lightning_api import refuse_lightning_plugins
-from fullshard.strategies.meta_init import MetaInit, ShardedMetaInit, children_first, user_init_of
+from fullshard.strategies.meta_init import MetaInit, ShardedMetaInit, user_init_of
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT
 from fullshard.strategies.parallel_layout import MESH_DIM_NAMES, ParallelLayout
 from fullshard.strategies.parameter_sizes import ParameterSize
@@ -58,6 +58,7 @@ from fullshard.strategies.tensor_parallel import (
     parallelize,
     refuse_compile_with_checkpointing,
 )
+from fullshard.strategies.wrapping import fully_shard_model
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -258,9 +259,9 @@ class FSDP2Strategy(ShardedStrategy):
             )
 
     @override
-    def _layout_for(self, world_size: int) -> ParallelLayout:
+    def layout_for(self, world_size: int) -> ParallelLayout:
         if self.tensor_parallel_size == 1:
-            return super()._layout_for(world_size)
+            return super().layout_for(world_size)
         # see [Note: FSDP2 with a tensor-parallel plan]
         return ParallelLayout.split(
             world_size, tensor_parallel=self.tensor_parallel_size, mesh_dims=MESH_DIM_NAMES
@@ -284,7 +285,6 @@ class FSDP2Strategy(ShardedStrategy):
     # ----------------------------------------------------------------------- wrapping
     def _fully_shard_kwargs(self) -> dict[str, Any]:
         kwargs = dict(self.fsdp_kwargs)
-        kwargs["mesh"] = None if self._mesh is None else self.layout.data_parallel_mesh(self._mesh)
         kwargs["mp_policy"] = self.precision.mixed_precision_config  # type: ignore[attr-defined]
         if self.root_device.type != "cpu":
             # On CPU the parameters are in host memory already, and torch's offload path needs an accelerator.
@@ -299,48 +299,40 @@ class FSDP2Strategy(ShardedStrategy):
 
     @override
     def _wrap(self, module: nn.Module) -> nn.Module:
-        """Shard ``module`` in place, unit by unit (see [Note: FSDP2 units, bottom-up])."""
-        from torch.distributed.fsdp import FSDPModule, fully_shard
+        """Shard ``module`` in place, unit by unit (see [Note: FSDP2 units, bottom-up]), with
+        :func:`~fullshard.strategies.wrapping.fully_shard_model` (the planner's wrapping too)."""
+        from torch.distributed.fsdp import FSDPModule
 
         tp_mesh = self._mesh if self.tensor_parallel_size > 1 else None  # the 2-D mesh
         if tp_mesh is not None:  # see [Note: FSDP2 with a tensor-parallel plan]
             parallelize(module, tp_mesh["tensor_parallel"], self.tp_plan)
         manually_wrapped = self._manually_wrapped(module)
-        auto_wrap, checkpointing, _, _ = self._resolve_policies(module)  # the plan raised the warnings
+        auto_wrap, checkpointing, _, _ = self.resolve_policies(module)  # the plan raised the warnings
         if manually_wrapped and self.auto_wrap_policy is not None and self.is_global_zero:
             warnings.warn(
                 "configure_model() already applied fully_shard to layers, so auto_wrap_policy is ignored (the "
                 "model is not sharded twice). Remove one of the two.",
                 stacklevel=3,
             )
-        selected = [] if manually_wrapped or auto_wrap is None else auto_wrap.selected(module)
-        wrappers = _apply_checkpointing(module, checkpointing)
-        chosen = set(selected)
-        units = [
-            wrappers.get(m, m)
-            for m in children_first(list(module.modules()))
-            if m in chosen and m is not module
-        ]
-        kwargs = self._fully_shard_kwargs()
         # under tensor parallelism the plan split the meta-device layers already, so they are
         # initialised once sharded: [Note: initialising a model sharded on the meta device]
         per_unit = self.empty_init and tp_mesh is None
         init = MetaInit(self.root_device, module, user_init_of(module)) if per_unit else None
-        for unit in units:
-            if init is not None:
-                init(unit)
-            fully_shard(unit, reshard_after_forward=self.reshard_after_forward, **kwargs)
-        if init is not None:
-            init(module)
-        elif not self.empty_init and any(t.is_meta for t in module.parameters()):
+        if not self.empty_init and any(t.is_meta for t in module.parameters()):
             raise MisconfigurationError(
                 "The model has parameters on the meta device but FSDP2Strategy(empty_init=False) does not "
                 "initialise them. Pass empty_init=True, or build the model without torch.device('meta')."
             )
-        # the root keeps its parameters gathered from forward to backward (torch's default for it)
-        # unless nothing is resharded anyway
-        root_reshard = None if self.reshard_after_forward is True else self.reshard_after_forward
-        fully_shard(module, reshard_after_forward=root_reshard, **kwargs)
+        fully_shard_model(
+            module,
+            self.layout,
+            self._mesh,
+            auto_wrap=None if manually_wrapped else auto_wrap,
+            checkpointing=checkpointing,
+            reshard_after_forward=self.reshard_after_forward,
+            init=init,
+            **self._fully_shard_kwargs(),
+        )
         if self.empty_init and not per_unit:
             ShardedMetaInit(
                 module, self.root_device, user_init_of(module), "FSDP2Strategy(empty_init=True)"
@@ -411,21 +403,3 @@ def _holds_unit(module: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in module.modules() if m is not module)
-
-
-def _apply_checkpointing(module: nn.Module, checkpointing: Any) -> dict[nn.Module, nn.Module]:
-    """Wrap the modules ``checkpointing`` selects in a ``CheckpointWrapper`` (non-reentrant).
-    Returns the wrapper of each wrapped module."""
-    if checkpointing is None:
-        return {}
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        CheckpointWrapper,
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
-
-    selected = set(checkpointing.selected(module))
-    wrapper = lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT)  # noqa: E731
-    apply_activation_checkpointing(module, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: m in selected)
-    return {m._checkpoint_wrapped_module: m for m in module.modules() if isinstance(m, CheckpointWrapper)}

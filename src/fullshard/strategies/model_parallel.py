@@ -29,7 +29,7 @@ from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
-from fullshard.policies import WrapPlan, build_plan
+from fullshard.policies import WrapPlan, build_wrap_plan
 from fullshard.strategies.cpu_memory import check_mmap_threshold, request_huge_pages, set_up_cpu_memory
 from fullshard.strategies.dtensor_ops import (
     clip_grad_norm_over_meshes,
@@ -253,7 +253,7 @@ class ModelParallelStrategy(ParallelStrategy):
 
         dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
         sharded = any(isinstance(m, FSDPModule) for m in module.modules())  # else tensor parallel only
-        plan = build_plan(
+        plan = build_wrap_plan(
             module,
             None,
             None,

@@ -31,7 +31,7 @@ from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.policies import (
     Policy,
     WrapPlan,
-    build_plan,
+    build_wrap_plan,
     keep_tied_together,
     normalize_policy,
     resolve_policy,
@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from fullshard.planner.config import Candidate
-    from fullshard.planner.in_strategy import AutoPlan
-    from fullshard.planner.result import Plan
+    from fullshard.planner.in_strategy import AutoPlanSetting
+    from fullshard.planner.result import MemoryPlan
 
 log = logging.getLogger("fullshard")
 
@@ -119,7 +119,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         start_method: str = "popen",
         rank_agreement_timeout: timedelta = DEFAULT_RANK_AGREEMENT_TIMEOUT,
         stuck_rank_timeout: timedelta | None = DEFAULT_STUCK_RANK_TIMEOUT,
-        plan: AutoPlan | None = None,
+        plan: AutoPlanSetting | None = None,
     ) -> None:
         super().__init__(
             process_group_backend=process_group_backend,
@@ -146,7 +146,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         self._mesh: DeviceMesh | None = None
         self._auto_plan = plan  # plan="auto": [Note: plan="auto"] in fullshard.planner.in_strategy
         #: with plan="auto", the planner's result on rank 0 (None elsewhere and without it)
-        self.memory_plan: Plan | None = None
+        self.memory_plan: MemoryPlan | None = None
 
     @property
     def mixed_precision_config(self) -> Any:
@@ -220,10 +220,11 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
     @override
     def _make_layout(self) -> ParallelLayout:
         self._check_job()
-        return self._layout_for(self.world_size)
+        return self.layout_for(self.world_size)
 
-    def _layout_for(self, world_size: int) -> ParallelLayout:
-        """The layout of ``world_size`` processes under these settings (the job's, or one planned ahead)."""
+    def layout_for(self, world_size: int) -> ParallelLayout:
+        """The layout of ``world_size`` processes under these settings (the job's, one planned ahead,
+        or a simulated job's for the memory planner)."""
         if self._sharding_name == "NO_SHARD":  # replicate over every process, shard over none
             return ParallelLayout(replicas=world_size, shards=1, mesh_dims=("replicate", "shard"))
         shape = self._given_mesh_shape()
@@ -265,10 +266,11 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
     def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
         return super().tensor_init_context(self.empty_init if empty_init is None else empty_init)
 
-    def plan(
+    def plan_wrapping(
         self, model: nn.Module, world_size: int | None = None, optimizer_states_per_param: int = 2
     ) -> WrapPlan:
         """The wrap plan for ``model``: units, checkpointed modules, memory estimate. No process group needed.
+        (``plan`` is its older name; the memory planner is ``fullshard.plan`` and ``plan="auto"``.)
 
         Args:
             model: the unwrapped model (it may live on the meta device).
@@ -278,9 +280,9 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         if world_size is None and self._layout is not None:
             layout = self._layout
         else:
-            layout = self._layout_for(self.world_size if world_size is None else world_size)
-        auto_wrap, checkpointing, found, notes = self._resolve_policies(model)
-        plan = build_plan(
+            layout = self.layout_for(self.world_size if world_size is None else world_size)
+        auto_wrap, checkpointing, found, notes = self.resolve_policies(model)
+        plan = build_wrap_plan(
             model,
             auto_wrap,
             checkpointing,
@@ -307,15 +309,16 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
             )
         return plan
 
+    plan = plan_wrapping  # the older name, kept: docs/fsdp/plan.md, "Which plan is which"
+
     def _planned_sharding(self, layout: ParallelLayout) -> str:
         """The sharding torch will run for ``layout`` (the one asked for, unless the engine changes it)."""
         return self._sharding_name
 
-    def _resolve_policies(
-        self, model: nn.Module
-    ) -> tuple[Policy | None, Policy | None, list[str], list[str]]:
+    def resolve_policies(self, model: nn.Module) -> tuple[Policy | None, Policy | None, list[str], list[str]]:
         """Both policies resolved against ``model`` (the auto-wrap one keeping tied parameters in
-        one unit), the warnings that raised (not emitted), and the plan's notes on ties."""
+        one unit), the warnings that raised (not emitted), and the wrap plan's notes on ties: what
+        the wrapping (the strategy's, and the memory planner's simulation of it) selects."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             auto_wrap = resolve_policy(self.auto_wrap_policy, model)
@@ -374,7 +377,7 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         self._param_shapes = {} if manually_wrapped else _full_shapes(module)
         if self._auto_plan is not None and not manually_wrapped:
             self._plan_automatically(module)
-        self.wrap_plan = self.plan(module)
+        self.wrap_plan = self.plan_wrapping(module)
         if self.wrap_plan.errors:
             raise MisconfigurationError(
                 "FSDP cannot wrap this model as planned:\n- " + "\n- ".join(self.wrap_plan.errors)

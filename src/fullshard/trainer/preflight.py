@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader
 from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
 from fullshard.module import Module
+from fullshard.optimizer_config import parse_optimizers
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.combined_loader import MODES, CombinedLoader, as_combined, check_loaders
-from fullshard.trainer.optimizers import parse_optimizers
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer

@@ -25,6 +25,7 @@ from fullshard.datamodule import DataModule
 from fullshard.errors import MisconfigurationError
 from fullshard.launch import SpawnLauncher
 from fullshard.module import Module
+from fullshard.optimizer_config import LRSchedulerConfig, parse_optimizers
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import ShardedStrategy, Strategy
@@ -37,7 +38,6 @@ from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.model_setup import set_up_model
-from fullshard.trainer.optimizers import LRSchedulerConfig, parse_optimizers
 from fullshard.trainer.preflight import (
     DataSources,
     check_call,

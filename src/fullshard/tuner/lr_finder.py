@@ -12,10 +12,10 @@ from tqdm import tqdm
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
+from fullshard.optimizer_config import LRSchedulerConfig
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.seed import rng_states, set_rng_states
 from fullshard.trainer.callbacks.base import Callback
-from fullshard.trainer.optimizers import LRSchedulerConfig
 from fullshard.tuner.search import Snapshot, rebuild_train_loader, run_trial
 
 if TYPE_CHECKING:

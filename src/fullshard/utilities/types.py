@@ -12,7 +12,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from typing_extensions import NotRequired, Required
 
-from fullshard.trainer.optimizers import LRSchedulerConfig
+from fullshard.optimizer_config import LRSchedulerConfig
 
 # Optional[...]/Union[...] rather than `|`: these are runtime values (aliases a script may use
 # in isinstance checks or its own annotations), and `X | None` of a typing special form fails.

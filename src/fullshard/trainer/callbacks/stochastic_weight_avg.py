@@ -17,10 +17,10 @@ from torch.optim.swa_utils import SWALR
 from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
+from fullshard.optimizer_config import LRSchedulerConfig
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.local_state import clone_to, copy_into, local_tensors
-from fullshard.trainer.optimizers import LRSchedulerConfig
 
 if TYPE_CHECKING:
     from fullshard.module import Module

@@ -1,4 +1,5 @@
-"""Turning what ``configure_optimizers()`` returns into optimizers and scheduler configs."""
+"""Turning what ``configure_optimizers()`` returns into optimizers and scheduler configs (read by the
+Trainer and by the memory planner, which simulates the optimizer a module configures)."""
 
 from __future__ import annotations
 
