@@ -46,12 +46,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullshard import hyperparameters
+from fullshard.checkpoint.discovery import commit_time
 from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.launch import stuck_ranks
 from fullshard.rank_zero import rank_zero_info
 from fullshard.seed import rng_states, set_rng_states
+from fullshard.version import __version__
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -333,14 +335,12 @@ class CheckpointManager:
 def trainer_state(trainer: Trainer) -> dict[str, Any]:
     """What the Trainer owns of a checkpoint: everything but the model and optimizer states, and
     before the hooks. A collective call (the RNG states are gathered to rank 0)."""
-    import fullshard
-
     strategy = trainer.strategy
     module = trainer.lightning_module
     loops = trainer.fit_loop.state_dict()
     checkpoint: dict[str, Any] = {
         **lightning_entries(loops, trainer.current_epoch),
-        "fullshard_version": fullshard.__version__,
+        "fullshard_version": __version__,
         "strategy": strategy.strategy_name or type(strategy).__name__,
         "world_size": strategy.world_size,
         "data_parallel_size": strategy.data_parallel_size,
@@ -374,8 +374,6 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
 def newest_checkpoint(trainer: Trainer, stage: str) -> str | None:
     """What ``ckpt_path="last"`` means: the newest complete checkpoint in the ModelCheckpoint
     directories, as global rank 0 sees them; None (and a warning) when there is none. Collective."""
-    from fullshard.trainer.callbacks.checkpoint_files import commit_time
-
     newest: str | None = None
     if trainer.is_global_zero:
         found = [p for cb in trainer.checkpoint_callbacks if (p := cb.newest_checkpoint()) is not None]
