@@ -47,7 +47,6 @@ from fullshard.trainer.preflight import (
 from fullshard.trainer.properties import TrainerProperties
 from fullshard.trainer.spawn_result import apply_spawn_report, spawn_report
 from fullshard.trainer.summary import format_results
-from fullshard.tuner.exit import TunerExit
 
 
 class Trainer(TrainerProperties):
@@ -514,7 +513,7 @@ class Trainer(TrainerProperties):
             hooks.call("setup", stage)
             with torch.autograd.set_detect_anomaly(self.detect_anomaly), profiled_call(self, stage):
                 return self._run_stage(stage, model, sources, ckpt_path, hooks, verbose, keep_predictions)
-        except TunerExit:  # a tuner's search ended this call on purpose (fullshard.tuner.Tuner)
+        except call.TunerExit:  # a tuner's search ended this call on purpose (fullshard.tuner.Tuner)
             return None
         except BaseException as exception:
             call.handle_failure(self, exception, hooks)  # SystemExit(1) after Ctrl+C
