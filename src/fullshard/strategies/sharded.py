@@ -101,6 +101,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
             :class:`~fullshard.strategies.parallel.ParallelStrategy`.
     """
 
+    shards_parameters = True
+
     def __init__(
         self,
         *,
@@ -263,6 +265,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
     # ----------------------------------------------------------------------- planning
     @override
     def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        if empty_init:  # the host builds on the meta device: fill it when sharding, as with empty_init=True
+            self.empty_init = True
         return super().tensor_init_context(self.empty_init if empty_init is None else empty_init)
 
     def plan(

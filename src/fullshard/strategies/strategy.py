@@ -39,10 +39,7 @@ from fullshard.precision import Precision
 from fullshard.strategies.forward_redirection import redirected_call
 from fullshard.strategies.lightning_api import LightningStrategyAPI
 from fullshard.strategies.optimizer_state import load_optimizer_states, optimizer_states
-from fullshard.strategies.parameter_sizes import (
-    ParameterSize,
-    unsharded_parameter_sizes,
-)
+from fullshard.strategies.parameter_sizes import ParameterSize, unsharded_parameter_sizes
 from fullshard.strategies.step_args import step_arguments
 
 if TYPE_CHECKING:
@@ -77,6 +74,9 @@ class Strategy(LightningStrategyAPI):
     #: Set by the host for each ``fit``: the module steps its optimizers itself (Lightning's manual
     #: optimization), calling :meth:`backward` inside its training step, possibly several times.
     manual_optimization: bool = False
+    #: The parameters are split over the processes (FSDP, tensor parallel): a forward on one process
+    #: alone would wait forever for the others' shards, so the host never runs one (a graph, FLOPs).
+    shards_parameters: ClassVar[bool] = False
 
     def __init__(self, *, state_dict_type: str = "full") -> None:
         if state_dict_type not in STATE_DICT_TYPES:

@@ -27,7 +27,7 @@ from fullshard.launch import SpawnLauncher
 from fullshard.module import Module
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
-from fullshard.strategies import ShardedStrategy, Strategy
+from fullshard.strategies import Strategy
 from fullshard.trainer import arguments, call, nonfinite, preemption, states
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.devices import configure_torch, configured_strategy
@@ -435,9 +435,6 @@ class Trainer(TrainerProperties):
         ``empty_init=``, else False). Under FSDP, building the layers in ``configure_model``
         instead shards them as they are built (docs/fsdp/fast-init.md).
         """
-        if empty_init and isinstance(self._strategy, ShardedStrategy):
-            # the strategy fills the meta parameters when it shards them, as with its own empty_init=True
-            self._strategy.empty_init = True
         with self._strategy.tensor_init_context(empty_init=empty_init):
             yield
 

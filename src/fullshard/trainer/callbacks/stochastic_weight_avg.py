@@ -30,10 +30,7 @@ AvgFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _shards_parameters(trainer: Trainer) -> bool:
-    from fullshard.strategies.model_parallel import ModelParallelStrategy
-    from fullshard.strategies.sharded import ShardedStrategy
-
-    return isinstance(trainer.strategy, ShardedStrategy | ModelParallelStrategy)
+    return trainer.strategy.shards_parameters
 
 
 class StochasticWeightAveraging(Callback):
