@@ -74,8 +74,7 @@ class Strategy(LightningStrategyAPI):
     #: Set by the host for each ``fit``: the module steps its optimizers itself (Lightning's manual
     #: optimization), calling :meth:`backward` inside its training step, possibly several times.
     manual_optimization: bool = False
-    #: The parameters are split over the processes (FSDP, tensor parallel): a forward on one process
-    #: alone would wait forever for the others' shards, so the host never runs one (a graph, FLOPs).
+    #: The parameters are split over the processes: the host never runs a forward on one alone.
     shards_parameters: ClassVar[bool] = False
 
     def __init__(self, *, state_dict_type: str = "full") -> None:
@@ -114,11 +113,8 @@ class Strategy(LightningStrategyAPI):
         precision: Any,
         compile: CompileConfig | None = None,
     ) -> None:
-        """Called by the host once it has resolved devices, nodes, cluster environment and precision.
-
-        ``compile``: the host's ``compile=`` setting (:func:`fullshard.compile.parse_compile`); it must
-        agree with the strategy's own, if that was given.
-        """
+        """Called by the host once it has resolved devices, nodes, cluster environment, precision and
+        ``compile=`` (:func:`fullshard.compile.parse_compile`; it must agree with the strategy's own)."""
         self.devices = devices
         self.num_nodes = num_nodes
         self.cluster_environment = cluster_environment
@@ -284,6 +280,9 @@ class Strategy(LightningStrategyAPI):
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check (and, for some strategies, adapt) an optimizer created after :meth:`setup_module`."""
         return optimizer
+
+    def local_weights_written(self) -> None:
+        """The host wrote into this process's share of the weights: the next forward must see it."""
 
     # --------------------------------------------------------------------------------- steps
     def _require_model(self) -> nn.Module:

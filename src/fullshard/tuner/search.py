@@ -64,7 +64,7 @@ class Snapshot:
         self.batch_state = (trainer.is_last_batch, trainer.batch_idx_start)
 
     def restore(self, trainer: Trainer, module: Module) -> None:
-        copy_into(local_tensors(module), self.tensors, trainer.strategy.model)
+        copy_into(local_tensors(module), self.tensors, trainer.strategy)
         for name, value in self.settings.items():
             setattr(trainer, name, value)
         for optimizer, state in zip(trainer.optimizers, self.optimizer_states, strict=True):
