@@ -23,7 +23,7 @@ from conftest import check_ok, run_script
 from fullshard.errors import MisconfigurationError
 from fullshard.planner import Candidate, PlannerUnavailableError, parse_bytes, plan, torch_tools
 from fullshard.planner.candidates import repeated_blocks
-from fullshard.planner.in_strategy import check_plan_setting
+from fullshard.strategies.auto_plan import check_plan_setting
 from proc_helpers import clean_env
 
 

@@ -19,8 +19,8 @@ from fullshard.trainer.callbacks.early_stopping import EarlyStopping
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.trainer import Trainer
+from fullshard.version import __version__
 
-__version__ = "0.1.0"
 __all__ = [
     "Callback",
     "DataModule",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
@@ -386,9 +387,8 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
     def log_dict(self, dictionary: Mapping[str, Any] | Any, **kwargs: Any) -> None:
         """Call :meth:`log` for each entry of ``dictionary`` with the same options; a
         ``torchmetrics.MetricCollection`` logs each of its metrics under its (prefixed) name."""
-        from fullshard.trainer.metrics import is_metric_collection
-
-        if is_metric_collection(dictionary):
+        torchmetrics = sys.modules.get("torchmetrics")  # a MetricCollection, without importing torchmetrics
+        if torchmetrics is not None and isinstance(dictionary, torchmetrics.MetricCollection):
             options = {"keep_base": False}
             if getattr(dictionary, "_enable_compute_groups", False):
                 options["copy_state"] = False  # the members share their states: compute them as they are
@@ -470,6 +470,7 @@ class Module(ModelHooks, DataHooks, OptimizationHooks, nn.Module):
         return load_module_from_checkpoint(
             cls,
             checkpoint_path,
+            Module,
             map_location=map_location,
             strict=strict,
             trust_checkpoint=trust_checkpoint,

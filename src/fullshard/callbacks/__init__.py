@@ -18,9 +18,7 @@ from fullshard.trainer.callbacks import (
     WeightAveraging,
 )
 from fullshard.trainer.callbacks.base import Callback, Checkpoint
-from fullshard.trainer.callbacks.batch_size_finder import BatchSizeFinder
 from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
-from fullshard.trainer.callbacks.lr_finder import LearningRateFinder
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
@@ -29,6 +27,7 @@ from fullshard.trainer.callbacks.rich_progress import RichProgressBarTheme
 from fullshard.trainer.callbacks.spike import TrainingSpikeException
 from fullshard.trainer.callbacks.throughput import Throughput, measure_flops
 from fullshard.trainer.callbacks.timer import Timer
+from fullshard.tuner.callbacks import BatchSizeFinder, LearningRateFinder
 
 __all__ = [
     "BackboneFinetuning",

@@ -47,11 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 from fullshard import hyperparameters
 from fullshard.checkpoint.checkpointer import TENSOR_ENTRIES, Checkpointer
+from fullshard.checkpoint.discovery import commit_time
 from fullshard.checkpoint.io import warn_not_plain
 from fullshard.checkpoint.lightning import is_lightning_checkpoint, lightning_entries, lightning_version
 from fullshard.errors import CheckpointError, MisconfigurationError
 from fullshard.rank_zero import rank_zero_info
 from fullshard.seed import rng_states, set_rng_states
+from fullshard.version import __version__
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -326,14 +328,12 @@ class CheckpointManager:
 def trainer_state(trainer: Trainer, with_callbacks: bool = True) -> dict[str, Any]:
     """What the Trainer owns of a checkpoint: everything but the model and optimizer states, and
     before the hooks. A collective call (the RNG states are gathered to rank 0)."""
-    import fullshard
-
     strategy = trainer.strategy
     module = trainer.lightning_module
     loops = trainer.fit_loop.state_dict()
     checkpoint: dict[str, Any] = {
         **lightning_entries(loops, trainer.current_epoch),
-        "fullshard_version": fullshard.__version__,
+        "fullshard_version": __version__,
         "strategy": strategy.strategy_name or type(strategy).__name__,
         "world_size": strategy.world_size,
         "data_parallel_size": strategy.data_parallel_size,
@@ -371,8 +371,6 @@ def trainer_state(trainer: Trainer, with_callbacks: bool = True) -> dict[str, An
 def newest_checkpoint(trainer: Trainer, stage: str) -> str | None:
     """What ``ckpt_path="last"`` means: the newest complete checkpoint in the ModelCheckpoint
     directories, as global rank 0 sees them; None (and a warning) when there is none. Collective."""
-    from fullshard.trainer.callbacks.checkpoint_files import commit_time
-
     newest: str | None = None
     if trainer.is_global_zero:
         # every checkpointing callback's (ModelCheckpoint's newest, OnExceptionCheckpoint's file)

@@ -186,14 +186,13 @@ def _tensor_shapes(model: nn.Module) -> dict[str, torch.Size]:
     return {k: v.shape for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
-def _builds_more_in_configure_model(model: nn.Module) -> bool:
-    """Whether ``model`` overrides ``configure_model``, where layers may be built or renamed."""
-    from fullshard.module import Module
-
+def _builds_more_in_configure_model(model: nn.Module, base: type[nn.Module]) -> bool:
+    """Whether ``model`` overrides ``base``'s ``configure_model`` (which builds nothing), where
+    layers may be built or renamed."""
     if vars(model).get("configure_model") is not None:
         return True
     own = getattr(type(model), "configure_model", None)
-    return own is not None and own is not getattr(Module, "configure_model", None)
+    return own is not None and own is not getattr(base, "configure_model", None)
 
 
 def _check_on_meta(
@@ -203,6 +202,7 @@ def _check_on_meta(
     checkpoint: dict[str, Any],
     strict: bool | None,
     path: Path,
+    base: type[nn.Module],
 ) -> None:
     """Refuse a checkpoint whose weights do not fit the module its hyperparameters build, before
     building it (see [Note: the model built on the meta device first])."""
@@ -217,7 +217,7 @@ def _check_on_meta(
     if strict is None:
         strict = bool(getattr(probe, "strict_loading", True))
     # names count only when __init__ builds the whole module: configure_model may add layers
-    strict = strict and not _builds_more_in_configure_model(probe)
+    strict = strict and not _builds_more_in_configure_model(probe, base)
     state_dict = checkpoint["state_dict"]
     try:
         check_state_dict_matches(expected, state_dict, strict=strict)
@@ -274,6 +274,8 @@ def load_datamodule_from_checkpoint(
 def load_module_from_checkpoint(
     cls: type[M],
     checkpoint_path: str | Path,
+    base: type[nn.Module],
+    /,
     map_location: Any = None,
     strict: bool | None = None,
     trust_checkpoint: bool = False,
@@ -285,6 +287,9 @@ def load_module_from_checkpoint(
         cls: the module class; created as ``cls(**hyper_parameters, **kwargs)``.
         checkpoint_path: a full checkpoint file, a sharded checkpoint directory, or a Lightning
             ``.ckpt`` file.
+        base: the library class ``cls`` derives from, whose ``configure_model`` builds nothing
+            (``fullshard.Module`` passes itself: this package sits below it). Positional, so that
+            ``kwargs`` may hold any of ``cls.__init__``'s names.
         map_location: as for ``torch.load``; default: the device each tensor was saved from, or
             the CPU when that device is not available. A sharded checkpoint takes a device only.
         strict: the checkpoint's weights and the module's must have exactly the same names (shapes
@@ -319,7 +324,7 @@ def load_module_from_checkpoint(
     checkpoint["hyper_parameters"] = {**checkpoint.get("hyper_parameters", {}), **kwargs}
 
     arguments = _init_arguments(cls, checkpoint, kwargs)
-    _check_on_meta(cls, arguments, kwargs, checkpoint, strict, path)
+    _check_on_meta(cls, arguments, kwargs, checkpoint, strict, path, base)
     model = _built(cls, arguments)
     on_load_checkpoint = getattr(model, "on_load_checkpoint", None)
     if callable(on_load_checkpoint):

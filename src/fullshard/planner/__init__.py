@@ -14,9 +14,13 @@ tools, the only place they are imported).
 """
 
 from fullshard.planner.api import plan
-from fullshard.planner.config import Candidate, DeviceSpec, parse_bytes
+from fullshard.planner.config import Candidate, DeviceSpec
+from fullshard.planner.in_strategy import choose as _choose
 from fullshard.planner.result import MemoryPlan, MemoryPlanRow, Plan, PlanRow
 from fullshard.planner.torch_tools import PlannerUnavailableError
+from fullshard.strategies.auto_plan import parse_bytes, register_planner
+
+register_planner(_choose)  # plan="auto": the strategies call it (strategies/auto_plan.py)
 
 __all__ = [
     "Candidate",

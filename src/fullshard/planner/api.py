@@ -20,11 +20,12 @@ from fullshard.planner.candidates import (
     repeated_blocks,
     scalable_depth,
 )
-from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec, parse_bytes
+from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec
 from fullshard.planner.cost import step_cost
 from fullshard.planner.forked import run_forked, usable_cores
 from fullshard.planner.result import MemoryPlan, MemoryPlanRow, fmt_bytes
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
+from fullshard.strategies.auto_plan import parse_bytes
 
 #: default cap on simulation workers: each holds the model's fake copy (about 0.5 GB for a 7B one)
 MAX_WORKERS = 8

@@ -10,7 +10,6 @@ the user's arguments, then passed around.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,43 +21,6 @@ if TYPE_CHECKING:
 
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_bytes(value: int | float | str, option: str = "device_memory") -> int:
-    """Bytes from ``80GiB``, ``"80 GB"``, ``"512MiB"`` or a number of bytes.
-
-    Raises:
-        MisconfigurationError: the value is not a positive size.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise MisconfigurationError(
-            f"{option}={value!r} is not a size. Pass bytes as a number, or a string such as '80GiB' or '512MB'."
-        )
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        unit = match.group(2).lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise MisconfigurationError(
-                f"{option}={value!r} is not a size. Write a number and a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, "
-                "TiB), such as '80GiB'."
-            )
-        value = float(match.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise MisconfigurationError(f"{option}={value!r} must be a positive size, such as '80GiB'.")
-    return int(value)
 
 
 @dataclass(frozen=True)

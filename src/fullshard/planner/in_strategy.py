@@ -16,68 +16,16 @@ module's ``example_input_array``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from fullshard.errors import MisconfigurationError
-from fullshard.planner.config import Candidate, parse_bytes
+from fullshard.planner.config import Candidate
 from fullshard.planner.result import MemoryPlan
+from fullshard.strategies.auto_plan import AutoPlanSetting
 
 log = logging.getLogger("fullshard")
-
-
-@dataclass(frozen=True)
-class AutoPlanSetting:
-    """The settings of ``plan="auto"``, checked once at construction."""
-
-    batch: Any
-    device_memory: int | None
-    headroom: float
-
-
-def settings_a_plan_replaces(
-    sharding_strategy: Any, auto_wrap_policy: Any, activation_checkpointing_policy: Any, cpu_offload: Any
-) -> dict[str, bool]:
-    """Which of the settings ``plan="auto"`` chooses itself a strategy was given (its ``given=``)."""
-    return {
-        "sharding_strategy": sharding_strategy != "FULL_SHARD",
-        "auto_wrap_policy": auto_wrap_policy is not None,
-        "activation_checkpointing_policy": activation_checkpointing_policy is not None,
-        "cpu_offload": bool(cpu_offload),
-    }
-
-
-def check_plan_setting(
-    plan: Any, batch: Any, device_memory: Any, *, given: dict[str, Any], headroom: float = 0.1
-) -> AutoPlanSetting | None:
-    """``plan=`` and its companions -> :class:`AutoPlanSetting` (None: no planning).
-
-    Raises:
-        MisconfigurationError: ``plan`` is not None or ``"auto"``, or ``plan="auto"`` comes with a
-            setting it would replace.
-    """
-    if plan is None:
-        if batch is not None or device_memory is not None:
-            raise MisconfigurationError(
-                "plan_batch= and plan_device_memory= are for plan='auto', which was not given. Pass plan='auto', "
-                "or remove them."
-            )
-        return None
-    if plan != "auto":
-        raise MisconfigurationError(
-            f"plan={plan!r} is not accepted: pass plan='auto' to plan before wrapping, or None."
-        )
-    clashes = [name for name, value in given.items() if value]
-    if clashes:
-        raise MisconfigurationError(
-            f"plan='auto' chooses {', '.join(clashes)} itself, but they were given too. Remove them, or drop "
-            "plan='auto' and keep your own."
-        )
-    return AutoPlanSetting(
-        batch, None if device_memory is None else parse_bytes(device_memory, "plan_device_memory"), headroom
-    )
 
 
 def choose(

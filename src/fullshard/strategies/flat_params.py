@@ -1,5 +1,7 @@
-"""Full parameter sizes of an FSDP1-wrapped model, read without communication (for the model
-summary; see [Note: FSDP1 full sizes])."""
+"""FSDP1's private state, read and used in this one place: the full parameter sizes of a wrapped
+model without communication (for the model summary; see [Note: FSDP1 full sizes]), and freeing
+the gathered parameters a unit keeps after a forward (see [Note: FSDP1 keeps the root's gathered
+parameters])."""
 
 from __future__ import annotations
 
@@ -58,3 +60,23 @@ def _flat_parameters(root: nn.Module, fsdp_class: type[nn.Module]) -> list[Any]:
     """
     flats = (getattr(m, "_flat_param", None) for m in root.modules() if isinstance(m, fsdp_class))
     return [flat for flat in flats if flat is not None]
+
+
+def drop_gathered_copies(model: nn.Module, fsdp_class: type[nn.Module]) -> None:
+    """Free the gathered parameters FSDP1's units (of ``fsdp_class``) in ``model`` kept after a
+    forward, so that the next forward gathers what the shards hold.
+
+    [Note: FSDP1 keeps the root's gathered parameters]
+    After a forward without a backward (a validation), torch's FSDP1 keeps the root unit's gathered
+    (unsharded) parameters, and the next forward uses them without gathering again. Weights written
+    into the shards in between (the average swapped in or out, a search's weights put back) would be
+    ignored by that forward: training would go on from the values gathered before the write.
+    :func:`drop_gathered_copies` frees such a kept copy, so that the next forward gathers what the
+    shards hold. It uses FSDP1's flat-parameter handle (``_handle``), as no public API frees the copy;
+    this is the one place that does.
+    """
+    for unit in model.modules():
+        handle = getattr(unit, "_handle", None) if isinstance(unit, fsdp_class) else None
+        if handle is not None and handle.uses_sharded_strategy and not handle.needs_unshard():
+            handle.reshard(True)
+            handle.post_reshard()

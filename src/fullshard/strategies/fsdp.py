@@ -17,9 +17,9 @@ from typing_extensions import override
 from fullshard.compile import fsdp_units
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
-from fullshard.planner.in_strategy import check_plan_setting, settings_a_plan_replaces
 from fullshard.precision import FSDPPrecision, Precision
-from fullshard.strategies.flat_params import flat_parameter_sizes
+from fullshard.strategies.auto_plan import check_plan_setting, settings_a_plan_replaces
+from fullshard.strategies.flat_params import drop_gathered_copies, flat_parameter_sizes
 from fullshard.strategies.fsdp_options import (
     check_mixed_precision,
     parse_backward_prefetch,
@@ -295,6 +295,11 @@ class FSDPStrategy(ShardedStrategy):
         """Full sizes read from FSDP's flat-parameter metadata (see [Note: FSDP1 full sizes])."""
         root = self.model if module is self.module and self.model is not None else module
         return flat_parameter_sizes(root, module, torch_fsdp().FullyShardedDataParallel)
+
+    @override
+    def local_weights_written(self) -> None:
+        if self.model is not None:  # see [Note: FSDP1 keeps the root's gathered parameters]
+            drop_gathered_copies(self.model, torch_fsdp().FullyShardedDataParallel)
 
 
 def _check_fsdp_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

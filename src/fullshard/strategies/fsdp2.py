@@ -33,8 +33,8 @@ from typing_extensions import override
 from fullshard.compile import CompileUnit
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
-from fullshard.planner.in_strategy import check_plan_setting, settings_a_plan_replaces
 from fullshard.precision import FSDP2Precision, Precision
+from fullshard.strategies.auto_plan import check_plan_setting, settings_a_plan_replaces
 from fullshard.strategies.dtensor_ops import (
     clip_grad_norm_over_meshes,
     dtensor_parameter_sizes,

@@ -96,6 +96,7 @@ class ModelParallelStrategy(ParallelStrategy):
     """
 
     strategy_name = "model_parallel"
+    shards_parameters = True
 
     def __init__(
         self,

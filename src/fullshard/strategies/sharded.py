@@ -36,6 +36,7 @@ from fullshard.policies import (
     normalize_policy,
     resolve_policy,
 )
+from fullshard.strategies.auto_plan import planner
 from fullshard.strategies.cpu_memory import check_mmap_threshold, request_huge_pages, set_up_cpu_memory
 from fullshard.strategies.fsdp_options import HYBRID_NAMES, check_device_mesh, torch_fsdp
 from fullshard.strategies.manual_steps import check_root_holds_nothing
@@ -52,8 +53,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from fullshard.planner.config import Candidate
-    from fullshard.planner.in_strategy import AutoPlanSetting
     from fullshard.planner.result import MemoryPlan
+    from fullshard.strategies.auto_plan import AutoPlanSetting
 
 log = logging.getLogger("fullshard")
 
@@ -100,6 +101,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
         process_group_backend, timeout, start_method, rank_agreement_timeout, stuck_rank_timeout: as for
             :class:`~fullshard.strategies.parallel.ParallelStrategy`.
     """
+
+    shards_parameters = True
 
     def __init__(
         self,
@@ -264,6 +267,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
     # ----------------------------------------------------------------------- planning
     @override
     def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager[Any]:
+        if empty_init:  # the host builds on the meta device: fill it when sharding, as with empty_init=True
+            self.empty_init = True
         return super().tensor_init_context(self.empty_init if empty_init is None else empty_init)
 
     def plan_wrapping(
@@ -328,10 +333,8 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
 
     def _plan_automatically(self, module: nn.Module) -> None:
         """Run the planner and apply its choice (see [Note: plan="auto"] in fullshard.planner.in_strategy)."""
-        from fullshard.planner.in_strategy import choose
-
         assert self._auto_plan is not None
-        candidate, self.memory_plan = choose(
+        candidate, self.memory_plan = planner()(
             self._auto_plan,
             module,
             engine=self.strategy_name,

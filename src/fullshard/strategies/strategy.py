@@ -39,10 +39,7 @@ from fullshard.precision import Precision
 from fullshard.strategies.forward_redirection import redirected_call
 from fullshard.strategies.lightning_api import LightningStrategyAPI
 from fullshard.strategies.optimizer_state import load_optimizer_states, optimizer_states
-from fullshard.strategies.parameter_sizes import (
-    ParameterSize,
-    unsharded_parameter_sizes,
-)
+from fullshard.strategies.parameter_sizes import ParameterSize, unsharded_parameter_sizes
 from fullshard.strategies.step_args import step_arguments
 
 if TYPE_CHECKING:
@@ -77,6 +74,8 @@ class Strategy(LightningStrategyAPI):
     #: Set by the host for each ``fit``: the module steps its optimizers itself (Lightning's manual
     #: optimization), calling :meth:`backward` inside its training step, possibly several times.
     manual_optimization: bool = False
+    #: The parameters are split over the processes: the host never runs a forward on one alone.
+    shards_parameters: ClassVar[bool] = False
 
     def __init__(self, *, state_dict_type: str = "full") -> None:
         if state_dict_type not in STATE_DICT_TYPES:
@@ -111,11 +110,8 @@ class Strategy(LightningStrategyAPI):
         precision: Any,
         compile: CompileConfig | None = None,
     ) -> None:
-        """Called by the host once it has resolved devices, nodes, cluster environment and precision.
-
-        ``compile``: the host's ``compile=`` setting (:func:`fullshard.compile.parse_compile`); it must
-        agree with the strategy's own, if that was given.
-        """
+        """Called by the host once it has resolved devices, nodes, cluster environment, precision and
+        ``compile=`` (:func:`fullshard.compile.parse_compile`; it must agree with the strategy's own)."""
         self.devices = devices
         self.num_nodes = num_nodes
         self.cluster_environment = cluster_environment
@@ -281,6 +277,9 @@ class Strategy(LightningStrategyAPI):
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check (and, for some strategies, adapt) an optimizer created after :meth:`setup_module`."""
         return optimizer
+
+    def local_weights_written(self) -> None:
+        """The host wrote into this process's share of the weights: the next forward must see it."""
 
     # --------------------------------------------------------------------------------- steps
     def _require_model(self) -> nn.Module:

@@ -30,8 +30,6 @@ from fullshard.trainer.callbacks import (
     TQDMProgressBar,
 )
 from fullshard.trainer.callbacks.base import Checkpoint
-from fullshard.trainer.callbacks.batch_size_finder import BatchSizeFinder
-from fullshard.trainer.callbacks.lr_finder import LearningRateFinder
 from fullshard.trainer.callbacks.rich_support import rich_available
 from fullshard.trainer.callbacks.timer import parse_duration
 from fullshard.trainer.data import limit_batches
@@ -426,10 +424,9 @@ def build_callbacks(
 
 
 def _lightning_order(callbacks: list[Callback]) -> list[Callback]:
-    """Lightning's order: the tuner's callbacks first (their search runs before the others'
-    ``on_fit_start``), checkpointing callbacks last, the rest as given."""
-    first: list[Callback] = [cb for cb in callbacks if isinstance(cb, BatchSizeFinder)]
-    first += [cb for cb in callbacks if isinstance(cb, LearningRateFinder)]
+    """Lightning's order: those with ``runs_first`` first (the tuner's, whose search runs before the
+    others' ``on_fit_start``), checkpointing callbacks last, the rest as given."""
+    first = sorted((cb for cb in callbacks if cb.runs_first is not None), key=lambda cb: cb.runs_first or 0)
     last = [cb for cb in callbacks if isinstance(cb, Checkpoint) and cb not in first]
     return first + [cb for cb in callbacks if cb not in first and cb not in last] + last
 

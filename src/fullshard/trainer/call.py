@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
 
 
+class TunerExit(Exception):
+    """Raised by ``LearningRateFinder``/``BatchSizeFinder`` when the :class:`~fullshard.tuner.Tuner`
+    started them: the search is done, and the Trainer ends the call without an error."""
+
+
 def start(state: TrainerState, stage: str) -> None:
     """A call of ``stage`` (``"fit"``, ...) starts: it runs, in its first stage."""
     state.fn = TrainerFn(stage)

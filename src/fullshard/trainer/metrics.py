@@ -112,12 +112,6 @@ def is_metric(value: Any) -> bool:
     return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
 
 
-def is_metric_collection(value: Any) -> bool:
-    """Whether ``value`` is a ``torchmetrics.MetricCollection`` (without importing torchmetrics)."""
-    torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(value, torchmetrics.MetricCollection)
-
-
 def extract_batch_size(batch: Any) -> int | None:
     """The size of a batch as Lightning infers it: the first dimension of the first tensor found
     (depth first through mappings and sequences); None when the batch holds no tensor."""

@@ -13,10 +13,29 @@ any case (``trainer.state.fn == "fit"``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
-from fullshard.utilities import LightningEnum
+__all__ = ["LightningEnum", "RunningStage", "TrainerFn", "TrainerState", "TrainerStatus"]
 
-__all__ = ["RunningStage", "TrainerFn", "TrainerState", "TrainerStatus"]
+
+class LightningEnum(str, Enum):
+    """A string enum that compares equal to its value, case-insensitively (``"NORM" == member``)."""
+
+    @classmethod
+    def from_str(cls, value: str, source: str = "key") -> LightningEnum:
+        """The member whose name (``source="key"``) or value (``"value"``) is ``value``, any case."""
+        for member in cls:
+            if (member.name if source == "key" else member.value).lower() == value.lower():
+                return member
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise ValueError(f"{cls.__name__}.from_str({value!r}): no such member; choose one of {choices}.")
+
+    def __eq__(self, other: object) -> bool:
+        other = other.value if isinstance(other, Enum) else other
+        return isinstance(other, str) and self.value.lower() == other.lower()
+
+    def __hash__(self) -> int:
+        return hash(self.value.lower())
 
 
 class TrainerStatus(LightningEnum):

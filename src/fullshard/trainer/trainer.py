@@ -28,7 +28,7 @@ from fullshard.module import Module
 from fullshard.optimizer_config import LRSchedulerConfig, parse_optimizers
 from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
-from fullshard.strategies import ShardedStrategy, Strategy
+from fullshard.strategies import Strategy
 from fullshard.trainer import arguments, call, nonfinite, preemption, states
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.callbacks.on_exception_checkpoint import fit_resume_path
@@ -48,7 +48,6 @@ from fullshard.trainer.preflight import (
 from fullshard.trainer.properties import TrainerProperties
 from fullshard.trainer.spawn_result import apply_spawn_report, spawn_report
 from fullshard.trainer.summary import format_results
-from fullshard.tuner.exit import TunerExit
 
 
 class Trainer(TrainerProperties):
@@ -437,9 +436,6 @@ class Trainer(TrainerProperties):
         ``empty_init=``, else False). Under FSDP, building the layers in ``configure_model``
         instead shards them as they are built (docs/fsdp/fast-init.md).
         """
-        if empty_init and isinstance(self._strategy, ShardedStrategy):
-            # the strategy fills the meta parameters when it shards them, as with its own empty_init=True
-            self._strategy.empty_init = True
         with self._strategy.tensor_init_context(empty_init=empty_init):
             yield
 
@@ -516,7 +512,7 @@ class Trainer(TrainerProperties):
             hooks.call("setup", stage)
             with torch.autograd.set_detect_anomaly(self.detect_anomaly), profiled_call(self, stage):
                 return self._run_stage(stage, model, sources, ckpt_path, hooks, verbose, keep_predictions)
-        except TunerExit:  # a tuner's search ended this call on purpose (fullshard.tuner.Tuner)
+        except call.TunerExit:  # a tuner's search ended this call on purpose (fullshard.tuner.Tuner)
             return None
         except BaseException as exception:
             call.handle_failure(self, exception, hooks)  # SystemExit(1) after Ctrl+C

@@ -1,7 +1,7 @@
 """The tuner (Lightning's ``lightning.pytorch.tuner``): ``Tuner(trainer).lr_find(model)`` and
 ``Tuner(trainer).scale_batch_size(model)``; see docs/tuner.md."""
 
-from fullshard.tuner.exit import TunerExit
+from fullshard.trainer.call import TunerExit
 from fullshard.tuner.lr_finder import LRFinder
 from fullshard.tuner.tuning import Tuner
 

@@ -60,7 +60,7 @@ class Snapshot:
         self.batch_state = (trainer.is_last_batch, trainer.batch_idx_start)
 
     def restore(self, trainer: Trainer, module: Module) -> None:
-        copy_into(local_tensors(module), self.tensors, trainer.strategy.model)
+        copy_into(local_tensors(module), self.tensors, trainer.strategy)
         (
             trainer.max_steps,
             trainer.limit_train_batches,

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from fullshard.errors import MisconfigurationError
-from fullshard.trainer.callbacks.batch_size_finder import BatchSizeFinder
-from fullshard.trainer.callbacks.lr_finder import LearningRateFinder
+from fullshard.tuner.callbacks import BatchSizeFinder, LearningRateFinder
 
 if TYPE_CHECKING:
     from fullshard.datamodule import DataModule

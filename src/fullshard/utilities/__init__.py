@@ -12,7 +12,6 @@ import os
 import pickle
 import time
 import warnings
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from fullshard.module import AttributeDict
 from fullshard.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 from fullshard.trainer.callbacks.throughput import measure_flops
 from fullshard.trainer.combined_loader import CombinedLoader
+from fullshard.trainer.states import LightningEnum
 
 if TYPE_CHECKING:
     from fullshard.strategies import Strategy
@@ -46,26 +46,6 @@ __all__ = [
     "rank_zero_warn",
     "suggested_max_num_workers",
 ]
-
-
-class LightningEnum(str, Enum):
-    """A string enum that compares equal to its value, case-insensitively (``"NORM" == member``)."""
-
-    @classmethod
-    def from_str(cls, value: str, source: str = "key") -> LightningEnum:
-        """The member whose name (``source="key"``) or value (``"value"``) is ``value``, any case."""
-        for member in cls:
-            if (member.name if source == "key" else member.value).lower() == value.lower():
-                return member
-        choices = ", ".join(repr(m.value) for m in cls)
-        raise ValueError(f"{cls.__name__}.from_str({value!r}): no such member; choose one of {choices}.")
-
-    def __eq__(self, other: object) -> bool:
-        other = other.value if isinstance(other, Enum) else other
-        return isinstance(other, str) and self.value.lower() == other.lower()
-
-    def __hash__(self) -> int:
-        return hash(self.value.lower())
 
 
 class GradClipAlgorithmType(LightningEnum):

@@ -9,7 +9,7 @@ checkpoint under :attr:`Callback.state_key` and hands it back through
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 
 class Callback:
     """Base class for Trainer callbacks. Override only the hooks you need."""
+
+    #: Where the Trainer puts the callback among the others: None (the default) in the order
+    #: given; a number before every other callback, smaller first. The tuner's ``BatchSizeFinder``
+    #: (0) and ``LearningRateFinder`` (1) set it, so that their searches run before the other
+    #: callbacks' ``on_fit_start``, as Lightning orders them.
+    runs_first: ClassVar[int | None] = None
 
     @property
     def state_key(self) -> str:

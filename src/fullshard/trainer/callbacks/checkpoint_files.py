@@ -1,5 +1,6 @@
-"""The files of ``ModelCheckpoint``: filling a name template, telling complete checkpoints from
-interrupted ones, removing them, writing the best-k list, and checking the callback's arguments."""
+"""The files of ``ModelCheckpoint``: filling a name template, removing checkpoints, writing the
+best-k list, and checking the callback's arguments (which checkpoints are complete, and the
+newest: checkpoint/discovery.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fullshard.checkpoint.layout import RECORD_NAME
 from fullshard.errors import MisconfigurationError
 
 if TYPE_CHECKING:
@@ -53,25 +53,6 @@ def write_scores_yaml(filepath: str | os.PathLike[str], scores: dict[str, float]
     Path(filepath).write_text("".join(lines) or "{}\n", encoding="utf-8")
 
 
-def is_complete(path: Path) -> bool:
-    """A checkpoint file (written atomically) or a committed sharded checkpoint directory."""
-    return path.is_file() or (path / RECORD_NAME).is_file()
-
-
-def newest_complete(dirpath: str, extension: str, last_prefix: str) -> str | None:
-    """The newest complete checkpoint under ``dirpath``; a "last" one (name starting with
-    ``last_prefix``) committed at the same moment as the checkpoint it copies or links wins."""
-    if not os.path.isdir(dirpath):
-        return None
-    found = [p for p in Path(dirpath).rglob("*" + extension) if is_complete(p)]
-    if not found:
-        return None
-    newest = max(commit_time(p) for p in found)
-    at_newest = [p for p in found if commit_time(p) == newest]
-    lasts = [p for p in at_newest if p.name.startswith(last_prefix)]
-    return str((lasts or at_newest)[0])
-
-
 def link_or_copy(filepath: str, linkpath: str) -> None:
     """Make ``linkpath`` a relative symbolic link to ``filepath``, or a copy where links fail."""
     remove_path(linkpath)
@@ -87,11 +68,6 @@ def link_or_copy(filepath: str, linkpath: str) -> None:
             shutil.copytree(filepath, linkpath)
         else:
             shutil.copy2(filepath, linkpath)
-
-
-def commit_time(path: Path) -> int:
-    """When the checkpoint at ``path`` (a file, a sharded directory, or a link to one) was committed."""
-    return (path if path.is_file() else path / RECORD_NAME).stat().st_mtime_ns
 
 
 def remove_path(path: str) -> None:

@@ -9,23 +9,21 @@ view of the flat shard that ``use_orig_params=True`` gives each parameter (an em
 process that holds none of it; with ``use_orig_params=False`` the flat parameter itself). The
 copies therefore take as much memory per process as the parameters do, never a whole model.
 
-[Note: FSDP1 keeps the root's gathered parameters]
-After a forward without a backward (a validation), torch's FSDP1 keeps the root unit's gathered
-(unsharded) parameters, and the next forward uses them without gathering again. Weights written
-into the shards in between (the average swapped in or out, a search's weights put back) would be
-ignored by that forward: training would go on from the values gathered before the write.
-:func:`drop_gathered_copies` frees such a kept copy, so that the next forward gathers what the
-shards hold. It uses FSDP1's flat-parameter handle (``_handle``), as no public API frees the copy;
-this is the one place that does.
+Writing them under FSDP1 needs one more step from the strategy (``Strategy.local_weights_written``:
+[Note: FSDP1 keeps the root's gathered parameters] in fullshard/strategies/flat_params.py).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from fullshard.strategies import Strategy
 
 
 def local_part(tensor: torch.Tensor) -> torch.Tensor:
@@ -52,38 +50,25 @@ def clone_to(tensors: list[torch.Tensor], device: torch.device | None) -> list[t
     return [t.detach().clone() if device is None else t.detach().to(device, copy=True) for t in tensors]
 
 
-def drop_gathered_copies(model: nn.Module | None) -> None:
-    """Free the gathered parameters FSDP1 kept after a forward, so that the next forward
-    gathers the shards afresh (see [Note: FSDP1 keeps the root's gathered parameters]). Nothing
-    to do for other models."""
-    if model is None:
-        return
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    for unit in model.modules():
-        handle = getattr(unit, "_handle", None) if isinstance(unit, FullyShardedDataParallel) else None
-        if handle is not None and handle.uses_sharded_strategy and not handle.needs_unshard():
-            handle.reshard(True)
-            handle.post_reshard()
-
-
 @torch.no_grad()
 def copy_into(
-    targets: list[torch.Tensor], sources: list[torch.Tensor], root: nn.Module | None = None
+    targets: list[torch.Tensor], sources: list[torch.Tensor], strategy: Strategy | None = None
 ) -> None:
-    """Write ``sources`` into ``targets`` element by element (devices may differ). ``root``: the
-    model ``targets`` belong to, as the strategy runs it, when they are its weights."""
+    """Write ``sources`` into ``targets`` element by element (devices may differ). ``strategy``:
+    the one running the model, when ``targets`` are its weights (it is told they were written)."""
     for target, source in zip(targets, sources, strict=True):
         target.copy_(source.to(target.device))
-    drop_gathered_copies(root)
+    if strategy is not None:
+        strategy.local_weights_written()
 
 
 @torch.no_grad()
-def swap(first: list[torch.Tensor], second: list[torch.Tensor], root: nn.Module | None = None) -> None:
-    """Exchange the values of two lists of tensors of the same shapes (``root``: as for
+def swap(first: list[torch.Tensor], second: list[torch.Tensor], strategy: Strategy | None = None) -> None:
+    """Exchange the values of two lists of tensors of the same shapes (``strategy``: as for
     :func:`copy_into`)."""
     for a, b in zip(first, second, strict=True):
         held = a.clone()
         a.copy_(b.to(a.device))
         b.copy_(held.to(b.device))
-    drop_gathered_copies(root)
+    if strategy is not None:
+        strategy.local_weights_written()

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
+from fullshard.checkpoint.discovery import newest_complete
 from fullshard.errors import MisconfigurationError
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks.base import Checkpoint
@@ -45,7 +46,6 @@ from fullshard.trainer.callbacks.checkpoint_files import (
     default_dirpath,
     fill_template,
     link_or_copy,
-    newest_complete,
     removable,
     remove_once_committed,
     validates_after_epoch,

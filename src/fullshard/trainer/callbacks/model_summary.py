@@ -49,10 +49,7 @@ class ModelSummary(Callback):
             return
         # The FLOPs come from a forward of `example_input_array`, here on rank 0 alone: a sharded
         # module would wait for the other ranks' shards forever, so it is left out there.
-        from fullshard.strategies.model_parallel import ModelParallelStrategy
-        from fullshard.strategies.sharded import ShardedStrategy
-
-        sharded = isinstance(trainer.strategy, ShardedStrategy | ModelParallelStrategy)
+        sharded = trainer.strategy.shards_parameters
         sizes = trainer.strategy.parameter_sizes(pl_module)
         data = summary_data(pl_module, sizes, self._max_depth, run_example=not sharded)
         self._data = data

@@ -284,20 +284,19 @@ class ModelPruning(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
-        from fullshard.strategies.model_parallel import ModelParallelStrategy
-        from fullshard.strategies.sharded import ShardedStrategy
-
         strategy = trainer.strategy
+        # the FSDP strategies' own units (their fsdp_kwargs) shard the parameters: masks of the shards
+        fsdp_kwargs = getattr(strategy, "fsdp_kwargs", None)
         self._sharded = None
-        self._sharded_pending = isinstance(strategy, ShardedStrategy)
-        if isinstance(strategy, ModelParallelStrategy) or (self._sharded_pending and not self._l1):
+        self._sharded_pending = strategy.shards_parameters and fsdp_kwargs is not None
+        if (strategy.shards_parameters and fsdp_kwargs is None) or (self._sharded_pending and not self._l1):
             raise MisconfigurationError(
                 f"ModelPruning with {self._pruning_method_name} uses torch.nn.utils.prune, which replaces parameters "
                 f"by masked copies; {type(strategy).__name__} manages the parameters itself, so the two cannot work "
                 "together. Under FSDP and FSDP2 use pruning_fn='l1_unstructured'; for the other methods prune with "
                 "strategy='ddp' (or one device)."
             )
-        if self._sharded_pending and not getattr(strategy, "fsdp_kwargs", {}).get("use_orig_params", True):
+        if self._sharded_pending and not (fsdp_kwargs or {}).get("use_orig_params", True):
             raise MisconfigurationError(
                 "ModelPruning under FSDP prunes the module's own parameters, which FSDPStrategy(use_orig_params=False) "
                 "replaces by flat ones: leave use_orig_params at True."

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from fullshard.trainer.callbacks.local_state import drop_gathered_copies, local_part
+from fullshard.trainer.callbacks.local_state import local_part
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
@@ -113,7 +113,7 @@ class ShardedMasks:
         """Zero the pruned weights (after each optimizer step, and after pruning)."""
         for i, mask in enumerate(self.masks):
             self._local(i).mul_(mask)
-        drop_gathered_copies(self.trainer.strategy.model)
+        self.trainer.strategy.local_weights_written()
 
     @torch.no_grad()
     def reset_to_originals(self) -> None:
@@ -129,7 +129,7 @@ class ShardedMasks:
             self._local(i).copy_(self.originals[i] * mask)
         self._reset_done = True
         self.originals = []
-        drop_gathered_copies(self.trainer.strategy.model)
+        self.trainer.strategy.local_weights_written()
 
     def sparsity(self) -> tuple[int, int]:
         """(pruned, total) weights of all the pruned parameters, over every process."""

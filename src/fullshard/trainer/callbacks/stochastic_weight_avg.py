@@ -30,10 +30,7 @@ AvgFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _shards_parameters(trainer: Trainer) -> bool:
-    from fullshard.strategies.model_parallel import ModelParallelStrategy
-    from fullshard.strategies.sharded import ShardedStrategy
-
-    return isinstance(trainer.strategy, ShardedStrategy | ModelParallelStrategy)
+    return trainer.strategy.shards_parameters
 
 
 class StochasticWeightAveraging(Callback):
@@ -211,7 +208,7 @@ class StochasticWeightAveraging(Callback):
         finished = self._max_epochs == -1 or trainer.current_epoch - 1 >= self.swa_end
         if self._average is None or not self._initialized or not finished:
             return
-        copy_into(local_tensors(pl_module, buffers=False), self._average, trainer.strategy.model)
+        copy_into(local_tensors(pl_module, buffers=False), self._average, trainer.strategy)
         if self._model_contains_batch_norm:
             self._recompute_batch_norm(trainer, pl_module)
 

@@ -173,17 +173,17 @@ class WeightAveraging(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: Module) -> None:
         self._in_fit = False
         if self._average is not None:
-            copy_into(local_tensors(pl_module), self._average.tensors, trainer.strategy.model)
+            copy_into(local_tensors(pl_module), self._average.tensors, trainer.strategy)
 
     @override
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: Module) -> None:
         if self._in_fit and self._average is not None:
-            swap(self._average.tensors, local_tensors(pl_module), trainer.strategy.model)
+            swap(self._average.tensors, local_tensors(pl_module), trainer.strategy)
 
     @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
         if self._in_fit and self._average is not None:
-            swap(self._average.tensors, local_tensors(pl_module), trainer.strategy.model)
+            swap(self._average.tensors, local_tensors(pl_module), trainer.strategy)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -209,11 +209,11 @@ class WeightAveraging(Callback):
         sharded = strategy.state_dict_type == "sharded"
         current_state = None if sharded else _copied(checkpoint["state_dict"])
         # the average in the strategy's own format: swapped into the model for the read (collective)
-        swap(self._average.tensors, local_tensors(pl_module), strategy.model)
+        swap(self._average.tensors, local_tensors(pl_module), strategy)
         try:
             average_state = _copied(strategy.get_state((), full=not sharded)[0])
         finally:
-            swap(self._average.tensors, local_tensors(pl_module), strategy.model)
+            swap(self._average.tensors, local_tensors(pl_module), strategy)
         checkpoint["state_dict"] = average_state
         checkpoint["averaging_state"] = {"n_averaged": self._average.n_averaged.clone()}
         if sharded:

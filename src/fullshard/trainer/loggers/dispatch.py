@@ -68,10 +68,7 @@ def log_run_start(trainer: Trainer, model: Module, datamodule: DataModule | None
         return
     # Tracing the graph runs forward on rank 0 alone: a sharded module would wait for the
     # other ranks' shards forever.
-    from fullshard.strategies.model_parallel import ModelParallelStrategy
-    from fullshard.strategies.sharded import ShardedStrategy
-
-    sharded = isinstance(trainer.strategy, ShardedStrategy | ModelParallelStrategy)
+    sharded = trainer.strategy.shards_parameters
     for logger in trainer.loggers:
         if hparams is not None:
             logger.log_hyperparams(hparams)

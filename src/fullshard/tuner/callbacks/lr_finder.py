@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING
 
 from typing_extensions import override
 
+from fullshard.trainer.call import TunerExit
 from fullshard.trainer.callbacks.base import Callback
+from fullshard.tuner.lr_finder import LRFinder, isolate_rng, lr_find
 
 if TYPE_CHECKING:
     from fullshard.module import Module
     from fullshard.trainer.trainer import Trainer
-    from fullshard.tuner.lr_finder import LRFinder
 
 
 class LearningRateFinder(Callback):
@@ -27,6 +28,7 @@ class LearningRateFinder(Callback):
     """
 
     SUPPORTED_MODES = ("linear", "exponential")
+    runs_first = 1  # after BatchSizeFinder, before every other callback (as Lightning)
 
     def __init__(
         self,
@@ -59,9 +61,6 @@ class LearningRateFinder(Callback):
 
     def lr_find(self, trainer: Trainer, pl_module: Module) -> None:
         """Search now (every process must call it at the same point)."""
-        from fullshard.tuner.exit import TunerExit
-        from fullshard.tuner.lr_finder import isolate_rng, lr_find
-
         with isolate_rng():
             self.optimal_lr = lr_find(
                 trainer,

@@ -8,7 +8,9 @@ from typing_extensions import override
 
 from fullshard.errors import MisconfigurationError
 from fullshard.rank_zero import rank_zero_warn
+from fullshard.trainer.call import TunerExit
 from fullshard.trainer.callbacks.base import Callback
+from fullshard.tuner.batch_size_scaling import has_batch_size, scale_batch_size
 
 if TYPE_CHECKING:
     from fullshard.module import Module
@@ -32,6 +34,7 @@ class BatchSizeFinder(Callback):
     """
 
     SUPPORTED_MODES = ("power", "binsearch")
+    runs_first = 0  # before every other callback, LearningRateFinder included (as Lightning)
 
     def __init__(
         self,
@@ -62,8 +65,6 @@ class BatchSizeFinder(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: Module, stage: str) -> None:
-        from fullshard.tuner.batch_size_scaling import has_batch_size
-
         if stage != "fit":
             raise MisconfigurationError(
                 f"fullshard's BatchSizeFinder searches with training steps, in fit; it was given to {stage}()."
@@ -90,9 +91,6 @@ class BatchSizeFinder(Callback):
 
     def scale_batch_size(self, trainer: Trainer, pl_module: Module) -> None:
         """Search now (every process must call it at the same point)."""
-        from fullshard.tuner.batch_size_scaling import scale_batch_size
-        from fullshard.tuner.exit import TunerExit
-
         self.optimal_batch_size = scale_batch_size(
             trainer,
             pl_module,
