@@ -1,7 +1,7 @@
 """Run the corpus under fullshard and list what differs from the recorded Lightning observations,
 grouped (what tests/test_differential.py checks, as one readable list while fixing).
 
-    python tests/differential/check.py [--seeds 0-299] [--all] [--show SEED]
+    python tests/differential/check.py [--seeds 0-449] [--all] [--show SEED]
 
 Each group: how many lines, the first seed showing it, the difference with numbers as N. Lines
 that docs/lightning.md accepts are left out unless ``--all``. ``--show SEED`` prints that

@@ -21,9 +21,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "differential_lightning_2.6.6.json.gz"
-CORPUS_SIZE = 300
+CORPUS_SIZE = 450
 DDP_FIXTURE = REPO / "tests" / "fixtures" / "differential_ddp_lightning_2.6.6.json.gz"
-DDP_SUBSET_SIZE = 4
+DDP_SUBSET_SIZE = 12
 DDP_DEVICES = 2
 _LAUNCH_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
@@ -96,17 +96,25 @@ def ddp_subset(recorded: dict[str, Any], size: int = DDP_SUBSET_SIZE) -> list[in
 
 
 def run_launched(
-    framework: str, python: str, seed: int, *, strategy: str, devices: int = DDP_DEVICES, timeout: float = 300
-) -> dict[str, Any]:
-    """Observations of the script of ``seed`` rendered with ``strategy`` on ``devices`` CPU
-    processes, under ``framework``, per rank: ``{"0": ..., "1": ...}``. One process is started
-    (``run.py --one``); the framework launches the others with its command line."""
+    framework: str,
+    python: str,
+    seeds: list[int],
+    *,
+    strategy: str,
+    devices: int = DDP_DEVICES,
+    timeout: float = 600,
+) -> dict[str, dict[str, Any]]:
+    """Observations of the scripts of ``seeds`` rendered with ``strategy`` on ``devices`` CPU
+    processes, under ``framework``: ``{seed: {rank: ...}}``. One process is started
+    (``run.py --one``), which runs the scripts in turn; the framework launches the other ranks
+    with its command line when the first script's Trainer starts, and the later scripts run in
+    that job (the launch is paid once)."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV and not k.startswith("PL_")}
     env.update(TWIN_FRAMEWORK=framework, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
     env["PYTHONPATH"] = str(REPO / "src") if framework == "fullshard" else ""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
-        command = [python, str(HERE / "run.py"), "--one", str(seed), "--out", str(out)]
+        command = [python, str(HERE / "run.py"), "--one", ",".join(map(str, seeds)), "--out", str(out)]
         command += ["--strategy", strategy, "--devices", str(devices)]
         done = subprocess.run(
             command, env=env, cwd=tmp, timeout=timeout, capture_output=True, text=True, check=False
@@ -114,10 +122,11 @@ def run_launched(
         ranks = {str(r): out / f"out.rank{r}.json" for r in range(devices)}
         if done.returncode != 0 or not all(p.exists() for p in ranks.values()):
             raise RuntimeError(
-                f"{framework} run of script {seed} with strategy={strategy!r}, devices={devices} failed"
+                f"{framework} run of scripts {seeds} with strategy={strategy!r}, devices={devices} failed"
                 f" ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
             )
-        return {r: json.loads(p.read_text()) for r, p in ranks.items()}
+        per_rank = {r: json.loads(p.read_text()) for r, p in ranks.items()}
+        return {str(s): {r: per_rank[r][str(s)] for r in per_rank} for s in seeds}
 
 
 def load_fixture(path: Path = FIXTURE) -> dict[str, Any]:

@@ -64,6 +64,14 @@ def draw(seed: int, base: dict[str, Any]) -> dict[str, Any]:
         args: dict[str, Any] = {}
         if kind == "StochasticWeightAveraging":
             args = {"swa_lrs": _pick(rng, 0.05, 0.01), "swa_epoch_start": _pick(rng, 1, 0.5, 2)}
+            if (
+                isinstance(args["swa_epoch_start"], int)
+                and args["swa_epoch_start"] >= base["trainer"]["max_epochs"]
+            ):
+                # averaging that never starts: Lightning 2.6.6 still copies its average (the weights
+                # at fit start) into the model when fit ends, losing the training (docs/lightning.md,
+                # "Differences found by machine"), which no accepted row can single out
+                args["swa_epoch_start"] = 0.5
         elif kind == "GradientAccumulationScheduler":
             # [epoch, factor] pairs: the spec is JSON, whose keys are strings
             args = {"scheduling": _pick(rng, [[0, 2]], [[0, 1], [1, 2]], [[1, 3]])}

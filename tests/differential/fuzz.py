@@ -3,7 +3,7 @@ docs/lightning.md does not accept, each minimized to the smallest script that st
 
     python tests/differential/fuzz.py --n 50 --seed 1000 --report fuzz-report.md [--jobs 2]
 
-Seeds ``seed .. seed + n - 1`` (the suite's corpus is 0 .. 299: take seeds above it). For each
+Seeds ``seed .. seed + n - 1`` (the suite's corpus is 0 .. 449: take seeds above it). For each
 script with an unexplained difference, the report gives the differences and the minimized script
 (by delta debugging over the features: as many dropped at once as keep the first difference), ready to run
 under either framework (``--minimize K``: the first K, 3 by default; each takes a few minutes).

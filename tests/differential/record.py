@@ -29,6 +29,7 @@ def main() -> None:
     if args.ddp:
         seeds = corpus.ddp_subset(corpus.load_fixture())
         python = corpus.lightning_python()
+        launched = corpus.run_launched("lightning", python, seeds, strategy="ddp")
         data = {
             "lightning": "2.6.6",
             "strategy": "ddp",
@@ -36,10 +37,7 @@ def main() -> None:
             "scripts": {
                 str(s): {
                     "spec": generate.spec(s),
-                    "observed": {
-                        rank: corpus.trim(o)
-                        for rank, o in corpus.run_launched("lightning", python, s, strategy="ddp").items()
-                    },
+                    "observed": {rank: corpus.trim(o) for rank, o in launched[str(s)].items()},
                 }
                 for s in seeds
             },

@@ -191,15 +191,14 @@ def run_one(seed: int, source: str, workdir: Path | None = None) -> dict[str, An
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", help="e.g. 0-299 or 3,7,9")
+    parser.add_argument("--seeds", help="e.g. 0-449 or 3,7,9")
     parser.add_argument("--out", required=True, type=Path, help="a file; with --one, a folder")
     parser.add_argument("--specs", type=Path, help="a JSON list of specs to run instead of seeds")
     parser.add_argument(
         "--one",
-        type=int,
-        help="run only this seed's script, rendered with --strategy and --devices, its launched"
-        " processes included (the framework starts them with this command line): each rank writes"
-        " OUT/out.rank{RANK}.json, and the script runs in OUT/work, which all ranks share",
+        help="run these seeds' scripts (e.g. 2,3,6) in turn, rendered with --strategy and --devices, in"
+        " processes the framework launches (with this command line): each rank writes"
+        " OUT/out.rank{RANK}.json ({seed: observations}); a script runs in OUT/work/SEED, which all ranks share",
     )
     parser.add_argument("--strategy", default="ddp")
     parser.add_argument("--devices", type=int, default=2)
@@ -215,15 +214,20 @@ def main() -> None:
 
     logging.disable(logging.INFO)  # the frameworks' info lines are not observations here
     if args.one is not None:
-        # rank 0 is the process started by hand (no LOCAL_RANK yet); the others get it from the launcher
+        # rank 0 is the process started by hand (no LOCAL_RANK yet); the others get it from the
+        # launcher, which starts them with this command line: every rank runs the same scripts, in
+        # turn, the first one's Trainer launching the job and the others' running in it
         rank = int(os.environ.get("LOCAL_RANK", "0"))
-        source = generate.render(generate.spec(args.one), strategy=args.strategy, devices=args.devices)
-        if FRAMEWORK == "fullshard":
-            source = generate.port(source)
-        observed = run_one(args.one, source, workdir=args.out.resolve() / "work")
-        if rank:  # the folder is rank 0's too, which may still be writing it: rank 0 reports its files
-            observed.update(files=[], checkpoints={}, csv={})
-        (args.out / f"out.rank{rank}.json").write_text(json.dumps(observed, sort_keys=True, default=repr))
+        results = {}
+        for seed in parse_seeds(args.one):
+            source = generate.render(generate.spec(seed), strategy=args.strategy, devices=args.devices)
+            if FRAMEWORK == "fullshard":
+                source = generate.port(source)
+            observed = run_one(seed, source, workdir=args.out.resolve() / "work" / str(seed))
+            if rank:  # the folder is rank 0's too, which may still be writing it: rank 0 reports its files
+                observed.update(files=[], checkpoints={}, csv={}, tensorboard={})
+            results[str(seed)] = observed
+        (args.out / f"out.rank{rank}.json").write_text(json.dumps(results, sort_keys=True, default=repr))
         return
     specs = (
         json.loads(args.specs.read_text())

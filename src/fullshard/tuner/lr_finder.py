@@ -269,6 +269,8 @@ def lr_find(
         recorder.close()
         snapshot.restore(trainer, model)
         rebuild_train_loader(trainer, model)
+        # Lightning makes the rebuilt loader's iterator now, from the state the search left
+        trainer.fit_loop.draw_next_epoch_from(torch.get_rng_state())
         if bar is not None and show_bar:
             bar.enable()
     if update_attr and finished:

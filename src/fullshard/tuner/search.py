@@ -90,6 +90,8 @@ class Snapshot:
 def rebuild_train_loader(trainer: Trainer, module: Module) -> None:
     """Build the training loader afresh after a search (at the batch size found), as Lightning
     does, so that the fit that follows asks for it once, before its ``on_fit_start`` hooks."""
+    if trainer.limit_train_batches == 0:  # a fit that trains on nothing asks for no loader
+        return
     sources: Any = trainer.data_sources  # the running fit's
     trainer.fit_loop.setup_train_loader(sources.get("train", module))
     trainer.fit_loop.warn_if_few_batches()  # Lightning's set-up of the rebuilt loader says it again

@@ -36,6 +36,7 @@ from fullshard.rank_zero import PossibleUserWarning, rank_zero_info, rank_zero_w
 from fullshard.seed import current_seed, rng_states, set_rng_states
 from fullshard.trainer import data_setup, nonfinite, preemption
 from fullshard.trainer.combined_loader import PreparedCombined
+from fullshard.trainer.data import EpochDraws
 from fullshard.trainer.loggers import send_to_loggers
 from fullshard.trainer.loops import step_output
 from fullshard.trainer.loops.fetcher import Fetcher
@@ -86,11 +87,13 @@ class FitLoop:
         self._announced = False
         # the run's first epoch, made before on_train_start (with the loader it reads)
         self._first_batches: tuple[Any, Fetcher] | None = None
+        self._next_draws: EpochDraws | None = None  # see draw_next_epoch_from
 
     # --------------------------------------------------------------------------- data
     def setup_train_loader(self, loader: Any) -> None:
         """Prepare the training loader (``estimated_stepping_batches`` may ask for it early)."""
         self.train_loader, self.num_training_batches = data_setup.prepare(self.trainer, loader, "train")
+        self._next_draws = None
         self._announced = False  # warn_if_few_batches has not looked at it yet
 
     def estimated_stepping_batches(self, train_loader: Callable[[], Any] | None) -> int | float:
@@ -485,6 +488,12 @@ class FitLoop:
         if self._first_batches is not None:
             self._first_batches = (self.train_loader, batches)
 
+    def draw_next_epoch_from(self, rng_state: torch.Tensor) -> None:
+        """Make the next epoch's iterator from ``rng_state`` (the global generator then put back),
+        as if it had been made then: Lightning's learning-rate finder makes the rebuilt loader's
+        iterator at the end of its search, inside its ``isolate_rng`` block, and the fit keeps it."""
+        self._next_draws = EpochDraws(rng_state, None)
+
     def _epoch_batches(self) -> Fetcher:
         """The batches of this epoch (its rest, when resuming), fetched a batch ahead when their
         number is unknown ([Note: fetching a batch ahead] in fetcher.py)."""
@@ -493,6 +502,8 @@ class FitLoop:
         resumed, progress.resumed_draws = progress.resumed_draws, None
         if resumed is not None and progress.epoch_start == (0, 0):
             resumed = None  # the epoch starts afresh: it draws anew
+        if resumed is None:
+            resumed, self._next_draws = self._next_draws, None
         # what the epoch draws, for a checkpoint written inside it ([Note: the epoch's draws])
         progress.epoch_rng_state = torch.get_rng_state() if resumed is None else resumed.rng_state
         iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start, resumed)
