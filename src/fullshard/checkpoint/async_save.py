@@ -115,11 +115,12 @@ class PendingSave:
         rank: int,
         world_size: int,
         unfinished: set[PendingSave],
+        guard: StepGuard | None = None,
     ) -> None:
         self.path = path
         self.staged_bytes = staging.nbytes  # this rank's host copy, until the files are written
         self._staging = staging  # its copy is released once written (or the save failed)
-        self._guard: StepGuard | None = None  # the optimizers' wait for the copy (main thread)
+        self._guard = guard  # the optimizers' wait for the copy (main thread); None once removed
         self._copy_waited = 0.0
         self._steps: SaveSteps | None = steps  # dropped when done, with what they hold (meta.pt)
         self._group = group
@@ -163,8 +164,12 @@ class PendingSave:
             self._guard = None
             self._copy_waited += guard.waited_s
 
-    def _drop_guard(self) -> None:
-        """Let the optimizers step without waiting (the save never started)."""
+    def begin(self) -> None:
+        """Start the thread that finishes the copy and writes (once, by :meth:`BackgroundSaves.start`)."""
+        self._thread.start()
+
+    def abandon(self) -> None:
+        """Let the optimizers step without waiting: the save is dropped before :meth:`begin`."""
         if self._guard is not None:
             self._guard.remove()
             self._guard = None
@@ -383,10 +388,16 @@ class BackgroundSaves:
         """
         group = self.group(host)
         pending = PendingSave(
-            path, step, staging, steps, group, host.global_rank, host.world_size, self._unfinished
+            path,
+            step,
+            staging,
+            steps,
+            group,
+            host.global_rank,
+            host.world_size,
+            self._unfinished,
+            guard=StepGuard(staging.copied) if staging.deferred else None,
         )
-        if staging.deferred:
-            pending._guard = StepGuard(staging.copied)
         if not self._waits_at_exit:
             # registered after the process group's teardown, so it runs before it (atexit is LIFO);
             # it holds the set, not this object
@@ -397,9 +408,9 @@ class BackgroundSaves:
             checkpoint_event("async.staged")
         except BaseException:  # a test's hook: leave no save behind that nothing will ever run
             self._unfinished.discard(pending)
-            pending._drop_guard()
+            pending.abandon()
             raise
-        pending._thread.start()
+        pending.begin()
         return pending
 
     def unfinished(self) -> Sequence[PendingSave]:

@@ -242,21 +242,17 @@ def _simulate(
 ) -> Simulated:
     run = functools.partial(
         simulate,
-        model,
-        batch,
-        candidate,
+        batch=batch,
+        candidate=candidate,
         layout=candidate.layout(devices, num_nodes),
         precision=precision,
         count_flops=count_flops,
         device_type=device_type,
     )
     if depth is None:
-        return run()
+        return run(model)
     a, b = SCALE_POINTS
-    points = []
-    for cut in (a, b):
-        with cut_blocks(model, candidate.wrap, cut):
-            points.append(run())
+    points = [run(cut_blocks(model, candidate.wrap, cut)) for cut in (a, b)]
     low, high = points
     scale = (depth - a) / (b - a)
 

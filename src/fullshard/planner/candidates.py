@@ -15,9 +15,9 @@ length, or with fewer than :data:`MIN_BLOCKS_TO_SCALE` blocks, is simulated whol
 
 from __future__ import annotations
 
-import contextlib
+import copy
 from collections import Counter
-from collections.abc import Iterator
+from typing import Any
 
 from torch import nn
 
@@ -94,17 +94,13 @@ def scalable_depth(model: nn.Module, wrap: tuple[str, ...]) -> int | None:
     return depth if depth >= MIN_BLOCKS_TO_SCALE else None
 
 
-@contextlib.contextmanager
-def cut_blocks(model: nn.Module, wrap: tuple[str, ...], depth: int) -> Iterator[nn.Module]:
-    """``model`` with each block list cut to its first ``depth`` blocks, restored on exit."""
-    lists = block_lists(model, wrap)
-    for parent, name, blocks in lists:
-        setattr(parent, name, nn.ModuleList(list(blocks)[:depth]))
-    try:
-        yield model
-    finally:
-        for parent, name, blocks in lists:
-            setattr(parent, name, blocks)
+def cut_blocks(model: nn.Module, wrap: tuple[str, ...], depth: int) -> nn.Module:
+    """A copy of ``model`` with each block list cut to its first ``depth`` blocks (``model`` is
+    left as it is). Meant for a model on the meta device, where a copy allocates nothing."""
+    memo: dict[int, Any] = {}
+    for _, _, blocks in block_lists(model, wrap):  # copied first: the model's copy takes them from memo
+        memo[id(blocks)] = nn.ModuleList([copy.deepcopy(block, memo) for block in list(blocks)[:depth]])
+    return copy.deepcopy(model, memo)
 
 
 def enumerate_candidates(

@@ -258,8 +258,9 @@ def _to_empty_keeping_ties(model: nn.Module) -> None:
             places.setdefault(id(parameter), []).append((owner, name))
     model.to_empty(device="cpu")
     for (first, first_name), *others in places.values():
+        shared = first.get_parameter(first_name)
         for owner, name in others:
-            setattr(owner, name, getattr(first, first_name))
+            owner.register_parameter(name, shared)
 
 
 def _as_after_a_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
