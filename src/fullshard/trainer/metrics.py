@@ -294,6 +294,8 @@ class MetricsCollector:
         if not in_step:  # an epoch-end hook: this is the epoch's value already
             if sync_dist:
                 tensor = self._all_reduce(tensor, reduce)
+            else:
+                _warn_unsynced_epoch_value(key)
             self._publish_epoch_value(key, tensor, prog_bar, logger, base)
             return
         accumulators = self._epoch[self.stage]

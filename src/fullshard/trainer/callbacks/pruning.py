@@ -221,7 +221,10 @@ class ModelPruning(Callback):
 
     @override
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: Module, optimizer: Any) -> None:
-        if self._sharded is not None and self._prune_on_train_epoch_end and trainer.is_last_batch:
+        if self._sharded is None:
+            return
+        self._sharded.mask_gradients()
+        if self._prune_on_train_epoch_end and trainer.is_last_batch:
             self._sharded.remember_forward_weights()
 
     @override

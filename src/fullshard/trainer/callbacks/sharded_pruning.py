@@ -60,6 +60,17 @@ class ShardedMasks:
             strategy.all_reduce(torch.tensor(value, dtype=torch.float64, device=strategy.root_device), "max")
         )
 
+    def mask_gradients(self) -> None:
+        """Zero the gradients of the pruned weights before the step is clipped and taken, as
+        ``torch.nn.utils.prune``'s masked forward gives them none (gradient clipping by norm then
+        sees the same gradients)."""
+        if not self.pruned:
+            return
+        for i, (module, name) in enumerate(self.parameters):
+            grad = getattr(module, name).grad
+            if grad is not None:
+                local_part(grad).mul_(self.masks[i])
+
     def remember_forward_weights(self) -> None:
         """Keep the weights the coming optimizer step changes: a pruning at the end of this
         epoch ranks them, as ``torch.nn.utils.prune`` ranks the masked weight its last forward
