@@ -9,6 +9,7 @@ asks this module for the lines each feature adds. Every feature is plain JSON un
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -38,6 +39,10 @@ DATAMODULE_HOOKS: dict[str, tuple[str, str]] = {
     "on_before_batch_transfer": ("self, batch, dataloader_idx", "return batch"),
     "on_after_batch_transfer": ("self, batch, dataloader_idx", "return [batch[0] * 1.0, batch[1]]"),
 }
+
+
+# DIFFERENTIAL_BATCH_SIZE_FINDER=1 draws Tuner.scale_batch_size calls too (fuzz.py's runs inherit it)
+BATCH_SIZE_FINDER = os.environ.get("DIFFERENTIAL_BATCH_SIZE_FINDER") == "1"
 
 
 def _pick(rng: random.Random, *options: Any) -> Any:
@@ -126,6 +131,15 @@ def draw(seed: int, base: dict[str, Any]) -> dict[str, Any]:
         datamodule_hooks = sorted(rng.sample(sorted(DATAMODULE_HOOKS), k=_pick(rng, 0, 1, 2, 3, 4)))
     tensorboard = isinstance(base["loggers"], list) and rng.random() < 0.15
     lr_find = automatic_single and rng.random() < 0.05
+    # Tuner.scale_batch_size: the DataModule's batch_size attribute, its loader built with it.
+    # Drawn only when asked for (BATCH_SIZE_FINDER): fullshard's finder does not match Lightning's
+    # yet (docs/lightning.md, "Differences found by machine"), so the corpus leaves it out
+    scale_batch_size = BATCH_SIZE_FINDER and (
+        base["datamodule"]
+        and not base["data"]["iterable"]
+        and not base["data"]["empty_train"]
+        and rng.random() < 0.2
+    )
     return {
         "callbacks": callbacks,
         "early_stopping": early_stopping,
@@ -134,6 +148,7 @@ def draw(seed: int, base: dict[str, Any]) -> dict[str, Any]:
         "datamodule_hooks": datamodule_hooks,
         "tensorboard": tensorboard,
         "lr_find": lr_find,
+        "scale_batch_size": scale_batch_size,
     }
 
 
@@ -154,7 +169,7 @@ def imports(s: dict[str, Any]) -> list[str]:
     out = []
     if more.get("metric"):
         out.append("import torchmetrics")
-    if more.get("lr_find"):
+    if more.get("lr_find") or more.get("scale_batch_size"):
         out.append("from lightning.pytorch.tuner import Tuner")
     if more.get("datamodule_hooks") is not None and s["datamodule"] and more.get("datamodule_hooks"):
         out.append("from recording import RecordDataModuleHooks")
@@ -228,16 +243,26 @@ def learning_rate(s: dict[str, Any], default: str) -> str:
     return "self.lr" if tunes_lr(s) else default
 
 
+def datamodule_batch_size(s: dict[str, Any]) -> str:
+    """The argument of the DataModule's ``train_loader`` call: its ``batch_size`` attribute where
+    the batch size finder scales it."""
+    return "self.batch_size" if _more(s).get("scale_batch_size") else ""
+
+
 def datamodule_lines(s: dict[str, Any]) -> tuple[str, list[str]]:
     """The DataModule's bases and the hooks it defines beside its loaders."""
     hooks = _more(s).get("datamodule_hooks") or []
-    if not hooks:
+    scaled = _more(s).get("scale_batch_size")
+    if not hooks and not scaled:
         return "L.LightningDataModule", []
-    out = ["    def __init__(self):", "        super().__init__()", "        self.calls = []", ""]
+    out = ["    def __init__(self):", "        super().__init__()", "        self.calls = []"]
+    if scaled:
+        out.append(f"        self.batch_size = {s['data']['batch_size']}")
+    out.append("")
     for hook in hooks:
         params, body = DATAMODULE_HOOKS[hook]
         out += [f"    def {hook}({params}):", f"        {body}", ""]
-    return "RecordDataModuleHooks, L.LightningDataModule", out
+    return ("RecordDataModuleHooks, L.LightningDataModule" if hooks else "L.LightningDataModule"), out
 
 
 def callback_calls(s: dict[str, Any]) -> list[str]:
@@ -268,9 +293,17 @@ def logger_extra(s: dict[str, Any]) -> list[str]:
 
 
 def before_fit(s: dict[str, Any], fit_args: str) -> list[str]:
+    out = []
+    if _more(s).get("scale_batch_size"):
+        out += [
+            "    mark('scale_batch_size')",
+            f"    found = Tuner(trainer).scale_batch_size({fit_args}, mode='power', steps_per_trial=1, max_trials=3)",
+            "    value('scale_batch_size', [found, data.batch_size])",
+        ]
     if not _more(s).get("lr_find"):
-        return []
+        return out
     return [
+        *out,
         "    mark('lr_find')",
         f"    finder = Tuner(trainer).lr_find({fit_args}, num_training=5, early_stop_threshold=None)",
         "    value('lr_find', [len(finder.results['lr']), model.lr])",

@@ -90,6 +90,7 @@ def edits(spec: Spec) -> list[Edit]:
         ("datamodule_hooks", []),
         ("tensorboard", False),
         ("lr_find", False),
+        ("scale_batch_size", False),
     ):
         if more.get(key):
             out.append(lambda s, key=key, empty=empty: s["more"].update({key: empty}))

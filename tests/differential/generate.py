@@ -369,14 +369,14 @@ def _loaders(s: dict[str, Any]) -> list[str]:
             "",
         ]
     train_ds = "Stream({n}, {seed})" if data["iterable"] else "TensorDataset(*tensors({n}, {seed}))"
-    train_kw = f"batch_size={data['batch_size']}"
+    train_kw = "batch_size=batch_size"
     if data["shuffle"] and not data["iterable"]:
         train_kw += ", shuffle=True"
     if data["drop_last"]:
         train_kw += ", drop_last=True"
     n_train = 0 if data["empty_train"] else data["train_size"]
     out += [
-        "def train_loader():",
+        f"def train_loader(batch_size={data['batch_size']}):",
         f"    return DataLoader({train_ds.format(n=n_train, seed=1)}, {train_kw})",
         "",
         "",
@@ -484,7 +484,7 @@ def render(s: dict[str, Any], *, strategy: str | None = None, devices: int = 1) 
             f"class Data({bases}):",
             *hooks,
             "    def train_dataloader(self):",
-            "        return train_loader()",
+            f"        return train_loader({extensions.datamodule_batch_size(s)})",
             "",
         ]
         if val["loaders"]:
