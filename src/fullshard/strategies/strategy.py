@@ -76,6 +76,11 @@ class Strategy(LightningStrategyAPI):
     manual_optimization: bool = False
     #: The parameters are split over the processes: the host never runs a forward on one alone.
     shards_parameters: ClassVar[bool] = False
+    #: One process per device (DDP, FSDP, model parallel; Lightning's ``ParallelStrategy``): the
+    #: host splits the data among the processes with a ``DistributedSampler``, even when one runs.
+    one_process_per_device: ClassVar[bool] = False
+    #: Runs in this process alone: the host refuses a job of several devices.
+    runs_in_one_process: ClassVar[bool] = False
 
     def __init__(self, *, state_dict_type: str = "full") -> None:
         if state_dict_type not in STATE_DICT_TYPES:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fullshard.errors import MisconfigurationError, MisconfigurationTypeError
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
-from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
+from fullshard.strategies import STRATEGY_REGISTRY, Strategy
 from fullshard.trainer.argument_types import (
     callback_list,
     check_directory,
@@ -358,16 +358,16 @@ def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
         resolved = strategy
     elif isinstance(strategy, str):
         if strategy == "auto":
-            return SingleDeviceStrategy() if world_size == 1 else DDPStrategy()
+            return STRATEGY_REGISTRY.get("single_device" if world_size == 1 else "ddp")
         resolved = STRATEGY_REGISTRY.get(strategy)
     else:
         raise MisconfigurationError(
             f"strategy must be a name or a fullshard.strategies.Strategy instance, got {type(strategy).__name__}. "
             f"Registered names: {', '.join(STRATEGY_REGISTRY.available())}."
         )
-    if isinstance(resolved, SingleDeviceStrategy) and world_size > 1:
+    if resolved.runs_in_one_process and world_size > 1:
         raise MisconfigurationError(
-            f"strategy='single_device' runs one process, but {world_size} devices were requested. Use "
+            f"strategy={resolved.strategy_name!r} runs one process, but {world_size} devices were requested. Use "
             "devices=1, or a multi-process strategy such as strategy='ddp'."
         )
     return resolved
