@@ -19,23 +19,18 @@ from fullshard.trainer.argument_types import (
     check_number,
     logger_list,
 )
-from fullshard.trainer.callbacks import (
-    Callback,
-    ModelCheckpoint,
-    ModelSummary,
-    ProgressBar,
-    RichModelSummary,
-    RichProgressBar,
-    Timer,
-    TQDMProgressBar,
-)
-from fullshard.trainer.callbacks.base import Checkpoint
+from fullshard.trainer.callbacks.base import Callback, Checkpoint
+from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
+from fullshard.trainer.callbacks.progress_bar import ProgressBar, TQDMProgressBar
+from fullshard.trainer.callbacks.rich_progress import RichProgressBar
 from fullshard.trainer.callbacks.rich_support import rich_available
-from fullshard.trainer.callbacks.timer import parse_duration
+from fullshard.trainer.callbacks.timer import Timer, parse_duration
 from fullshard.trainer.data import limit_batches
-from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
-from fullshard.trainer.loggers.base import importable
+from fullshard.trainer.loggers.base import Logger, importable
+from fullshard.trainer.loggers.csv_logger import CSVLogger
 from fullshard.trainer.loggers.files import VersionedLogger
+from fullshard.trainer.loggers.tensorboard import TensorBoardLogger
 
 # Lightning Trainer options fullshard does not implement, with the value that means "off" in
 # Lightning: passing that value is accepted (a ported script often spells defaults out).
