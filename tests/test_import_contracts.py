@@ -79,7 +79,7 @@ def test_an_import_up_the_layers_breaks_a_contract(
 # one_process_per_device, ...): no module of these packages names a concrete strategy class. The
 # forbidden contract above sees imports of modules only; `from fullshard.strategies import
 # DDPStrategy` imports the package, so this check reads the names.
-_HOST_PACKAGES = ("trainer", "tuner", "profilers", "callbacks", "loggers")
+_HOST_PACKAGES = ("trainer", "tuner", "profilers", "callbacks", "loggers", "plugins", "serve")
 
 
 def _concrete_strategy_names() -> set[str]:

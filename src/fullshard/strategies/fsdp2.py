@@ -112,6 +112,7 @@ class FSDP2Strategy(ShardedStrategy):
     """
 
     strategy_name = "fsdp2"
+    can_save_async = True
 
     def __init__(
         self,

@@ -91,6 +91,7 @@ class ModelParallelStrategy(ParallelStrategy):
     """
 
     strategy_name = "model_parallel"
+    can_save_async = True
     shards_parameters = True
 
     def __init__(

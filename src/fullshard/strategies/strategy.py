@@ -67,6 +67,8 @@ class Strategy(LightningStrategyAPI):
     #: Write sharded checkpoints in the background (set by the strategies that can:
     #: ``FSDP2Strategy(async_save=True)``; see fullshard.checkpoint.async_save).
     async_save: bool = False
+    #: The strategy can write its sharded checkpoints in the background (``async_save=True``).
+    can_save_async: ClassVar[bool] = False
     #: Saves and loads the states this strategy provides and owns the save being written in the
     #: background: the host's (the Trainer connects its CheckpointManager's), else the strategy's
     #: own, made by the first save_checkpoint/load_checkpoint without a Trainer.
