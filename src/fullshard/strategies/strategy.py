@@ -79,7 +79,8 @@ class Strategy(LightningStrategyAPI):
     #: The parameters are split over the processes: the host never runs a forward on one alone.
     shards_parameters: ClassVar[bool] = False
     #: One process per device (DDP, FSDP, model parallel; Lightning's ``ParallelStrategy``): the
-    #: host splits the data among the processes with a ``DistributedSampler``, even when one runs.
+    #: sampler the host adds shuffles the training data, even with one process (see
+    #: [Note: the training sampler's order] in fullshard.trainer.data).
     one_process_per_device: ClassVar[bool] = False
     #: Runs in this process alone: the host refuses a job of several devices.
     runs_in_one_process: ClassVar[bool] = False
