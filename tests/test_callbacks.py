@@ -32,7 +32,8 @@ from fullshard.trainer.callbacks import model_checkpoint as mc_module
 from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
-from fullshard.trainer.loggers import CSVLogger, Logger
+from fullshard.trainer.loggers.base import Logger
+from fullshard.trainer.loggers.csv_logger import CSVLogger
 
 
 # ================================================================================ fake trainer

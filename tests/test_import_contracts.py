@@ -73,3 +73,62 @@ def test_an_import_up_the_layers_breaks_a_contract(
     assert result.returncode != 0, result.stdout
     assert broken in result.stdout and "BROKEN" in result.stdout, result.stdout
     assert module.replace("/", ".").removesuffix(".py") in result.stdout, result.stdout
+
+
+# What the Trainer asks a strategy is a member of the Strategy contract (shards_parameters,
+# one_process_per_device, ...): no module of these packages names a concrete strategy class. The
+# forbidden contract above sees imports of modules only; `from fullshard.strategies import
+# DDPStrategy` imports the package, so this check reads the names.
+_HOST_PACKAGES = ("trainer", "tuner", "profilers", "callbacks", "loggers", "plugins", "serve")
+
+
+def _concrete_strategy_names() -> set[str]:
+    import fullshard.strategies as strategies
+
+    return {
+        name
+        for name in strategies.__all__
+        if isinstance(getattr(strategies, name), type)
+        and issubclass(getattr(strategies, name), strategies.Strategy)
+        and getattr(strategies, name) is not strategies.Strategy
+    }
+
+
+def _strategy_classes_named(source: str) -> list[tuple[int, str]]:
+    import ast
+
+    concrete = _concrete_strategy_names()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and node.id in concrete:
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute) and node.attr in concrete:
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.ImportFrom):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name in concrete]
+    return found
+
+
+def test_the_trainer_names_no_strategy_class() -> None:
+    assert {
+        "DDPStrategy",
+        "SingleDeviceStrategy",
+        "ParallelStrategy",
+        "FSDP2Strategy",
+    } <= _concrete_strategy_names()
+    named = {}
+    for package in _HOST_PACKAGES:
+        for path in sorted((ROOT / "src" / "fullshard" / package).rglob("*.py")):
+            found = _strategy_classes_named(path.read_text())
+            if found:
+                named[str(path.relative_to(ROOT))] = found
+    assert named == {}, f"ask the Strategy contract (fullshard/strategies/strategy.py) instead: {named}"
+
+
+def test_naming_a_strategy_class_is_seen() -> None:
+    source = (
+        "from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy\n"
+        "import fullshard.strategies as s\n"
+        "def f(x):\n    return isinstance(x, s.FSDP2Strategy) or STRATEGY_REGISTRY\n"
+    )
+    assert sorted(_strategy_classes_named(source)) == [(1, "DDPStrategy"), (4, "FSDP2Strategy")]

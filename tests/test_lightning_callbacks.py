@@ -40,11 +40,11 @@ from fullshard.callbacks import (
     ThroughputMonitor,
     TrainingSpikeException,
     WeightAveraging,
-    measure_flops,
 )
 from fullshard.errors import MisconfigurationError
 from fullshard.strategies import FSDP2Strategy, FSDPStrategy, ModelParallelStrategy
 from fullshard.tuner import Tuner
+from fullshard.utilities import measure_flops
 
 
 def _data() -> TensorDataset:

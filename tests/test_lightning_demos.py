@@ -130,6 +130,21 @@ class _Servable:
         return ServableBoringModel()
 
 
+@pytest.mark.parametrize("name", ["FSDPStrategy", "FSDP2Strategy", "ModelParallelStrategy"])
+def test_servable_module_validator_refuses_sharded_parameters(tmp_path: Path, name: str) -> None:
+    # asked of the Strategy contract (shards_parameters): one process holds no whole model
+    import fullshard.strategies
+    from fullshard.serve import ServableModuleValidator
+
+    strategy = getattr(fullshard.strategies, name)()
+    trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy=strategy, default_root_dir=tmp_path)
+    with pytest.raises(
+        fullshard.errors.MisconfigurationError,
+        match=rf"ServableModuleValidator under {name}: the parameters are sharded across processes",
+    ):
+        ServableModuleValidator().on_train_start(trainer, _Servable.make([0, 1]))
+
+
 def test_servable_module_validator_answers_the_payload(tmp_path: Path) -> None:
     from fullshard.serve import ServableModuleValidator
 

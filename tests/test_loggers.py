@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import fullshard
-from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+from fullshard.trainer.loggers.base import Logger
+from fullshard.trainer.loggers.csv_logger import CSVLogger
+from fullshard.trainer.loggers.tensorboard import TensorBoardLogger
 
 
 def _read(logger: CSVLogger) -> str:
@@ -395,7 +397,7 @@ def test_fast_dev_run_gives_user_code_a_logger_that_writes_nothing(tmp_path: Pat
 
     from conftest import quiet_trainer
     from fullshard.callbacks import LearningRateMonitor
-    from fullshard.trainer.loggers import DummyLogger
+    from fullshard.trainer.loggers.base import DummyLogger
 
     class Calls(_Graphed):
         def on_train_start(self) -> None:

@@ -408,6 +408,37 @@ def test_auto_sizes(tmp_path: Path, dp: Any, tp: Any, expected: tuple[int, int])
     assert strategy.distributed_sampler_kwargs == {"num_replicas": expected[0], "rank": 0}
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_fsdp2_tensor_parallel_is_a_preset_of_model_parallel(tmp_path: Path, tp: int) -> None:
+    # one 2-D path: FSDP2Strategy(tensor_parallel_size=T) lays the job out as
+    # ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=T)
+    def configured(strategy: Any) -> Any:
+        fullshard.Trainer(accelerator="cpu", devices=4, strategy=strategy, default_root_dir=tmp_path)
+        return strategy
+
+    fsdp2 = configured(FSDP2Strategy(tensor_parallel_size=tp, tp_plan={"layer": "colwise"}))
+    model_parallel = configured(ModelParallelStrategy("auto", tp))
+    assert fsdp2.layout == model_parallel.layout
+    assert fsdp2.layout.mesh_dims == ("data_parallel", "tensor_parallel")
+    assert (
+        fsdp2.distributed_sampler_kwargs
+        == model_parallel.distributed_sampler_kwargs
+        == {
+            "num_replicas": 4 // tp,
+            "rank": 0,
+        }
+    )
+    # a layout planned ahead for another job size goes through the same function
+    assert fsdp2.layout_for(8).mesh_shape == (8 // tp, tp)
+    odd = 6 if tp == 4 else 7  # a size tp does not divide
+    with pytest.raises(
+        MisconfigurationError,
+        match=rf"FSDP2Strategy\(tensor_parallel_size={tp}\) cannot lay out the job's {odd} processes: "
+        rf"data_parallel_size x tensor_parallel_size must equal {odd}",
+    ):
+        fsdp2.layout_for(odd)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_with_nccl(tmp_path: Path, reference: dict[str, Any]) -> None:

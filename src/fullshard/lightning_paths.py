@@ -22,7 +22,9 @@ ALIASES: dict[str, dict[str, str]] = {
         **{name: f"fullshard.{name}" for name in ("callbacks", "core", "loggers", "plugins", "profilers")},
         **{name: f"fullshard.{name}" for name in ("strategies", "trainer", "tuner", "utilities")},
     },
-    "callbacks.batch_size_finder": {"BatchSizeFinder": "fullshard.tuner.callbacks:BatchSizeFinder"},
+    "callbacks.batch_size_finder": {
+        "BatchSizeFinder": "fullshard.tuner.callbacks.batch_size_finder:BatchSizeFinder"
+    },
     "callbacks.callback": {"Callback": f"{_CB}.base:Callback"},
     "callbacks.checkpoint": {"Checkpoint": f"{_CB}.base:Checkpoint"},
     "callbacks.device_stats_monitor": {"DeviceStatsMonitor": f"{_CB}.device_stats:DeviceStatsMonitor"},
@@ -38,7 +40,7 @@ ALIASES: dict[str, dict[str, str]] = {
         "GradientAccumulationScheduler": f"{_CB}.gradient_accumulation:GradientAccumulationScheduler"
     },
     "callbacks.lambda_function": {"LambdaCallback": f"{_CB}.lambda_function:LambdaCallback"},
-    "callbacks.lr_finder": {"LearningRateFinder": "fullshard.tuner.callbacks:LearningRateFinder"},
+    "callbacks.lr_finder": {"LearningRateFinder": "fullshard.tuner.callbacks.lr_finder:LearningRateFinder"},
     "callbacks.lr_monitor": {"LearningRateMonitor": f"{_CB}.lr_monitor:LearningRateMonitor"},
     "callbacks.model_checkpoint": {"ModelCheckpoint": f"{_CB}.model_checkpoint:ModelCheckpoint"},
     "callbacks.model_summary": {"ModelSummary": f"{_CB}.model_summary:ModelSummary"},

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from typing_extensions import Self
 
-    from fullshard.trainer.loggers import Logger
+    from fullshard.trainer.loggers.base import Logger
     from fullshard.trainer.trainer import Trainer
 
 OptimizerConfig = Any

@@ -1,33 +1,26 @@
 """Callbacks under the names a Lightning script imports them by (``lightning.pytorch.callbacks``)."""
 
-from fullshard.trainer.callbacks import (
-    BackboneFinetuning,
-    BaseFinetuning,
-    DeviceStatsMonitor,
-    EMAWeightAveraging,
-    GradientAccumulationScheduler,
-    LambdaCallback,
-    ModelPruning,
-    ModelSummary,
-    OnExceptionCheckpoint,
-    RichModelSummary,
-    RichProgressBar,
-    SpikeDetection,
-    StochasticWeightAveraging,
-    ThroughputMonitor,
-    WeightAveraging,
-)
 from fullshard.trainer.callbacks.base import Callback, Checkpoint
+from fullshard.trainer.callbacks.device_stats import DeviceStatsMonitor
 from fullshard.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
+from fullshard.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+from fullshard.trainer.callbacks.gradient_accumulation import GradientAccumulationScheduler
+from fullshard.trainer.callbacks.lambda_function import LambdaCallback
 from fullshard.trainer.callbacks.lr_monitor import LearningRateMonitor
 from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
+from fullshard.trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from fullshard.trainer.callbacks.prediction_writer import BasePredictionWriter
 from fullshard.trainer.callbacks.progress_bar import ProgressBar, TQDMProgressBar
-from fullshard.trainer.callbacks.rich_progress import RichProgressBarTheme
-from fullshard.trainer.callbacks.spike import TrainingSpikeException
-from fullshard.trainer.callbacks.throughput import Throughput, measure_flops
+from fullshard.trainer.callbacks.pruning import ModelPruning
+from fullshard.trainer.callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
+from fullshard.trainer.callbacks.spike import SpikeDetection, TrainingSpikeException
+from fullshard.trainer.callbacks.stochastic_weight_avg import StochasticWeightAveraging
+from fullshard.trainer.callbacks.throughput import Throughput, ThroughputMonitor
 from fullshard.trainer.callbacks.timer import Timer
-from fullshard.tuner.callbacks import BatchSizeFinder, LearningRateFinder
+from fullshard.trainer.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
+from fullshard.tuner.callbacks.batch_size_finder import BatchSizeFinder
+from fullshard.tuner.callbacks.lr_finder import LearningRateFinder
 
 __all__ = [
     "BackboneFinetuning",
@@ -60,5 +53,4 @@ __all__ = [
     "Timer",
     "TrainingSpikeException",
     "WeightAveraging",
-    "measure_flops",
 ]

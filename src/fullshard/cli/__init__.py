@@ -25,8 +25,8 @@ if TYPE_CHECKING:
         LightningArgumentParser,
         LightningCLI,
         ReduceLROnPlateau,
-        SaveConfigCallback,
     )
+    from fullshard.cli.save_config import SaveConfigCallback
 
 _NEEDS_JSONARGPARSE = (
     "ArgsType",

@@ -54,7 +54,7 @@ from fullshard.seed import seed_everything
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.trainer import Trainer
 
-__all__ = ["LightningArgumentParser", "LightningCLI", "ReduceLROnPlateau", "SaveConfigCallback"]
+__all__ = ["LightningArgumentParser", "LightningCLI", "ReduceLROnPlateau"]
 
 ArgsType = list[str] | dict[str, Any] | Namespace | None
 _LR_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)

@@ -3,14 +3,12 @@
 from typing import TYPE_CHECKING
 
 from fullshard.lightning_aliases import lightning_names
-from fullshard.trainer.loggers import (
-    CometLogger,
-    CSVLogger,
-    Logger,
-    MLFlowLogger,
-    TensorBoardLogger,
-    WandbLogger,
-)
+from fullshard.trainer.loggers.base import Logger
+from fullshard.trainer.loggers.comet import CometLogger
+from fullshard.trainer.loggers.csv_logger import CSVLogger
+from fullshard.trainer.loggers.mlflow import MLFlowLogger
+from fullshard.trainer.loggers.tensorboard import TensorBoardLogger
+from fullshard.trainer.loggers.wandb import WandbLogger
 
 __all__ = ["CSVLogger", "CometLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
 

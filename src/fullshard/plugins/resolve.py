@@ -21,7 +21,7 @@ the default, is an error.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fullshard.errors import MisconfigurationError
 from fullshard.launch.environments import ClusterEnvironment
@@ -34,6 +34,9 @@ from fullshard.plugins.settings import (
     TorchSyncBatchNorm,
 )
 from fullshard.precision import Precision
+
+if TYPE_CHECKING:
+    from fullshard.strategies.strategy import Strategy
 
 _DEFAULT_PRECISION = "32-true"
 _ACCEPTED = (
@@ -105,20 +108,17 @@ def resolve_plugins(plugins: Any, precision: Any) -> PluginSettings:
     )
 
 
-def apply_async_save(strategy: Any) -> None:
+def apply_async_save(strategy: Strategy) -> None:
     """Turn on ``strategy``'s asynchronous saves for ``AsyncCheckpointIO``, under the rule its own
     ``async_save=True`` keeps."""
     name = type(strategy).__name__
-    if not hasattr(strategy, "async_save") or name not in ("FSDP2Strategy", "ModelParallelStrategy"):
+    if not strategy.can_save_async:
         raise MisconfigurationError(
             f"Trainer(plugins=[AsyncCheckpointIO()]) with {name}: fullshard saves in the background under "
             "FSDP2Strategy(state_dict_type='sharded') and ModelParallelStrategy(save_distributed_checkpoint=True) "
             "only; use one of those, or leave AsyncCheckpointIO out."
         )
-    sharded = getattr(strategy, "state_dict_type", None) == "sharded" or getattr(
-        strategy, "save_distributed_checkpoint", False
-    )
-    if not sharded:
+    if strategy.state_dict_type != "sharded":  # ModelParallelStrategy: save_distributed_checkpoint=True
         raise MisconfigurationError(
             f"Trainer(plugins=[AsyncCheckpointIO()]) with {name} writing full checkpoints: background saves "
             "write sharded ones; pass state_dict_type='sharded' (FSDP2Strategy) or save_distributed_checkpoint=True "

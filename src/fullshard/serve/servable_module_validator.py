@@ -73,7 +73,7 @@ class ServableModuleValidator(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.is_global_zero:
             return
-        if type(trainer.strategy).__name__ in ("FSDPStrategy", "FSDP2Strategy"):
+        if trainer.strategy.shards_parameters:
             raise MisconfigurationError(
                 f"ServableModuleValidator under {type(trainer.strategy).__name__}: the parameters are sharded "
                 "across processes, so one process cannot answer a request (Lightning refuses FSDP too). Check "

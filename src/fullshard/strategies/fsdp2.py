@@ -49,7 +49,7 @@ from fullshard.strategies.fsdp_options import (
 from fullshard.strategies.lightning_api import refuse_lightning_plugins
 from fullshard.strategies.meta_init import MetaInit, ShardedMetaInit, user_init_of
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT
-from fullshard.strategies.parallel_layout import MESH_DIM_NAMES, ParallelLayout
+from fullshard.strategies.parallel_layout import ParallelLayout
 from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.strategies.sharded import ShardedStrategy
 from fullshard.strategies.step_args import step_arguments
@@ -57,6 +57,7 @@ from fullshard.strategies.tensor_parallel import (
     check_tensor_parallel,
     parallelize,
     refuse_compile_with_checkpointing,
+    tensor_parallel_layout,
 )
 from fullshard.strategies.wrapping import fully_shard_model
 
@@ -111,6 +112,7 @@ class FSDP2Strategy(ShardedStrategy):
     """
 
     strategy_name = "fsdp2"
+    can_save_async = True
 
     def __init__(
         self,
@@ -262,9 +264,14 @@ class FSDP2Strategy(ShardedStrategy):
     def layout_for(self, world_size: int) -> ParallelLayout:
         if self.tensor_parallel_size == 1:
             return super().layout_for(world_size)
-        # see [Note: FSDP2 with a tensor-parallel plan]
-        return ParallelLayout.split(
-            world_size, tensor_parallel=self.tensor_parallel_size, mesh_dims=MESH_DIM_NAMES
+        # ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=N)'s layout: see
+        # [Note: FSDP2 with a tensor-parallel plan]
+        return tensor_parallel_layout(
+            world_size,
+            "auto",
+            self.tensor_parallel_size,
+            num_nodes=self.num_nodes if world_size == self.world_size else None,
+            owner=f"FSDP2Strategy(tensor_parallel_size={self.tensor_parallel_size})",
         )
 
     @override

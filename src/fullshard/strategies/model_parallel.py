@@ -6,6 +6,9 @@ the processes, builds the 2-D ``DeviceMesh`` and hands it to the user's ``config
 ``self.device_mesh["tensor_parallel"]``, ``fully_shard`` over ``self.device_mesh["data_parallel"]``).
 The strategy wraps nothing itself; it checks that the model came out sharded, and then trains,
 clips, reduces, logs and checkpoints it on that mesh (docs/fsdp/2d-parallel.md).
+``FSDP2Strategy(tensor_parallel_size=T, tp_plan=...)`` is the preset of this path where the
+strategy parallelises the model itself, with the same layout function, mesh and step code:
+[Note: FSDP2 with a tensor-parallel plan] in fullshard.strategies.tensor_parallel.
 
 [Note: the 2-D mesh layout]
 Ranks fill the mesh row by row: rank ``r`` is data replica ``r // tp`` and tensor-parallel rank
@@ -44,9 +47,13 @@ from fullshard.strategies.parallel import (
     ParallelStrategy,
     refuse_optimizer_outside,
 )
-from fullshard.strategies.parallel_layout import MESH_DIM_NAMES, ParallelLayout
+from fullshard.strategies.parallel_layout import ParallelLayout
 from fullshard.strategies.parameter_sizes import ParameterSize
-from fullshard.strategies.tensor_parallel import refuse_compile_with_checkpointing
+from fullshard.strategies.tensor_parallel import (
+    check_mesh_size,
+    refuse_compile_with_checkpointing,
+    tensor_parallel_layout,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -55,18 +62,6 @@ if TYPE_CHECKING:
     from fullshard.strategies.registry import StrategyRegistry
 
 log = logging.getLogger("fullshard")
-
-
-def _check_size(name: str, value: Any) -> int | Literal["auto"]:
-    if value == "auto" and isinstance(value, str):
-        return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise MisconfigurationError(
-            f"{name}={value!r} is invalid: pass a positive int (a number of processes) or 'auto' "
-            f"(tensor_parallel_size: the processes per machine; data_parallel_size: the number of machines). "
-            f"For example ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2) on 4 processes."
-        )
-    return value
 
 
 class ModelParallelStrategy(ParallelStrategy):
@@ -96,6 +91,7 @@ class ModelParallelStrategy(ParallelStrategy):
     """
 
     strategy_name = "model_parallel"
+    can_save_async = True
     shards_parameters = True
 
     def __init__(
@@ -136,8 +132,8 @@ class ModelParallelStrategy(ParallelStrategy):
             rank_agreement_timeout=rank_agreement_timeout,
             stuck_rank_timeout=stuck_rank_timeout,
         )
-        self._data_parallel_setting = _check_size("data_parallel_size", data_parallel_size)
-        self._tensor_parallel_setting = _check_size("tensor_parallel_size", tensor_parallel_size)
+        self._data_parallel_setting = check_mesh_size("data_parallel_size", data_parallel_size)
+        self._tensor_parallel_setting = check_mesh_size("tensor_parallel_size", tensor_parallel_size)
         self.save_distributed_checkpoint = save_distributed_checkpoint
         self.async_save = async_save
         self._compile_setting = self.compile = parse_compile(compile, type(self).__name__)
@@ -160,24 +156,14 @@ class ModelParallelStrategy(ParallelStrategy):
     @override
     def _make_layout(self) -> ParallelLayout:
         """The ``(data parallel, tensor parallel)`` layout of this job; see [Note: the 2-D mesh layout]."""
-        dp, tp, world = self._data_parallel_setting, self._tensor_parallel_setting, self.world_size
-        if dp == "auto" and tp == "auto":
-            dp, tp = self.num_nodes, self.num_processes
-        elif dp == "auto":
-            assert tp != "auto"
-            dp = world // tp if world % tp == 0 else 0
-        elif tp == "auto":
-            tp = world // dp if world % dp == 0 else 0
-        if dp * tp != world:
-            given = f"data_parallel_size={self._data_parallel_setting!r}, tensor_parallel_size={self._tensor_parallel_setting!r}"
-            raise MisconfigurationError(
-                f"ModelParallelStrategy({given}) cannot lay out the job's {world} processes (num_nodes="
-                f"{self.num_nodes} x devices={self.num_processes}): data_parallel_size x tensor_parallel_size must "
-                f"equal {world}. Choose sizes whose product is {world} (e.g. data_parallel_size={self.num_nodes}, "
-                f"tensor_parallel_size={self.num_processes}), or leave one of them 'auto'."
-            )
-        # rank r is replica r // tp: [Note: the 2-D mesh layout]
-        return ParallelLayout(replicas=1, shards=dp, tensor_parallel=tp, mesh_dims=MESH_DIM_NAMES)
+        given = f"data_parallel_size={self._data_parallel_setting!r}, tensor_parallel_size={self._tensor_parallel_setting!r}"
+        return tensor_parallel_layout(
+            self.world_size,
+            self._data_parallel_setting,
+            self._tensor_parallel_setting,
+            num_nodes=self.num_nodes,
+            owner=f"ModelParallelStrategy({given})",
+        )
 
     @property
     def tensor_parallel_size(self) -> int:

@@ -167,6 +167,8 @@ class ParallelStrategy(Strategy):
             [Note: stuck ranks] in :mod:`fullshard.launch.stuck_ranks` and docs/launching.md.
     """
 
+    one_process_per_device = True
+
     def __init__(
         self,
         *,

@@ -26,6 +26,7 @@ class SingleDeviceStrategy(Strategy):
     """
 
     strategy_name = "single_device"
+    runs_in_one_process = True
 
     def __init__(
         self,

@@ -67,6 +67,8 @@ class Strategy(LightningStrategyAPI):
     #: Write sharded checkpoints in the background (set by the strategies that can:
     #: ``FSDP2Strategy(async_save=True)``; see fullshard.checkpoint.async_save).
     async_save: bool = False
+    #: The strategy can write its sharded checkpoints in the background (``async_save=True``).
+    can_save_async: ClassVar[bool] = False
     #: Saves and loads the states this strategy provides and owns the save being written in the
     #: background: the host's (the Trainer connects its CheckpointManager's), else the strategy's
     #: own, made by the first save_checkpoint/load_checkpoint without a Trainer.
@@ -76,6 +78,12 @@ class Strategy(LightningStrategyAPI):
     manual_optimization: bool = False
     #: The parameters are split over the processes: the host never runs a forward on one alone.
     shards_parameters: ClassVar[bool] = False
+    #: One process per device (DDP, FSDP, model parallel; Lightning's ``ParallelStrategy``): the
+    #: sampler the host adds shuffles the training data, even with one process (see
+    #: [Note: the training sampler's order] in fullshard.trainer.data).
+    one_process_per_device: ClassVar[bool] = False
+    #: Runs in this process alone: the host refuses a job of several devices.
+    runs_in_one_process: ClassVar[bool] = False
 
     def __init__(self, *, state_dict_type: str = "full") -> None:
         if state_dict_type not in STATE_DICT_TYPES:

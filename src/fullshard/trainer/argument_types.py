@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from fullshard.errors import MisconfigurationError, MisconfigurationTypeError
-from fullshard.trainer.callbacks import Callback
-from fullshard.trainer.loggers import Logger
+from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.loggers.base import Logger
 
 _FALSE_WORDS = ("false", "no", "off", "0", "n", "none", "")
 

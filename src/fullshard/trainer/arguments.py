@@ -10,7 +10,7 @@ from typing import Any
 
 from fullshard.errors import MisconfigurationError, MisconfigurationTypeError
 from fullshard.rank_zero import rank_zero_info, rank_zero_warn
-from fullshard.strategies import STRATEGY_REGISTRY, DDPStrategy, SingleDeviceStrategy, Strategy
+from fullshard.strategies import STRATEGY_REGISTRY, Strategy
 from fullshard.trainer.argument_types import (
     callback_list,
     check_directory,
@@ -19,23 +19,18 @@ from fullshard.trainer.argument_types import (
     check_number,
     logger_list,
 )
-from fullshard.trainer.callbacks import (
-    Callback,
-    ModelCheckpoint,
-    ModelSummary,
-    ProgressBar,
-    RichModelSummary,
-    RichProgressBar,
-    Timer,
-    TQDMProgressBar,
-)
-from fullshard.trainer.callbacks.base import Checkpoint
+from fullshard.trainer.callbacks.base import Callback, Checkpoint
+from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
+from fullshard.trainer.callbacks.progress_bar import ProgressBar, TQDMProgressBar
+from fullshard.trainer.callbacks.rich_progress import RichProgressBar
 from fullshard.trainer.callbacks.rich_support import rich_available
-from fullshard.trainer.callbacks.timer import parse_duration
+from fullshard.trainer.callbacks.timer import Timer, parse_duration
 from fullshard.trainer.data import limit_batches
-from fullshard.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
-from fullshard.trainer.loggers.base import importable
+from fullshard.trainer.loggers.base import Logger, importable
+from fullshard.trainer.loggers.csv_logger import CSVLogger
 from fullshard.trainer.loggers.files import VersionedLogger
+from fullshard.trainer.loggers.tensorboard import TensorBoardLogger
 
 # Lightning Trainer options fullshard does not implement, with the value that means "off" in
 # Lightning: passing that value is accepted (a ported script often spells defaults out).
@@ -358,16 +353,16 @@ def resolve_strategy(strategy: str | Strategy, world_size: int) -> Strategy:
         resolved = strategy
     elif isinstance(strategy, str):
         if strategy == "auto":
-            return SingleDeviceStrategy() if world_size == 1 else DDPStrategy()
+            return STRATEGY_REGISTRY.get("single_device" if world_size == 1 else "ddp")
         resolved = STRATEGY_REGISTRY.get(strategy)
     else:
         raise MisconfigurationError(
             f"strategy must be a name or a fullshard.strategies.Strategy instance, got {type(strategy).__name__}. "
             f"Registered names: {', '.join(STRATEGY_REGISTRY.available())}."
         )
-    if isinstance(resolved, SingleDeviceStrategy) and world_size > 1:
+    if resolved.runs_in_one_process and world_size > 1:
         raise MisconfigurationError(
-            f"strategy='single_device' runs one process, but {world_size} devices were requested. Use "
+            f"strategy={resolved.strategy_name!r} runs one process, but {world_size} devices were requested. Use "
             "devices=1, or a multi-process strategy such as strategy='ddp'."
         )
     return resolved

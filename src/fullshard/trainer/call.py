@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from fullshard.rank_zero import rank_zero_info
-from fullshard.trainer.loggers import finalize_loggers
+from fullshard.trainer.loggers.dispatch import finalize_loggers
 from fullshard.trainer.states import CALL_STAGES, TrainerFn, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:

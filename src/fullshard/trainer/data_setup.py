@@ -13,7 +13,6 @@ from torch.utils.data import DistributedSampler, RandomSampler
 from fullshard.errors import MisconfigurationError, RankDivergenceError
 from fullshard.rank_zero import PossibleUserWarning, rank_zero_warn
 from fullshard.seed import current_seed
-from fullshard.strategies.parallel import ParallelStrategy
 from fullshard.trainer.combined_loader import CombinedLoader, PreparedCombined, as_combined, combined_length
 from fullshard.trainer.data import PreparedLoader, limit_batches, prepare_dataloader
 from fullshard.trainer.states import TrainerFn
@@ -58,7 +57,7 @@ def prepare(
         shuffle=shuffle,
         # on one device without a distributed strategy, a shuffling loader's RandomSampler order,
         # drawn from the global generator ([Note: the training sampler's order] in data.py)
-        draws_order=not inner and not isinstance(trainer.strategy, ParallelStrategy),
+        draws_order=not inner and not trainer.strategy.one_process_per_device,
         **trainer.strategy.distributed_sampler_kwargs,
     )
     _warn_padded_evaluation(trainer, prepared, kind)
@@ -108,7 +107,7 @@ def _shuffles_training_data(trainer: Trainer) -> bool:
     device) the sampler it adds shuffles the training data, even from a loader built with
     ``shuffle=False``; ``use_distributed_sampler="keep_shuffle"`` keeps the loader's order. See
     [Note: the training sampler's order] in fullshard.trainer.data."""
-    return trainer.use_distributed_sampler is True and isinstance(trainer.strategy, ParallelStrategy)
+    return trainer.use_distributed_sampler is True and trainer.strategy.one_process_per_device
 
 
 def _overfit_shuffle(loader: Any, kind: str, distributed: bool) -> bool | None:

@@ -23,7 +23,9 @@ from fullshard.batch_transfer import BATCH_TRANSFER_HOOKS, BatchTransfer
 from fullshard.datamodule import DataModule
 from fullshard.module import Module
 from fullshard.profilers.base import PassThroughProfiler, Profiler
-from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.early_stopping import EarlyStopping
+from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from fullshard.trainer.preflight import overrides
 
 if TYPE_CHECKING:

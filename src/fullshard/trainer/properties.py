@@ -7,7 +7,10 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
-from fullshard.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint, ProgressBar
+from fullshard.trainer.callbacks.base import Callback
+from fullshard.trainer.callbacks.early_stopping import EarlyStopping
+from fullshard.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from fullshard.trainer.callbacks.progress_bar import ProgressBar
 from fullshard.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 if TYPE_CHECKING:
@@ -19,7 +22,7 @@ if TYPE_CHECKING:
     from fullshard.module import Module
     from fullshard.precision import Precision
     from fullshard.strategies import Strategy
-    from fullshard.trainer.loggers import Logger
+    from fullshard.trainer.loggers.base import Logger
     from fullshard.trainer.loops import EvaluationLoop, FitLoop
     from fullshard.trainer.metrics import MetricsCollector
     from fullshard.trainer.preflight import DataSources
@@ -202,7 +205,7 @@ class TrainerProperties:
     @property
     def log_dir(self) -> str:
         """The first logger's directory (its ``save_dir`` for W&B, MLflow, Comet), else ``default_root_dir``."""
-        from fullshard.trainer.loggers import run_dir
+        from fullshard.trainer.loggers.dispatch import run_dir
 
         return run_dir(self.loggers, self.default_root_dir)
 

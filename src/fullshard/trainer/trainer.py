@@ -30,11 +30,12 @@ from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import Strategy
 from fullshard.trainer import arguments, call, nonfinite, preemption, states
-from fullshard.trainer.callbacks import Callback
+from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.on_exception_checkpoint import fit_resume_path
 from fullshard.trainer.devices import configure_torch, configured_strategy
 from fullshard.trainer.hooks import Hooks, start_fit
-from fullshard.trainer.loggers import DummyLogger, Logger, finalize_loggers, log_run_start
+from fullshard.trainer.loggers.base import DummyLogger, Logger
+from fullshard.trainer.loggers.dispatch import finalize_loggers, log_run_start
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.model_setup import set_up_model

@@ -22,7 +22,7 @@ from fullshard.trainer.loggers.base import DummyLogger
 
 if TYPE_CHECKING:
     from fullshard.module import Module
-    from fullshard.trainer.callbacks import Callback
+    from fullshard.trainer.callbacks.base import Callback
     from fullshard.trainer.trainer import Trainer
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from fullshard.errors import MisconfigurationError
-from fullshard.tuner.callbacks import BatchSizeFinder, LearningRateFinder
+from fullshard.tuner.callbacks.batch_size_finder import BatchSizeFinder
+from fullshard.tuner.callbacks.lr_finder import LearningRateFinder
 
 if TYPE_CHECKING:
     from fullshard.datamodule import DataModule

@@ -191,7 +191,7 @@ def default_dirpath(trainer: Trainer) -> str:
     """Where a ModelCheckpoint without ``dirpath`` saves: under the first logger's
     ``save_dir/name/version`` (:func:`~fullshard.trainer.loggers.checkpoint_root`), else under
     ``default_root_dir``."""
-    from fullshard.trainer.loggers import checkpoint_root
+    from fullshard.trainer.loggers.dispatch import checkpoint_root
 
     return os.path.join(checkpoint_root(trainer.loggers, trainer.default_root_dir), "checkpoints")
 

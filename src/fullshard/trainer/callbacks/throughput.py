@@ -15,7 +15,7 @@ from typing_extensions import override
 from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.log_steps import logs_due
-from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loggers.dispatch import send_to_loggers
 
 if TYPE_CHECKING:
     from fullshard.module import Module

@@ -31,7 +31,7 @@ from fullshard.rank_zero import rank_zero_warn
 from fullshard.trainer import data_setup
 from fullshard.trainer.combined_loader import PreparedCombined
 from fullshard.trainer.data import PreparedLoader
-from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loggers.dispatch import send_to_loggers
 from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.prediction_indices import BatchIndexRecorder, prediction_writers
 from fullshard.trainer.preflight import overrides

@@ -37,7 +37,7 @@ from fullshard.seed import current_seed, rng_states, set_rng_states
 from fullshard.trainer import data_setup, nonfinite, preemption
 from fullshard.trainer.combined_loader import PreparedCombined
 from fullshard.trainer.data import EpochDraws
-from fullshard.trainer.loggers import send_to_loggers
+from fullshard.trainer.loggers.dispatch import send_to_loggers
 from fullshard.trainer.loops import step_output
 from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.progress import Progress
