@@ -30,10 +30,12 @@ from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import Strategy
 from fullshard.trainer import arguments, call, nonfinite, preemption, states
+from fullshard.trainer.callback_setup import attach_model_callbacks, build_callbacks
 from fullshard.trainer.callbacks import Callback
 from fullshard.trainer.callbacks.on_exception_checkpoint import fit_resume_path
 from fullshard.trainer.devices import configure_torch, configured_strategy
 from fullshard.trainer.hooks import Hooks, start_fit
+from fullshard.trainer.logger_setup import build_loggers
 from fullshard.trainer.loggers import Logger, finalize_loggers, log_run_start
 from fullshard.trainer.loop_settings import LoopSettings, apply_barebones, loop_settings, run_logger
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
@@ -196,12 +198,10 @@ class Trainer(TrainerProperties):
         )
         checkpointing = given["enable_checkpointing"] is not False
         progress_bar = given["enable_progress_bar"] is not False
-        self.callbacks = arguments.build_callbacks(
+        self.callbacks = build_callbacks(
             callbacks, checkpointing, progress_bar, max_time, self.enable_model_summary
         )
-        self.loggers = arguments.build_loggers(
-            run_logger(given["logger"], self.fast_dev_run), self.default_root_dir
-        )
+        self.loggers = build_loggers(run_logger(given["logger"], self.fast_dev_run), self.default_root_dir)
         self._init_run_state()
         self._build_loops(on_nonfinite, requeue_on_preemption)
 
@@ -468,7 +468,7 @@ class Trainer(TrainerProperties):
         self._datamodule = datamodule = sources.datamodule
         self._metrics.reset()  # as in Lightning, each call starts with no metrics
         model.trainer = self
-        self.callbacks = arguments.attach_model_callbacks(self.callbacks, model)
+        self.callbacks = attach_model_callbacks(self.callbacks, model)
         hooks = Hooks(self, self.callbacks, model)
         configure_torch(self.deterministic, self.benchmark, strategy.root_device)
         if datamodule is not None:
