@@ -41,6 +41,7 @@ from fullshard.trainer.loops import resume, step_output
 from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.progress import Progress
 from fullshard.trainer.loops.sanity_check import run_sanity_check
+from fullshard.trainer.loops.scheduler_stepping import SchedulerStepping
 from fullshard.trainer.optimization import Optimization
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class FitLoop:
         self.validate_loop = validate_loop
         self.progress = Progress()
         self.optimization = Optimization(trainer, self.progress)
+        self.schedulers = SchedulerStepping(trainer, self.progress, self.optimization)
         self.train_loader: PreparedLoader | PreparedCombined | None = None
         self.num_training_batches: int | float = 0
         self.val_check_batch: int | float = 0
@@ -333,9 +335,9 @@ class FitLoop:
                 if not with_hooks:
                     self._optimizer_step(hooks)
                 progress.global_step += 1
-                self._step_schedulers("step", plateau=False, count=batch_idx)
+                self.schedulers.step("step", plateau=False, count=batch_idx)
             if trainer.is_last_batch and not manual:
-                self._step_schedulers("epoch", plateau=False)
+                self.schedulers.step("epoch", plateau=False)
             # at every boundary, stepped or skipped: see
             # [Note: preemption, agreed without a per-step collective] in fullshard.trainer.preemption
             if boundary and preempt.requested and preempt.should_stop(progress.total_batch_idx):
@@ -353,7 +355,7 @@ class FitLoop:
                 self._validate_in_epoch(hooks, batch, boundary)
             if boundary:
                 if not manual:
-                    self._step_schedulers("step", plateau=True, count=batch_idx)
+                    self.schedulers.step("step", plateau=True, count=batch_idx)
                 progress.batches_that_stepped += 1
             if (
                 trainer.max_steps >= 0 and progress.global_step >= trainer.max_steps
@@ -396,8 +398,8 @@ class FitLoop:
         """``on_train_batch_start`` returned -1: Lightning's contract skips the rest of the epoch;
         the batch counts as the epoch's last for the schedulers ([Note: when schedulers step])."""
         if not self.optimization.manual:
-            self._step_schedulers("step", plateau=False, count=batch_idx + 1)
-            self._step_schedulers("epoch", plateau=False)
+            self.schedulers.step("step", plateau=False, count=batch_idx + 1)
+            self.schedulers.step("epoch", plateau=False)
         return True
 
     def _module_driven_batch(
@@ -514,31 +516,6 @@ class FitLoop:
                 strategy.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
             hooks.steps.optimizer_step(optimizer)
 
-    def _step_schedulers(self, interval: str, *, plateau: bool, count: int | None = None) -> None:
-        """Step the schedulers of ``interval`` that are (or are not) ``ReduceLROnPlateau``, whose
-        frequency divides ``count`` (step interval: the batch's number in its epoch, from 1).
-
-        [Note: when schedulers step]
-        As Lightning does (its rules, not the optimizer's step count): a "step" scheduler is due
-        at each accumulation boundary whose batch number *in the epoch* (from 1) its frequency
-        divides, so with ``accumulate_grad_batches=2`` and ``frequency=2`` it steps at every
-        optimizer step, and an epoch starts the count afresh. An "epoch" scheduler is due at the
-        epoch's last batch when its frequency divides ``current_epoch + 1``; an epoch cut short
-        by ``max_steps`` or a stop request does not step it. ``on_train_batch_start`` returning
-        -1 makes that batch the epoch's last: the schedulers due then step, though no optimizer
-        did (torch then warns that ``lr_scheduler.step()`` came before ``optimizer.step()``, as
-        under Lightning). Plateau ones step after the validation that produces their metric.
-        Under manual optimization the module steps them itself.
-        """
-        trainer = self.trainer
-        hook = self.optimization.scheduler_hook
-        due = self.progress.epoch + 1 if count is None else count
-        for config in trainer.lr_scheduler_configs:
-            if config.interval != interval or config.is_plateau != plateau:
-                continue
-            if due % config.frequency == 0:
-                config.step(trainer.callback_metrics, hook)
-
     def _log_step_metrics(self) -> None:
         trainer = self.trainer
         step = self.progress.batches_that_stepped
@@ -589,7 +566,7 @@ class FitLoop:
         # step before the next one (-1 when none was taken)
         reached_end = trainer.is_last_batch if math.isinf(self.num_training_batches) else not cut_short
         if (reached_end or ended_by_hook) and not self.optimization.manual:
-            self._step_schedulers("epoch", plateau=True)
+            self.schedulers.step("epoch", plateau=True)
         values = metrics.pop_epoch_log()
         if values:
             send_to_loggers(trainer, values, progress.batches_that_stepped - 1)
