@@ -19,7 +19,7 @@ from fullshard.batch_transfer import BatchTransfer, move_data_to_device
 from fullshard.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from fullshard.errors import MisconfigurationError
 from fullshard.strategies import SingleDeviceStrategy
-from fullshard.trainer.arguments import attach_model_callbacks
+from fullshard.trainer.callback_setup import attach_model_callbacks
 
 
 def _data(n: int = 8) -> DataLoader[Any]:

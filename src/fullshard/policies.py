@@ -428,6 +428,38 @@ def _owner_units(model: nn.Module, wrapped: set[nn.Module]) -> dict[str, str]:
     }
 
 
+def _units(
+    model: nn.Module, wrapped: set[nn.Module], names: dict[nn.Module, str], owners: dict[str, str]
+) -> list[Unit]:
+    """The units: the root ("") and each wrapped module, with the parameters each holds (a
+    shared parameter counted once, in the unit of its first name)."""
+    counts: dict[str, int] = {"": 0}
+    counts.update({names[m]: 0 for m in model.modules() if m in wrapped})
+    seen: set[int] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        counts[owners[name]] += param.numel()
+    return [
+        Unit(n, type(model if n == "" else model.get_submodule(n)).__name__, c) for n, c in counts.items()
+    ]
+
+
+def _tied_parameter_errors(model: nn.Module, owners: dict[str, str]) -> list[str]:
+    """A line for each group of tied parameters split between units, which FSDP cannot shard."""
+    plan_errors = []
+    for group in tied_parameter_groups(model):
+        homes = {owners[n] or "(root)" for n in group}
+        if len(homes) > 1:
+            plan_errors.append(
+                f"tied parameters {', '.join(group)} are in different units ({', '.join(sorted(homes))}), "
+                "which FSDP cannot shard: wrap their modules in one unit (their common ancestor's), "
+                "e.g. do not wrap them by hand in configure_model()"
+            )
+    return plan_errors
+
+
 def build_wrap_plan(
     model: nn.Module,
     auto_wrap: Policy | None,
@@ -457,27 +489,8 @@ def build_wrap_plan(
     )
     wrapped.discard(model)
     owners = _owner_units(model, wrapped)
-    counts: dict[str, int] = {"": 0}
-    counts.update({names[m]: 0 for m in model.modules() if m in wrapped})
-    seen: set[int] = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
-        counts[owners[name]] += param.numel()
-    units = [
-        Unit(n, type(model if n == "" else model.get_submodule(n)).__name__, c) for n, c in counts.items()
-    ]
-
-    plan_errors = []
-    for group in tied_parameter_groups(model):
-        homes = {owners[n] or "(root)" for n in group}
-        if len(homes) > 1:
-            plan_errors.append(
-                f"tied parameters {', '.join(group)} are in different units ({', '.join(sorted(homes))}), "
-                "which FSDP cannot shard: wrap their modules in one unit (their common ancestor's), "
-                "e.g. do not wrap them by hand in configure_model()"
-            )
+    units = _units(model, wrapped, names, owners)
+    plan_errors = _tied_parameter_errors(model, owners)
     if not preexisting:
         plan_errors += flat_parameter_errors(model, owners, use_orig_params=use_orig_params)
     checkpointed = [names[m] for m in checkpointing.selected(model)] if checkpointing is not None else []

@@ -28,10 +28,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.optim import Optimizer
 
@@ -45,7 +43,7 @@ from fullshard.checkpoint.commit import (
     write_bytes,
     write_shards,
 )
-from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, read_metadata, untrusted_raised
+from fullshard.checkpoint.dcp_reading import SafeReader, load_planner, untrusted_raised
 from fullshard.checkpoint.guards import (
     ArchiveCheck,
     Failure,
@@ -68,29 +66,20 @@ from fullshard.checkpoint.io import (
 )
 from fullshard.checkpoint.layout import (
     DATA_PREFIX,
-    META_NAME,
-    PARSED_BY_RANK0,
     SAVE_KEY,
-    UNVERIFIED_HINT,
     CommitRecord,
-    check_meta_identity,
-    damaged_sharded,
     detect_format,
-    file_problems,
-    recorded_files,
 )
 from fullshard.checkpoint.lightning import _WRAPPER_COMPONENTS, convert_checkpoint, is_lightning_checkpoint
 from fullshard.checkpoint.loose_gradients import clear_gradients
 from fullshard.checkpoint.progress_checks import with_loop_checks
-from fullshard.checkpoint.ties import checked_ties
+from fullshard.checkpoint.sharded_meta import read_sharded_meta
 from fullshard.checkpoint.validate import (
-    StateDictMismatchError,
     check_optimizer_shapes,
     check_state_dict_matches,
     full_optimizer_tensors,
-    sharded_optimizer_tensors,
 )
-from fullshard.errors import CheckpointError, CorruptCheckpointError
+from fullshard.errors import CheckpointError
 
 if TYPE_CHECKING:
     from fullshard.checkpoint.host import CheckpointHost
@@ -248,16 +237,8 @@ def _save_sharded(
     record = record_of(host, checkpoint, data_name)
     step, rank, no_dist = record.global_step, host.global_rank, host.world_size == 1
     if background is not None:
-        staged, meta, data_name = _stage(host, state, checkpoint, path, step, background.buffers)
-        del state, model_state, optimizer_states  # only the copy goes on: training may change these
-        record, data = dataclasses.replace(record, data=data_name), path / data_name
-        steps = async_save.SaveSteps(
-            check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(host, staged["model"])),
-            prepare=(lambda: data.mkdir(parents=True)) if host.global_rank == 0 else lambda: None,
-            write=lambda staged, group: write_shards(staged, data, rank, step, group, no_dist),
-            commit=lambda: commit_sharded(path, record, lambda target: write_bytes(meta, target)),
-        )
-        return background.start(host, path, record.global_step, staged, steps)
+        del model_state, optimizer_states  # only the copy goes on: training may change these
+        return _save_in_background(host, state, checkpoint, path, record, background)
     failures: list[Failure] = []
     try:
         checkpoint[SAVE_KEY] = {"id": data_name, "step": step}  # [Note: one save, one identity]
@@ -288,6 +269,29 @@ def _save_sharded(
 
     decide(host, commit)
     return None
+
+
+def _save_in_background(
+    host: CheckpointHost,
+    state: dict[str, Any],
+    checkpoint: dict[str, Any],
+    path: Path,
+    record: CommitRecord,
+    background: async_save.BackgroundSaves,
+) -> async_save.PendingSave:
+    """A sharded save with ``async_save``: copy ``state`` now ([Note: asynchronous commit] in
+    async_save.py), check, write and commit the copy in the background."""
+    step, rank, no_dist = record.global_step, host.global_rank, host.world_size == 1
+    staged, meta, data_name = _stage(host, state, checkpoint, path, step, background.buffers)
+    del state  # only the copy goes on: training may change the state
+    record, data = dataclasses.replace(record, data=data_name), path / data_name
+    steps = async_save.SaveSteps(
+        check=lambda staged: refuse_nonfinite(path, nonfinite_parameters(host, staged["model"])),
+        prepare=(lambda: data.mkdir(parents=True)) if host.global_rank == 0 else lambda: None,
+        write=lambda staged, group: write_shards(staged, data, rank, step, group, no_dist),
+        commit=lambda: commit_sharded(path, record, lambda target: write_bytes(meta, target)),
+    )
+    return background.start(host, path, record.global_step, staged, steps)
 
 
 def _stage(
@@ -452,22 +456,6 @@ def _load_full(
     return meta
 
 
-def _dcp_shapes(path: Path, record: CommitRecord, trust: bool) -> dict[str, torch.Size]:
-    """The tensors' full shapes, from the index, checked against the files the rank records list
-    ([Note: an index is believed only within bounds] in index_checks.py). A rank record that
-    cannot be read is left to :func:`check_shares`, which names every problem of every rank."""
-    try:
-        recorded: Mapping[str, Mapping[str, int]] | None = recorded_files(path, record)
-    except CorruptCheckpointError:
-        recorded = None
-    metadata = read_metadata(path / record.data, trust, save_id=record.save_id, recorded=recorded)
-    return {
-        key: item.size
-        for key, item in metadata.state_dict_metadata.items()
-        if isinstance(item, TensorStorageMetadata)
-    }
-
-
 def _load_sharded(
     host: CheckpointHost,
     path: Path,
@@ -480,45 +468,12 @@ def _load_sharded(
 ) -> dict[str, Any]:
     expected = host.full_shapes()  # on every rank, as in _load_full
 
-    def read() -> tuple[CommitRecord, dict[str, Any], set[int], set[str]]:
-        record = CommitRecord.read(path)
-        data = path / record.data
-        # every file the record lists there, at its size (format 2: the two parsed here; the
-        # tensor files are in the rank records, each rank checks its share in check_shares)
-        problems = file_problems(data, record.files, verify=False)
-        if problems:
-            raise damaged_sharded(path, problems)
-        if verify:  # the files parsed here, before parsing them
-            parsed = {name: record.files[name] for name in PARSED_BY_RANK0 if name in record.files}
-            problems = file_problems(data, parsed, verify=True)
-            if problems:
-                raise damaged_sharded(path, problems, UNVERIFIED_HINT)
-        meta = load_checkpoint_file(data / META_NAME, require_state_dict=False, trust=trust)
-        check_meta_identity(meta, record, path)
-        groups = None if before_optimizers else meta.get("optimizer_param_groups")
-        check_meta(meta, path, optimizers, check, groups)
-        shapes = _dcp_shapes(path, record, trust)
-        saved = {k[len("model.") :]: v for k, v in shapes.items() if k.startswith("model.")}
-        # an optimizer saved before its first step has no tensors ([Note: unstepped optimizers])
-        stepped = {i for i in range(len(optimizers)) if any(k.startswith(f"optimizers.{i}.") for k in shapes)}
-        if TIED_KEY in meta:  # [Note: a tie is believed only where the checkpoint agrees] in ties.py:
-            tied = checked_ties(meta[TIED_KEY], saved, str(path))  # a stored alias: read from its bytes
-            meta[TIED_KEY] = {a: c for a, c in tied.items() if a not in saved}
-        restore_tied(saved, meta.get(TIED_KEY))
-        # DCP stores only tensors: compare those keys (non-tensor extra state is not sharded)
-        missing = sorted(set(expected) - set(saved)) if strict else []
-        unexpected = sorted(set(saved) - set(expected)) if strict else []
-        mismatched = [
-            f"{k} (checkpoint {tuple(saved[k])}, model {tuple(expected[k])})"
-            for k in sorted(set(saved) & set(expected))
-            if tuple(saved[k]) != tuple(expected[k])
-        ]
-        if missing or unexpected or mismatched:
-            raise StateDictMismatchError(missing, unexpected, mismatched)
-        check_optimizer_shapes(str(path), expected, optimizers, sharded_optimizer_tensors(shapes))
-        return record, meta, stepped, set(saved)
-
-    record, meta, stepped, saved_keys = decide(host, read)
+    record, meta, stepped, saved_keys = decide(
+        host,
+        lambda: read_sharded_meta(
+            path, optimizers, check, verify, trust, strict, before_optimizers, expected
+        ),
+    )
     check_shares(host, path, record, verify)
     data = path / record.data
     groups = meta.pop("optimizer_param_groups")

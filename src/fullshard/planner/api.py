@@ -87,32 +87,86 @@ def plan(
     memory = _device_memory(device_memory, device_type)
     host = None if host_memory is None else parse_bytes(host_memory, "host_memory")
     spec = device or DeviceSpec.for_type(device_type, memory)
+    job = _Job(devices, num_nodes, device_type, precision, headroom, memory, host, spec)
+    run = functools.partial(_plan, module, example_batch, job, wrap, engines, candidates, shardings, workers)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # see [Note: planning inside a running job] in planner/forked.py
-        return run_forked(
-            [
-                lambda: plan(
-                    module,
-                    example_batch,
-                    devices=devices,
-                    num_nodes=num_nodes,
-                    device_memory=memory,
-                    device_type=device_type,
-                    precision=precision,
-                    headroom=headroom,
-                    wrap=wrap,
-                    engines=engines,
-                    candidates=candidates,
-                    device=spec,
-                    shardings=shardings,
-                    workers=workers,
-                    host_memory=host,
-                )
-            ],
-            1,
-            forget_group=True,
-        )[0]
+        # see [Note: planning inside a running job] in planner/forked.py (the child times its own work)
+        return run_forked([run], 1, forget_group=True)[0]
+    return run(started)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What :func:`plan` plans for, checked: the job's shape, precision and each device's memory."""
+
+    devices: int
+    num_nodes: int
+    device_type: str
+    precision: str
+    headroom: float
+    memory: int
+    host: int | None
+    spec: DeviceSpec
+
+
+def _plan(
+    module: nn.Module,
+    example_batch: Any,
+    job: _Job,
+    wrap: tuple[str, ...] | list[str] | None,
+    engines: tuple[str, ...],
+    candidates: list[Candidate] | None,
+    shardings: tuple[str, ...] | None,
+    workers: int | None,
+    started: float | None = None,
+) -> MemoryPlan:
+    """:func:`plan`'s work, in this process (``started``: when the call began; None: now)."""
+    started = time.perf_counter() if started is None else started
+    devices, num_nodes, memory, host = job.devices, job.num_nodes, job.memory, job.host
     model = meta_copy(module)
+    wrap = _wrap_classes(module, model, wrap)
+    num_blocks = sum(1 for m in model.modules() if type(m).__name__ in wrap)
+    todo = _candidates_to_weigh(job, wrap, num_blocks, engines, candidates, shardings)
+    world = todo[0].layout(devices, num_nodes).world_size  # every layout of the job covers it all
+    notes = _notes(model, wrap, todo, devices, host)
+    sims = _simulate_probes(model, example_batch, todo, job, workers)
+    rows = [
+        _row(
+            c,
+            sims[(c.sharding, c.wrap, c.checkpoint_every)],
+            memory,
+            host,
+            job.headroom,
+            job.precision,
+            devices,
+            num_nodes,
+            job.spec,
+            num_blocks,
+        )
+        for c in todo
+    ]
+    rows.sort(key=lambda r: (r.seconds, r.candidate.engine != "fsdp2", r.peak))
+    fitting = [r for r in rows if r.fits]
+    return MemoryPlan(
+        rows,
+        fitting[0] if fitting else None,
+        memory,
+        job.headroom,
+        world,
+        num_nodes,
+        job.precision,
+        time.perf_counter() - started,
+        notes,
+        host,
+        devices,
+    )
+
+
+def _wrap_classes(
+    module: nn.Module, model: nn.Module, wrap: tuple[str, ...] | list[str] | None
+) -> tuple[str, ...]:
+    """The class names of the blocks to wrap: ``wrap`` checked against ``model`` (the meta copy
+    of ``module``), or its outermost repeated classes."""
     wrap = tuple(wrap) if wrap else repeated_blocks(model)
     if not wrap:
         raise MisconfigurationError(
@@ -125,13 +179,26 @@ def plan(
             f"wrap={list(wrap)} names {missing}, which {type(module).__name__} does not contain. "
             f"Its repeated classes are {list(repeated_blocks(model))}."
         )
-    num_blocks = sum(1 for m in model.modules() if type(m).__name__ in wrap)
+    return wrap
+
+
+def _candidates_to_weigh(
+    job: _Job,
+    wrap: tuple[str, ...],
+    num_blocks: int,
+    engines: tuple[str, ...],
+    candidates: list[Candidate] | None,
+    shardings: tuple[str, ...] | None,
+) -> list[Candidate]:
+    """The given ``candidates``, or every configuration of ``engines`` for the job, less those
+    whose sharding is not among ``shardings``; refuses an empty list."""
+    devices, num_nodes = job.devices, job.num_nodes
     todo = candidates or enumerate_candidates(
         wrap,
         num_blocks=num_blocks,
         num_nodes=num_nodes,
         devices=devices,
-        device_type=device_type,
+        device_type=job.device_type,
         engines=engines,
     )
     if shardings is not None:
@@ -141,18 +208,17 @@ def plan(
             f"shardings={shardings!r} leaves no candidate to weigh for {num_nodes} node(s) of {devices} process(es). "
             "Name shardings the job can run (HYBRID_SHARD needs several nodes of several processes), or pass None."
         )
-    world = todo[0].layout(devices, num_nodes).world_size  # every layout of the job covers it all
-    notes: list[str] = []
-    depth = scalable_depth(model, wrap)
-    if depth is not None:
-        notes.append(
-            f"simulated with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks per list and extended to {depth} "
-            "(the model's blocks are identical: see [Note: simulating fewer layers])"
-        )
+    return todo
+
+
+def _simulate_probes(
+    model: nn.Module, example_batch: Any, todo: list[Candidate], job: _Job, workers: int | None
+) -> dict[tuple[str, tuple[str, ...], int], Simulated]:
+    """One simulation per memory behaviour (sharding, wrap, checkpointing) among ``todo``, run
+    in ``workers`` processes: FSDP1 and offload rows are priced from FSDP2's. Each carries the
+    FLOPs counted once ([Note: the step-time model])."""
     probes: dict[tuple[str, tuple[str, ...], int], Candidate] = {}
-    for (
-        candidate
-    ) in todo:  # one simulation per memory behaviour: FSDP1 and offload rows are priced from FSDP2's
+    for candidate in todo:
         key = (candidate.sharding, candidate.wrap, candidate.checkpoint_every)
         probes.setdefault(key, Candidate("fsdp2", *key, False))
     # the FLOPs are counted once, on a step without checkpointing where there is one
@@ -164,11 +230,11 @@ def plan(
             example_batch,
             probe,
             scalable_depth(model, probe.wrap),
-            devices,
-            num_nodes,
-            precision,
+            job.devices,
+            job.num_nodes,
+            job.precision,
             key == counted,
-            device_type,
+            job.device_type,
         )
         for key, probe in probes.items()
     ]
@@ -182,21 +248,20 @@ def plan(
             block_forward_flops=flops.block_forward_flops,
             counted_every=flops.counted_every,
         )
-    rows = [
-        _row(
-            c,
-            sims[(c.sharding, c.wrap, c.checkpoint_every)],
-            memory,
-            host,
-            headroom,
-            precision,
-            devices,
-            num_nodes,
-            spec,
-            num_blocks,
+    return sims
+
+
+def _notes(
+    model: nn.Module, wrap: tuple[str, ...], todo: list[Candidate], devices: int, host: int | None
+) -> list[str]:
+    """The lines under the plan's table: how the rows were simulated or priced."""
+    notes: list[str] = []
+    depth = scalable_depth(model, wrap)
+    if depth is not None:
+        notes.append(
+            f"simulated with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks per list and extended to {depth} "
+            "(the model's blocks are identical: see [Note: simulating fewer layers])"
         )
-        for c in todo
-    ]
     if any(c.engine == "fsdp" for c in todo):
         notes.append(  # see [Note: how a candidate is simulated]: torch has no tracker for FSDP1
             "FSDP1 rows (~) are priced from FSDP2's simulation of the same units, not simulated themselves "
@@ -212,21 +277,7 @@ def plan(
                 else "; host memory not checked (host_memory=)"
             )
         )
-    rows.sort(key=lambda r: (r.seconds, r.candidate.engine != "fsdp2", r.peak))
-    fitting = [r for r in rows if r.fits]
-    return MemoryPlan(
-        rows,
-        fitting[0] if fitting else None,
-        memory,
-        headroom,
-        world,
-        num_nodes,
-        precision,
-        time.perf_counter() - started,
-        notes,
-        host,
-        devices,
-    )
+    return notes
 
 
 def _simulate(

@@ -37,7 +37,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -241,16 +241,8 @@ class MetricsCollector:
             on_step = step_level
         if on_epoch is None:
             on_epoch = not step_level
-        if on_step and not in_step:
-            raise MisconfigurationError(
-                f"log({name!r}, on_step=True) was called in an epoch-level hook, where there is no step. "
-                "Use on_step=False (the default there), or log it in training_step."
-            )
-        if not on_step and not on_epoch:
-            raise MisconfigurationError(
-                f"log({name!r}) with on_step=False and on_epoch=False records nothing (here on_epoch defaults to "
-                "False, as in Lightning): set on_step=True or on_epoch=True."
-            )
+        if (on_step and not in_step) or not (on_step or on_epoch):
+            _refuse_levels(name, on_step)
         # one of several evaluation loaders: Lightning appends this after "_step"/"_epoch"
         idx = self.dataloader_idx
         suffix = f"/dataloader_idx_{idx}" if add_dataloader_idx and in_step and idx is not None else ""
@@ -258,10 +250,7 @@ class MetricsCollector:
             self._check_one_loader(name, idx)
         metric = value if is_metric(value) else None
         if metric is not None:  # [Note: torchmetrics]
-            logged = self._metric_objects[self.stage]
-            if all(m is not metric for m in logged):
-                logged.append(metric)
-            tensor, sync_dist = self._metric_step_value(name, metric, on_step), False
+            tensor, sync_dist = self._track_metric(name, metric, on_step), False
         else:
             tensor = self._to_tensor(name, value)
         if on_step and tensor is not None:
@@ -305,6 +294,13 @@ class MetricsCollector:
         if batch_size is None and reduce == "mean":
             batch_size = self._current_batch_size()
         acc.update(tensor, float(batch_size) if batch_size is not None else 1.0)
+
+    def _track_metric(self, name: str, metric: Any, on_step: bool) -> torch.Tensor | None:
+        """Keep a logged torchmetrics object of this stage (once) and return its step value."""
+        logged = self._metric_objects[self.stage]
+        if all(m is not metric for m in logged):
+            logged.append(metric)
+        return self._metric_step_value(name, metric, on_step)
 
     def _publish_epoch_value(
         self, key: str, value: torch.Tensor, prog_bar: bool, logger: bool, base: str | None
@@ -456,3 +452,16 @@ class MetricsCollector:
         logged (the same in every run, as the bar shows them)."""
         values = {**self._eval_step_values, **self._visible_callback()}
         return {k: float(v) for k, v in values.items() if k in self._prog_bar}
+
+
+def _refuse_levels(name: str, on_step: bool) -> NoReturn:
+    """``log(name, on_step=, on_epoch=)`` asked for a level that does not exist here, or none."""
+    if on_step:
+        raise MisconfigurationError(
+            f"log({name!r}, on_step=True) was called in an epoch-level hook, where there is no step. "
+            "Use on_step=False (the default there), or log it in training_step."
+        )
+    raise MisconfigurationError(
+        f"log({name!r}) with on_step=False and on_epoch=False records nothing (here on_epoch defaults to "
+        "False, as in Lightning): set on_step=True or on_epoch=True."
+    )

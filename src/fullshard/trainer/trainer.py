@@ -30,12 +30,15 @@ from fullshard.profilers import Profiler, profiled_call, resolve_profiler
 from fullshard.rank_zero import set_global_rank
 from fullshard.strategies import Strategy
 from fullshard.trainer import arguments, call, nonfinite, preemption, states
+from fullshard.trainer.callback_setup import attach_model_callbacks, build_callbacks
 from fullshard.trainer.callbacks.base import Callback
 from fullshard.trainer.callbacks.on_exception_checkpoint import fit_resume_path
 from fullshard.trainer.devices import configure_torch, configured_strategy
 from fullshard.trainer.hooks import Hooks, start_fit
-from fullshard.trainer.loggers.base import DummyLogger, Logger
+from fullshard.trainer.logger_setup import build_loggers
+from fullshard.trainer.loggers.base import Logger
 from fullshard.trainer.loggers.dispatch import finalize_loggers, log_run_start
+from fullshard.trainer.loop_settings import LoopSettings, apply_barebones, loop_settings, run_logger
 from fullshard.trainer.loops import EvaluationLoop, FitLoop
 from fullshard.trainer.metrics import MetricsCollector
 from fullshard.trainer.model_setup import set_up_model
@@ -180,95 +183,61 @@ class Trainer(TrainerProperties):
     ) -> None:
         arguments.reject_unknown(lightning_only)
         arguments.check_each(locals())  # here, locals() is the arguments by name
+        given = apply_barebones(locals())
         #: Lightning's barebones mode: no checkpoints, logging, progress bar, model summary or sanity check.
         self.barebones = barebones
         self.enable_autolog_hparams = enable_autolog_hparams
-        if barebones:
-            arguments.check_barebones(
-                {
-                    "enable_checkpointing": enable_checkpointing,
-                    "logger": logger,
-                    "enable_progress_bar": enable_progress_bar,
-                    "log_every_n_steps": log_every_n_steps,
-                    "enable_model_summary": enable_model_summary,
-                    "num_sanity_val_steps": num_sanity_val_steps,
-                    "fast_dev_run": fast_dev_run,
-                    "detect_anomaly": detect_anomaly,
-                    "profiler": profiler,
-                }
-            )
-            enable_checkpointing = logger = enable_progress_bar = enable_model_summary = False
-            num_sanity_val_steps, log_every_n_steps = 0, None  # its default stays: nothing is logged
-        self.fast_dev_run = arguments.fast_dev_run_batches(fast_dev_run)
-        log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps
-        arguments.check_counts(
-            accumulate_grad_batches=accumulate_grad_batches,
-            log_every_n_steps=log_every_n_steps,
-        )
-        gradient_clip_algorithm = arguments.clip_algorithm(gradient_clip_algorithm)
-        arguments.check_loop_arguments(
-            max_steps=max_steps,
-            max_epochs=max_epochs,
-            min_epochs=min_epochs,
-            min_steps=min_steps,
-            check_val_every_n_epoch=check_val_every_n_epoch,
-            num_sanity_val_steps=num_sanity_val_steps,
-            val_check_interval=val_check_interval,
-            gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm,
-        )
-        limits = arguments.batch_limits(
-            limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches
-        )
+        settings = loop_settings(given)
         self.profiler = resolve_profiler(profiler)
         compile_config = parse_compile(compile, "Trainer")
         self._preemption_signals = preemption.parse_signals(preemption_signals)
         # [Note: agreeing on a non-finite loss]
         on_nonfinite = nonfinite.parse(on_nonfinite_loss, max_consecutive_nonfinite_skips)
-
-        if self.fast_dev_run:
-            limits = dict.fromkeys(limits, self.fast_dev_run)
-            max_steps, max_epochs, num_sanity_val_steps = self.fast_dev_run, 1, 0
-            val_check_interval, check_val_every_n_epoch = 1.0, 1
-            # as Lightning: a stand-in that writes nothing, so that user code calling self.logger runs
-            logger = DummyLogger() if logger is not False and logger != [] else False
-        if overfit_batches:  # as in Lightning: as many training as validation batches, in order
-            limits.update(limit_train_batches=overfit_batches, limit_val_batches=overfit_batches)
-        self.overfit_batches = overfit_batches
-        self.reload_dataloaders_every_n_epochs = reload_dataloaders_every_n_epochs
-        self.limit_train_batches = limits["limit_train_batches"]
-        self.limit_val_batches = limits["limit_val_batches"]
-        self.limit_test_batches = limits["limit_test_batches"]
-        self.limit_predict_batches = limits["limit_predict_batches"]
-        self.max_steps = max_steps
-        self.max_epochs = arguments.default_max_epochs(max_epochs, max_steps, max_time, callbacks)
-        self.min_epochs = min_epochs
-        self.min_steps = min_steps
-        self.val_check_interval = 1.0 if val_check_interval is None else val_check_interval  # each epoch
-        self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.num_sanity_val_steps = 2 if num_sanity_val_steps is None else num_sanity_val_steps
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val = gradient_clip_val or None
-        self.gradient_clip_algorithm = gradient_clip_algorithm
-        self.log_every_n_steps = log_every_n_steps
-        self.deterministic = deterministic
-        self.benchmark = benchmark
-        self.inference_mode = inference_mode
-        self.use_distributed_sampler = arguments.check_sampler_option(use_distributed_sampler)
-        self.detect_anomaly = detect_anomaly
-        self.enable_model_summary = enable_model_summary is not False
-        self.default_root_dir = str(default_root_dir) if default_root_dir is not None else os.getcwd()
-
+        self._keep_settings(settings, given)
         self._accelerator, self._strategy = configured_strategy(
             accelerator, strategy, devices, num_nodes, precision, compile_config, sync_batchnorm, plugins
         )
-
-        checkpointing, progress_bar = enable_checkpointing is not False, enable_progress_bar is not False
-        self.callbacks = arguments.build_callbacks(
+        checkpointing = given["enable_checkpointing"] is not False
+        progress_bar = given["enable_progress_bar"] is not False
+        self.callbacks = build_callbacks(
             callbacks, checkpointing, progress_bar, max_time, self.enable_model_summary
         )
-        self.loggers = arguments.build_loggers(logger, self.default_root_dir)
+        self.loggers = build_loggers(run_logger(given["logger"], self.fast_dev_run), self.default_root_dir)
+        self._init_run_state()
+        self._build_loops(on_nonfinite, requeue_on_preemption)
 
+    def _keep_settings(self, settings: LoopSettings, given: dict[str, Any]) -> None:
+        """Keeps the checked settings as the Trainer's public attributes, which Lightning users
+        read and set (``given``: the arguments by name, barebones applied)."""
+        self.fast_dev_run = settings.fast_dev_run
+        self.overfit_batches = settings.overfit_batches
+        self.reload_dataloaders_every_n_epochs = settings.reload_dataloaders_every_n_epochs
+        self.limit_train_batches = settings.limit_train_batches
+        self.limit_val_batches = settings.limit_val_batches
+        self.limit_test_batches = settings.limit_test_batches
+        self.limit_predict_batches = settings.limit_predict_batches
+        self.max_steps = settings.max_steps
+        self.max_epochs = settings.max_epochs
+        self.min_epochs = settings.min_epochs
+        self.min_steps = settings.min_steps
+        self.val_check_interval = settings.val_check_interval
+        self.check_val_every_n_epoch = settings.check_val_every_n_epoch
+        self.num_sanity_val_steps = settings.num_sanity_val_steps
+        self.accumulate_grad_batches = settings.accumulate_grad_batches
+        self.gradient_clip_val = settings.gradient_clip_val
+        self.gradient_clip_algorithm = settings.gradient_clip_algorithm
+        self.log_every_n_steps = settings.log_every_n_steps
+        self.deterministic = given["deterministic"]
+        self.benchmark = given["benchmark"]
+        self.inference_mode = given["inference_mode"]
+        self.use_distributed_sampler = arguments.check_sampler_option(given["use_distributed_sampler"])
+        self.detect_anomaly = given["detect_anomaly"]
+        self.enable_model_summary = given["enable_model_summary"] is not False
+        root = given["default_root_dir"]
+        self.default_root_dir = str(root) if root is not None else os.getcwd()
+
+    def _init_run_state(self) -> None:
+        """The state of a call (``fit``, ``validate``, ...) that the loops and callbacks read."""
         self.should_stop = False
         self.state = states.TrainerState()  # the call, its status and stage (fullshard.trainer.states)
         self.is_last_batch = False
@@ -282,6 +251,9 @@ class Trainer(TrainerProperties):
         self._data: DataSources | None = None  # where the current call's loaders come from
         self._metrics = MetricsCollector(self._strategy.all_reduce_data_parallel)
         self._spawn_state: dict[str, torch.Tensor] = {}
+
+    def _build_loops(self, on_nonfinite: nonfinite.NonFiniteLoss, requeue_on_preemption: bool) -> None:
+        """The checkpoint manager and the loops, which own the progress of each stage."""
         #: Builds, saves and loads this Trainer's checkpoints (fullshard's own; not in Lightning).
         self.checkpoint_manager = CheckpointManager(self)
         self._strategy.checkpointer = self.checkpoint_manager.checkpointer  # its save_/load_checkpoint too
@@ -497,7 +469,7 @@ class Trainer(TrainerProperties):
         self._datamodule = datamodule = sources.datamodule
         self._metrics.reset()  # as in Lightning, each call starts with no metrics
         model.trainer = self
-        self.callbacks = arguments.attach_model_callbacks(self.callbacks, model)
+        self.callbacks = attach_model_callbacks(self.callbacks, model)
         hooks = Hooks(self, self.callbacks, model)
         configure_torch(self.deterministic, self.benchmark, strategy.root_device)
         if datamodule is not None:

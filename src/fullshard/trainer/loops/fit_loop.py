@@ -38,11 +38,12 @@ from fullshard.trainer import data_setup, nonfinite, preemption
 from fullshard.trainer.combined_loader import PreparedCombined
 from fullshard.trainer.data import EpochDraws
 from fullshard.trainer.loggers.dispatch import send_to_loggers
-from fullshard.trainer.loops import step_output
+from fullshard.trainer.loops import resume, step_output
 from fullshard.trainer.loops.fetcher import Fetcher
 from fullshard.trainer.loops.progress import Progress
+from fullshard.trainer.loops.sanity_check import run_sanity_check
+from fullshard.trainer.loops.scheduler_stepping import SchedulerStepping
 from fullshard.trainer.optimization import Optimization
-from fullshard.trainer.preflight import overrides
 
 if TYPE_CHECKING:
     import signal
@@ -73,6 +74,7 @@ class FitLoop:
         self.validate_loop = validate_loop
         self.progress = Progress()
         self.optimization = Optimization(trainer, self.progress)
+        self.schedulers = SchedulerStepping(trainer, self.progress, self.optimization)
         self.train_loader: PreparedLoader | PreparedCombined | None = None
         self.num_training_batches: int | float = 0
         self.val_check_batch: int | float = 0
@@ -88,6 +90,8 @@ class FitLoop:
         # the run's first epoch, made before on_train_start (with the loader it reads)
         self._first_batches: tuple[Any, Fetcher] | None = None
         self._next_draws: EpochDraws | None = None  # see draw_next_epoch_from
+        # the strategy and backward hooks of the usual batch, read once an epoch (_start_epoch)
+        self._backward_parts: tuple[Any, ...] = ()
 
     # --------------------------------------------------------------------------- data
     def setup_train_loader(self, loader: Any) -> None:
@@ -138,7 +142,7 @@ class FitLoop:
         loader = self.train_loader
         positions = loader.state if isinstance(loader, PreparedCombined) else None
         return self.progress.state_dict(
-            self.samples_in_epoch(),
+            resume.samples_in_epoch(self.progress, self.train_loader),
             loader.seed if loader is not None else current_seed(),
             positions,
             loader.order_state if loader is not None else None,
@@ -161,44 +165,6 @@ class FitLoop:
         self.progress.restore(progress)
         if self._hooks is not None:
             self.optimization.setup(module, self._hooks, self.nonfinite)
-
-    def samples_in_epoch(self) -> int | None:
-        """How many positions of this epoch's order the processes together have consumed (see
-        [Note: resuming at another world size]); None where the training loader has no such order."""
-        progress = self.progress
-        if progress.saved_position is not None:  # restored, not yet placed in this run's loader
-            return progress.saved_position.samples
-        loader = self.train_loader
-        return (
-            None
-            if loader is None
-            else loader.samples_consumed(progress.epoch_start, progress.batches_in_epoch)
-        )
-
-    def place_restored_position(self) -> None:
-        """Move on past an epoch that ended at the checkpoint, or place the restored position in
-        the training loader of this run (which may run on another number of processes)."""
-        progress, loader = self.progress, self.train_loader
-        if progress.epoch_end_pending:
-            progress.start_next_epoch()
-            progress.epoch_end_pending = False
-            progress.saved_position = None
-            progress.resumed_draws = None
-        if progress.data_seed is not None and loader is not None:
-            if progress.data_seed != loader.seed:
-                rank_zero_warn(
-                    f"Resuming with the data order of the checkpoint (seed {progress.data_seed}), not of this run's "
-                    f"seed ({loader.seed}), so that training goes on with the samples it would have seen. To "
-                    "train on another order, start from the checkpoint's weights (ckpt_weights_only=True).",
-                    stacklevel=1,
-                )
-            loader.reseed(progress.data_seed)
-            progress.data_seed = None
-        position = progress.saved_position
-        if position is not None and loader is not None:
-            progress.saved_position = None
-            progress.epoch_start = loader.resume_start(position, progress.epoch)
-            progress.batches_in_epoch = progress.epoch_start[0]
 
     # ------------------------------------------------------------------------- stopping
     def can_stop_early(self) -> bool:
@@ -264,7 +230,7 @@ class FitLoop:
                 progress.load_state_dict(progress.pending)
                 progress.pending = None
             states = rng_states()  # the sanity run draws nothing from the run's streams, as in Lightning
-            sanity_ran = self._run_sanity_check(module, sources, hooks)
+            sanity_ran = run_sanity_check(trainer, self.validate_loop, self.metrics, module, sources, hooks)
             set_rng_states(states)
             self._setup_train_data(module, sources)
             # counted from current_epoch as the loaders were built (before an epoch the checkpoint
@@ -272,7 +238,7 @@ class FitLoop:
             self.reload = data_setup.ReloadSchedule(
                 trainer.reload_dataloaders_every_n_epochs, progress.epoch, module, sources
             )
-            self.place_restored_position()
+            resume.place_restored_position(self.progress, self.train_loader)
             if self.done():  # no batches, or max_steps/max_epochs reached already
                 return  # as in Lightning: no on_train_start, no epoch, no on_train_end
             if not sanity_ran:
@@ -305,33 +271,6 @@ class FitLoop:
             self._first_batches = None
             self.preemption.stop()
 
-    def _run_sanity_check(self, module: Module, sources: DataSources, hooks: Hooks) -> bool:
-        """Run ``num_sanity_val_steps`` validation batches before training and forget their
-        metrics. The validation loader is asked for here, after ``on_sanity_check_start``, as in
-        Lightning. Returns whether the sanity run took place."""
-        trainer = self.trainer
-        wanted = (
-            trainer.num_sanity_val_steps != 0
-            and trainer.limit_val_batches != 0
-            and overrides(module, Module, "validation_step")
-            and sources.has("val", module)
-        )
-        if not wanted:
-            return False
-        snapshot = self.metrics.snapshot()
-        trainer.sanity_checking = True
-        try:
-            hooks.call("on_sanity_check_start")
-            self.validate_loop.setup_data(module, sources)
-            batches = self.validate_loop.sanity_batches()
-            if batches:
-                self.validate_loop.run(hooks, batches)
-            hooks.call("on_sanity_check_end")
-        finally:
-            trainer.sanity_checking = False
-            self.metrics.restore(snapshot)
-        return True
-
     def warn_if_few_batches(self) -> None:
         """Say when an epoch has fewer batches than ``log_every_n_steps``, by Lightning's rule:
         each time a fit builds its training loader (at the start, and at each reload), with a
@@ -351,47 +290,31 @@ class FitLoop:
         self._announced = True
 
     def run_epoch(self) -> None:
-        """One epoch (or its remainder, when resuming mid-epoch)."""
+        """One epoch (or its remainder, when resuming mid-epoch).
+
+        [Note: the per-batch path]
+        The loop below is what every batch runs, flat: it makes no call that the work does not
+        need (one into :meth:`_automatic_batch` for the usual batch, which calls
+        ``training_step``). What runs once an epoch or rarely (the epoch's start, data running
+        out, ``on_train_batch_start`` returning -1, validation) is in methods of its own.
+        """
         trainer, progress, metrics = self.trainer, self.progress, self.metrics
         hooks = self._hooks
         assert hooks is not None and self.train_loader is not None
-        strategy, steps = trainer.strategy, hooks.steps
-        module = trainer.lightning_module
-        num_batches = self.num_training_batches
-        start = progress.batches_in_epoch
-        trainer.batch_idx_start = start
+        steps, num_batches = hooks.steps, self.num_training_batches
         module_batch_start = hooks.module_hook("on_train_batch_start")  # its result counts: called apart
         batch_start_callbacks = [h for h in hooks["on_train_batch_start"] if h != module_batch_start]
         batch_end = hooks["on_train_batch_end"]
-        zero_grad_hooks = hooks["on_before_zero_grad"]
-        before_backward = hooks["on_before_backward"]
-        after_backward = hooks["on_after_backward"]
-        nonfinite_check = self.nonfinite
-        nonfinite_check.reset()
         preempt = self.preemption
-        optimization = self.optimization
-        manual, with_hooks = optimization.manual, optimization.uses_hooks
-
-        metrics.stage = "train"
-        metrics.in_step = False
-        progress.resume_point = None
-        # No module.train() here, as in Lightning 2.x: a submodule the user put in eval mode (a
-        # frozen backbone's BatchNorm) stays so; evaluation runs put back every submodule's mode.
-        hooks.call("on_train_epoch_start")
-        accumulate = trainer.accumulate_grad_batches  # after the hook: GradientAccumulationScheduler sets it
-        metrics.in_step = True
-        first, self._first_batches = self._first_batches, None
-        # unless reload_dataloaders_every_n_epochs rebuilt the loader since
-        iterator = first[1] if first is not None and first[0] is self.train_loader else self._epoch_batches()
-        batch_idx = start
+        manual, with_hooks = self.optimization.manual, self.optimization.uses_hooks
+        batch_idx = progress.batches_in_epoch
+        iterator, accumulate = self._start_epoch(hooks, batch_idx)
         ended_by_hook = False
         while batch_idx < num_batches:
             try:
                 batch = next(iterator)
             except StopIteration:
-                strategy.check_rank_agreement(
-                    "end_of_data", str(batch_idx), f"the training data ended after {batch_idx} batches"
-                )
+                self._data_ended(batch_idx)
                 break
             stuck_ranks.kick("train", batch_idx)  # [Note: stuck ranks] in fullshard.launch.stuck_ranks
             batch = steps.batch_to_device(batch)
@@ -400,54 +323,24 @@ class FitLoop:
             for hook in batch_start_callbacks:
                 hook(batch, batch_idx)
             if module_batch_start is not None and module_batch_start(batch, batch_idx) == -1:
-                # Lightning's contract: -1 skips the rest of the epoch; the batch counts as the
-                # epoch's last for the schedulers ([Note: when schedulers step])
-                if not manual:
-                    self._step_schedulers("step", plateau=False, count=batch_idx + 1)
-                    self._step_schedulers("epoch", plateau=False)
-                ended_by_hook = True
+                ended_by_hook = self._end_epoch_at_batch(batch_idx)
                 break
-            boundary = (
-                batch_idx + 1
-            ) % accumulate == 0 or trainer.is_last_batch  # Lightning steps on the last batch
-            if manual:  # see [Note: three ways through a training batch] in fullshard.trainer.optimization
-                output, loss, stepped = optimization.manual_batch(batch, batch_idx), None, True
-            elif with_hooks:
-                output, loss, stepped = optimization.automatic_batch(
-                    batch,
-                    batch_idx,
-                    boundary,
-                    functools.partial(self._training_step, steps, batch, batch_idx, boundary),
-                )
+            # Lightning steps on the last batch
+            boundary = (batch_idx + 1) % accumulate == 0 or trainer.is_last_batch
+            # [Note: three ways through a training batch] in fullshard.trainer.optimization
+            if manual or with_hooks:
+                output, loss, stepped = self._module_driven_batch(steps, batch, batch_idx, boundary)
             else:
-                # [Note: a training step that returns None] in step_output.py
-                with strategy.no_backward_sync(enabled=not boundary):
-                    output, loss = self._training_step(steps, batch, batch_idx, boundary)
-                    if loss is not None:
-                        nonfinite_check.observe(loss, batch_idx)
-                    if batch_idx % accumulate == 0:
-                        for optimizer in trainer.optimizers:
-                            for hook in zero_grad_hooks:
-                                hook(optimizer)
-                            optimizer.zero_grad(set_to_none=True)
-                    if loss is not None:
-                        if accumulate > 1:
-                            loss = loss / accumulate
-                        for hook in before_backward:
-                            hook(loss)
-                        steps.backward(loss)
-                        for hook in after_backward:
-                            hook()
-                stepped = boundary and nonfinite_check.step_allowed(trainer)
+                output, loss, stepped = self._automatic_batch(steps, batch, batch_idx, boundary, accumulate)
             progress.batches_in_epoch = batch_idx = batch_idx + 1
             progress.total_batch_idx += 1
             if stepped and not manual:
                 if not with_hooks:
                     self._optimizer_step(hooks)
                 progress.global_step += 1
-                self._step_schedulers("step", plateau=False, count=batch_idx)
+                self.schedulers.step("step", plateau=False, count=batch_idx)
             if trainer.is_last_batch and not manual:
-                self._step_schedulers("epoch", plateau=False)
+                self.schedulers.step("epoch", plateau=False)
             # at every boundary, stepped or skipped: see
             # [Note: preemption, agreed without a per-step collective] in fullshard.trainer.preemption
             if boundary and preempt.requested and preempt.should_stop(progress.total_batch_idx):
@@ -462,21 +355,80 @@ class FitLoop:
             if boundary:
                 self._log_step_metrics()
             if self.should_validate(batch_idx):
-                if boundary:
-                    module.on_validation_model_zero_grad()  # default: free gradient memory for the evaluation
-                self.reload.before_validation(self)  # reload_dataloaders_every_n_epochs
-                self.validate_loop.run(hooks)
-                metrics.stage = "train"
-                metrics.set_batch(batch)
+                self._validate_in_epoch(hooks, batch, boundary)
             if boundary:
                 if not manual:
-                    self._step_schedulers("step", plateau=True, count=batch_idx)
+                    self.schedulers.step("step", plateau=True, count=batch_idx)
                 progress.batches_that_stepped += 1
-            if trainer.max_steps >= 0 and progress.global_step >= trainer.max_steps:
-                break
-            if self.stop_requested():
+            if (
+                trainer.max_steps >= 0 and progress.global_step >= trainer.max_steps
+            ) or self.stop_requested():
                 break
         self._end_epoch(hooks, ended_by_hook)
+
+    def _start_epoch(self, hooks: Hooks, start: int) -> tuple[Fetcher, int]:
+        """Start an epoch at its ``start``-th batch: the metrics' stage, ``on_train_epoch_start``,
+        and the epoch's batches; returns them with ``accumulate_grad_batches``."""
+        trainer, metrics = self.trainer, self.metrics
+        trainer.batch_idx_start = start
+        self.nonfinite.reset()
+        metrics.stage = "train"
+        metrics.in_step = False
+        self.progress.resume_point = None
+        # No module.train() here, as in Lightning 2.x: a submodule the user put in eval mode (a
+        # frozen backbone's BatchNorm) stays so; evaluation runs put back every submodule's mode.
+        hooks.call("on_train_epoch_start")
+        accumulate = trainer.accumulate_grad_batches  # after the hook: GradientAccumulationScheduler sets it
+        metrics.in_step = True
+        first, self._first_batches = self._first_batches, None
+        # unless reload_dataloaders_every_n_epochs rebuilt the loader since
+        iterator = first[1] if first is not None and first[0] is self.train_loader else self._epoch_batches()
+        self._backward_parts = (
+            trainer.strategy,
+            hooks["on_before_zero_grad"],
+            hooks["on_before_backward"],
+            hooks["on_after_backward"],
+        )
+        return iterator, accumulate
+
+    def _data_ended(self, batch_idx: int) -> None:
+        """The training data ran out before the epoch's expected batch count: every rank must agree."""
+        self.trainer.strategy.check_rank_agreement(
+            "end_of_data", str(batch_idx), f"the training data ended after {batch_idx} batches"
+        )
+
+    def _end_epoch_at_batch(self, batch_idx: int) -> bool:
+        """``on_train_batch_start`` returned -1: Lightning's contract skips the rest of the epoch;
+        the batch counts as the epoch's last for the schedulers ([Note: when schedulers step])."""
+        if not self.optimization.manual:
+            self.schedulers.step("step", plateau=False, count=batch_idx + 1)
+            self.schedulers.step("epoch", plateau=False)
+        return True
+
+    def _module_driven_batch(
+        self, steps: StrategySteps, batch: Any, batch_idx: int, boundary: bool
+    ) -> tuple[Any, torch.Tensor | None, bool]:
+        """A batch run under manual optimization or the module's own optimization hooks (see
+        [Note: three ways through a training batch] in fullshard.trainer.optimization): its
+        output, loss and whether an optimizer stepped."""
+        optimization = self.optimization
+        if optimization.manual:
+            return optimization.manual_batch(batch, batch_idx), None, True
+        return optimization.automatic_batch(
+            batch,
+            batch_idx,
+            boundary,
+            functools.partial(self._training_step, steps, batch, batch_idx, boundary),
+        )
+
+    def _validate_in_epoch(self, hooks: Hooks, batch: Any, boundary: bool) -> None:
+        """Validation due after a training batch, then back to training with that batch's metrics."""
+        if boundary:
+            self.trainer.lightning_module.on_validation_model_zero_grad()  # default: free gradient memory for the evaluation
+        self.reload.before_validation(self)  # reload_dataloaders_every_n_epochs
+        self.validate_loop.run(hooks)
+        self.metrics.stage = "train"
+        self.metrics.set_batch(batch)
 
     def _iterate_rebuilt_loader(self) -> None:
         """Make a rebuilt training loader's iterator at once, as Lightning does when it rebuilds
@@ -509,24 +461,60 @@ class FitLoop:
         iterator = self.train_loader.iterate(progress.epoch, progress.epoch_start, resumed)
         return Fetcher(iterator, ahead=math.isinf(self.num_training_batches))
 
+    def _automatic_batch(
+        self, steps: StrategySteps, batch: Any, batch_idx: int, boundary: bool, accumulate: int
+    ) -> tuple[Any, torch.Tensor | None, bool]:
+        """The usual batch: ``training_step``, ``zero_grad`` at an accumulation window's first
+        batch, ``backward``; returns the output, the loss and whether the optimizer steps (the
+        caller steps it). It calls ``training_step`` itself, as :meth:`_training_step` does, so
+        that the per-batch path makes no extra call ([Note: the per-batch path])."""
+        trainer, nonfinite_check = self.trainer, self.nonfinite
+        strategy, zero_grad_hooks, before_backward, after_backward = self._backward_parts
+        # [Note: a training step that returns None] in step_output.py
+        with strategy.no_backward_sync(enabled=not boundary):
+            output = steps.training_step(batch, batch_idx)
+            loss = step_output.extract_loss(output)
+            if loss is None:
+                self._agree_on_missing_loss(batch_idx, boundary)
+            else:
+                nonfinite_check.observe(loss, batch_idx)
+            if batch_idx % accumulate == 0:
+                for optimizer in trainer.optimizers:
+                    for hook in zero_grad_hooks:
+                        hook(optimizer)
+                    optimizer.zero_grad(set_to_none=True)
+            if loss is not None:
+                if accumulate > 1:
+                    loss = loss / accumulate
+                for hook in before_backward:
+                    hook(loss)
+                steps.backward(loss)
+                for hook in after_backward:
+                    hook()
+        return output, loss, boundary and nonfinite_check.step_allowed(trainer)
+
     def _training_step(
         self, steps: StrategySteps, batch: Any, batch_idx: int, boundary: bool
     ) -> tuple[Any, torch.Tensor | None]:
-        """``training_step`` and its loss; a batch without one (None) is agreed on by every rank
-        (see [Note: a training step that returns None] in step_output.py)."""
+        """``training_step`` and its loss, for the module's own optimization hooks."""
         output = steps.training_step(batch, batch_idx)
         loss = step_output.extract_loss(output)
         if loss is None:
-            step_output.warn_none_once()
-            epoch = self.progress.epoch
-            self.trainer.strategy.check_rank_agreement(
-                "skip",
-                f"{epoch}:{batch_idx}",
-                f"training_step returned None at epoch {epoch}, batch {batch_idx}",
-            )
-            if boundary:
-                step_output.refuse_unsynchronised_window(self.trainer, batch_idx)
+            self._agree_on_missing_loss(batch_idx, boundary)
         return output, loss
+
+    def _agree_on_missing_loss(self, batch_idx: int, boundary: bool) -> None:
+        """A batch without a loss (``training_step`` returned None) is agreed on by every rank
+        (see [Note: a training step that returns None] in step_output.py)."""
+        step_output.warn_none_once()
+        epoch = self.progress.epoch
+        self.trainer.strategy.check_rank_agreement(
+            "skip",
+            f"{epoch}:{batch_idx}",
+            f"training_step returned None at epoch {epoch}, batch {batch_idx}",
+        )
+        if boundary:
+            step_output.refuse_unsynchronised_window(self.trainer, batch_idx)
 
     def _optimizer_step(self, hooks: Hooks) -> None:
         trainer = self.trainer
@@ -538,31 +526,6 @@ class FitLoop:
             if trainer.gradient_clip_val is not None:
                 strategy.clip_gradients(optimizer, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
             hooks.steps.optimizer_step(optimizer)
-
-    def _step_schedulers(self, interval: str, *, plateau: bool, count: int | None = None) -> None:
-        """Step the schedulers of ``interval`` that are (or are not) ``ReduceLROnPlateau``, whose
-        frequency divides ``count`` (step interval: the batch's number in its epoch, from 1).
-
-        [Note: when schedulers step]
-        As Lightning does (its rules, not the optimizer's step count): a "step" scheduler is due
-        at each accumulation boundary whose batch number *in the epoch* (from 1) its frequency
-        divides, so with ``accumulate_grad_batches=2`` and ``frequency=2`` it steps at every
-        optimizer step, and an epoch starts the count afresh. An "epoch" scheduler is due at the
-        epoch's last batch when its frequency divides ``current_epoch + 1``; an epoch cut short
-        by ``max_steps`` or a stop request does not step it. ``on_train_batch_start`` returning
-        -1 makes that batch the epoch's last: the schedulers due then step, though no optimizer
-        did (torch then warns that ``lr_scheduler.step()`` came before ``optimizer.step()``, as
-        under Lightning). Plateau ones step after the validation that produces their metric.
-        Under manual optimization the module steps them itself.
-        """
-        trainer = self.trainer
-        hook = self.optimization.scheduler_hook
-        due = self.progress.epoch + 1 if count is None else count
-        for config in trainer.lr_scheduler_configs:
-            if config.interval != interval or config.is_plateau != plateau:
-                continue
-            if due % config.frequency == 0:
-                config.step(trainer.callback_metrics, hook)
 
     def _log_step_metrics(self) -> None:
         trainer = self.trainer
@@ -594,7 +557,13 @@ class FitLoop:
             and progress.batches_in_epoch < self.num_training_batches
         )
         progress.resume_point = (
-            (progress.epoch, progress.batches_in_epoch, self.samples_in_epoch()) if cut_short else None
+            (
+                progress.epoch,
+                progress.batches_in_epoch,
+                resume.samples_in_epoch(self.progress, self.train_loader),
+            )
+            if cut_short
+            else None
         )
         progress.epoch_finished = not cut_short
         metrics.stage = "train"
@@ -608,7 +577,7 @@ class FitLoop:
         # step before the next one (-1 when none was taken)
         reached_end = trainer.is_last_batch if math.isinf(self.num_training_batches) else not cut_short
         if (reached_end or ended_by_hook) and not self.optimization.manual:
-            self._step_schedulers("epoch", plateau=True)
+            self.schedulers.step("epoch", plateau=True)
         values = metrics.pop_epoch_log()
         if values:
             send_to_loggers(trainer, values, progress.batches_that_stepped - 1)

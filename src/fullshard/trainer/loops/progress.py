@@ -81,7 +81,7 @@ class Progress:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take a checkpoint's ``"loops"`` entry (with the ``world_size`` that wrote it). The
         position in the epoch is placed in the training loader later (see
-        ``FitLoop.place_restored_position``); a checkpoint written at the end of an epoch keeps
+        ``loops.resume.place_restored_position``); a checkpoint written at the end of an epoch keeps
         that epoch's number until then (Lightning shows it during the sanity run)."""
         self.global_step = int(state["global_step"])
         # the same as global_step, except under manual optimization (several steps per batch);
