@@ -287,11 +287,24 @@ def accepted(docs: Path = DOCS, heading: str = ACCEPTED_HEADING) -> list[tuple[s
 def unexplained(found: list[str], rules: list[tuple[str, str]]) -> list[str]:
     """The lines of ``found`` that no rule accepts. An accepted exception explains the rest of its
     script: what follows a run that one framework ended and the other did not is its consequence
-    (the exception line comes first, see :func:`differences`)."""
+    (the exception line comes first, see :func:`differences`); an accepted difference in the
+    batches a part trained on explains the rest of that part's hooks."""
 
     def accepted_line(line: str) -> bool:
         return any(re.search(pattern, line) for pattern, _ in rules)
 
     if found and found[0].startswith("exception:") and accepted_line(found[0]):
         return [line for line in found if line.startswith("exception:") and not accepted_line(line)]
-    return [line for line in found if not accepted_line(line)]
+    # An accepted difference in which batches a part of the script trained on (a batch-start hook
+    # given other samples) explains the rest of that part's hook sequence: a step that returns
+    # None on one batch and a loss on another is its consequence.
+    reordered = {
+        m.group(1)
+        for line in found
+        if (m := re.match(r"events \[(\w+)\]: .*on_train_batch_start\(", line)) and accepted_line(line)
+    }
+    return [
+        line
+        for line in found
+        if not accepted_line(line) and not re.match(rf"events \[({'|'.join(reordered) or '$^'})\]: ", line)
+    ]

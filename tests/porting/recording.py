@@ -80,11 +80,12 @@ def plain(value: Any) -> Any:
 
 
 def _fingerprint(batch: Any) -> float | None:
-    """The first number of the first tensor of a batch: tells which samples a rank got."""
+    """The sum of the first tensor of a batch: tells which samples a rank got (all of them, in
+    any order: a batch that shares only its first sample with another differs)."""
     import torch
 
     if isinstance(batch, torch.Tensor):
-        return round(float(batch.flatten()[0]), 4) if batch.numel() else None
+        return round(float(batch.double().sum()), 4) if batch.numel() else None
     if isinstance(batch, Mapping):
         batch = list(batch.values())
     if isinstance(batch, list | tuple):

@@ -76,7 +76,10 @@ class Snapshot:
         for config, state in zip(trainer.lr_scheduler_configs, self.scheduler_states, strict=True):
             config.scheduler.load_state_dict(state)
         collector = trainer.metrics_collector
-        collector.restore(self.metrics)
+        # what the search published stays visible (callback_metrics, logged_metrics), as after
+        # Lightning's searches; what it was accumulating and its progress bar marks do not
+        searched = collector.snapshot()
+        collector.restore((searched[0], searched[1], self.metrics[2], self.metrics[3]))
         collector.stage, collector.in_step = self.metrics_stage
         for name, m in module.named_modules():
             m.train(self.modes.get(name, m.training))

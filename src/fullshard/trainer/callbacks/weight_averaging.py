@@ -55,6 +55,17 @@ class ShardAverage:
 
     @torch.no_grad()
     def update(self, module: torch.nn.Module) -> None:
+        current = self.check_same_tensors(module)
+        averaged = self.tensors if self.use_buffers else self.tensors[: self.num_params]
+        sources = current if self.use_buffers else current[: self.num_params]
+        self._update(averaged, sources, current)
+
+    def check_same_tensors(self, module: torch.nn.Module) -> list[torch.Tensor]:
+        """The module's tensors, which must be those the average was made of.
+
+        Raises:
+            RuntimeError: a callback re-parametrized the model since (ModelPruning).
+        """
         current = local_tensors(module)
         if [t.shape for t in current] != [t.shape for t in self.tensors]:
             raise RuntimeError(
@@ -63,8 +74,11 @@ class ShardAverage:
                 "ModelPruning re-parametrized the model during fit. Averaging them pairwise would mix unrelated "
                 "tensors; prune before fit (or after it), or train without one of the two callbacks."
             )
-        averaged = self.tensors if self.use_buffers else self.tensors[: self.num_params]
-        sources = current if self.use_buffers else current[: self.num_params]
+        return current
+
+    def _update(
+        self, averaged: list[torch.Tensor], sources: list[torch.Tensor], current: list[torch.Tensor]
+    ) -> None:
         if int(self.n_averaged) == 0:
             copy_into(averaged, sources)
         elif self.multi_avg_fn is not None:
@@ -208,6 +222,7 @@ class WeightAveraging(Callback):
         # which the swap below changes: both are copied.
         sharded = strategy.state_dict_type == "sharded"
         current_state = None if sharded else _copied(checkpoint["state_dict"])
+        self._average.check_same_tensors(pl_module)
         # the average in the strategy's own format: swapped into the model for the read (collective)
         swap(self._average.tensors, local_tensors(pl_module), strategy)
         try:

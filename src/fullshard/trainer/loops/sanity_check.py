@@ -25,8 +25,8 @@ def run_sanity_check(
     sources: DataSources,
     hooks: Hooks,
 ) -> bool:
-    """Run ``num_sanity_val_steps`` validation batches before training and forget their
-    metrics. The validation loader is asked for here, after ``on_sanity_check_start``, as in
+    """Run ``num_sanity_val_steps`` validation batches before training, then forget every metric
+    shown so far (theirs, and an earlier call's or a tuner's search's, as Lightning resets them). The validation loader is asked for here, after ``on_sanity_check_start``, as in
     Lightning. Returns whether the sanity run took place."""
     wanted = (
         trainer.num_sanity_val_steps != 0
@@ -36,7 +36,6 @@ def run_sanity_check(
     )
     if not wanted:
         return False
-    snapshot = metrics.snapshot()
     trainer.sanity_checking = True
     try:
         hooks.call("on_sanity_check_start")
@@ -47,5 +46,5 @@ def run_sanity_check(
         hooks.call("on_sanity_check_end")
     finally:
         trainer.sanity_checking = False
-        metrics.restore(snapshot)
+        metrics.restore(({}, {}, set(), {}))
     return True
