@@ -343,8 +343,8 @@ def test_missing_optional_packages_say_how_to_install_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The hint works however fullshard was installed: the package itself, or the extra from a clone."""
+    from fullshard import loggers
     from fullshard.checkpoint import tools
-    from fullshard.trainer import loggers
 
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     with pytest.raises(

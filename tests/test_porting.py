@@ -31,13 +31,6 @@ Only what legitimately differs is normalised; each item is applied in ``_normali
    strategy builds it (docs/callbacks.md). A ``configure_model`` call before the module's
    ``setup`` (right after the callbacks' ``setup``) is dropped from Lightning's record.
 
-5. Lightning's learning rate finder saves a checkpoint before its search and loads it afterwards,
-   calling the save hooks (``state_dict``, ``on_save_checkpoint``) after ``configure_optimizers``
-   and the load hooks (``on_load_checkpoint``) after the search's ``on_train_end``; fullshard puts
-   the model and Trainer back from a copy in memory ([Note: the tuner leaves things as they were]
-   in fullshard/tuner/search.py) and calls no checkpoint hooks. Those hooks, at those two places,
-   are dropped from Lightning's record.
-
 Nothing else is normalised: the same hooks, in the same order, with the same batch indices and
 samples (``x0``: the first number of a batch, i.e. the same sampler order), at the same epoch and
 global step; the same metric names at the same points.
@@ -85,20 +78,13 @@ def run_case(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 _RESTORE_HOOKS = ("on_load_checkpoint", "load_state_dict")
-_TUNER_SAVE = ("state_dict", "on_save_checkpoint")
-_TUNER_LOAD = ("on_load_checkpoint",)
-
-
-def _hook_name(event: str) -> str:
-    return event.partition(" ")[2].split("(")[0]
 
 
 def _normalise(rank_record: dict[str, Any]) -> list[tuple[str, str]]:
     """(event, state) pairs of Lightning's record without the hooks fullshard does not call (1.),
     with configure_optimizers ahead of a resume's restore hooks (3.), without a weight averaging
-    callback's early configure_model (4.) or the learning rate finder's checkpoint hooks (5.)."""
+    callback's early configure_model (4.)."""
     pairs: list[tuple[str, str]] = []
-    dropping: tuple[str, ...] = ()  # the hooks of a tuner's checkpoint being dropped (5.)
     for event, state in zip(rank_record["events"], rank_record["states"], strict=True):
         who, _, rest = event.partition(" ")
         hook = rest.split("(")[0]
@@ -106,15 +92,6 @@ def _normalise(rank_record: dict[str, Any]) -> list[tuple[str, str]]:
             continue
         if who == "M" and hook == "configure_model" and pairs and pairs[-1][0].startswith("C setup("):
             continue  # 4.: called from a callback's setup, before the module's
-        if hook in dropping:
-            continue  # 5.: the rest of the same checkpoint's hooks
-        dropping = ()
-        after = _hook_name(pairs[-1][0]) if pairs else ""
-        if (hook in _TUNER_SAVE and after == "configure_optimizers") or (
-            hook in _TUNER_LOAD and after == "on_train_end"
-        ):
-            dropping = _TUNER_SAVE if hook in _TUNER_SAVE else _TUNER_LOAD
-            continue  # 5.: the tuner's checkpoint before its search, and its load after it
         if who == "M" and hook == "configure_optimizers":
             at = len(pairs)
             while at and pairs[at - 1][0].partition(" ")[2].split("(")[0] in _RESTORE_HOOKS:

@@ -79,13 +79,21 @@ def plain(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+# How a batch is told apart in the events (``x0=``): by the first number of its first tensor (the
+# porting scripts' recordings), or, with "sum", by that tensor's sum, which also tells apart two
+# batches that share only their first sample (the differential harness, tests/differential/run.py)
+FINGERPRINT = "first"
+
+
 def _fingerprint(batch: Any) -> float | None:
-    """The sum of the first tensor of a batch: tells which samples a rank got (all of them, in
-    any order: a batch that shares only its first sample with another differs)."""
+    """The first number (or with FINGERPRINT "sum", the sum) of the first tensor of a batch:
+    tells which samples a rank got."""
     import torch
 
     if isinstance(batch, torch.Tensor):
-        return round(float(batch.double().sum()), 4) if batch.numel() else None
+        if not batch.numel():
+            return None
+        return round(float(batch.double().sum() if FINGERPRINT == "sum" else batch.flatten()[0]), 4)
     if isinstance(batch, Mapping):
         batch = list(batch.values())
     if isinstance(batch, list | tuple):

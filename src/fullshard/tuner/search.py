@@ -8,7 +8,11 @@ shards]), the optimizers' states (their learning rates included), the schedulers
 progress, the logged metrics, and the Trainer settings the search changes. Afterwards it writes
 them back, so that training (or the next ``fit``) starts from the same weights, optimizer state
 and step as if no search had run. Lightning does the same through a checkpoint file it writes and
-reads back; fullshard keeps the copy in memory, next to the parameters it copies.
+reads back; fullshard keeps the copy in memory, next to the parameters it copies, and runs the
+checkpoint hooks Lightning's file runs: the save hooks on a checkpoint made in memory before the
+search (``CheckpointManager.dump``), the DataModule's, module's and callbacks' load hooks and
+states after it (``CheckpointManager.restore_after_search``). What the search published stays in
+``callback_metrics``/``logged_metrics``, as after Lightning's.
 """
 
 from __future__ import annotations
