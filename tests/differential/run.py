@@ -64,7 +64,9 @@ def _files(root: Path) -> list[str]:
         if path.is_file() and "__pycache__" not in path.parts and path.name != "script.py":
             name = str(path.relative_to(root))
             names.append(re.sub(r"events\.out\.tfevents\..*", "events.out.tfevents.*", name))
-    return sorted(names)
+    # a run directory's event files are one name: how many writers TensorBoard opened is not an
+    # observation (their scalars are, see _tensorboard)
+    return sorted(set(names))
 
 
 def _checkpoints(root: Path) -> dict[str, Any]:
