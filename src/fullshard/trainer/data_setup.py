@@ -163,19 +163,21 @@ def check_interval_fits(trainer: Trainer, train_batches: int | float) -> None:
 
 
 def val_check_batch(trainer: Trainer, val_batches: int | float, train_batches: int | float) -> int | float:
-    """Validate after every this many training batches (inf: at the end of each epoch; 0: never)."""
-    if val_batches == 0:
-        return 0
+    """Validate after every this many training batches (inf: at the end of each epoch; 0: never).
+    A fraction other than 1.0 with a training loader of no length is refused even where nothing
+    validates, as Lightning refuses it when it sets the training loader up."""
     interval = trainer.val_check_interval
-    if isinstance(interval, int):
-        return interval
-    if math.isinf(train_batches):
-        if interval == 1.0:
-            return math.inf  # validated at the end of each epoch
+    if not isinstance(interval, int) and math.isinf(train_batches) and interval != 1.0:
         raise MisconfigurationError(
             "val_check_interval is a fraction, but the training dataloader has no length. Pass a number "
             "of batches instead, e.g. val_check_interval=1000."
         )
+    if val_batches == 0:
+        return 0
+    if isinstance(interval, int):
+        return interval
+    if math.isinf(train_batches):
+        return math.inf  # validated at the end of each epoch
     return max(1, int(train_batches * interval))
 
 
