@@ -103,22 +103,14 @@ class CheckpointManager:
         tuner's search (their states and load hooks, in the order Lightning's tuners restore the
         checkpoint they save first); the search puts the tensors and loops back itself."""
         trainer = self._trainer
-        module = trainer.lightning_module
-        datamodule = trainer.datamodule
-        if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
-            datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
-        module.on_load_checkpoint(checkpoint)
+        self._restore_datamodule(checkpoint)
+        trainer.lightning_module.on_load_checkpoint(checkpoint)
         # the weights as the checkpoint holds them (a save hook may have put others there, as
         # WeightAveraging puts its average), before the callbacks' load hooks
         strategy = trainer.strategy
         full = strategy.state_dict_type != "sharded"
         strategy.set_state(checkpoint["state_dict"], [], [], full=full, from_rank0=False)
-        for callback in trainer.callbacks:
-            callback.on_load_checkpoint(trainer, module, checkpoint)
-        callback_states = checkpoint.get("callbacks", {})
-        for callback in trainer.callbacks:
-            if callback.state_key in callback_states:
-                callback.load_state_dict(callback_states[callback.state_key])
+        self._restore_callback_states(checkpoint)
 
     def save(self, path: str | Path, weights_only: bool = False, storage_options: Any = None) -> None:
         """Build the checkpoint (:meth:`dump`) and write it to ``path`` in the strategy's format;
@@ -267,12 +259,20 @@ class CheckpointManager:
         """Lightning's order: the module's hook, the DataModule's state, then each callback's hook
         and state (after a warning naming the states no callback of this run takes)."""
         trainer = self._trainer
-        module = trainer.lightning_module
-        module.on_load_checkpoint(checkpoint)
-        datamodule = trainer.datamodule
+        trainer.lightning_module.on_load_checkpoint(checkpoint)
+        self._restore_datamodule(checkpoint)
+        _warn_unused_callback_states(trainer, checkpoint)
+        self._restore_callback_states(checkpoint)
+
+    def _restore_datamodule(self, checkpoint: dict[str, Any]) -> None:
+        datamodule = self._trainer.datamodule
         if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
             datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
-        _warn_unused_callback_states(trainer, checkpoint)
+
+    def _restore_callback_states(self, checkpoint: dict[str, Any]) -> None:
+        """Each callback's load hook, then the state saved under its ``state_key``."""
+        trainer = self._trainer
+        module = trainer.lightning_module
         for callback in trainer.callbacks:
             callback.on_load_checkpoint(trainer, module, checkpoint)
         callback_states = checkpoint.get("callbacks", {})

@@ -226,55 +226,50 @@ class ModelCheckpoint(Checkpoint):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: Module, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step_due = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
-        if not getattr(pl_module, "automatic_optimization", True):
-            self._save_after_manual_step(trainer, step_due)
-            return
-        time_due = False
-        if self._train_time_interval is not None:
-            now, last = time.monotonic(), self._last_time_checked
-            time_due = last is not None and now - last >= self._train_time_interval.total_seconds()
-            time_due = trainer.strategy.broadcast(time_due)  # clocks differ across ranks: rank 0 decides
-            if time_due:
-                self._last_time_checked = now
-        if not (step_due or time_due):
-            return
-        candidates = self._monitor_candidates(trainer)
-        if self.monitor is not None and (
-            self.monitor not in candidates
-            # The metric is stale when a validation follows this last batch of the epoch.
-            or (
-                trainer.is_last_batch
-                and not self._should_save_on_train_epoch_end(trainer)
-                and validates_after_epoch(trainer)
-            )
-        ):
-            self._defer_save_until_validation = True
-            return
-        if self._should_skip_saving_checkpoint(trainer):
+        candidates = self._step_save(trainer, manual=not getattr(pl_module, "automatic_optimization", True))
+        if candidates is None:
             return
         self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
         self._remove_pending(trainer)
 
-    def _save_after_manual_step(self, trainer: Trainer, step_due: bool) -> None:
-        """A step-triggered save under manual optimization (``train_time_interval`` is not read
-        here, as in Lightning 2.6.6): the weights saved are those after the step's updates."""
-        if not step_due or self._should_skip_saving_checkpoint(trainer):
-            return
+    def _step_save(self, trainer: Trainer, manual: bool) -> dict[str, torch.Tensor] | None:
+        """The monitor candidates when this batch's end saves (None: it does not, or puts it off).
+        Under manual optimization Lightning 2.6.6 reads no ``train_time_interval`` and defers no
+        save for a stale metric, and says that the weights saved are those after the update."""
+        time_due = False
+        if self._train_time_interval is not None and not manual:
+            now, last = time.monotonic(), self._last_time_checked
+            time_due = last is not None and now - last >= self._train_time_interval.total_seconds()
+            time_due = trainer.strategy.broadcast(time_due)  # clocks differ across ranks: rank 0 decides
+            if time_due:
+                self._last_time_checked = now
+        step_due = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
+        if not (step_due or time_due) or (manual and self._should_skip_saving_checkpoint(trainer)):
+            return None
         candidates = self._monitor_candidates(trainer)
-        if self.monitor is not None and self.monitor not in candidates:
+        if self.monitor is not None and (
+            self.monitor not in candidates
+            # The metric is stale when a validation follows this last batch of the epoch.
+            or (
+                not manual
+                and trainer.is_last_batch
+                and not self._should_save_on_train_epoch_end(trainer)
+                and validates_after_epoch(trainer)
+            )
+        ):
             self._defer_save_until_validation = True
-            return
-        rank_zero_warn(
-            "ModelCheckpoint(every_n_train_steps=...) with manual optimization saves the model as it is"
-            " after training_step returned, that is AFTER its optimizer.step() calls. To keep the state"
-            " from before an update, copy it in training_step before optimizer.step() (for example"
-            " {k: v.detach().clone() for k, v in self.state_dict().items()}) and save it yourself."
-        )
-        self._save_topk_checkpoint(trainer, candidates)
-        self._save_last_checkpoint(trainer, candidates)
-        self._remove_pending(trainer)
+            return None
+        if self._should_skip_saving_checkpoint(trainer):
+            return None
+        if manual:
+            rank_zero_warn(
+                "ModelCheckpoint(every_n_train_steps=...) with manual optimization saves the model as it is"
+                " after training_step returned, that is AFTER its optimizer.step() calls. To keep the state"
+                " from before an update, copy it in training_step before optimizer.step() (for example"
+                " {k: v.detach().clone() for k, v in self.state_dict().items()}) and save it yourself."
+            )
+        return candidates
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: Module) -> None:
