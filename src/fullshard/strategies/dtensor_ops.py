@@ -1,6 +1,7 @@
 """Steps on ``DTensor`` parameters that the FSDP2 and model-parallel strategies share: the step
 methods run through FSDP2's hooks, gradient clipping over every mesh, gradient accumulation
-without a reduction, and parameter sizes.
+without a reduction, and parameter sizes; :class:`DTensorSteps` gives both strategies these
+three as one set of overrides.
 
 [Note: a norm over several meshes]
 Under 2D parallelism a model's parameters can live on different meshes: a tensor-parallel layer
@@ -22,11 +23,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from fullshard.strategies.parameter_sizes import ParameterSize, clean_parameter_name
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
+    from fullshard.precision import Precision
 
 
 @torch.no_grad()  # to_local() outside autograd: a tenth of the time
@@ -161,3 +168,40 @@ def dtensor_parameter_sizes(module: nn.Module) -> list[ParameterSize]:
         )
         for name, p in module.named_parameters()
     ]
+
+
+class DTensorSteps:
+    """The step overrides of a strategy whose parameters are DTensors (FSDP2, with or without
+    tensor parallelism): clipping by the whole model's norm over every mesh, accumulation without
+    a reduction, and each parameter's full size and local share. Listed before the strategy's
+    base class, so these replace the base's."""
+
+    if TYPE_CHECKING:
+        precision: Precision
+
+        def _require_model(self) -> nn.Module: ...
+
+    def clip_gradients_norm(
+        self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip by the norm over all shards: each process takes the norm of its shards, reduced
+        over the mesh once per mesh dimension (see [Note: a norm over several meshes]; torch's
+        ``clip_grad_norm_`` on the DTensors takes 2.2-2.9x the time on CPU: docs/benchmarks.md,
+        "Gradient clipping under FSDP2")."""
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return clip_grad_norm_over_meshes(params, max_norm, float(norm_type))
+
+    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        """Accumulate without the reduce-scatter while ``enabled``; a model with no FSDP2 root
+        (tensor parallelism alone, under ModelParallelStrategy) has no reduction to skip."""
+        from torch.distributed.fsdp import FSDPModule
+
+        model = self._require_model()
+        if not enabled or not isinstance(model, FSDPModule):
+            return contextlib.nullcontext()
+        return no_gradient_sync(model)
+
+    def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
+        """A sharded parameter is a DTensor: its shape is the full one, its local tensor this rank's share."""
+        return dtensor_parameter_sizes(module)

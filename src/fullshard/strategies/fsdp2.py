@@ -26,7 +26,6 @@ import warnings
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 from typing_extensions import override
 
@@ -35,12 +34,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.precision import FSDP2Precision, Precision
 from fullshard.strategies.auto_plan import check_plan_setting, settings_a_plan_replaces
-from fullshard.strategies.dtensor_ops import (
-    clip_grad_norm_over_meshes,
-    dtensor_parameter_sizes,
-    no_gradient_sync,
-    register_step_methods,
-)
+from fullshard.strategies.dtensor_ops import DTensorSteps, register_step_methods
 from fullshard.strategies.fsdp_options import (
     check_fsdp2_cpu_offload,
     check_fsdp2_mixed_precision,
@@ -50,7 +44,6 @@ from fullshard.strategies.lightning_api import refuse_lightning_plugins
 from fullshard.strategies.meta_init import MetaInit, ShardedMetaInit, user_init_of
 from fullshard.strategies.parallel import DEFAULT_RANK_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT
 from fullshard.strategies.parallel_layout import ParallelLayout
-from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.strategies.sharded import ShardedStrategy
 from fullshard.strategies.step_args import step_arguments
 from fullshard.strategies.tensor_parallel import (
@@ -64,14 +57,13 @@ from fullshard.strategies.wrapping import fully_shard_model
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import OffloadPolicy
-    from torch.optim import Optimizer
 
     from fullshard.strategies.registry import StrategyRegistry
 
 _RESERVED = ("mesh", "reshard_after_forward", "mp_policy", "offload_policy")
 
 
-class FSDP2Strategy(ShardedStrategy):
+class FSDP2Strategy(DTensorSteps, ShardedStrategy):
     """Fully Sharded Data Parallel with ``torch.distributed.fsdp.fully_shard`` (FSDP2).
 
     Args:
@@ -365,29 +357,6 @@ class FSDP2Strategy(ShardedStrategy):
         args = step_arguments(model, method, batch, batch_idx, extra)
         with self.precision.forward_context():
             return getattr(model, method)(*args)
-
-    @override
-    def clip_gradients_norm(
-        self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip by the norm over all shards: the gradients are DTensors, each process takes the
-        norm of its shards, and these are reduced over the mesh, once per mesh dimension (see
-        [Note: a norm over several meshes]; torch's ``clip_grad_norm_`` on the DTensors takes
-        2.2-2.9x the time on CPU: docs/benchmarks.md, "Gradient clipping under FSDP2")."""
-        self.precision.unscale_gradients(optimizer)
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        return clip_grad_norm_over_meshes(params, max_norm, float(norm_type))
-
-    @override
-    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
-        if not enabled:
-            return contextlib.nullcontext()
-        return no_gradient_sync(self._require_model())
-
-    @override
-    def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
-        """A sharded parameter is a DTensor: its shape is the full one, its local tensor this rank's share."""
-        return dtensor_parameter_sizes(module)
 
 
 def _check_fully_shard_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,6 @@ that: ``tensor_parallel_size`` = processes per machine, ``data_parallel_size`` =
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from datetime import timedelta
@@ -34,12 +33,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.launch.stuck_ranks import DEFAULT_STUCK_RANK_TIMEOUT
 from fullshard.policies import WrapPlan, build_wrap_plan
 from fullshard.strategies.cpu_memory import check_mmap_threshold, request_huge_pages, set_up_cpu_memory
-from fullshard.strategies.dtensor_ops import (
-    clip_grad_norm_over_meshes,
-    dtensor_parameter_sizes,
-    no_gradient_sync,
-    register_step_methods,
-)
+from fullshard.strategies.dtensor_ops import DTensorSteps, register_step_methods
 from fullshard.strategies.meta_init import ShardedMetaInit, user_init_of
 from fullshard.strategies.parallel import (
     DEFAULT_RANK_AGREEMENT_TIMEOUT,
@@ -48,7 +42,6 @@ from fullshard.strategies.parallel import (
     refuse_optimizer_outside,
 )
 from fullshard.strategies.parallel_layout import ParallelLayout
-from fullshard.strategies.parameter_sizes import ParameterSize
 from fullshard.strategies.tensor_parallel import (
     check_mesh_size,
     refuse_compile_with_checkpointing,
@@ -64,7 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fullshard")
 
 
-class ModelParallelStrategy(ParallelStrategy):
+class ModelParallelStrategy(DTensorSteps, ParallelStrategy):
     """Tensor parallelism and FSDP2 together, applied by the user in ``configure_model`` over
     :attr:`device_mesh` (Lightning's ``ModelParallelStrategy``; its arguments mean the same).
 
@@ -299,30 +292,6 @@ class ModelParallelStrategy(ParallelStrategy):
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         refuse_optimizer_outside(self._require_model(), optimizer, "parallelised", "after configure_model()")
         return optimizer
-
-    # ---------------------------------------------------------------------------- steps
-    @override
-    def clip_gradients_norm(
-        self, optimizer: Optimizer, max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip by the norm of the whole model's gradient, reduced over both mesh dimensions (see
-        [Note: a norm over several meshes] in fullshard.strategies.dtensor_ops)."""
-        self.precision.unscale_gradients(optimizer)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        return clip_grad_norm_over_meshes(params, max_norm, float(norm_type))
-
-    @override
-    def no_backward_sync(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
-        from torch.distributed.fsdp import FSDPModule
-
-        model = self._require_model()
-        if not enabled or not isinstance(model, FSDPModule):
-            return contextlib.nullcontext()
-        return no_gradient_sync(model)
-
-    @override
-    def parameter_sizes(self, module: nn.Module) -> list[ParameterSize]:
-        return dtensor_parameter_sizes(module)
 
     @override
     def __repr__(self) -> str:

@@ -12,8 +12,8 @@ function and mesh, :func:`parallelize` with ``P`` over the tensor-parallel sub-m
 FSDP2Strategy always does (activation checkpointing, ``fully_shard`` per unit of the auto-wrap
 policy, the root last) over the data-parallel one. So the plan sees the user's modules as they
 wrote them, FSDP2 shards DTensors already split between the tensor-parallel ranks, and both
-names train, clip (:func:`~fullshard.strategies.dtensor_ops.clip_grad_norm_over_meshes`), skip
-gradient syncs and count parameters with the same code.
+names train, clip, skip gradient syncs and count parameters with the same code (both strategies
+take these overrides from :class:`~fullshard.strategies.dtensor_ops.DTensorSteps`).
 """
 
 from __future__ import annotations
