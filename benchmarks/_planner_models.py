@@ -16,18 +16,20 @@ import fullshard
 
 
 class CausalLM(fullshard.Module):
-    """A Hugging Face causal language model (built in ``configure_model``) trained with AdamW."""
+    """A Hugging Face causal language model (built in ``configure_model``) trained with AdamW;
+    ``attention``: its ``attn_implementation`` (``"eager"``, ``"sdpa"``)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, attention: str = "eager") -> None:
         super().__init__()
         self.config = config
+        self.attention = attention
         self.model: nn.Module | None = None
 
     def configure_model(self) -> None:
         if self.model is None:
             from transformers import AutoModelForCausalLM
 
-            self.model = AutoModelForCausalLM.from_config(self.config, attn_implementation="eager")
+            self.model = AutoModelForCausalLM.from_config(self.config, attn_implementation=self.attention)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         assert self.model is not None
