@@ -43,6 +43,7 @@ from _common import (
     markers,
     parse_args,
     provenance,
+    run_facts,
     save_result,
     table,
     worker_env,
@@ -422,13 +423,7 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
     figures = {"rows": rows, "failed": failed}
     if args.write_docs and rows:
         return save_result(args, __file__, figures)
-    return {
-        "command": args.command,
-        **args.facts,
-        "torch": torch.__version__,
-        "figures": figures,
-        "result_file": "(not saved)",
-    }
+    return {**run_facts(args), "figures": figures, "result_file": "(not saved)"}
 
 
 def render(saved: dict[str, Any]) -> str:

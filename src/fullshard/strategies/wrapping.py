@@ -19,6 +19,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from fullshard.strategies.meta_init import children_first
@@ -82,18 +83,61 @@ def fully_shard_model(
 
     shard_mesh = None if mesh is None else layout.data_parallel_mesh(mesh)
     chosen = set([] if auto_wrap is None else auto_wrap.selected(module))
+    float32 = set(batch_norms_kept_in_float32(module, fully_shard_kwargs.get("mp_policy")))
     wrappers = apply_checkpointing(module, checkpointing)
-    blocks = [m for m in children_first(list(module.modules())) if m in chosen and m is not module]
-    for block in blocks:
-        unit = wrappers.get(block, block)
+    order = children_first(list(module.modules()))
+    blocks = [m for m in order if m in chosen and m is not module]
+    for part in [m for m in order if (m in chosen or m in float32) and m is not module]:
+        unit = wrappers.get(part, part)
         if init is not None:
             init(unit)
-        fully_shard(unit, mesh=shard_mesh, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
+        kwargs = fully_shard_kwargs
+        if part in float32:  # see [Note: BatchNorm under FSDP2 mixed precision]
+            kwargs = {**fully_shard_kwargs, "mp_policy": _float32_policy(fully_shard_kwargs["mp_policy"])}
+        fully_shard(unit, mesh=shard_mesh, reshard_after_forward=reshard_after_forward, **kwargs)
     if init is not None:
         init(module)
     root_reshard = None if reshard_after_forward is True else reshard_after_forward
     fully_shard(module, mesh=shard_mesh, reshard_after_forward=root_reshard, **fully_shard_kwargs)
     return blocks
+
+
+# [Note: BatchNorm under FSDP2 mixed precision]
+# A MixedPrecisionPolicy with a half param_dtype gathers a BatchNorm's weight and bias in half
+# precision, but FSDP2 casts no buffers, so its running mean and variance stay float32 and
+# ``batch_norm`` refuses the mix ("expected scalar type BFloat16 but found Float"): a ResNet under
+# bf16-mixed could not train. FSDP1 avoids it by default (MixedPrecision's
+# ``_module_classes_to_ignore=(_BatchNorm,)``: each BatchNorm is its own unit without mixed
+# precision); FSDP2 has no such default, so fully_shard_model does the same: each BatchNorm with
+# parameters becomes its own unit (children first, before the block holding it) whose policy keeps
+# the parameters float32, as they are without FSDP. Under autocast its half input meets float32
+# weight and statistics, which batch_norm takes (as it does without FSDP); the cost is one small
+# all-gather and reduce-scatter per BatchNorm, as under FSDP1. FSDP1 does it only when it wraps by
+# a policy: without one, wrap_fsdp1 gives it a policy that selects no block.
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def batch_norms_kept_in_float32(module: nn.Module, mp_policy: Any) -> list[nn.Module]:
+    """The BatchNorm modules of ``module`` (not itself) that ``fully_shard_model`` shards as their
+    own float32 units under ``mp_policy`` (a ``MixedPrecisionPolicy`` or None): those with
+    parameters, when the policy gathers parameters in another dtype."""
+    param_dtype = getattr(mp_policy, "param_dtype", None)
+    if param_dtype is None or param_dtype == torch.float32:
+        return []
+    return [
+        m
+        for m in module.modules()
+        if m is not module and isinstance(m, BATCH_NORMS) and any(True for _ in m.parameters(recurse=False))
+    ]
+
+
+def _float32_policy(policy: Any) -> Any:
+    """``policy`` without its parameter dtype: parameters and gradient reductions in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(
+        output_dtype=policy.output_dtype, cast_forward_inputs=policy.cast_forward_inputs
+    )
 
 
 def wrap_fsdp1(
@@ -112,6 +156,12 @@ def wrap_fsdp1(
 
     if auto_wrap is not None:
         fsdp_kwargs["auto_wrap_policy"] = auto_wrap.torch_policy()
+    elif batch_norms_kept_in_float32(module, fsdp_kwargs.get("mixed_precision")):
+        # torch keeps BatchNorm in float32 only when wrapping by a policy: one that selects
+        # nothing else ([Note: BatchNorm under FSDP2 mixed precision])
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        fsdp_kwargs["auto_wrap_policy"] = ModuleWrapPolicy(set())
     wrapped = FullyShardedDataParallel(module, **fsdp_kwargs)
     if checkpointing is not None:
         wrapper = partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
