@@ -52,7 +52,7 @@ PLOT = REPO / "docs" / "fsdp" / "plan-accuracy.png"
 class Case:
     """One configuration to predict and measure."""
 
-    model: str  # mlp, demo, gpt2, llama
+    model: str  # mlp, demo, gpt2, llama, lora
     engine: str  # fsdp2, fsdp
     sharding: str
     checkpoint_every: int
@@ -79,6 +79,14 @@ def cases() -> list[Case]:
         Case("mlp", "fsdp2", "FULL_SHARD", 0, "32-true", 8, 4),
         Case("llama", "fsdp", "FULL_SHARD", 0, "32-true", 4, 2),
     ]
+    out += [  # FSDP1, simulated as FSDP1 (issue 40 item 1)
+        Case("llama", "fsdp", "SHARD_GRAD_OP", 1, "32-true", 4, 2),
+        Case("llama", "fsdp", "FULL_SHARD", 1, "bf16-mixed", 4, 2),
+        Case("gpt2", "fsdp", "SHARD_GRAD_OP", 0, "bf16-mixed", 4, 2),
+        Case("lora", "fsdp", "FULL_SHARD", 0, "32-true", 4, 2),
+        Case("lora", "fsdp", "FULL_SHARD", 1, "bf16-mixed", 4, 2),
+        Case("lora", "fsdp2", "FULL_SHARD", 0, "32-true", 4, 2),
+    ]
     return out
 
 
@@ -96,6 +104,10 @@ def build(case: Case) -> tuple[Any, Any, str]:
 
         ids = torch.randint(0, 256, (case.batch, 64), generator=generator)
         return LanguageModel(256, 64, 2, 128, 4, 1e-3), (ids, ids.roll(-1, 1)), "TransformerEncoderLayer"
+    if case.model == "lora":  # a tiny Llama with LoRA adapters, its base frozen
+        from _planner_models import LoRACausalLM
+
+        return LoRACausalLM(llama_config("tiny")), tokens(case.batch, 128, 1024), "LlamaDecoderLayer"
     config = gpt2_config("tiny") if case.model == "gpt2" else llama_config("tiny")
     block = "GPT2Block" if case.model == "gpt2" else "LlamaDecoderLayer"
     return CausalLM(config), tokens(case.batch, 128, 1024), block
