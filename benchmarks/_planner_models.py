@@ -40,6 +40,22 @@ class CausalLM(fullshard.Module):
         return torch.optim.AdamW(self.parameters(), lr=1e-4, foreach=False)
 
 
+class LoRACausalLM(CausalLM):
+    """``CausalLM`` with LoRA adapters (peft, rank 8 on the attention's q and v projections): the
+    base model frozen, the adapters trained."""
+
+    def configure_model(self) -> None:
+        if self.model is None:
+            from peft import LoraConfig, get_peft_model
+
+            super().configure_model()
+            self.model = get_peft_model(self.model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        trained = [p for p in self.parameters() if p.requires_grad]
+        return torch.optim.AdamW(trained, lr=1e-4, foreach=False)
+
+
 class Block(nn.Module):
     """A residual MLP block."""
 

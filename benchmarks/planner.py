@@ -101,6 +101,13 @@ CASES = [
     Case("llama", "fsdp2", FS, AC, "bf16-mixed", 4, 4),
     Case("mlp", "fsdp2", FS, NOAC, "32-true", 8, 4),
     Case("llama", "fsdp", FS, NOAC, "32-true", 4, 2),
+    # FSDP1, simulated as FSDP1 (issue 40 item 1)
+    Case("llama", "fsdp", SGO, AC, "32-true", 4, 2),
+    Case("llama", "fsdp", FS, AC, "bf16-mixed", 4, 2),
+    Case("gpt2", "fsdp", SGO, NOAC, "bf16-mixed", 4, 2),
+    Case("lora", "fsdp", FS, NOAC, "32-true", 4, 2),
+    Case("lora", "fsdp", FS, AC, "bf16-mixed", 4, 2),
+    Case("lora", "fsdp2", FS, NOAC, "32-true", 4, 2),
     # families it was not built on (issue 40; benchmarks/_planner_families.py)
     Case("llama-gqa-sdpa", "fsdp2", FS, NOAC, "32-true", 4, 2),
     Case("llama-gqa-sdpa", "fsdp2", SGO, AC, "32-true", 4, 2),
@@ -134,7 +141,7 @@ def models() -> dict[str, Callable[[int], Built]]:
     """Each model's builder: batch size -> (module, one process's batch, wrapped class names)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _planner_families as families
-    from _planner_models import MLP, CausalLM, gpt2_config, llama_config, tokens
+    from _planner_models import MLP, CausalLM, LoRACausalLM, gpt2_config, llama_config, tokens
 
     def mlp(batch: int) -> Built:
         generator = torch.Generator().manual_seed(0)
@@ -154,6 +161,11 @@ def models() -> dict[str, Callable[[int], Built]]:
         "gpt2": lambda batch: (CausalLM(gpt2_config("tiny")), tokens(batch, 128, 1024), ("GPT2Block",)),
         "llama": lambda batch: (
             CausalLM(llama_config("tiny")),
+            tokens(batch, 128, 1024),
+            ("LlamaDecoderLayer",),
+        ),
+        "lora": lambda batch: (
+            LoRACausalLM(llama_config("tiny")),  # a tiny Llama with LoRA adapters, its base frozen
             tokens(batch, 128, 1024),
             ("LlamaDecoderLayer",),
         ),

@@ -304,7 +304,8 @@ def test_a_candidate_builds_the_strategy_that_runs_it_and_lays_out_the_job_as_it
 
 def test_the_simulation_shards_through_the_strategys_own_wrapping(monkeypatch: pytest.MonkeyPatch) -> None:
     """One implementation of wrapping: simulate() calls fully_shard_model, the function
-    FSDP2Strategy._wrap calls, with the strategy's reshard setting; FSDP1 is refused, not guessed."""
+    FSDP2Strategy._wrap calls, with the strategy's reshard setting; an FSDP1 candidate goes through
+    FSDP1's own wrapping instead (tests/test_planner_fsdp1.py)."""
     from fullshard.planner.simulate import meta_copy, simulate
     from fullshard.strategies import wrapping
 
@@ -322,8 +323,8 @@ def test_the_simulation_shards_through_the_strategys_own_wrapping(monkeypatch: p
     assert len(calls) == 1 and calls[0]["reshard_after_forward"] is False
     assert calls[0]["auto_wrap"] is not None and calls[0]["checkpointing"] is not None
     fsdp1 = Candidate("fsdp", "FULL_SHARD", ("Block",), 0, False)
-    with pytest.raises(MisconfigurationError, match=r"simulates FSDP2 only, but got the 'fsdp' candidate"):
-        simulate(meta_copy(module), data, fsdp1, layout=fsdp1.layout(2, 1), precision="32-true")
+    simulate(meta_copy(module), data, fsdp1, layout=fsdp1.layout(2, 1), precision="32-true")
+    assert len(calls) == 1
 
 
 def test_torch_without_the_tracker_raises_rather_than_guessing(monkeypatch: pytest.MonkeyPatch) -> None:

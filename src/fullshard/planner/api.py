@@ -133,7 +133,7 @@ def _plan(
     rows = [
         _row(
             c,
-            sims[(c.sharding, c.wrap, c.checkpoint_every)],
+            sims[(c.engine, c.sharding, c.wrap, c.checkpoint_every)],
             memory,
             host,
             job.headroom,
@@ -213,16 +213,16 @@ def _candidates_to_weigh(
 
 def _simulate_probes(
     model: nn.Module, example_batch: Any, todo: list[Candidate], job: _Job, workers: int | None
-) -> dict[tuple[str, tuple[str, ...], int], Simulated]:
-    """One simulation per memory behaviour (sharding, wrap, checkpointing) among ``todo``, run
-    in ``workers`` processes: FSDP1 and offload rows are priced from FSDP2's. Each carries the
-    FLOPs counted once ([Note: the step-time model])."""
-    probes: dict[tuple[str, tuple[str, ...], int], Candidate] = {}
+) -> dict[tuple[str, str, tuple[str, ...], int], Simulated]:
+    """One simulation per memory behaviour (engine, sharding, wrap, checkpointing) among ``todo``,
+    run in ``workers`` processes: offload rows are priced from the same row without offload. Each
+    carries the FLOPs counted once ([Note: the step-time model])."""
+    probes: dict[tuple[str, str, tuple[str, ...], int], Candidate] = {}
     for candidate in todo:
-        key = (candidate.sharding, candidate.wrap, candidate.checkpoint_every)
-        probes.setdefault(key, Candidate("fsdp2", *key, False))
-    # the FLOPs are counted once, on a step without checkpointing where there is one
-    counted = next((key for key, probe in probes.items() if not probe.checkpoint_every), next(iter(probes)))
+        key = (candidate.engine, candidate.sharding, candidate.wrap, candidate.checkpoint_every)
+        probes.setdefault(key, Candidate(*key, False))
+    # the FLOPs are counted once, on a step without checkpointing where there is one (FSDP2's first)
+    counted = min(probes, key=lambda key: (bool(probes[key].checkpoint_every), key[0] != "fsdp2"))
     jobs = [
         functools.partial(
             _simulate,
@@ -261,11 +261,6 @@ def _notes(
         notes.append(
             f"simulated with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks per list and extended to {depth} "
             "(the model's blocks are identical: see [Note: simulating fewer layers])"
-        )
-    if any(c.engine == "fsdp" for c in todo):
-        notes.append(  # see [Note: how a candidate is simulated]: torch has no tracker for FSDP1
-            "FSDP1 rows (~) are priced from FSDP2's simulation of the same units, not simulated themselves "
-            "(torch's memory tracker does not follow FSDP1)"
         )
     if any(c.cpu_offload for c in todo):
         notes.append(
@@ -335,8 +330,6 @@ def _row(
     num_blocks: int,
 ) -> MemoryPlanRow:
     peak, split, modelled = sim.peak, dict(sim.split), ""
-    if candidate.engine == "fsdp":
-        modelled = "FSDP1 from FSDP2's simulation"
     host_peak = 0
     if candidate.cpu_offload:
         for kind, value in sim.offloadable.items():

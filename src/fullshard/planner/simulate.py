@@ -19,14 +19,11 @@ optimizer steps on those (``_as_after_a_step``), which leaves the same tensors a
 leaves, at a fraction of its cost. Optimizers run their for-loop step (``foreach=False``):
 torch 2.13's tracker over-counts the foreach and fused steps on fake tensors.
 
-Only FSDP2 is simulated; an FSDP1 candidate's row is its FSDP2 twin's, marked as modelled. FSDP1's
-own wrapping (``wrap_fsdp1``) runs on fake tensors over the fake process group, but torch (2.13)
-has no tracker for it: ``FSDPMemTracker`` follows ``fully_shard``'s parameter groups only, and the
-generic ``MemTracker`` stops at the first forward with ``use_orig_params=True`` (the strategy's
-default: the parameters are views into the flat parameter, and it registers a post-accumulate-grad
-hook on each, which torch refuses on a non-leaf tensor); with ``use_orig_params=False`` it runs, but
-files the gathered flat parameters under temporaries and the sharded gradients nowhere, so its
-split could not be trusted without measurements of its own.
+That is FSDP2's simulation; an FSDP1 candidate (engine ``"fsdp"``) is simulated as FSDP1, by
+FSDP1's own wrapping (``wrap_fsdp1``) and a tracker of its own, as [Note: how an FSDP1 candidate
+is simulated] in fullshard.planner.simulate_fsdp1 says: torch (2.13) has no tracker for FSDP1
+(``FSDPMemTracker`` follows ``fully_shard``'s parameter groups only, and the generic
+``MemTracker`` stops at the first forward with ``use_orig_params=True``).
 """
 
 from __future__ import annotations
@@ -97,8 +94,8 @@ def _shard(
     strategy = candidate.strategy(cpu_mmap_threshold=None)
     if not isinstance(strategy, FSDP2Strategy):  # see [Note: how a candidate is simulated]
         raise MisconfigurationError(
-            f"The planner simulates FSDP2 only, but got the {candidate.engine!r} candidate {candidate.label()}. "
-            "Simulate its FSDP2 twin (engine='fsdp2'), as fullshard.plan does for FSDP1 rows."
+            f"_shard() shards FSDP2 candidates only, but got the {candidate.engine!r} candidate {candidate.label()}. "
+            "Call simulate(), which simulates an FSDP1 candidate through simulate_fsdp1()."
         )
     auto_wrap, checkpointing, _, _ = strategy.resolve_policies(model)
     paths = {m: name for name, m in model.named_modules()}
@@ -196,6 +193,18 @@ def simulate(
 
     from fullshard.precision import FSDP2Precision
 
+    if candidate.engine == "fsdp":  # see [Note: how an FSDP1 candidate is simulated]
+        from fullshard.planner.simulate_fsdp1 import simulate_fsdp1
+
+        return simulate_fsdp1(
+            module,
+            batch,
+            candidate,
+            layout=layout,
+            precision=precision,
+            count_flops=count_flops,
+            device_type=device_type,
+        )
     prec = FSDP2Precision(precision, "cpu")
     model = prec.convert_module(meta_copy(module))
     numel = sum(p.numel() for p in model.parameters())

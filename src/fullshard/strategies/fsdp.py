@@ -216,17 +216,27 @@ class FSDPStrategy(ShardedStrategy):
     # ----------------------------------------------------------------------- wrapping
     def _fsdp_kwargs(self, root: nn.Module | None = None) -> dict[str, Any]:
         """FSDP's arguments; ``root``: the model being wrapped (None inside ``configure_model``)."""
-        kwargs = dict(self.fsdp_kwargs)
-        kwargs["sharding_strategy"] = self.sharding_strategy
-        kwargs["mixed_precision"] = self.precision.mixed_precision_config  # type: ignore[attr-defined]
-        kwargs["device_id"] = self.root_device
-        if self.root_device.type != "cpu":
-            # On CPU the parameters are in host memory already, and torch's offload path needs an accelerator.
-            kwargs["cpu_offload"] = self.cpu_offload
-        if self._mesh is not None:
-            kwargs["device_mesh"] = self._mesh
+        mixed_precision = self.precision.mixed_precision_config  # type: ignore[attr-defined]
+        kwargs = self.wrapping_kwargs(self.root_device, mixed_precision, self._mesh)
         if self.empty_init:
             kwargs["param_init_fn"] = MetaInit(self.root_device, root, user_init_of(root))
+        return kwargs
+
+    def wrapping_kwargs(
+        self, device: torch.device, mixed_precision: Any, mesh: DeviceMesh | None
+    ) -> dict[str, Any]:
+        """``FullyShardedDataParallel``'s arguments on ``device`` with ``mixed_precision`` over
+        ``mesh`` (None: the default group), but for ``param_init_fn``: what the strategy wraps
+        with, and what the memory planner simulates it with (on fake CPU tensors)."""
+        kwargs = dict(self.fsdp_kwargs)
+        kwargs["sharding_strategy"] = self.sharding_strategy
+        kwargs["mixed_precision"] = mixed_precision
+        kwargs["device_id"] = device
+        if device.type != "cpu":
+            # On CPU the parameters are in host memory already, and torch's offload path needs an accelerator.
+            kwargs["cpu_offload"] = self.cpu_offload
+        if mesh is not None:
+            kwargs["device_mesh"] = mesh
         return kwargs
 
     @override

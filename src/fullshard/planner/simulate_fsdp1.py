@@ -1,0 +1,135 @@
+"""One training step of an FSDP1 candidate, on rank 0 of a simulated job, on fake tensors.
+
+[Note: how an FSDP1 candidate is simulated]
+As an FSDP2 one is ([Note: how a candidate is simulated] in fullshard.planner.simulate), with
+FSDP1's own pieces: the model is cast as ``FSDPPrecision`` casts it, made of fake tensors,
+and wrapped by the strategy's own wrapping (:func:`~fullshard.strategies.wrapping.wrap_fsdp1`,
+with the arguments :meth:`FSDPStrategy.wrapping_kwargs` gives it: the sharding, the precision's
+``MixedPrecision``, ``use_orig_params``, the prefetch settings and the rest the candidate's
+strategy holds), on CPU over the fake process group. The step runs as the Trainer runs it under
+FSDP1: ``training_step`` through the root wrapper (:func:`~fullshard.strategies.forward_redirection.redirected_call`),
+in the precision's autocast, then ``zero_grad``, backward, the optimizer step; FSDP1's hooks
+gather, prefetch, reduce and reshard as they do in a real run, and
+:class:`~fullshard.planner.fsdp1_tracker.FSDP1MemoryTracker` records the peak. So what FSDP1 does
+differently from FSDP2 is in the numbers without being modelled: whole flat parameters gathered
+per unit, a flat gradient for every parameter of a unit where one of them trains (the frozen
+ones' share included, under ``use_orig_params=True``), the backward prefetch's second gathered
+unit, the low-precision shard of mixed precision.
+
+The tracked step is the second: a first, untracked step (forward, backward, optimizer step)
+leaves the sharded flat gradients, the original parameters' gradient views and the optimizer's
+state as a real first step leaves them; FSDP1 attaches these through its own hooks, so they are
+made by running it rather than put in place as the FSDP2 simulation does. Where asked, the
+first step's FLOPs are counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+from fullshard.errors import MisconfigurationError
+from fullshard.planner import torch_tools
+from fullshard.planner.fsdp1_tracker import FSDP1MemoryTracker, storage_checks_by_identity
+from fullshard.planner.simulate import Simulated, _flops_inside, _optimizer, _to_empty_keeping_ties, meta_copy
+
+if TYPE_CHECKING:
+    from fullshard.planner.config import Candidate
+    from fullshard.strategies.parallel_layout import ParallelLayout
+
+
+def simulate_fsdp1(
+    module: nn.Module,
+    batch: Any,
+    candidate: Candidate,
+    *,
+    layout: ParallelLayout,
+    precision: str,
+    count_flops: bool = False,
+    device_type: str = "cuda",
+) -> Simulated:
+    """Run a simulated step of the FSDP1 ``candidate`` on rank 0 of ``layout``'s job (see [Note:
+    how an FSDP1 candidate is simulated]); arguments as for :func:`~fullshard.planner.simulate.simulate`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fullshard.precision import FSDPPrecision
+    from fullshard.strategies import FSDPStrategy
+    from fullshard.strategies.wrapping import wrap_fsdp1
+
+    strategy = candidate.strategy(cpu_mmap_threshold=None)
+    if not isinstance(strategy, FSDPStrategy):
+        raise MisconfigurationError(
+            f"simulate_fsdp1() simulates FSDP1 candidates (engine='fsdp'), but got {candidate.label()}. "
+            "Call fullshard.planner.simulate.simulate(), which simulates either engine."
+        )
+    prec = FSDPPrecision(precision, "cpu", strategy.mixed_precision)
+    model = prec.convert_module(meta_copy(module))
+    numel = sum(p.numel() for p in model.parameters())
+    fake_mode = torch_tools.fake_tensor_mode()
+    null = contextlib.nullcontext()
+    checks = storage_checks_by_identity()  # see [Note: FSDP1's storage checks on fake tensors]
+    with torch_tools.simulated_world(layout) as world, fake_mode, checks, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _to_empty_keeping_ties(model)
+        auto_wrap, checkpointing, _, _ = strategy.resolve_policies(model)
+        blocks = [] if auto_wrap is None else [m for m in auto_wrap.selected(model) if m is not model]
+        mesh = world.mesh if strategy.is_hybrid else None  # as FSDPStrategy._make_mesh: hybrid only
+        kwargs = strategy.wrapping_kwargs(torch.device("cpu"), prec.mixed_precision_config, mesh)
+        wrapped = wrap_fsdp1(model, auto_wrap=auto_wrap, checkpointing=checkpointing, **kwargs)
+        fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
+        optimizer = _optimizer(model)
+        forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
+        with forward if count_flops else null:
+            loss = _loss_of(wrapped, model, fake_batch, prec)
+        with backward if count_flops else null:
+            loss.backward()
+        optimizer.step()  # the first step: see the Note
+        tracker = FSDP1MemoryTracker(wrapped, optimizer, (fake_batch,))
+        staging = torch_tools.gloo_staging() if device_type == "cpu" else null
+        with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
+            loss = _loss_of(wrapped, model, fake_batch, prec)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    forward_flops = backward_flops = block_flops = 0
+    if count_flops:
+        paths = {m: name for name, m in wrapped.named_modules()}
+        forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
+        block_flops = _flops_inside(forward.get_flop_counts(), [paths[b] for b in blocks], forward_flops)
+    return Simulated(
+        tracker.peak,
+        tracker.split,
+        tracker.offloadable,
+        forward_flops,
+        backward_flops,
+        numel,
+        block_flops,
+        candidate.checkpoint_every,
+    )
+
+
+def _loss_of(wrapped: nn.Module, model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
+    """The loss of one step, run as FSDPStrategy runs it: ``training_step`` through the root
+    wrapper, in the precision's context (the sum of a plain module's output through the wrapper)."""
+    from fullshard.strategies.forward_redirection import redirected_call
+    from fullshard.strategies.step_args import step_arguments
+
+    with precision.forward_context():
+        if hasattr(model, "training_step"):
+            args = step_arguments(model, "training_step", batch, 0, ())
+            out = redirected_call(wrapped, model, "training_step", *args)
+        else:
+            out = wrapped(*batch) if isinstance(batch, tuple | list) else wrapped(batch)
+    if isinstance(out, dict):
+        out = out.get("loss")
+    if not isinstance(out, torch.Tensor):
+        raise MisconfigurationError(
+            f"The planner runs training_step (or forward) to find the loss, but it returned {type(out).__name__}. "
+            "Return the loss tensor (or a dict with 'loss') for the planner to run backward on."
+        )
+    return out if out.dim() == 0 else out.sum()
