@@ -52,7 +52,7 @@ PLOT = REPO / "docs" / "fsdp" / "plan-accuracy.png"
 class Case:
     """One configuration to predict and measure."""
 
-    model: str  # mlp, demo, gpt2, llama
+    model: str  # mlp, demo, gpt2, llama, mixtral, qwen2moe
     engine: str  # fsdp2, fsdp
     sharding: str
     checkpoint_every: int
@@ -79,6 +79,11 @@ def cases() -> list[Case]:
         Case("mlp", "fsdp2", "FULL_SHARD", 0, "32-true", 8, 4),
         Case("llama", "fsdp", "FULL_SHARD", 0, "32-true", 4, 2),
     ]
+    for moe in ("mixtral", "qwen2moe"):  # data-dependent routing: benchmarks/_planner_moe.py
+        out += [
+            Case(moe, "fsdp2", "FULL_SHARD", 0, "32-true", 4, 2),
+            Case(moe, "fsdp2", "FULL_SHARD", 1, "bf16-mixed", 4, 4),
+        ]
     return out
 
 
@@ -88,6 +93,10 @@ def build(case: Case) -> tuple[Any, Any, str]:
     from _planner_models import MLP, CausalLM, gpt2_config, llama_config, tokens
 
     generator = torch.Generator().manual_seed(0)
+    if case.model in ("mixtral", "qwen2moe"):
+        from _planner_moe import build as build_moe
+
+        return build_moe(case.model, case.batch)
     if case.model == "mlp":
         x = torch.randn(case.batch, 64, 256, generator=generator)
         return MLP(256, 4), (x, torch.randn(x.shape, generator=generator)), "Block"
