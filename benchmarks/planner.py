@@ -108,6 +108,11 @@ CASES = [
     Case("lora", "fsdp", FS, NOAC, "32-true", 4, 2),
     Case("lora", "fsdp", FS, AC, "bf16-mixed", 4, 2),
     Case("lora", "fsdp2", FS, NOAC, "32-true", 4, 2),
+    # data-dependent routing (issue 40 item 2): benchmarks/_planner_moe.py
+    Case("mixtral", "fsdp2", FS, NOAC, "32-true", 4, 2),
+    Case("mixtral", "fsdp2", FS, AC, "bf16-mixed", 4, 4),
+    Case("qwen2moe", "fsdp2", FS, NOAC, "32-true", 4, 2),
+    Case("qwen2moe", "fsdp2", FS, AC, "bf16-mixed", 4, 4),
     # families it was not built on (issue 40; benchmarks/_planner_families.py)
     Case("llama-gqa-sdpa", "fsdp2", FS, NOAC, "32-true", 4, 2),
     Case("llama-gqa-sdpa", "fsdp2", SGO, AC, "32-true", 4, 2),
@@ -142,6 +147,7 @@ def models() -> dict[str, Callable[[int], Built]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _planner_families as families
     from _planner_models import MLP, CausalLM, LoRACausalLM, gpt2_config, llama_config, tokens
+    from _planner_moe import build as build_moe
 
     def mlp(batch: int) -> Built:
         generator = torch.Generator().manual_seed(0)
@@ -169,6 +175,8 @@ def models() -> dict[str, Callable[[int], Built]]:
             tokens(batch, 128, 1024),
             ("LlamaDecoderLayer",),
         ),
+        "mixtral": lambda batch: build_moe("mixtral", batch),
+        "qwen2moe": lambda batch: build_moe("qwen2moe", batch),
         "llama-gqa-sdpa": families.llama_gqa_sdpa,
         "qwen2-tied": families.qwen2_tied,
         "vit": families.vit,

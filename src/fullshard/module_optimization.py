@@ -7,7 +7,7 @@ three ways through a training batch] there.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +22,25 @@ if TYPE_CHECKING:
     _ModuleBase = nn.Module
 else:
     _ModuleBase = object
+
+
+def extract_loss(output: Any) -> torch.Tensor | None:
+    """The loss of a ``training_step`` result under automatic optimization: a tensor,
+    ``{"loss": tensor}``, or None (no loss). The fit loop and the memory planner take it so.
+
+    Raises:
+        MisconfigurationError: ``output`` is none of these.
+    """
+    if output is None or isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping) and "loss" in output:
+        loss = output["loss"]
+        if isinstance(loss, torch.Tensor):
+            return loss
+    raise MisconfigurationError(
+        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' "
+        "tensor, or None to skip the batch."
+    )
 
 
 class OptimizationHooks(_ModuleBase):

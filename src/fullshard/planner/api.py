@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from fullshard.errors import MisconfigurationError
+from fullshard.planner import data_dependent
 from fullshard.planner.candidates import (
     SCALE_POINTS,
     cut_blocks,
@@ -129,7 +130,7 @@ def _plan(
     todo = _candidates_to_weigh(job, wrap, num_blocks, engines, candidates, shardings)
     world = todo[0].layout(devices, num_nodes).world_size  # every layout of the job covers it all
     notes = _notes(model, wrap, todo, devices, host)
-    sims = _simulate_probes(model, example_batch, todo, job, workers)
+    sims = _simulate_probes(module, model, example_batch, todo, job, workers)
     rows = [
         _row(
             c,
@@ -212,33 +213,52 @@ def _candidates_to_weigh(
 
 
 def _simulate_probes(
-    model: nn.Module, example_batch: Any, todo: list[Candidate], job: _Job, workers: int | None
+    module: nn.Module,
+    model: nn.Module,
+    example_batch: Any,
+    todo: list[Candidate],
+    job: _Job,
+    workers: int | None,
 ) -> dict[tuple[str, str, tuple[str, ...], int], Simulated]:
     """One simulation per memory behaviour (engine, sharding, wrap, checkpointing) among ``todo``,
     run in ``workers`` processes: offload rows are priced from the same row without offload. Each
-    carries the FLOPs counted once ([Note: the step-time model])."""
+    carries the FLOPs counted once ([Note: the step-time model]). A step with data-dependent
+    operations is simulated again with the record of one real forward ([Note: data-dependent steps])."""
     probes: dict[tuple[str, str, tuple[str, ...], int], Candidate] = {}
     for candidate in todo:
         key = (candidate.engine, candidate.sharding, candidate.wrap, candidate.checkpoint_every)
         probes.setdefault(key, Candidate(*key, False))
     # the FLOPs are counted once, on a step without checkpointing where there is one (FSDP2's first)
     counted = min(probes, key=lambda key: (bool(probes[key].checkpoint_every), key[0] != "fsdp2"))
-    jobs = [
-        functools.partial(
-            _simulate,
-            model,
-            example_batch,
-            probe,
-            scalable_depth(model, probe.wrap),
-            job.devices,
-            job.num_nodes,
-            job.precision,
-            key == counted,
-            job.device_type,
-        )
-        for key, probe in probes.items()
-    ]
-    sims = dict(zip(probes, run_forked(jobs, workers or min(usable_cores(), MAX_WORKERS)), strict=True))
+    depths = {key: scalable_depth(model, probe.wrap) for key, probe in probes.items()}
+
+    def run(recording: data_dependent.Recording | None) -> list[Simulated]:
+        jobs = [
+            functools.partial(
+                _simulate,
+                model,
+                example_batch,
+                probe,
+                depths[key],
+                job.devices,
+                job.num_nodes,
+                job.precision,
+                key == counted,
+                job.device_type,
+                recording,
+            )
+            for key, probe in probes.items()
+        ]
+        return run_forked(jobs, workers or min(usable_cores(), MAX_WORKERS))
+
+    try:
+        done = run(None)
+    except data_dependent.NeedsRecording:  # recorded on the deepest model simulated
+        wraps = {probe.wrap for probe in probes.values()}
+        cut = wraps.pop() if len(wraps) == 1 and None not in depths.values() else None
+        deepest = cut_blocks(model, cut, SCALE_POINTS[-1]) if cut is not None else model
+        done = run(data_dependent.record(module, deepest, example_batch, job.precision))
+    sims = dict(zip(probes, done, strict=True))
     flops = sims[counted]
     for key, sim in sims.items():  # see [Note: the step-time model]
         sims[key] = dataclasses.replace(
@@ -285,9 +305,11 @@ def _simulate(
     precision: str,
     count_flops: bool,
     device_type: str = "cuda",
+    recording: data_dependent.Recording | None = None,
 ) -> Simulated:
     run = functools.partial(
         simulate,
+        recording=recording,
         batch=batch,
         candidate=candidate,
         layout=candidate.layout(devices, num_nodes),

@@ -39,8 +39,9 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from fullshard.errors import MisconfigurationError
-from fullshard.planner import torch_tools
+from fullshard.planner import data_dependent, torch_tools
 from fullshard.planner.config import Candidate
+from fullshard.planner.data_dependent import Recording
 
 if TYPE_CHECKING:
     from fullshard.strategies.parallel_layout import ParallelLayout
@@ -135,25 +136,26 @@ def _step_as_forward(model: nn.Module) -> Any:
     return root_forward
 
 
-def _loss_of(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
-    """The loss of one step: ``training_step``'s (a tensor or a dict with ``"loss"``), or the sum of
-    a plain module's output."""
+def step_loss(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
+    """The loss of one step: ``training_step``'s, taken from its result as the Trainer takes it
+    (so a result the Trainer refuses is refused with the Trainer's error, and a loss that is not
+    a scalar fails at backward as in the Trainer), or the sum of a plain module's output."""
+    from fullshard.module_optimization import extract_loss
     from fullshard.strategies.step_args import step_arguments
 
     with precision.forward_context():
         if hasattr(model, "training_step"):
             model.forward = _step_as_forward(model)  # type: ignore[method-assign]
-            out = model(*step_arguments(model, "training_step", batch, 0, ()))
+            out = extract_loss(model(*step_arguments(model, "training_step", batch, 0, ())))
         else:
             out = model(*batch) if isinstance(batch, tuple | list) else model(batch)
-    if isinstance(out, dict):
-        out = out.get("loss")
+            out = out.sum() if isinstance(out, torch.Tensor) else out
     if not isinstance(out, torch.Tensor):
         raise MisconfigurationError(
             f"The planner runs training_step (or forward) to find the loss, but it returned {type(out).__name__}. "
             "Return the loss tensor (or a dict with 'loss') for the planner to run backward on."
         )
-    return out if out.dim() == 0 else out.sum()
+    return out
 
 
 def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -186,9 +188,11 @@ def simulate(
     precision: str,
     count_flops: bool = False,
     device_type: str = "cuda",
+    recording: Recording | None = None,
 ) -> Simulated:
     """Run a simulated step of ``candidate`` on rank 0 of a job laid out as ``layout`` (see [Note:
-    how a candidate is simulated]); ``count_flops``: also count the FLOPs of a step, in a step of its own before the tracked ones."""
+    how a candidate is simulated]); ``count_flops``: also count the FLOPs of a step, in a step of its own before the tracked ones;
+    ``recording``: the outputs of the step's data-dependent operations (see [Note: data-dependent steps])."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from fullshard.precision import FSDP2Precision
@@ -204,16 +208,23 @@ def simulate(
             precision=precision,
             count_flops=count_flops,
             device_type=device_type,
+            recording=recording,
         )
     prec = FSDP2Precision(precision, "cpu")
     model = prec.convert_module(meta_copy(module))
     numel = sum(p.numel() for p in model.parameters())
     fake_mode = torch_tools.fake_tensor_mode()
-    with torch_tools.simulated_world(layout) as world, fake_mode, warnings.catch_warnings():
+    with (
+        torch_tools.simulated_world(layout) as world,
+        fake_mode,
+        warnings.catch_warnings(),
+        contextlib.ExitStack() as stack,
+    ):
         warnings.simplefilter("ignore")
         _to_empty_keeping_ties(model)  # fake tensors before sharding, as FSDP2 shards real ones
         block_paths = _shard(model, candidate, layout, world.mesh, prec.mixed_precision_config)
         fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
+        stack.enter_context(data_dependent.replaying(model, recording, batch, fake_batch))
         optimizer = _optimizer(model)
         tracker = torch_tools.memory_tracker(model, optimizer)
         tracker.track_inputs((fake_batch,))
@@ -221,7 +232,7 @@ def simulate(
         if count_flops:  # an untracked step of its own: the counter keeps checkpointed activations alive
             forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
             with forward:
-                loss = _loss_of(model, fake_batch, prec)
+                loss = step_loss(model, fake_batch, prec)
             with backward:
                 loss.backward()
             optimizer.zero_grad()
@@ -230,7 +241,7 @@ def simulate(
         _as_after_a_step(model, optimizer)
         staging = torch_tools.gloo_staging() if device_type == "cpu" else contextlib.nullcontext()
         with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
-            loss = _loss_of(model, fake_batch, prec)  # the Trainer's order: see the Note above
+            loss = step_loss(model, fake_batch, prec)  # the Trainer's order: see the Note above
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

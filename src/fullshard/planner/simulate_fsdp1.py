@@ -34,12 +34,13 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from fullshard.errors import MisconfigurationError
-from fullshard.planner import torch_tools
+from fullshard.planner import data_dependent, torch_tools
 from fullshard.planner.fsdp1_tracker import FSDP1MemoryTracker, storage_checks_by_identity
 from fullshard.planner.simulate import Simulated, _flops_inside, _optimizer, _to_empty_keeping_ties, meta_copy
 
 if TYPE_CHECKING:
     from fullshard.planner.config import Candidate
+    from fullshard.planner.data_dependent import Recording
     from fullshard.strategies.parallel_layout import ParallelLayout
 
 
@@ -52,6 +53,7 @@ def simulate_fsdp1(
     precision: str,
     count_flops: bool = False,
     device_type: str = "cuda",
+    recording: Recording | None = None,
 ) -> Simulated:
     """Run a simulated step of the FSDP1 ``candidate`` on rank 0 of ``layout``'s job (see [Note:
     how an FSDP1 candidate is simulated]); arguments as for :func:`~fullshard.planner.simulate.simulate`."""
@@ -73,7 +75,13 @@ def simulate_fsdp1(
     fake_mode = torch_tools.fake_tensor_mode()
     null = contextlib.nullcontext()
     checks = storage_checks_by_identity()  # see [Note: FSDP1's storage checks on fake tensors]
-    with torch_tools.simulated_world(layout) as world, fake_mode, checks, warnings.catch_warnings():
+    with (
+        torch_tools.simulated_world(layout) as world,
+        fake_mode,
+        checks,
+        warnings.catch_warnings(),
+        contextlib.ExitStack() as stack,
+    ):
         warnings.simplefilter("ignore")
         _to_empty_keeping_ties(model)
         auto_wrap, checkpointing, _, _ = strategy.resolve_policies(model)
@@ -82,6 +90,7 @@ def simulate_fsdp1(
         kwargs = strategy.wrapping_kwargs(torch.device("cpu"), prec.mixed_precision_config, mesh)
         wrapped = wrap_fsdp1(model, auto_wrap=auto_wrap, checkpointing=checkpointing, **kwargs)
         fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
+        stack.enter_context(data_dependent.replaying(model, recording, batch, fake_batch))
         optimizer = _optimizer(model)
         forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
         with forward if count_flops else null:

@@ -7,7 +7,9 @@ one process plays rank 0 of N, every collective returns at once), ``FakeTensorMo
 (``torch._subclasses``: tensors with shapes and dtypes but no storage), and ``FSDPMemTracker``
 (``torch.distributed._tools``: a dispatch mode that files each live tensor under parameters,
 gradients, optimizer state, activations, temporaries, inputs and FSDP2's all-gather and
-reduce-scatter buffers, and records the peak). There is no public API for any of them, so they
+reduce-scatter buffers, and records the peak), and for steps that read tensor values, the base class
+of dispatch modes (``torch.utils._python_dispatch.TorchDispatchMode``) and the exceptions fake
+tensors raise for such reads. There is no public API for any of them, so they
 are imported here and nowhere else; a torch that lacks one raises :class:`PlannerUnavailableError`
 naming it, rather than letting the planner return a wrong number.
 """
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode  # re-exported: see the Note
 
 from fullshard.errors import MisconfigurationError
 
@@ -48,6 +51,25 @@ def fake_tensor_mode() -> Any:
     except ImportError as error:  # pragma: no cover - depends on torch
         raise _missing("torch._subclasses.fake_tensor.FakeTensorMode", error) from error
     return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def data_dependent_errors() -> tuple[type[BaseException], ...]:
+    """What ``FakeTensorMode`` raises for an operation whose output depends on tensor values (see
+    [Note: data-dependent steps] in planner/data_dependent.py)."""
+    try:
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    except ImportError as error:  # pragma: no cover - depends on torch
+        raise _missing("torch._subclasses.fake_tensor's data-dependent exceptions", error) from error
+    return (DynamicOutputShapeException, DataDependentOutputException)
+
+
+def outside_fake_mode() -> contextlib.AbstractContextManager[Any]:
+    """A context in which ``FakeTensorMode`` is off for a moment (to compute on real tensors)."""
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+    except ImportError as error:  # pragma: no cover - depends on torch
+        raise _missing("torch._subclasses.fake_tensor.unset_fake_temporarily", error) from error
+    return unset_fake_temporarily()
 
 
 def memory_tracker(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> Any:

@@ -25,24 +25,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fullshard.errors import MisconfigurationError
+from fullshard.module_optimization import extract_loss as extract_loss  # the planner takes the loss so too
 from fullshard.rank_zero import rank_zero_warn_once
 
 if TYPE_CHECKING:
     from fullshard.trainer.trainer import Trainer
-
-
-def extract_loss(output: Any) -> torch.Tensor | None:
-    """The loss of a ``training_step`` result: a tensor, ``{"loss": tensor}``, or None (no loss)."""
-    if output is None or isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, Mapping) and "loss" in output:
-        loss = output["loss"]
-        if isinstance(loss, torch.Tensor):
-            return loss
-    raise MisconfigurationError(
-        f"training_step returned {type(output).__name__}; return the loss tensor, a dict with a 'loss' "
-        "tensor, or None to skip the batch."
-    )
 
 
 def batch_outputs(output: Any, loss: torch.Tensor | None) -> Any:
