@@ -111,6 +111,7 @@ CASES = [
     # data-dependent routing (issue 40 item 2): benchmarks/_planner_moe.py
     Case("mixtral", "fsdp2", FS, NOAC, "32-true", 4, 2),
     Case("mixtral", "fsdp2", FS, AC, "bf16-mixed", 4, 4),
+    Case("mixtral", "fsdp", FS, NOAC, "32-true", 4, 2),
     Case("qwen2moe", "fsdp2", FS, NOAC, "32-true", 4, 2),
     Case("qwen2moe", "fsdp2", FS, AC, "bf16-mixed", 4, 4),
     # families it was not built on (issue 40; benchmarks/_planner_families.py)

@@ -81,20 +81,25 @@ def moe_batches() -> tuple[Any, Any]:
 
 
 def peak_of(
-    module: nn.Module, batch: Any, devices: int = 1, checkpoint_every: int = 0, wrap: str = "Block"
+    module: nn.Module,
+    batch: Any,
+    devices: int = 1,
+    checkpoint_every: int = 0,
+    wrap: str = "Block",
+    engine: str = "fsdp2",
 ) -> int:
-    candidate = Candidate("fsdp2", "FULL_SHARD", (wrap,), checkpoint_every, False)
+    candidate = Candidate(engine, "FULL_SHARD", (wrap,), checkpoint_every, False)
     result = plan(
         module, batch, devices=devices, device_memory="1TiB", device_type="cpu", candidates=[candidate]
     )
     return result.rows[0].peak
 
 
-@pytest.mark.parametrize("checkpoint_every", [0, 1])
-def test_a_step_with_torch_where_routing_plans_as_its_static_twin(checkpoint_every: int) -> None:
+@pytest.mark.parametrize(("engine", "checkpoint_every"), [("fsdp2", 0), ("fsdp2", 1), ("fsdp", 0)])
+def test_a_step_with_torch_where_routing_plans_as_its_static_twin(engine: str, checkpoint_every: int) -> None:
     dynamic, static = moe_batches()
-    predicted = peak_of(MoE(), dynamic, devices=2, checkpoint_every=checkpoint_every)
-    twin = peak_of(MoE(), static, devices=2, checkpoint_every=checkpoint_every)
+    predicted = peak_of(MoE(), dynamic, devices=2, checkpoint_every=checkpoint_every, engine=engine)
+    twin = peak_of(MoE(), static, devices=2, checkpoint_every=checkpoint_every, engine=engine)
     # the twin's batch holds each expert's token indices, the routed step makes them: the same bytes
     # but for the route tensor and its comparisons (a few KiB); every token sent to every expert
     # would be 300 KiB more a block

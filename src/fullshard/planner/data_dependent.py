@@ -104,6 +104,7 @@ def _signature(func: Any, args: Any) -> _Signature:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_PLANNER_DIR = os.path.dirname(__file__) + os.sep  # the planner's own dispatch modes (a tracker) are not the step's code
 
 
 def _code_line() -> str:
@@ -112,7 +113,7 @@ def _code_line() -> str:
     on real tensors, not on fake ones) is filed under the line that called that kernel."""
     frame = sys._getframe(2)
     while frame is not None and (
-        frame.f_code.co_filename.startswith(_TORCH_DIR) or frame.f_code.co_filename == __file__
+        frame.f_code.co_filename.startswith((_TORCH_DIR, _PLANNER_DIR))
     ):
         frame = frame.f_back  # type: ignore[assignment]
     return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
