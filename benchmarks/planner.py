@@ -4,7 +4,7 @@ The memory planner's accuracy: its predicted per-process peak of tensor memory a
 
 Run it from the repository root; without ``--write-docs`` it prints the table and leaves
 docs/fsdp/plan.md alone. ``--only NAME`` runs the cases whose name contains NAME. It takes
-about 30 minutes on 2 busy cores.
+about 20 minutes on 2 busy cores (30 cases).
 
 The cases are one a line in ``CASES``, their models one a line in ``models()`` (the families of
 issue 40 in benchmarks/_planner_families.py). The families in ``HELD_OUT`` are not for tuning the
