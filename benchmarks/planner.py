@@ -4,7 +4,7 @@ The memory planner's accuracy: its predicted per-process peak of tensor memory a
 
 Run it from the repository root; without ``--write-docs`` it prints the table and leaves
 docs/fsdp/plan.md alone. ``--only NAME`` runs the cases whose name contains NAME. It takes
-about 30 minutes on 2 busy cores.
+about 20 minutes on 2 busy cores (30 cases).
 
 The cases are one a line in ``CASES``, their models one a line in ``models()`` (the families of
 issue 40 in benchmarks/_planner_families.py). The families in ``HELD_OUT`` are not for tuning the
@@ -464,7 +464,7 @@ def render(saved: dict[str, Any]) -> str:
         [_summary("all", [e for _, _, _, e, _ in rows])]
         + [
             _summary(label, [e for c, _, _, e, _ in rows if c.held_out is held_out])
-            for label, held_out in (("tuned on", False), ("held out", True))
+            for label, held_out in (("not held out", False), ("held out", True))
             if any(c.held_out is held_out for c, *_ in rows)
         ]
         + ([f"failed: {', '.join(failed)}"] if failed else [])
@@ -532,8 +532,15 @@ def _plot(rows: list[Any]) -> None:
     figure, axes = plt.subplots(figsize=(5, 5))
     measured = [r["measured"] / 2**20 for r in rows]
     predicted = [r["predicted"] / 2**20 for r in rows]
-    axes.loglog(measured, predicted, "o")
+    for held_out, style, label in ((False, "o", "cases"), (True, "s", "held-out families")):
+        mine = [i for i, r in enumerate(rows) if Case(**r["case"]).held_out is held_out]
+        if mine:
+            axes.loglog([measured[i] for i in mine], [predicted[i] for i in mine], style, label=label)
+    axes.minorticks_off()
     low, high = min(measured + predicted) * 0.8, max(measured + predicted) * 1.25
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if low <= t <= high]
+    for axis in (axes.xaxis, axes.yaxis):
+        axis.set_ticks(ticks, [str(t) for t in ticks])
     axes.plot([low, high], [low, high], "k--", linewidth=0.8, label="predicted = measured")
     axes.set_xlabel("measured peak per process (MiB)")
     axes.set_ylabel("predicted peak (MiB)")
