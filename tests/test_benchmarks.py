@@ -45,6 +45,7 @@ HELPERS = {
     "_gpu_parts",
     "_planner_models",
     "_planner_families",
+    "_planner_moe",
 }  # modules the scripts import, not scripts
 
 

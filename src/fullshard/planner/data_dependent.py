@@ -104,7 +104,8 @@ def _signature(func: Any, args: Any) -> _Signature:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_PLANNER_DIR = os.path.dirname(__file__) + os.sep  # the planner's own dispatch modes (a tracker) are not the step's code
+# the planner's own dispatch modes (a tracker) are not the step's code
+_PLANNER_DIR = os.path.dirname(__file__) + os.sep
 
 
 def _code_line() -> str:
@@ -112,9 +113,7 @@ def _code_line() -> str:
     operation a torch kernel runs inside another (``one_hot`` checks its indices with ``.item()``
     on real tensors, not on fake ones) is filed under the line that called that kernel."""
     frame = sys._getframe(2)
-    while frame is not None and (
-        frame.f_code.co_filename.startswith((_TORCH_DIR, _PLANNER_DIR))
-    ):
+    while frame is not None and (frame.f_code.co_filename.startswith((_TORCH_DIR, _PLANNER_DIR))):
         frame = frame.f_back  # type: ignore[assignment]
     return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
