@@ -52,7 +52,7 @@ PLOT = REPO / "docs" / "fsdp" / "plan-accuracy.png"
 class Case:
     """One configuration to predict and measure."""
 
-    model: str  # mlp, demo, gpt2, llama, mixtral, qwen2moe
+    model: str  # mlp, demo, gpt2, llama, mixtral, qwen2moe, mixtralgmm
     engine: str  # fsdp2, fsdp
     sharding: str
     checkpoint_every: int
@@ -79,6 +79,7 @@ def cases() -> list[Case]:
         Case("mlp", "fsdp2", "FULL_SHARD", 0, "32-true", 8, 4),
         Case("llama", "fsdp", "FULL_SHARD", 0, "32-true", 4, 2),
     ]
+    out.append(Case("mixtralgmm", "fsdp2", "FULL_SHARD", 0, "32-true", 4, 2))  # benchmarks/_planner_moe.py
     for moe in ("mixtral", "qwen2moe"):  # data-dependent routing: benchmarks/_planner_moe.py
         out += [
             Case(moe, "fsdp2", "FULL_SHARD", 0, "32-true", 4, 2),
@@ -93,7 +94,7 @@ def build(case: Case) -> tuple[Any, Any, str]:
     from _planner_models import MLP, CausalLM, gpt2_config, llama_config, tokens
 
     generator = torch.Generator().manual_seed(0)
-    if case.model in ("mixtral", "qwen2moe"):
+    if case.model in ("mixtral", "qwen2moe", "mixtralgmm"):
         from _planner_moe import build as build_moe
 
         return build_moe(case.model, case.batch)

@@ -217,3 +217,48 @@ def test_hugging_face_sdpa_keeps_what_eager_keeps_less_the_attention_probabiliti
     probabilities = 2 * 4 * 4 * 128 * 128 * 4  # layers x batch x heads x seq x seq x fp32
     mask = 4 * 128 * 128 * 4  # eager's additive mask, batch x 1 x seq x seq (SDPA: is_causal, none)
     assert abs((eager - sdpa) - (probabilities + mask)) <= 0.05 * probabilities, (eager, sdpa)
+
+
+def test_grouped_mm_on_float32_runs_on_fake_tensors_with_the_cpu_kernels_shapes() -> None:
+    """Hugging Face's default experts call ``torch._grouped_mm`` in float32 on CPU; torch's fake
+    kernel refused that ([Note: a fake kernel stricter than the CPU's])."""
+    from fullshard.planner import torch_tools
+
+    offs = torch.tensor([3, 5, 9], dtype=torch.int32)
+    cases = [
+        (torch.randn(9, 8), torch.randn(3, 8, 4), offs),  # tokens x experts' weights (the MoE case)
+        (torch.randn(3, 5, 8), torch.randn(3, 8, 4), None),  # batched
+    ]
+    for a, b, o in cases:
+        real = torch._grouped_mm(a, b, offs=o)
+        mode = torch_tools.fake_tensor_mode()
+        with torch_tools.float_grouped_mm(), mode:
+            fake = torch._grouped_mm(
+                mode.from_tensor(a), mode.from_tensor(b), offs=None if o is None else mode.from_tensor(o)
+            )
+        assert (fake.shape, fake.dtype) == (real.shape, real.dtype)
+    with pytest.raises(RuntimeError, match="Expected inputs of BF16 type"):  # outside it, torch's own check
+        mode = torch_tools.fake_tensor_mode()
+        with mode:
+            torch._grouped_mm(
+                mode.from_tensor(cases[0][0]), mode.from_tensor(cases[0][1]), offs=mode.from_tensor(offs)
+            )
+
+
+class GroupedExperts(MoE):
+    """Experts as one (experts, in, out) weight, applied with ``torch._grouped_mm`` in float32."""
+
+    def __init__(self) -> None:
+        super().__init__(depth=1)
+        self.weight = nn.Parameter(torch.randn(EXPERTS, WIDTH, WIDTH))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, _ = batch
+        counts = torch.tensor([300, 150, 62, 0]).cumsum(0).to(torch.int32)
+        x = self.blocks[0](x, [torch.arange(8)] * EXPERTS) + torch._grouped_mm(x, self.weight, offs=counts)
+        return F.mse_loss(x, y)
+
+
+def test_a_float32_grouped_mm_step_plans() -> None:
+    dynamic, _ = moe_batches()
+    assert peak_of(GroupedExperts(), dynamic) > 0

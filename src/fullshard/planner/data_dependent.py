@@ -57,7 +57,12 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from fullshard.errors import MisconfigurationError
-from fullshard.planner.torch_tools import TorchDispatchMode, data_dependent_errors, outside_fake_mode
+from fullshard.planner.torch_tools import (
+    TorchDispatchMode,
+    data_dependent_errors,
+    float_grouped_mm,
+    outside_fake_mode,
+)
 
 #: path components of the wrappers FSDP, activation checkpointing and torch.compile put around a module
 _WRAPPERS = ("_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod")
@@ -257,7 +262,7 @@ def replaying(
     on fake tensors than on real ones is given the real path (see [Note: a library's path on fake
     tensors]; ``fake_batch``: the fake tensors made of ``batch``'s). Enter it inside the fake
     mode, after the model is wrapped."""
-    with _real_paths(batch, fake_batch), _replay(model, recording):
+    with _real_paths(batch, fake_batch), float_grouped_mm(), _replay(model, recording):
         yield
 
 
