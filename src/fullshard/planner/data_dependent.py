@@ -301,17 +301,32 @@ def record(module: nn.Module, model: nn.Module, batch: Any, precision: str) -> R
             f"and could not make the real copy of the model it needs: {error}"
         ) from error
     frames, recording = _Frames(real), Recording()
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), frames.watching(), _Recorder(frames, recording):
-        step_loss(real, batch, prec)
+    try:
+        with (
+            torch.random.fork_rng(devices=[]),
+            torch.no_grad(),
+            frames.watching(),
+            _Recorder(frames, recording),
+        ):
+            step_loss(real, batch, prec)
+    except MisconfigurationError:
+        raise
+    except Exception as error:
+        raise MisconfigurationError(
+            f"The planner runs one real forward of {type(module).__name__}'s training_step on the example batch, on "
+            f"CPU, to record its data-dependent operations (see [Note: data-dependent steps]), and it failed: "
+            f"{type(error).__name__}: {error}. Give fullshard.plan an example batch of CPU tensors that the step runs "
+            "on, or choose the configuration by hand."
+        ) from error
     recording.calls = dict(frames.calls)
     return recording
 
 
 def real_copy(module: nn.Module, model: nn.Module) -> nn.Module:
-    """A copy of ``model`` (a meta copy of ``module``) with real tensors: new parameters viewing
-    ``module``'s own where every parameter and buffer of ``module`` at ``model``'s names is real
-    (nothing copied; buffers are cloned, a forward may update them); else initialised afresh as
-    ``empty_init=True`` initialises (``module`` is never written)."""
+    """A copy of ``model`` (a meta copy of ``module``) with real CPU tensors: new parameters viewing
+    ``module``'s own where every parameter and buffer of ``module`` at ``model``'s names is on the
+    CPU (nothing copied; buffers are cloned, a forward may update them); else initialised afresh
+    as ``empty_init=True`` initialises (``module`` is never written)."""
     from fullshard.strategies.meta_init import MetaInit, user_init_of
 
     made = copy.deepcopy(model)
@@ -319,7 +334,7 @@ def real_copy(module: nn.Module, model: nn.Module) -> nn.Module:
     originals.update(module.named_buffers(remove_duplicate=False))
     names = [n for n, _ in made.named_parameters(remove_duplicate=False)]
     names += [n for n, _ in made.named_buffers(remove_duplicate=False)]
-    shared = all(n in originals and not originals[n].is_meta for n in names)
+    shared = all(n in originals and originals[n].device.type == "cpu" for n in names)
     new: dict[int, torch.Tensor] = {}  # a meta tensor's id -> its real one (tied parameters stay tied)
     for owner_name, owner in made.named_modules(remove_duplicate=False):
         prefix = f"{owner_name}." if owner_name else ""
