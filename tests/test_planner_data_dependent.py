@@ -80,21 +80,30 @@ def moe_batches() -> tuple[Any, Any]:
     return (x, y, route), (x, y, static)
 
 
+def planned(
+    module: nn.Module, batch: Any, devices: int = 1, checkpoint_every: int = 0, wrap: str = "Block"
+) -> Any:
+    candidate = Candidate("fsdp2", "FULL_SHARD", (wrap,), checkpoint_every, False)
+    return plan(
+        module, batch, devices=devices, device_memory="1TiB", device_type="cpu", candidates=[candidate]
+    )
+
+
 def peak_of(
     module: nn.Module, batch: Any, devices: int = 1, checkpoint_every: int = 0, wrap: str = "Block"
 ) -> int:
-    candidate = Candidate("fsdp2", "FULL_SHARD", (wrap,), checkpoint_every, False)
-    result = plan(
-        module, batch, devices=devices, device_memory="1TiB", device_type="cpu", candidates=[candidate]
-    )
-    return result.rows[0].peak
+    return int(planned(module, batch, devices, checkpoint_every, wrap).rows[0].peak)
 
 
 @pytest.mark.parametrize("checkpoint_every", [0, 1])
 def test_a_step_with_torch_where_routing_plans_as_its_static_twin(checkpoint_every: int) -> None:
     dynamic, static = moe_batches()
-    predicted = peak_of(MoE(), dynamic, devices=2, checkpoint_every=checkpoint_every)
-    twin = peak_of(MoE(), static, devices=2, checkpoint_every=checkpoint_every)
+    routed = planned(MoE(), dynamic, devices=2, checkpoint_every=checkpoint_every)
+    predicted = routed.rows[0].peak
+    twin_plan = planned(MoE(), static, devices=2, checkpoint_every=checkpoint_every)
+    twin = twin_plan.rows[0].peak
+    assert any("replayed from one real forward" in note for note in routed.notes)
+    assert not any("replayed" in note for note in twin_plan.notes)
     # the twin's batch holds each expert's token indices, the routed step makes them: the same bytes
     # but for the route tensor and its comparisons (a few KiB); every token sent to every expert
     # would be 300 KiB more a block
