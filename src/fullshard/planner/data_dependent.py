@@ -12,12 +12,13 @@ Such a step is planned by recording and replaying:
    (``DynamicOutputShapeException`` / ``DataDependentOutputException``), the simulation stops
    early (the first router is usually in the first block) and raises :class:`NeedsRecording`.
 2. :func:`record` then runs **one real forward** (``training_step`` under ``no_grad``, the
-   step's precision, in training mode, with the random state restored after) of a real copy of
-   the model on the example batch, and records, for every operation torch tags as
-   data-dependent (``dynamic_output_shape``, ``data_dependent_output``), its output: shapes,
-   strides and dtypes of tensors, and Python values (the ``.item()`` results that steer control
-   flow). The real copy shares the user's weights when every parameter and buffer is real (no
-   copy is made: the routing is the trained model's); otherwise it is initialised as
+   step's precision, the module's training mode as the simulation has it, the random state
+   restored after) of a real copy of the model on the example batch, on the CPU, and records,
+   for every operation torch tags as data-dependent (``dynamic_output_shape``,
+   ``data_dependent_output``), its output: shapes, strides and dtypes of tensors, and Python
+   values (the ``.item()`` results that steer control flow). The real copy shares the user's
+   weights when every parameter and buffer is on the CPU (no copy is made: the routing is the
+   trained model's); otherwise it is initialised as
    ``empty_init=True`` would initialise it (:class:`~fullshard.strategies.meta_init.MetaInit`:
    ``reset_parameters``, a Hugging Face ``_init_weights``, the module's ``init_weights``).
 3. Every simulation is run again with :func:`replaying`: an operation fake tensors cannot run is
@@ -25,21 +26,25 @@ Such a step is planned by recording and replaying:
 
 Operations are matched by where they run: the innermost module running them (its path, with
 wrappers' ``_checkpoint_wrapped_module`` / ``_fsdp_wrapped_module`` / ``_orig_mod`` left out),
-that module's call number in the step, and the operation's number within that call. So the match
-holds with FSDP's hooks around the modules, for a model cut to fewer blocks ([Note: simulating
-fewer layers]: the recording is made on the deepest model simulated, the cut one reuses its
-blocks' records), and for checkpointed blocks, whose forward runs again in backward (a module's
-calls are counted modulo its calls in the recorded forward).
+that module's call number in the step, and the line of code outside torch that led to them; at
+one place, in order, by operation and the shapes and dtypes of its tensor arguments. A real run
+has data-dependent operations a fake one skips (``one_hot`` checks its indices with ``.item()``
+on real tensors only, inside the kernel): the replay passes over recorded ones that match
+nothing. So the match holds with FSDP's hooks around the modules, for a model cut to fewer
+blocks ([Note: simulating fewer layers]: the recording is made on the deepest model simulated,
+the cut one reuses its blocks' records), and for checkpointed blocks, whose forward runs again
+in backward (a module's calls are counted modulo its calls in the recorded forward).
 
 What it assumes: the step's data-dependent operations happen in its forward, and their outputs
 on the example batch with these weights stand for every step (the tokens per expert of this
 batch; with freshly initialised weights, an untrained router's). A step whose control flow
 changes with anything else (randomness, a step counter) or that reads values in backward or in
 the optimizer step is refused with :class:`~fullshard.errors.MisconfigurationError` naming the
-operation and the module, never planned on a guess. What it costs: one real forward on the
-planning machine's CPU, with a real copy of the (cut) model's parameters where the user's are not
-real: for a large model, the compute of a forward (one process's batch) and the memory of the
-(at most 8-block) model's weights, once per plan; nothing for a model without such operations.
+operation, the module and the line, never planned on a guess. What it costs: one real forward
+on the planning machine's CPU, with a real copy of the (cut) model's parameters where the user's
+are not on the CPU: for a large model, the compute of a forward (one process's batch) and the
+memory of the (at most 8-block) model's weights, once per plan (docs/fsdp/plan.md has a measured
+case); nothing for a model without such operations.
 """
 
 from __future__ import annotations
