@@ -40,7 +40,12 @@ SCRIPTS = {
     "gpu_check": "benchmarks",
     "_lightning_overhead": None,
 }
-HELPERS = {"_common", "_gpu_parts", "_planner_models", "_planner_moe"}  # modules the scripts import, not scripts
+HELPERS = {
+    "_common",
+    "_gpu_parts",
+    "_planner_models",
+    "_planner_moe",
+}  # modules the scripts import, not scripts
 
 
 @pytest.fixture(scope="module")
