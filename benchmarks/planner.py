@@ -114,6 +114,7 @@ CASES = [
     Case("mixtral", "fsdp", FS, NOAC, "32-true", 4, 2),
     Case("qwen2moe", "fsdp2", FS, NOAC, "32-true", 4, 2),
     Case("qwen2moe", "fsdp2", FS, AC, "bf16-mixed", 4, 4),
+    Case("mixtralgmm", "fsdp2", FS, NOAC, "32-true", 4, 2),
     # families it was not built on (issue 40; benchmarks/_planner_families.py)
     Case("llama-gqa-sdpa", "fsdp2", FS, NOAC, "32-true", 4, 2),
     Case("llama-gqa-sdpa", "fsdp2", SGO, AC, "32-true", 4, 2),
@@ -178,6 +179,7 @@ def models() -> dict[str, Callable[[int], Built]]:
         ),
         "mixtral": lambda batch: build_moe("mixtral", batch),
         "qwen2moe": lambda batch: build_moe("qwen2moe", batch),
+        "mixtralgmm": lambda batch: build_moe("mixtralgmm", batch),
         "llama-gqa-sdpa": families.llama_gqa_sdpa,
         "qwen2-tied": families.qwen2_tied,
         "vit": families.vit,

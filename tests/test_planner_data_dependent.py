@@ -80,6 +80,20 @@ def moe_batches() -> tuple[Any, Any]:
     return (x, y, route), (x, y, static)
 
 
+def planned(
+    module: nn.Module,
+    batch: Any,
+    devices: int = 1,
+    checkpoint_every: int = 0,
+    wrap: str = "Block",
+    engine: str = "fsdp2",
+) -> Any:
+    candidate = Candidate(engine, "FULL_SHARD", (wrap,), checkpoint_every, False)
+    return plan(
+        module, batch, devices=devices, device_memory="1TiB", device_type="cpu", candidates=[candidate]
+    )
+
+
 def peak_of(
     module: nn.Module,
     batch: Any,
@@ -88,18 +102,18 @@ def peak_of(
     wrap: str = "Block",
     engine: str = "fsdp2",
 ) -> int:
-    candidate = Candidate(engine, "FULL_SHARD", (wrap,), checkpoint_every, False)
-    result = plan(
-        module, batch, devices=devices, device_memory="1TiB", device_type="cpu", candidates=[candidate]
-    )
-    return result.rows[0].peak
+    return int(planned(module, batch, devices, checkpoint_every, wrap, engine).rows[0].peak)
 
 
 @pytest.mark.parametrize(("engine", "checkpoint_every"), [("fsdp2", 0), ("fsdp2", 1), ("fsdp", 0)])
 def test_a_step_with_torch_where_routing_plans_as_its_static_twin(engine: str, checkpoint_every: int) -> None:
     dynamic, static = moe_batches()
-    predicted = peak_of(MoE(), dynamic, devices=2, checkpoint_every=checkpoint_every, engine=engine)
-    twin = peak_of(MoE(), static, devices=2, checkpoint_every=checkpoint_every, engine=engine)
+    routed = planned(MoE(), dynamic, devices=2, checkpoint_every=checkpoint_every, engine=engine)
+    predicted = routed.rows[0].peak
+    twin_plan = planned(MoE(), static, devices=2, checkpoint_every=checkpoint_every, engine=engine)
+    twin = twin_plan.rows[0].peak
+    assert any("replayed from one real forward" in note for note in routed.notes)
+    assert not any("replayed" in note for note in twin_plan.notes)
     # the twin's batch holds each expert's token indices, the routed step makes them: the same bytes
     # but for the route tensor and its comparisons (a few KiB); every token sent to every expert
     # would be 300 KiB more a block
@@ -222,3 +236,48 @@ def test_hugging_face_sdpa_keeps_what_eager_keeps_less_the_attention_probabiliti
     probabilities = 2 * 4 * 4 * 128 * 128 * 4  # layers x batch x heads x seq x seq x fp32
     mask = 4 * 128 * 128 * 4  # eager's additive mask, batch x 1 x seq x seq (SDPA: is_causal, none)
     assert abs((eager - sdpa) - (probabilities + mask)) <= 0.05 * probabilities, (eager, sdpa)
+
+
+def test_grouped_mm_on_float32_runs_on_fake_tensors_with_the_cpu_kernels_shapes() -> None:
+    """Hugging Face's default experts call ``torch._grouped_mm`` in float32 on CPU; torch's fake
+    kernel refused that ([Note: a fake kernel stricter than the CPU's])."""
+    from fullshard.planner import torch_tools
+
+    offs = torch.tensor([3, 5, 9], dtype=torch.int32)
+    cases = [
+        (torch.randn(9, 8), torch.randn(3, 8, 4), offs),  # tokens x experts' weights (the MoE case)
+        (torch.randn(3, 5, 8), torch.randn(3, 8, 4), None),  # batched
+    ]
+    for a, b, o in cases:
+        real = torch._grouped_mm(a, b, offs=o)
+        mode = torch_tools.fake_tensor_mode()
+        with torch_tools.float_grouped_mm(), mode:
+            fake = torch._grouped_mm(
+                mode.from_tensor(a), mode.from_tensor(b), offs=None if o is None else mode.from_tensor(o)
+            )
+        assert (fake.shape, fake.dtype) == (real.shape, real.dtype)
+    with pytest.raises(RuntimeError, match="Expected inputs of BF16 type"):  # outside it, torch's own check
+        mode = torch_tools.fake_tensor_mode()
+        with mode:
+            torch._grouped_mm(
+                mode.from_tensor(cases[0][0]), mode.from_tensor(cases[0][1]), offs=mode.from_tensor(offs)
+            )
+
+
+class GroupedExperts(MoE):
+    """Experts as one (experts, in, out) weight, applied with ``torch._grouped_mm`` in float32."""
+
+    def __init__(self) -> None:
+        super().__init__(depth=1)
+        self.weight = nn.Parameter(torch.randn(EXPERTS, WIDTH, WIDTH))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, _ = batch
+        counts = torch.tensor([300, 150, 62, 0]).cumsum(0).to(torch.int32)
+        x = self.blocks[0](x, [torch.arange(8)] * EXPERTS) + torch._grouped_mm(x, self.weight, offs=counts)
+        return F.mse_loss(x, y)
+
+
+def test_a_float32_grouped_mm_step_plans() -> None:
+    dynamic, _ = moe_batches()
+    assert peak_of(GroupedExperts(), dynamic) > 0

@@ -130,7 +130,7 @@ def _plan(
     todo = _candidates_to_weigh(job, wrap, num_blocks, engines, candidates, shardings)
     world = todo[0].layout(devices, num_nodes).world_size  # every layout of the job covers it all
     notes = _notes(model, wrap, todo, devices, host)
-    sims = _simulate_probes(module, model, example_batch, todo, job, workers)
+    sims = _simulate_probes(module, model, example_batch, todo, job, workers, notes)
     rows = [
         _row(
             c,
@@ -219,11 +219,13 @@ def _simulate_probes(
     todo: list[Candidate],
     job: _Job,
     workers: int | None,
+    notes: list[str],
 ) -> dict[tuple[str, str, tuple[str, ...], int], Simulated]:
     """One simulation per memory behaviour (engine, sharding, wrap, checkpointing) among ``todo``,
     run in ``workers`` processes: offload rows are priced from the same row without offload. Each
     carries the FLOPs counted once ([Note: the step-time model]). A step with data-dependent
-    operations is simulated again with the record of one real forward ([Note: data-dependent steps])."""
+    operations is simulated again with the record of one real forward ([Note: data-dependent
+    steps]), which ``notes`` (the plan's) then says."""
     probes: dict[tuple[str, str, tuple[str, ...], int], Candidate] = {}
     for candidate in todo:
         key = (candidate.engine, candidate.sharding, candidate.wrap, candidate.checkpoint_every)
@@ -258,6 +260,10 @@ def _simulate_probes(
         cut = wraps.pop() if len(wraps) == 1 and None not in depths.values() else None
         deepest = cut_blocks(model, cut, SCALE_POINTS[-1]) if cut is not None else model
         done = run(data_dependent.record(module, deepest, example_batch, job.precision))
+        notes.append(
+            "the step's data-dependent operations (expert routing, .item()) were replayed from one real forward on "
+            "the example batch: its routing stands for every step's (see [Note: data-dependent steps])"
+        )
     sims = dict(zip(probes, done, strict=True))
     flops = sims[counted]
     for key, sim in sims.items():  # see [Note: the step-time model]

@@ -12,12 +12,13 @@ Such a step is planned by recording and replaying:
    (``DynamicOutputShapeException`` / ``DataDependentOutputException``), the simulation stops
    early (the first router is usually in the first block) and raises :class:`NeedsRecording`.
 2. :func:`record` then runs **one real forward** (``training_step`` under ``no_grad``, the
-   step's precision, in training mode, with the random state restored after) of a real copy of
-   the model on the example batch, and records, for every operation torch tags as
-   data-dependent (``dynamic_output_shape``, ``data_dependent_output``), its output: shapes,
-   strides and dtypes of tensors, and Python values (the ``.item()`` results that steer control
-   flow). The real copy shares the user's weights when every parameter and buffer is real (no
-   copy is made: the routing is the trained model's); otherwise it is initialised as
+   step's precision, the module's training mode as the simulation has it, the random state
+   restored after) of a real copy of the model on the example batch, on the CPU, and records,
+   for every operation torch tags as data-dependent (``dynamic_output_shape``,
+   ``data_dependent_output``), its output: shapes, strides and dtypes of tensors, and Python
+   values (the ``.item()`` results that steer control flow). The real copy shares the user's
+   weights when every parameter and buffer is on the CPU (no copy is made: the routing is the
+   trained model's); otherwise it is initialised as
    ``empty_init=True`` would initialise it (:class:`~fullshard.strategies.meta_init.MetaInit`:
    ``reset_parameters``, a Hugging Face ``_init_weights``, the module's ``init_weights``).
 3. Every simulation is run again with :func:`replaying`: an operation fake tensors cannot run is
@@ -25,21 +26,25 @@ Such a step is planned by recording and replaying:
 
 Operations are matched by where they run: the innermost module running them (its path, with
 wrappers' ``_checkpoint_wrapped_module`` / ``_fsdp_wrapped_module`` / ``_orig_mod`` left out),
-that module's call number in the step, and the operation's number within that call. So the match
-holds with FSDP's hooks around the modules, for a model cut to fewer blocks ([Note: simulating
-fewer layers]: the recording is made on the deepest model simulated, the cut one reuses its
-blocks' records), and for checkpointed blocks, whose forward runs again in backward (a module's
-calls are counted modulo its calls in the recorded forward).
+that module's call number in the step, and the line of code outside torch that led to them; at
+one place, in order, by operation and the shapes and dtypes of its tensor arguments. A real run
+has data-dependent operations a fake one skips (``one_hot`` checks its indices with ``.item()``
+on real tensors only, inside the kernel): the replay passes over recorded ones that match
+nothing. So the match holds with FSDP's hooks around the modules, for a model cut to fewer
+blocks ([Note: simulating fewer layers]: the recording is made on the deepest model simulated,
+the cut one reuses its blocks' records), and for checkpointed blocks, whose forward runs again
+in backward (a module's calls are counted modulo its calls in the recorded forward).
 
 What it assumes: the step's data-dependent operations happen in its forward, and their outputs
 on the example batch with these weights stand for every step (the tokens per expert of this
 batch; with freshly initialised weights, an untrained router's). A step whose control flow
 changes with anything else (randomness, a step counter) or that reads values in backward or in
 the optimizer step is refused with :class:`~fullshard.errors.MisconfigurationError` naming the
-operation and the module, never planned on a guess. What it costs: one real forward on the
-planning machine's CPU, with a real copy of the (cut) model's parameters where the user's are not
-real: for a large model, the compute of a forward (one process's batch) and the memory of the
-(at most 8-block) model's weights, once per plan; nothing for a model without such operations.
+operation, the module and the line, never planned on a guess. What it costs: one real forward
+on the planning machine's CPU, with a real copy of the (cut) model's parameters where the user's
+are not on the CPU: for a large model, the compute of a forward (one process's batch) and the
+memory of the (at most 8-block) model's weights, once per plan (docs/fsdp/plan.md has a measured
+case); nothing for a model without such operations.
 """
 
 from __future__ import annotations
@@ -57,7 +62,12 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from fullshard.errors import MisconfigurationError
-from fullshard.planner.torch_tools import TorchDispatchMode, data_dependent_errors, outside_fake_mode
+from fullshard.planner.torch_tools import (
+    TorchDispatchMode,
+    data_dependent_errors,
+    float_grouped_mm,
+    outside_fake_mode,
+)
 
 #: path components of the wrappers FSDP, activation checkpointing and torch.compile put around a module
 _WRAPPERS = ("_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod")
@@ -257,7 +267,7 @@ def replaying(
     on fake tensors than on real ones is given the real path (see [Note: a library's path on fake
     tensors]; ``fake_batch``: the fake tensors made of ``batch``'s). Enter it inside the fake
     mode, after the model is wrapped."""
-    with _real_paths(batch, fake_batch), _replay(model, recording):
+    with _real_paths(batch, fake_batch), float_grouped_mm(), _replay(model, recording):
         yield
 
 
@@ -296,17 +306,32 @@ def record(module: nn.Module, model: nn.Module, batch: Any, precision: str) -> R
             f"and could not make the real copy of the model it needs: {error}"
         ) from error
     frames, recording = _Frames(real), Recording()
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), frames.watching(), _Recorder(frames, recording):
-        step_loss(real, batch, prec)
+    try:
+        with (
+            torch.random.fork_rng(devices=[]),
+            torch.no_grad(),
+            frames.watching(),
+            _Recorder(frames, recording),
+        ):
+            step_loss(real, batch, prec)
+    except MisconfigurationError:
+        raise
+    except Exception as error:
+        raise MisconfigurationError(
+            f"The planner runs one real forward of {type(module).__name__}'s training_step on the example batch, on "
+            f"CPU, to record its data-dependent operations (see [Note: data-dependent steps]), and it failed: "
+            f"{type(error).__name__}: {error}. Give fullshard.plan an example batch of CPU tensors that the step runs "
+            "on, or choose the configuration by hand."
+        ) from error
     recording.calls = dict(frames.calls)
     return recording
 
 
 def real_copy(module: nn.Module, model: nn.Module) -> nn.Module:
-    """A copy of ``model`` (a meta copy of ``module``) with real tensors: new parameters viewing
-    ``module``'s own where every parameter and buffer of ``module`` at ``model``'s names is real
-    (nothing copied; buffers are cloned, a forward may update them); else initialised afresh as
-    ``empty_init=True`` initialises (``module`` is never written)."""
+    """A copy of ``model`` (a meta copy of ``module``) with real CPU tensors: new parameters viewing
+    ``module``'s own where every parameter and buffer of ``module`` at ``model``'s names is on the
+    CPU (nothing copied; buffers are cloned, a forward may update them); else initialised afresh
+    as ``empty_init=True`` initialises (``module`` is never written)."""
     from fullshard.strategies.meta_init import MetaInit, user_init_of
 
     made = copy.deepcopy(model)
@@ -314,7 +339,7 @@ def real_copy(module: nn.Module, model: nn.Module) -> nn.Module:
     originals.update(module.named_buffers(remove_duplicate=False))
     names = [n for n, _ in made.named_parameters(remove_duplicate=False)]
     names += [n for n, _ in made.named_buffers(remove_duplicate=False)]
-    shared = all(n in originals and not originals[n].is_meta for n in names)
+    shared = all(n in originals and originals[n].device.type == "cpu" for n in names)
     new: dict[int, torch.Tensor] = {}  # a meta tensor's id -> its real one (tied parameters stay tied)
     for owner_name, owner in made.named_modules(remove_duplicate=False):
         prefix = f"{owner_name}." if owner_name else ""

@@ -72,6 +72,58 @@ def outside_fake_mode() -> contextlib.AbstractContextManager[Any]:
     return unset_fake_temporarily()
 
 
+@contextlib.contextmanager
+def float_grouped_mm() -> Iterator[None]:
+    """Fake tensors run ``torch._grouped_mm`` on float32 and float16 as the CPU kernel does.
+
+    [Note: a fake kernel stricter than the CPU's]
+    torch's fake (meta) kernel of ``aten._grouped_mm`` (torch 2.13) checks the CUDA kernel's rule,
+    bf16 inputs only, and raises "Expected inputs of BF16 type" for float32; the CPU kernel takes
+    float32 and float16, and Hugging Face's mixtures of experts call it so by default
+    (``experts_implementation="grouped_mm"``) in a ``32-true`` run on CPU. Within this context a
+    fake-tensor rule gives such a call its output (the meta kernel's shapes, unpadded: the CPU
+    kernel pads nothing); bf16 calls and every other dtype still go to the meta kernel.
+    """
+    try:
+        from torch._subclasses import fake_impls
+    except ImportError as error:  # pragma: no cover - depends on torch
+        raise _missing("torch._subclasses.fake_impls", error) from error
+    op = getattr(torch.ops.aten, "_grouped_mm", None)
+    rules = getattr(fake_impls, "op_implementations_dict", None)
+    if op is None or rules is None or op.default in rules:  # no such op, or torch has a rule of its own
+        yield
+        return
+
+    def grouped_mm(
+        fake_mode: Any, func: Any, a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None
+    ) -> Any:
+        if (
+            a.dtype not in (torch.float32, torch.float16)
+            or b.dtype != a.dtype
+            or (offs is None and a.dim() == 2)
+        ):
+            return NotImplemented
+        if a.dim() == 2:
+            shape = [offs.size(0), a.size(0), b.size(1)] if b.dim() == 2 else [a.size(0), b.size(-1)]
+        else:
+            shape = [a.size(1), b.size(1)] if b.dim() == 2 else [a.size(0), a.size(1), b.size(-1)]
+        with fake_mode:
+            return torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
+
+    rules[op.default] = grouped_mm
+    try:
+        yield
+    finally:
+        rules.pop(op.default, None)
+        # fake tensors cache an operation's output by its arguments, for every mode: forget the
+        # rule's, so that a fake grouped_mm outside this context meets torch's own check again
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        cache = getattr(FakeTensorMode, "cache", {})
+        for key in [k for k in cache if getattr(k, "key", (None,))[0] is op.default]:
+            del cache[key]
+
+
 def memory_tracker(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> Any:
     """torch's ``FSDPMemTracker`` over ``module`` (an FSDP2 model) and ``optimizer``, keeping the
     overall peak only.
