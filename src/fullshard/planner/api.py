@@ -23,6 +23,7 @@ from fullshard.planner.candidates import (
 from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec
 from fullshard.planner.cost import step_cost
 from fullshard.planner.forked import run_forked, usable_cores
+from fullshard.planner.overhead import largest_unit_bytes, process_overhead
 from fullshard.planner.result import MemoryPlan, MemoryPlanRow, fmt_bytes
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
 from fullshard.strategies.auto_plan import parse_bytes
@@ -40,7 +41,7 @@ def plan(
     device_memory: int | float | str | None = None,
     device_type: str | None = None,
     precision: str = "32-true",
-    headroom: float = 0.1,
+    headroom: float = 0.05,
     wrap: tuple[str, ...] | list[str] | None = None,
     engines: tuple[str, ...] = ("fsdp2", "fsdp"),
     candidates: list[Candidate] | None = None,
@@ -62,8 +63,9 @@ def plan(
         device_memory: bytes per process (``"80GiB"``); None: the free memory of this CUDA device.
         device_type: ``"cuda"`` or ``"cpu"``; None: ``"cuda"`` when CUDA is available, else ``"cpu"``.
         precision: the Trainer's precision string (``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ...).
-        headroom: the fraction of ``device_memory`` kept free for what is not a tensor (CUDA context,
-            NCCL buffers, allocator fragmentation).
+        headroom: the fraction of ``device_memory`` kept free on top of each row's process peak
+            (its tensors and what is not a tensor, :mod:`fullshard.planner.overhead`), for the
+            prediction's error (docs/fsdp/plan.md).
         wrap: class names of the blocks to wrap; None: the model's outermost repeated classes.
         engines: which strategies to weigh: ``"fsdp2"`` (FSDP2Strategy) and/or ``"fsdp"`` (FSDPStrategy).
         candidates: weigh these instead of the enumerated ones.
@@ -130,6 +132,7 @@ def _plan(
     world = todo[0].layout(devices, num_nodes).world_size  # every layout of the job covers it all
     notes = _notes(model, wrap, todo, devices, host)
     sims = _simulate_probes(model, example_batch, todo, job, workers)
+    units = {c.wrap: largest_unit_bytes(model, c.wrap) for c in todo}
     rows = [
         _row(
             c,
@@ -142,6 +145,7 @@ def _plan(
             num_nodes,
             job.spec,
             num_blocks,
+            (job.device_type, units[c.wrap]),
         )
         for c in todo
     ]
@@ -333,7 +337,10 @@ def _row(
     num_nodes: int,
     spec: DeviceSpec,
     num_blocks: int,
+    device: tuple[str, int],
 ) -> MemoryPlanRow:
+    """One candidate's row; ``device``: the device type and the bytes of the largest unit, for
+    the memory that is not tensors (:func:`~fullshard.planner.overhead.process_overhead`)."""
     peak, split, modelled = sim.peak, dict(sim.split), ""
     if candidate.engine == "fsdp":
         modelled = "FSDP1 from FSDP2's simulation"
@@ -359,6 +366,8 @@ def _row(
         device=spec,
         units=num_blocks + 1,
     )
+    world = candidate.layout(devices, num_nodes).world_size
+    overhead = process_overhead(device[0], world_size=world, largest_unit=device[1], tensor_peak=peak)
     return MemoryPlanRow(
         candidate,
         peak,
@@ -367,9 +376,11 @@ def _row(
         cost.host_bytes,
         cost.flops,
         cost.seconds,
-        peak <= memory * (1 - headroom) and (host is None or host_peak * devices <= host * (1 - headroom)),
+        peak + overhead <= memory * (1 - headroom)
+        and (host is None or host_peak * devices <= host * (1 - headroom)),
         modelled,
         host_peak,
+        overhead,
     )
 
 
@@ -405,7 +416,7 @@ def _check_args(
         )
     if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:
         raise MisconfigurationError(
-            f"headroom={headroom!r} must be a fraction in [0, 1), such as 0.1 (10% kept free)."
+            f"headroom={headroom!r} must be a fraction in [0, 1), such as 0.05 (5% kept free)."
         )
     bad = (
         [e for e in engines if e not in ("fsdp", "fsdp2")] if isinstance(engines, tuple | list) else [engines]
