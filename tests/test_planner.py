@@ -23,7 +23,7 @@ from conftest import check_ok, run_script
 from fullshard.errors import MisconfigurationError
 from fullshard.planner import Candidate, PlannerUnavailableError, parse_bytes, plan, torch_tools
 from fullshard.planner.candidates import repeated_blocks
-from fullshard.planner.overhead import cpu_process_overhead, largest_unit_bytes
+from fullshard.planner.overhead import cpu_process_overhead
 from fullshard.strategies.auto_plan import check_plan_setting
 from proc_helpers import clean_env
 
@@ -161,7 +161,7 @@ def test_the_plan_shards_state_checkpointing_saves_activations_and_the_choice_fi
     module = Net(depth=4, width=64)
     numel = sum(p.numel() for p in module.parameters())
     # 1.8 MiB for tensors beside what is not a tensor ([Note: memory that is not tensors])
-    memory = int((1.8 * 2**20 + cpu_process_overhead(2, largest_unit_bytes(module, ("Block",)))) / 0.95)
+    memory = int((1.8 * 2**20 + cpu_process_overhead(2)) / 0.95)
     result = plan(
         module, batch(16, 64), devices=2, device_memory=memory, device_type="cpu", engines=("fsdp2",)
     )

@@ -23,7 +23,7 @@ from fullshard.planner.candidates import (
 from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec
 from fullshard.planner.cost import step_cost
 from fullshard.planner.forked import run_forked, usable_cores
-from fullshard.planner.overhead import largest_unit_bytes, process_overhead
+from fullshard.planner.overhead import process_overhead
 from fullshard.planner.result import MemoryPlan, MemoryPlanRow, fmt_bytes
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
 from fullshard.strategies.auto_plan import parse_bytes
@@ -132,7 +132,6 @@ def _plan(
     world = todo[0].layout(devices, num_nodes).world_size  # every layout of the job covers it all
     notes = _notes(model, wrap, todo, devices, host)
     sims = _simulate_probes(model, example_batch, todo, job, workers)
-    units = {c.wrap: largest_unit_bytes(model, c.wrap) for c in todo}
     rows = [
         _row(
             c,
@@ -145,7 +144,7 @@ def _plan(
             num_nodes,
             job.spec,
             num_blocks,
-            (job.device_type, units[c.wrap]),
+            job.device_type,
         )
         for c in todo
     ]
@@ -337,10 +336,10 @@ def _row(
     num_nodes: int,
     spec: DeviceSpec,
     num_blocks: int,
-    device: tuple[str, int],
+    device_type: str,
 ) -> MemoryPlanRow:
-    """One candidate's row; ``device``: the device type and the bytes of the largest unit, for
-    the memory that is not tensors (:func:`~fullshard.planner.overhead.process_overhead`)."""
+    """One candidate's row, its memory that is not tensors from
+    :func:`~fullshard.planner.overhead.process_overhead` for ``device_type``."""
     peak, split, modelled = sim.peak, dict(sim.split), ""
     if candidate.engine == "fsdp":
         modelled = "FSDP1 from FSDP2's simulation"
@@ -367,7 +366,7 @@ def _row(
         units=num_blocks + 1,
     )
     world = candidate.layout(devices, num_nodes).world_size
-    overhead = process_overhead(device[0], world_size=world, largest_unit=device[1], tensor_peak=peak)
+    overhead = process_overhead(device_type, world_size=world, tensor_peak=peak)
     return MemoryPlanRow(
         candidate,
         peak,
