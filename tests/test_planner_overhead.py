@@ -1,7 +1,7 @@
 """Memory that is not tensors in the plan ([Note: memory that is not tensors] in
 fullshard/planner/overhead.py): the overhead model's terms, and a row that fits only with its
-overhead counted. The check of the model against a real 2-process
-run's resident set is in tests/test_planner.py (plan="auto" in a two-process job)."""
+overhead counted. The model against a real 2-process run's resident set: tests/test_planner.py
+(plan="auto" in a two-process job)."""
 
 from __future__ import annotations
 
