@@ -164,6 +164,51 @@ def device_figures(args: argparse.Namespace) -> dict[str, Any]:
     return {"device": "cpu", "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3}
 
 
+def memory_before(args: argparse.Namespace) -> dict[str, int]:
+    """What a process holds before the Trainer (its non-tensor baseline): on CUDA the device
+    bytes in use once the context exists (this process's context on a device it has alone), on
+    CPU the resident set size."""
+    if on_cuda(args):
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the context made
+        free, total = torch.cuda.mem_get_info()
+        return {"used": total - free - torch.cuda.memory_reserved()}
+    return {"rss": _status_kib("VmRSS") * 1024}
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    return 0
+
+
+def non_tensor_figures(args: argparse.Namespace, before: dict[str, int]) -> dict[str, Any]:
+    """Memory that is not tensors, after training (the planner's overhead model is held against
+    it: [Note: memory that is not tensors] in fullshard/planner/overhead.py). On CUDA: the
+    context (``before``), everything else outside the caching allocator at the end (NCCL's
+    buffers, cuBLAS's and other libraries' workspaces), the allocator's reserve at its peak
+    (``max_memory_reserved - max_memory_allocated``), and the process's peak (outside the
+    allocator + ``max_memory_reserved``) over ``max_memory_allocated``. On CPU: the growth of the
+    resident set (peak ``VmHWM`` less the size before the Trainer), in MB."""
+    if on_cuda(args):
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        outside = total - free - torch.cuda.memory_reserved()
+        allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        return {
+            "context_mb": before["used"] / 1e6,
+            "outside_allocator_mb": outside / 1e6,
+            "nccl_and_libraries_mb": (outside - before["used"]) / 1e6,
+            "allocator_reserve_mb": (reserved - allocated) / 1e6,
+            "non_tensor_mb": (outside + reserved - allocated) / 1e6,
+            "process_peak_mb": (outside + reserved) / 1e6,
+        }
+    growth = _status_kib("VmHWM") * 1024 - before["rss"]
+    return {"rss_before_mb": before["rss"] / 1e6, "process_peak_mb": growth / 1e6}
+
+
 def bf16_peak(device: str) -> float | None:
     """The device's bf16 dense peak in FLOP/s, where it is known."""
     for name, peak in BF16_PEAK.items():
@@ -258,6 +303,8 @@ def planner_figures(module: Any, batch: Any, devices: int, args: argparse.Namesp
     row = result.rows[0]
     return {
         "planner_peak_mb": row.peak / 1e6,
+        "planner_overhead_mb": row.overhead / 1e6,
+        "planner_process_mb": row.process_peak / 1e6,
         "planner_parts_mb": {kind: value / 1e6 for kind, value in row.split.items()},
         "planner_s": result.seconds,
     }
@@ -430,9 +477,10 @@ def llama(args: argparse.Namespace) -> dict[str, Any]:
 
     size = TINY_LLAMA if args.tiny else LlamaSize()
     fullshard.seed_everything(0)
+    module = llama_module(size)  # transformers imported: not the run's memory
+    before = memory_before(args)
     timer = make_timer(fullshard.Callback, on_cuda(args))
     trainer = llama_trainer(args, size.steps, [timer], Path(args.work))
-    module = llama_module(size)
     data = DataLoader(RandomTokens(size.vocab, size.seq, size.steps * size.batch), batch_size=size.batch)
     trainer.fit(module, data)
     result: dict[str, Any] = {
@@ -444,6 +492,7 @@ def llama(args: argparse.Namespace) -> dict[str, Any]:
         **estimate_figures(trainer.strategy),
         "world_size": trainer.world_size,
         "rank": trainer.global_rank,
+        "non_tensor": non_tensor_figures(args, before),  # before the planner runs here
     }
     if trainer.global_rank == 0:  # a fresh module: this one is sharded now
         example = RandomTokens(size.vocab, size.seq, size.batch).tokens

@@ -42,7 +42,11 @@ The parts:
     tokens/s, model FLOPs utilisation against the card's bf16 peak, peak memory against the wrap
     plan's estimate (parameters, gradients and optimizer state: activations are not in it) and
     against the memory planner's prediction for the same configuration (``fullshard.plan``,
-    activations included, planned on fake tensors before the run's numbers are read).
+    activations included, planned on fake tensors before the run's numbers are read); and the
+    memory that is not tensors against the planner's overhead model: the CUDA context, what
+    lies outside the caching allocator at the end (NCCL's buffers, libraries' workspaces), the
+    allocator's reserve (``max_memory_reserved - max_memory_allocated``), the process's peak
+    against the planner's process peak (on CPU: the growth of the resident set).
 ``llama-save``
     The same model after two steps: how long training is blocked by a synchronous sharded save,
     and by an asynchronous one (``FSDP2Strategy(async_save=True)``: the call, plus the next
@@ -325,6 +329,7 @@ def render(report: dict[str, Any]) -> str:
                 else "."
             ),
         ]
+        lines += non_tensor_lines(fig)
     fig = parts.get("llama-save", {}).get("figures")
     if fig:
         lines += [
@@ -349,6 +354,24 @@ def render(report: dict[str, Any]) -> str:
             )
         )
     return "\n".join(lines) + "\n"
+
+
+def non_tensor_lines(fig: dict[str, Any]) -> list[str]:
+    """The Llama's memory that is not tensors, on CUDA, against the planner's overhead model
+    (fullshard/planner/overhead.py, whose CUDA values wait for these figures)."""
+    memory = fig.get("non_tensor", {})
+    if "context_mb" not in memory or "planner_overhead_mb" not in fig:
+        return []
+    return [
+        "",
+        f"Its memory that is not tensors: the CUDA context {memory['context_mb']:,.0f} MB, outside the caching "
+        f"allocator at the end {memory['outside_allocator_mb']:,.0f} MB (NCCL and libraries "
+        f"{memory['nccl_and_libraries_mb']:,.0f} MB beyond the context), the allocator's reserve at its peak "
+        f"{memory['allocator_reserve_mb']:,.0f} MB: {memory['non_tensor_mb']:,.0f} MB in all, against the "
+        f"planner's {fig['planner_overhead_mb']:,.0f} MB; the process's peak {memory['process_peak_mb']:,.0f} MB "
+        f"against the planner's {fig['planner_process_mb']:,.0f} MB "
+        f"({(fig['planner_process_mb'] - memory['process_peak_mb']) / memory['process_peak_mb']:+.1%}).",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ memory is measured over the first 3 steps as benchmarks/planner.py measures it, 
 time is the median of steps 5 to 30 (the collectives back to gloo's own), the lower of 2 runs made in
 rotated order. Each case is the model
 with a memory budget per process; the configurations that fit are those whose *measured* peak
-is within the budget less the planner's 10% headroom, and the case passes when the planner's
+is within the budget less the planner's 10% headroom and its overhead (what is not a tensor,
+the same for every candidate: fullshard/planner/overhead.py), and the case passes when the planner's
 choice is among them and its measured step time is within 5% of the fastest of them (closer
 than that is the run-to-run noise of this machine). Budgets are placed 2.5% above a candidate's
 predicted peak where the next candidate's is at least 5% higher (``budgets_for``: a budget
@@ -341,12 +342,13 @@ def judge_all(args: argparse.Namespace) -> dict[str, Any]:
 
 def budgets_for(loose: Any, wanted: int) -> list[int]:
     """Up to ``wanted`` budgets per process, each 2.5% above a candidate's predicted peak (with the
-    headroom added) and at least 2.5% below the next one's: only where the predicted peaks are 5%
+    overhead and the headroom added) and at least 2.5% below the next one's: only where the predicted peaks are 5%
     or more apart (the accuracy the planner is held to), so that each budget is one a 5%-accurate
     prediction can decide. Spread from the tightest to the loosest."""
     peaks = sorted(r.peak for r in loose.rows)
+    overhead = loose.rows[0].overhead  # what is not a tensor: the same for every row of a CPU plan
     gaps = [
-        peaks[k] * (1 + GAP / 2) / (1 - HEADROOM)
+        (peaks[k] * (1 + GAP / 2) + overhead) / (1 - HEADROOM)
         for k in range(len(peaks))
         if k == len(peaks) - 1 or peaks[k + 1] >= peaks[k] * (1 + GAP)
     ]
@@ -359,7 +361,7 @@ def budgets_for(loose: Any, wanted: int) -> list[int]:
 def judge(
     model: str, memory: int, result: Any, runs: dict[tuple[str, int], dict[str, Any]]
 ) -> dict[str, Any]:
-    budget = memory * (1 - HEADROOM)
+    budget = memory * (1 - HEADROOM) - result.rows[0].overhead  # for tensors: what is not one is the plan's
     fits = {key: run for key, run in runs.items() if run["measured"] <= budget}
     fastest = min(fits, key=lambda key: fits[key]["step_s"]) if fits else None
     choice = result.choice

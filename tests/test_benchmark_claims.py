@@ -35,6 +35,7 @@ WRITERS = {
     "memory": "docs/benchmarks.md",
     "cpu_allocator": "docs/benchmarks.md",
     "fast_init": "docs/benchmarks.md",
+    "process_overhead": "docs/benchmarks.md",
     "checkpoint": "docs/benchmarks.md",
     "stuck_ranks": "docs/benchmarks.md",
     "checkpoint_scale": "docs/benchmarks.md",

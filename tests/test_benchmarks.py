@@ -26,6 +26,7 @@ SCRIPTS = {
     "memory": "benchmarks",
     "cpu_allocator": "benchmarks",
     "fast_init": "benchmarks",
+    "process_overhead": "benchmarks",
     "checkpoint": "benchmarks",
     "stuck_ranks": "benchmarks",
     "checkpoint_scale": "benchmarks",

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lightning_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +55,11 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     llama = parts["llama-fsdp2"]["figures"]
     assert llama["checkpointed"] == 2 and llama["timed_steps"] == 3 and llama["peak_memory_mb"] > 0
     assert llama["planner_peak_mb"] > 0 and llama["planner_parts_mb"]["activations"] > 0
+    # memory that is not tensors (on CPU: the resident set's growth) beside the planner's model of it
+    assert llama["non_tensor"]["process_peak_mb"] > 0 and llama["non_tensor"]["rss_before_mb"] > 0
+    assert llama["planner_process_mb"] == pytest.approx(
+        llama["planner_peak_mb"] + llama["planner_overhead_mb"]
+    )
     save = parts["llama-save"]["figures"]
     assert save["async_committed"] and save["checkpoint_mb"] > 0 and save["sync_blocked_s"] > 0
     theirs = parts["transformer-lightning"]["figures"]

@@ -125,7 +125,10 @@ def add_plan_parser(groups: Any) -> None:
     p.add_argument("--device-type", choices=("cuda", "cpu"), help="default: cuda when available, else cpu")
     p.add_argument("--precision", default="32-true", help="the Trainer's precision string (default 32-true)")
     p.add_argument(
-        "--headroom", type=float, default=0.1, help="fraction of device memory kept free (default 0.1)"
+        "--headroom",
+        type=float,
+        default=0.05,
+        help="fraction of device memory kept free above each process peak (default 0.05)",
     )
     p.add_argument(
         "--engine", action="append", choices=("fsdp2", "fsdp"), help="weigh only this engine (repeatable)"

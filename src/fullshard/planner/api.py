@@ -24,6 +24,7 @@ from fullshard.planner.candidates import (
 from fullshard.planner.config import PRECISIONS, Candidate, DeviceSpec
 from fullshard.planner.cost import step_cost
 from fullshard.planner.forked import run_forked, usable_cores
+from fullshard.planner.overhead import process_overhead
 from fullshard.planner.result import MemoryPlan, MemoryPlanRow, fmt_bytes
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
 from fullshard.strategies.auto_plan import parse_bytes
@@ -41,7 +42,7 @@ def plan(
     device_memory: int | float | str | None = None,
     device_type: str | None = None,
     precision: str = "32-true",
-    headroom: float = 0.1,
+    headroom: float = 0.05,
     wrap: tuple[str, ...] | list[str] | None = None,
     engines: tuple[str, ...] = ("fsdp2", "fsdp"),
     candidates: list[Candidate] | None = None,
@@ -63,8 +64,9 @@ def plan(
         device_memory: bytes per process (``"80GiB"``); None: the free memory of this CUDA device.
         device_type: ``"cuda"`` or ``"cpu"``; None: ``"cuda"`` when CUDA is available, else ``"cpu"``.
         precision: the Trainer's precision string (``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ...).
-        headroom: the fraction of ``device_memory`` kept free for what is not a tensor (CUDA context,
-            NCCL buffers, allocator fragmentation).
+        headroom: the fraction of ``device_memory`` kept free on top of each row's process peak
+            (its tensors and what is not a tensor, :mod:`fullshard.planner.overhead`), for the
+            prediction's error (docs/fsdp/plan.md).
         wrap: class names of the blocks to wrap; None: the model's outermost repeated classes.
         engines: which strategies to weigh: ``"fsdp2"`` (FSDP2Strategy) and/or ``"fsdp"`` (FSDPStrategy).
         candidates: weigh these instead of the enumerated ones.
@@ -143,6 +145,7 @@ def _plan(
             num_nodes,
             job.spec,
             num_blocks,
+            job.device_type,
         )
         for c in todo
     ]
@@ -356,7 +359,10 @@ def _row(
     num_nodes: int,
     spec: DeviceSpec,
     num_blocks: int,
+    device_type: str,
 ) -> MemoryPlanRow:
+    """One candidate's row, its memory that is not tensors from
+    :func:`~fullshard.planner.overhead.process_overhead` for ``device_type``."""
     peak, split, modelled = sim.peak, dict(sim.split), ""
     host_peak = 0
     if candidate.cpu_offload:
@@ -380,6 +386,8 @@ def _row(
         device=spec,
         units=num_blocks + 1,
     )
+    world = candidate.layout(devices, num_nodes).world_size
+    overhead = process_overhead(device_type, world_size=world, tensor_peak=peak)
     return MemoryPlanRow(
         candidate,
         peak,
@@ -388,9 +396,11 @@ def _row(
         cost.host_bytes,
         cost.flops,
         cost.seconds,
-        peak <= memory * (1 - headroom) and (host is None or host_peak * devices <= host * (1 - headroom)),
+        peak + overhead <= memory * (1 - headroom)
+        and (host is None or host_peak * devices <= host * (1 - headroom)),
         modelled,
         host_peak,
+        overhead,
     )
 
 
@@ -426,7 +436,7 @@ def _check_args(
         )
     if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:
         raise MisconfigurationError(
-            f"headroom={headroom!r} must be a fraction in [0, 1), such as 0.1 (10% kept free)."
+            f"headroom={headroom!r} must be a fraction in [0, 1), such as 0.05 (5% kept free)."
         )
     bad = (
         [e for e in engines if e not in ("fsdp", "fsdp2")] if isinstance(engines, tuple | list) else [engines]

@@ -30,11 +30,14 @@ class MemoryPlanRow:
             parameters and the all-gather / reduce-scatter buffers), at the moment of the peak.
         comm_bytes: bytes the process sends per step; ``host_bytes``: device<->host per step (offload).
         flops: FLOPs per step (recomputation included); ``seconds``: the modelled step time.
-        fits: ``peak`` within the device memory less the headroom (and, where the plan was given a
-            node's host memory, the node's ``host_peak`` within it less the headroom).
+        fits: ``process_peak`` within the device memory less the headroom (and, where the plan was
+            given a node's host memory, the node's ``host_peak`` within it less the headroom).
         modelled: how the row was obtained beyond a direct simulation (empty when simulated).
         host_peak: host bytes the process keeps under CPU offload: its shards of the parameters, a
             gradient as big for each, and the optimizer's state (0 without offload).
+        overhead: bytes the process holds beyond its tensors (:mod:`fullshard.planner.overhead`:
+            on CPU what gloo, glibc's heaps and code loaded during ``fit`` add; on CUDA the
+            context, NCCL's buffers and the caching allocator's reserve).
     """
 
     candidate: Candidate
@@ -47,11 +50,20 @@ class MemoryPlanRow:
     fits: bool
     modelled: str = ""
     host_peak: int = 0
+    overhead: int = 0
+
+    @property
+    def process_peak(self) -> int:
+        """The process's predicted peak: its tensors' (``peak``) and what is not a tensor (``overhead``)."""
+        return self.peak + self.overhead
 
     def summary(self) -> str:
         """One line for the wrap plan: the configuration and its predicted peak, split."""
         split = ", ".join(f"{kind} {fmt_bytes(self.split.get(kind, 0))}" for kind in _KINDS)
-        return f"planner chose {self.candidate.label()}: predicted peak {fmt_bytes(self.peak)} per process ({split})"
+        return (
+            f"planner chose {self.candidate.label()}: predicted peak {fmt_bytes(self.peak)} of tensors per process "
+            f"({split}), {fmt_bytes(self.process_peak)} with what is not a tensor"
+        )
 
 
 @dataclass(frozen=True)
@@ -86,10 +98,11 @@ class MemoryPlan:
         return int(self.device_memory * (1 - self.headroom))
 
     def table(self, limit: int | None = None) -> str:
-        """The candidates as a text table (peak and its split per process, comm, step time)."""
+        """The candidates as a text table (the process's peak, its tensors' peak and their split,
+        comm, step time)."""
         offload = any(row.candidate.cpu_offload for row in self.rows)
         header = (
-            f"{'':2}{'configuration':<44} {'peak':>10} {'params':>10} {'grads':>10} {'optim':>10} "
+            f"{'':2}{'configuration':<44} {'process':>10} {'tensors':>10} {'params':>10} {'grads':>10} {'optim':>10} "
             f"{'activ':>10} {'comm':>10} {'sent/step':>10} {'step':>9}"
             + (f" {'host':>10}" if offload else "")
         )
@@ -103,7 +116,8 @@ class MemoryPlan:
             mark = "* " if row is self.choice else ("  " if row.fits else "x ")
             s = row.split
             lines.append(
-                f"{mark}{row.candidate.label() + (' ~' if row.modelled else ''):<44} {fmt_bytes(row.peak):>10} "
+                f"{mark}{row.candidate.label() + (' ~' if row.modelled else ''):<44} "
+                f"{fmt_bytes(row.process_peak):>10} {fmt_bytes(row.peak):>10} "
                 + " ".join(f"{fmt_bytes(s.get(k, 0)):>10}" for k in _KINDS)
                 + f" {fmt_bytes(row.comm_bytes):>10} {row.seconds * 1e3:>7.1f}ms"
                 + (f" {fmt_bytes(row.host_peak) if row.host_peak else '-':>10}" if offload else "")
@@ -111,11 +125,12 @@ class MemoryPlan:
         if limit is not None and len(self.rows) > limit:
             lines.append(f"  ... {len(self.rows) - limit} more")
         lines.append(
-            "  * chosen (fastest that fits)   x does not fit   ~ modelled from a simulated row (see notes)"
+            "  * chosen (fastest that fits)   x does not fit   ~ modelled from a simulated row (see notes); "
+            "process: tensors and what is not a tensor (docs/fsdp/plan.md)"
         )
         if self.choice is None:
-            smallest = min(self.rows, key=lambda r: r.peak)
-            if smallest.peak <= self.budget and self.host_memory is not None:  # short of host memory
+            smallest = min(self.rows, key=lambda r: r.process_peak)
+            if smallest.process_peak <= self.budget and self.host_memory is not None:  # short of host memory
                 per_node = self.devices
                 lines.append(
                     f"  nothing fits: {smallest.candidate.label()} fits the device, but its node's {per_node} "
@@ -124,7 +139,7 @@ class MemoryPlan:
                 )
             else:
                 lines.append(
-                    f"  nothing fits: the smallest, {smallest.candidate.label()}, needs {fmt_bytes(smallest.peak)} "
+                    f"  nothing fits: the smallest, {smallest.candidate.label()}, needs {fmt_bytes(smallest.process_peak)} "
                     f"of {fmt_bytes(self.budget)}. Use more processes, a smaller batch, or bigger devices."
                 )
         lines.extend(f"  note: {note}" for note in self.notes)

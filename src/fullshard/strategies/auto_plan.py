@@ -75,7 +75,7 @@ def settings_a_plan_replaces(
 
 
 def check_plan_setting(
-    plan: Any, batch: Any, device_memory: Any, *, given: dict[str, Any], headroom: float = 0.1
+    plan: Any, batch: Any, device_memory: Any, *, given: dict[str, Any], headroom: float = 0.05
 ) -> AutoPlanSetting | None:
     """``plan=`` and its companions -> :class:`AutoPlanSetting` (None: no planning).
 
