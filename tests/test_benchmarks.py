@@ -40,7 +40,8 @@ SCRIPTS = {
     "gpu_check": "benchmarks",
     "_lightning_overhead": None,
 }
-HELPERS = {"_common", "_gpu_parts", "_planner_models"}  # modules the scripts import, not scripts
+# modules the scripts import, not scripts
+HELPERS = {"_common", "_gpu_parts", "_gpu_speed", "_planner_models"}
 
 
 @pytest.fixture(scope="module")

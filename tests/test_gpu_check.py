@@ -29,15 +29,16 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     parts = report["parts"]
     assert list(parts) == [
-        "transformer-fullshard",
-        "transformer-lightning",
+        "transformer-paired",
         "llama-fsdp2",
+        "llama-compiled",
+        "save-peaks",
         "llama-save",
         "cuda-tests",
     ]
@@ -47,17 +48,29 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     assert {t["outcome"] for t in tests["tests"]} == {"skipped"}
     for name, part in parts.items():
         assert part["status"] == "ok", (name, part.get("output_tail"))
-    ours = parts["transformer-fullshard"]["figures"]
+    paired = parts["transformer-paired"]["figures"]
+    runs = {(r["framework"], r["variant"]): r for r in paired["runs"]}
+    assert all(r["status"] == "ok" for r in runs.values()), paired["runs"]
+    # one round in --tiny: fullshard and Lightning, then every variant of fullshard once
+    assert list(runs) == [("fullshard", "baseline"), ("lightning", "baseline")] + [
+        ("fullshard", v) for v in ("mp-lightning", "mp-fp32-params", "nonfinite-off")
+    ]
+    ours, theirs = runs["fullshard", "baseline"], runs["lightning", "baseline"]
     assert ours["strategy"] == "FSDPStrategy" and ours["world_size"] == 2 and ours["tokens_per_s"] > 0
-    assert ours["estimate_mb"] > 0 and ours["units"] == 5  # the root and 2 + 2 Transformer layers
+    assert theirs["strategy"] == "SingleDeviceStrategy" and theirs["timed_steps"] == 3
+    assert set(paired["variants"]) == {"mp-lightning", "mp-fp32-params", "nonfinite-off"}
+    # the last round's two runs each profiled one step: its top operations (no GPU: no gaps)
+    assert set(paired["profiles"]) == {"fullshard", "lightning"}
+    assert all(p["top"] and p["top"][0]["ms"] > 0 for p in paired["profiles"].values())
+    assert report["ratios"]["tokens_per_s"] > 0 and report["ratios"]["peak_memory"] > 0
     llama = parts["llama-fsdp2"]["figures"]
     assert llama["checkpointed"] == 2 and llama["timed_steps"] == 3 and llama["peak_memory_mb"] > 0
     assert llama["planner_peak_mb"] > 0 and llama["planner_parts_mb"]["activations"] > 0
+    assert parts["llama-compiled"]["figures"]["tokens_per_s"] > 0
+    peaks = parts["save-peaks"]["figures"]
+    assert peaks["full_mb"] > 0 and peaks["sharded_mb"] > 0 and peaks["training_peak_mb"] > 0
     save = parts["llama-save"]["figures"]
     assert save["async_committed"] and save["checkpoint_mb"] > 0 and save["sync_blocked_s"] > 0
-    theirs = parts["transformer-lightning"]["figures"]
-    assert theirs["framework"] == "lightning" and theirs["strategy"] == "SingleDeviceStrategy"
-    assert report["ratios"]["tokens_per_s"] > 0
     # the report renders into the docs' section "GPU"
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert markdown.startswith("## GPU\n") and "| cuda-tests | ok |" in markdown
