@@ -211,12 +211,17 @@ def profile_summary(prof: Any, cuda: bool) -> dict[str, Any]:
     syncs = {e.key: e.count for e in averages if e.key in waits}
     summary: dict[str, Any] = {"top": top, "syncs": syncs}
     if cuda:
-        summary.update(_gaps(prof.events()))
+        try:  # a summary that fails must not cost the run its timings
+            summary.update(gaps(prof.events()))
+        except Exception as err:
+            summary["gaps_error"] = f"{type(err).__name__}: {err}"
     return summary
 
 
-def _gaps(events: Any) -> dict[str, Any]:
-    """The GPU's busy and idle time over the step, and the 5 longest gaps between kernels."""
+def gaps(events: Any) -> dict[str, Any]:
+    """The GPU's busy and idle time over the step, and the 5 longest gaps between kernels, each
+    with the top-level host operations running at its middle (times in µs, as the profiler's
+    events give them)."""
     from torch.autograd import DeviceType
 
     kernels = sorted(
@@ -224,15 +229,15 @@ def _gaps(events: Any) -> dict[str, Any]:
     )
     if not kernels:
         return {}
-    busy, gaps, end = 0.0, [], kernels[0][0]
+    busy, holes, end = 0.0, [], kernels[0][0]
     for start, stop in kernels:
         if start > end:
-            gaps.append((start - end, end))
+            holes.append((start - end, end))
         busy += max(0.0, stop - max(start, end))
         end = max(end, stop)
     host = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
     longest = []
-    for length, at in sorted(gaps, reverse=True)[:5]:
+    for length, at in sorted(holes, reverse=True)[:5]:
         middle = at + length / 2
         running = [e.name for e in host if e.time_range.start <= middle <= e.time_range.end]
         longest.append({"at_ms": (at - kernels[0][0]) / 1e3, "ms": length / 1e3, "host": running[:3]})

@@ -74,3 +74,36 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     # the report renders into the docs' section "GPU"
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert markdown.startswith("## GPU\n") and "| cuda-tests | ok |" in markdown
+
+
+def test_profile_gaps_are_the_gpus_idle_time_between_kernels() -> None:
+    """benchmarks/_gpu_speed.py's reading of a profiled step (only a GPU run has kernels): the
+    busy time is the union of the kernels' intervals, a gap names the host operation then running."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _gpu_speed
+
+    def event(
+        kind: DeviceType, start: float, end: float, name: str = "k", parent: object = None
+    ) -> SimpleNamespace:
+        return SimpleNamespace(
+            device_type=kind, time_range=SimpleNamespace(start=start, end=end), name=name, cpu_parent=parent
+        )
+
+    cuda, cpu = DeviceType.CUDA, DeviceType.CPU
+    events = [
+        event(cuda, 0, 1000),
+        event(cuda, 500, 1500),  # overlaps the first: counted once
+        event(cuda, 4500, 5000),  # 3 ms after the last one ended
+        event(cuda, 5200, 6000),
+        event(cpu, 1400, 4600, "Optimizer.step#Adam.step"),
+        event(cpu, 2000, 3000, "aten::mul", parent=object()),  # not top-level
+    ]
+    summary = _gpu_speed.gaps(events)
+    assert summary["gpu_span_ms"] == 6.0 and summary["gpu_busy_ms"] == 2.8
+    assert abs(summary["gpu_idle_ms"] - 3.2) < 1e-9
+    assert summary["gaps"][0] == {"at_ms": 1.5, "ms": 3.0, "host": ["Optimizer.step#Adam.step"]}
+    assert summary["gaps"][1] == {"at_ms": 5.0, "ms": 0.2, "host": []}
