@@ -719,6 +719,32 @@ def test_nonfinite_check_on_a_device_raises_at_the_next_step_without_waiting_bef
         check.settle(trainer)  # type: ignore[arg-type]
 
 
+def test_nonfinite_check_reads_a_dtensor_loss(tmp_path: Path) -> None:
+    """A loss computed from tensor-parallel outputs is a DTensor: its whole value is checked."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        trainer = SimpleNamespace(
+            strategy=SingleDeviceStrategy(),
+            optimizers=[],
+            current_epoch=0,
+            global_step=0,
+            is_global_zero=True,
+        )
+        check = fullshard.trainer.nonfinite.NonFiniteLoss("raise")
+        check.observe(distribute_tensor(torch.tensor(0.5), mesh, [Replicate()]), 0)
+        assert check.step_allowed(trainer)  # type: ignore[arg-type]
+        check.observe(distribute_tensor(torch.tensor(float("nan")), mesh, [Replicate()]), 1)
+        with pytest.raises(fullshard.errors.NonFiniteLossError, match=r"was nan at epoch 0, batch 1"):
+            check.step_allowed(trainer)  # type: ignore[arg-type]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_nonfinite_loss_option_is_checked(tmp_path: Path) -> None:
     with pytest.raises(
         MisconfigurationError, match=r"on_nonfinite_loss='warn' is invalid: use 'raise' .* 'skip'"

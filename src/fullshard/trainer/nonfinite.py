@@ -149,7 +149,11 @@ class NonFiniteLoss:
     def observe(self, loss: torch.Tensor, batch_idx: int) -> None:
         """Note the loss of the micro-batch ``batch_idx``, without reading it
         ([Note: reading the loss without waiting])."""
+        from torch.distributed.tensor import DTensor
+
         loss = loss.detach()
+        if isinstance(loss, DTensor):  # of tensor-parallel outputs: its whole value, as float(loss) reads it
+            loss = loss.full_tensor()
         self._losses.append(loss if loss.ndim == 0 and loss.dtype == torch.float32 else loss.float().sum())
         self._batches.append(batch_idx)
 
