@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -441,6 +442,11 @@ def save_peaks(args: argparse.Namespace) -> dict[str, Any]:
         result[f"{fmt}_save_peak_mb"] = _peak_mb(args, reset=True)
         files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
         result[f"{fmt}_mb"] = sum(f.stat().st_size for f in files) / 1e6
+        trainer.strategy.barrier()
+        if trainer.is_global_zero and path.is_dir():  # the device's disk holds the check's other files too
+            shutil.rmtree(path)
+        elif trainer.is_global_zero:
+            path.unlink()
     return {**result, **device_figures(args), "world_size": trainer.world_size, "rank": trainer.global_rank}
 
 
