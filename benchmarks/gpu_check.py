@@ -8,8 +8,9 @@ It takes about 8 minutes on one H100 (the device gives 15 minutes a session, one
 10); ``--budget`` (default 540 s) bounds the whole run, each part has its own timeout within it,
 and a part that fails or times out does not stop the others; the parts run in the order below,
 the figures first, so a run cut short loses the CUDA tests.
-It prints a table as the parts finish and writes ``gpu_check.json`` and ``gpu_check.md`` to
-``--out`` (with ``--write-docs``, also the section "GPU" of that machine's docs/benchmarks.md).
+It prints a table as the parts finish and writes ``gpu_check.json``, ``gpu_check.md`` and the
+profiled steps (``profiles.json``) to ``--out`` (with ``--write-docs``, also the section "GPU" of
+that machine's docs/benchmarks.md).
 The GPU machine's tree does not come back: to put the figures into this checkout's docs, copy
 its ``gpu_check.json`` into benchmarks/results/ under a name that says the device and date, and
 render the section from it (the section names that file; tests/test_benchmark_claims.py checks
@@ -18,7 +19,7 @@ that it renders the section exactly)::
     cp path/to/gpu_check.json benchmarks/results/gpu_check-h100-2026-11-27.json
     python benchmarks/gpu_check.py --report benchmarks/results/gpu_check-h100-2026-11-27.json --write-docs
 
-Tried on CPU first (a test runs this; a few minutes on 2 busy cores)::
+Tried on CPU first (a test runs this; one to four minutes on 2 cores, as busy as they are)::
 
     python benchmarks/gpu_check.py --accelerator cpu --tiny --out /tmp/gpu_check
 
@@ -546,11 +547,15 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_report(report: dict[str, Any], out: Path, started: float) -> dict[str, Any]:
-    """Write ``gpu_check.json`` and ``gpu_check.md`` to ``out`` with the parts run so far."""
+    """Write ``gpu_check.json`` and ``gpu_check.md`` (and the profiled steps, ``profiles.json``)
+    to ``out`` with the parts run so far."""
     report["wall_s"] = time.monotonic() - started
     report["ratios"] = ratios(report)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     (out / "gpu_check.md").write_text(render(report))
+    profiles = (report["parts"].get("transformer-paired", {}).get("figures") or {}).get("profiles")
+    if profiles:  # also in gpu_check.json: here on their own, to read
+        (out / "profiles.json").write_text(json.dumps(profiles, indent=1))
     return report
 
 

@@ -62,6 +62,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path: Path) -> None:
     # the last round's two runs each profiled one step: its top operations (no GPU: no gaps)
     assert set(paired["profiles"]) == {"fullshard", "lightning"}
     assert all(p["top"] and p["top"][0]["ms"] > 0 for p in paired["profiles"].values())
+    assert json.loads((tmp_path / "profiles.json").read_text()) == paired["profiles"]
     assert report["ratios"]["tokens_per_s"] > 0 and report["ratios"]["peak_memory"] > 0
     llama = parts["llama-fsdp2"]["figures"]
     assert llama["checkpointed"] == 2 and llama["timed_steps"] == 3 and llama["peak_memory_mb"] > 0
