@@ -262,20 +262,19 @@ def paired(args: argparse.Namespace) -> dict[str, Any]:
     deadline = time.monotonic() + float(args.part_timeout) - 15
     rounds = TINY_ROUNDS if args.tiny else ROUNDS
     variants = [v for v in VARIANTS if v != "baseline"]
-    plan: list[tuple[str, str, bool]] = []
+    plan: list[tuple[int, str, str, bool]] = []
     for index in range(rounds):  # the variants spread over the rounds, all of them in one
         last = index == rounds - 1
-        plan += [("fullshard", "baseline", last), ("lightning", "baseline", last)]
-        plan += [("fullshard", variant, False) for variant in variants[index::rounds]]
+        plan += [(index, "fullshard", "baseline", last), (index, "lightning", "baseline", last)]
+        plan += [(index, "fullshard", variant, False) for variant in variants[index::rounds]]
     runs: list[dict[str, Any]] = []
-    for framework, variant, profile in plan:
-        longest = max((r["seconds"] for r in runs), default=60.0)
+    for index, framework, variant, profile in plan:
+        longest = max((r["seconds"] for r in runs if "seconds" in r), default=60.0)
         if time.monotonic() + longest > deadline:
-            runs.append(
-                {"framework": framework, "variant": variant, "status": "not run: the part's time was spent"}
-            )
-            continue
-        runs.append(_one_run(args, framework, variant, profile, deadline - time.monotonic()))
+            run: dict[str, Any] = {"status": "not run: the part's time was spent"}
+        else:
+            run = _one_run(args, framework, variant, profile, deadline - time.monotonic())
+        runs.append({**run, "round": index, "framework": framework, "variant": variant})
     return {"rank": 0, "runs": runs, **paired_figures(runs)}
 
 
@@ -308,39 +307,40 @@ def _one_run(
 
 
 def paired_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over runs, the median per-round ratio fullshard/Lightning, each variant against
-    the baseline's median."""
+    """Medians over runs, the median of the rounds' ratios fullshard/Lightning (rounds where both
+    ran), each variant's step against the median of the baseline's."""
     done = [r for r in runs if r["status"] == "ok"]
 
-    def steps(framework: str, variant: str = "baseline") -> list[float]:
-        return [r["step_s"] for r in done if r["framework"] == framework and r["variant"] == variant]
+    def of(framework: str, variant: str = "baseline") -> list[dict[str, Any]]:
+        return [r for r in done if r["framework"] == framework and r["variant"] == variant]
 
-    ours, theirs = steps("fullshard"), steps("lightning")
-    figures: dict[str, Any] = {"fullshard_steps_s": ours, "lightning_steps_s": theirs}
-    if not ours or not theirs:
-        return figures
-    pairs = list(zip(ours, theirs, strict=False))
-    figures["tokens_per_s_ratio"] = statistics.median(t / o for o, t in pairs)  # fullshard/Lightning
-    figures["tokens_per_s_ratio_range"] = [min(t / o for o, t in pairs), max(t / o for o, t in pairs)]
-    figures["fullshard_step_s"], figures["lightning_step_s"] = (
-        statistics.median(ours),
-        statistics.median(theirs),
-    )
-    peaks = {
-        f: [r["peak_memory_mb"] for r in done if r["framework"] == f and r["variant"] == "baseline"]
-        for f in ("fullshard", "lightning")
+    ours, theirs = of("fullshard"), of("lightning")
+    figures: dict[str, Any] = {
+        "fullshard_steps_s": [r["step_s"] for r in ours],
+        "lightning_steps_s": [r["step_s"] for r in theirs],
     }
-    figures["peak_memory_ratio"] = statistics.median(peaks["fullshard"]) / statistics.median(
-        peaks["lightning"]
+    by_round = {r["round"]: r for r in theirs}
+    pairs = [(r, by_round[r["round"]]) for r in ours if r["round"] in by_round]
+    if not pairs:
+        return figures
+    speed = [o["tokens_per_s"] / t["tokens_per_s"] for o, t in pairs]  # fullshard/Lightning
+    memory = [o["peak_memory_mb"] / t["peak_memory_mb"] for o, t in pairs]
+    figures.update(
+        tokens_per_s_ratio=statistics.median(speed),
+        tokens_per_s_ratio_range=[min(speed), max(speed)],
+        peak_memory_ratio=statistics.median(memory),
+        fullshard_step_s=statistics.median(figures["fullshard_steps_s"]),
+        lightning_step_s=statistics.median(figures["lightning_steps_s"]),
     )
     figures["variants"] = {
         v: {
-            "step_s": statistics.median(steps("fullshard", v)),
-            "vs_baseline": statistics.median(steps("fullshard", v)) / figures["fullshard_step_s"],
+            "step_s": statistics.median(r["step_s"] for r in of("fullshard", v)),
+            "vs_baseline": statistics.median(r["step_s"] for r in of("fullshard", v))
+            / figures["fullshard_step_s"],
             "what": VARIANTS[v],
         }
         for v in VARIANTS
-        if v != "baseline" and steps("fullshard", v)
+        if v != "baseline" and of("fullshard", v)
     }
     figures["profiles"] = {r["framework"]: r["profile"] for r in done if r.get("profile")}
     return figures

@@ -108,3 +108,32 @@ def test_profile_gaps_are_the_gpus_idle_time_between_kernels() -> None:
     assert abs(summary["gpu_idle_ms"] - 3.2) < 1e-9
     assert summary["gaps"][0] == {"at_ms": 1.5, "ms": 3.0, "host": ["Optimizer.step#Adam.step"]}
     assert summary["gaps"][1] == {"at_ms": 5.0, "ms": 0.2, "host": []}
+
+
+def test_paired_figures_pair_the_runs_of_each_round() -> None:
+    """A round whose Lightning run failed drops out of the ratio; the others pair by round."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _gpu_speed
+
+    def run(round_: int, framework: str, step: float, variant: str = "baseline", ok: bool = True) -> dict:
+        figures = {"step_s": step, "tokens_per_s": 1000 / step, "peak_memory_mb": 100.0, "profile": None}
+        return {
+            "round": round_,
+            "framework": framework,
+            "variant": variant,
+            "status": "ok" if ok else "failed",
+        } | (figures if ok else {})
+
+    runs = [
+        run(0, "fullshard", 0.5),
+        run(0, "lightning", 0.4),
+        run(0, "fullshard", 0.45, "mp-lightning"),
+        run(1, "fullshard", 0.6),
+        run(1, "lightning", 1.0, ok=False),
+        run(2, "fullshard", 0.4),
+        run(2, "lightning", 0.5),
+    ]
+    figures = _gpu_speed.paired_figures(runs)
+    assert figures["tokens_per_s_ratio_range"] == [0.8, 1.25]  # rounds 0 and 2 only
+    assert figures["fullshard_step_s"] == 0.5 and figures["lightning_steps_s"] == [0.4, 0.5]
+    assert figures["variants"]["mp-lightning"]["vs_baseline"] == 0.9
