@@ -11,12 +11,13 @@ fit then. So a full state of a sharded model taken to be saved on CUDA asks for
 parallelism's DTensors gathered one by one into a host copy on rank 0), and the other ranks get
 empty states. Rank 0 is the one that writes a full checkpoint (checkpoint/engine.py); the save
 hooks of the other ranks see an empty ``"state_dict"``, as under Lightning's FSDP strategies.
-Full states taken for any other use (a template to load into, :meth:`Strategy.module_state_dict`,
-a load) keep ``cpu_offload=False``: they are wanted on every rank. Unsharded models (one device,
-DDP) gather nothing and keep their states on the device, as Lightning's do. On the CPU nothing
-changes: the state is in host memory already, and FSDP1's full state dict with
-``cpu_offload=True`` ended the process with SIGSEGV on CPU with gloo in our probe
-(docs/design.md, "State dicts and checkpoints").
+Full states taken for any other use keep ``cpu_offload=False``: they are wanted on every rank
+(a template to load into, a load, :meth:`Strategy.module_state_dict`, a tuner's snapshot of the
+Trainer, which it loads back on every rank, and so ``WeightAveraging``'s average, which its save
+hook puts into that snapshot too). Unsharded models (one device, DDP) gather nothing and keep
+their states on the device, as Lightning's do. On the CPU nothing changes: the state is in host
+memory already, and FSDP1's full state dict with ``cpu_offload=True`` ended the process with
+SIGSEGV on CPU with gloo in our probe (docs/design.md, "State dicts and checkpoints").
 """
 
 from __future__ import annotations
