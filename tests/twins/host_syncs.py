@@ -13,9 +13,9 @@ count is of the operations that would wait on a GPU, seen at the two points ever
 - Python's tensor methods (a ``TorchFunctionMode``): ``.tolist()``, ``.numpy()`` and ``.cpu()``,
   which on the CPU never reach the dispatcher (no copy is made), and on a GPU copy device memory
   to the host and wait for it.
-A read of host memory that a ``copy_(..., non_blocking=True)`` filled is not counted: that is
-how a GPU's result is read without waiting (the reader checks the copy's CUDA event first, as
-fullshard's non-finite check does: [Note: reading the loss without waiting] in
+The first read of host memory that a ``copy_(..., non_blocking=True)`` filled is not counted:
+that is how a GPU's result is read without waiting (the reader checks the copy's CUDA event
+first, as fullshard's non-finite check does: [Note: reading the loss without waiting] in
 fullshard/trainer/nonfinite.py). What the count cannot see: a tensor the framework keeps on the
 CPU in a GPU run too (a read of it is counted, though a GPU run would not wait for it), and a
 wait that is not a read (``torch.cuda.synchronize()``, an event's ``synchronize``), and
@@ -91,12 +91,12 @@ class _Methods(TorchFunctionMode):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if (
-            name in HOST_METHODS
-            and tensor is not None
-            and tensor.untyped_storage().data_ptr() not in self.counter.staged
-        ):
-            self.counter.note(name)
+        if name in HOST_METHODS and tensor is not None:
+            address = tensor.untyped_storage().data_ptr()
+            if address in self.counter.staged:  # read once: its memory may hold another tensor later
+                self.counter.staged.discard(address)
+            else:
+                self.counter.note(name)
         return func(*args, **kwargs)
 
 
@@ -184,13 +184,14 @@ def case_accumulating_and_clipping(tmp: Path) -> dict[str, Any]:
 
 
 def case_the_counter_counts(tmp: Path) -> dict[str, Any]:
-    """The rules themselves: each kind of read counted once, a staged copy's read not at all."""
+    """The rules themselves: each kind of read counted once, a staged copy's first read not at all."""
     x = torch.arange(4.0)
     host = torch.empty(4)
     with SyncCounter() as counter:
         float(x[0]), x.tolist(), x.cpu(), x.numpy(), bool(x[1]), x.nonzero()
         host.copy_(x, non_blocking=True)
-        host.tolist()
+        host.tolist()  # not counted: a staged copy, read once
+        host.tolist()  # counted: read again, it is a tensor like any other
     return dict(counter.kinds)
 
 
