@@ -1,13 +1,16 @@
 """python benchmarks/gpu_check.py --out "$OUT" --write-docs
 
-One prepared GPU check: fullshard's CUDA tests on one GPU, the seed guide's Transformer under fullshard and under Lightning's FSDPStrategy, a 1B Llama under FSDP2, and its sharded saves, each part in a process of its own.
+One prepared GPU check: fullshard's CUDA tests on one GPU, the seed guide's Transformer under fullshard and Lightning's FSDPStrategy by turns, a 1B Llama under FSDP2 eager and compiled, and saves, each part in a process of its own.
 
 Run on the GPU machine from the repository root, as is: nothing is installed there (fullshard runs
 from ``src/`` through ``PYTHONPATH``; Lightning, transformers and pytest are the machine's own).
-It takes about 4 minutes on one H100; ``--budget`` (default 330 s) bounds the whole run, each
-part has its own timeout within it, and a part that fails or times out does not stop the others.
-It prints a table as the parts finish and writes ``gpu_check.json`` and ``gpu_check.md`` to
-``--out`` (with ``--write-docs``, also the section "GPU" of that machine's docs/benchmarks.md).
+It takes about 8 minutes on one H100 (the device gives 15 minutes a session, one call at most
+10); ``--budget`` (default 540 s) bounds the whole run, each part has its own timeout within it,
+and a part that fails or times out does not stop the others; the parts run in the order below,
+the figures first, so a run cut short loses the CUDA tests.
+It prints a table as the parts finish and writes ``gpu_check.json``, ``gpu_check.md`` and the
+profiled steps (``profiles.json``) to ``--out`` (with ``--write-docs``, also the section "GPU" of
+that machine's docs/benchmarks.md).
 The GPU machine's tree does not come back: to put the figures into this checkout's docs, copy
 its ``gpu_check.json`` into benchmarks/results/ under a name that says the device and date, and
 render the section from it (the section names that file; tests/test_benchmark_claims.py checks
@@ -16,26 +19,28 @@ that it renders the section exactly)::
     cp path/to/gpu_check.json benchmarks/results/gpu_check-h100-2026-11-27.json
     python benchmarks/gpu_check.py --report benchmarks/results/gpu_check-h100-2026-11-27.json --write-docs
 
-Tried on CPU first (a test runs this; about a minute on 2 cores)::
+Tried on CPU first (a test runs this; one to four minutes on 2 cores, as busy as they are)::
 
     python benchmarks/gpu_check.py --accelerator cpu --tiny --out /tmp/gpu_check
 
 The parts:
 
-``cuda-tests``
-    ``pytest tests/test_gpu.py -m gpu``: FSDP1 and FSDP2 on NCCL with one process, CPU offload,
-    bf16-mixed and bf16-true, activation checkpointing, ``empty_init`` to CUDA, ``torch.compile``,
-    full and sharded checkpoints resumed bitwise, async saves with pinned staging, 16-mixed's
-    grad scaler. What needs two GPUs is skipped with that reason. (On CPU every test skips.)
-``transformer-fullshard``, ``transformer-lightning``
+``transformer-paired`` (benchmarks/_gpu_speed.py, [Note: paired runs])
     The seed guide's script (its ``Transformer(vocab_size=33278, nlayers=32, nhid=4096,
     ninp=1024, nhead=64)``, 1.0B parameters; random tokens in place of WikiText2, batch 8 of 128
     tokens) with ``FSDPStrategy(auto_wrap_policy={TransformerEncoderLayer,
     TransformerDecoderLayer})`` and ``precision="bf16-mixed"`` on one device, under fullshard's
-    names and under Lightning 2.6.6's: tokens/s (the median of 20 steps after 5 of warm-up),
-    ``torch.cuda.max_memory_allocated``, and the ratios fullshard/Lightning. On CPU Lightning runs
-    its single-device strategy, since it refuses FSDP there; ``--lightning-python`` names the
-    Python that has Lightning (default: this one on CUDA, /tmp/lvenv's on CPU).
+    names and under Lightning 2.6.6's, by turns: 3 rounds of a fullshard run, a Lightning run
+    and one fullshard variant (Lightning's FSDP1 ``MixedPrecision``, float32 parameters under
+    autocast only, ``on_nonfinite_loss=None``), each run a process of its own timing the median
+    of 10 steps after 3 of warm-up; the median of the rounds' ratios fullshard/Lightning (tokens/s
+    and ``torch.cuda.max_memory_allocated``), each variant against fullshard's runs, and the
+    profile of one more step of the last round's two runs (top kernels, the reads that wait for
+    the device, the GPU's idle time and its longest gaps with the host operations then running).
+    On CPU Lightning runs its single-device strategy, since it refuses FSDP there;
+    ``--lightning-python`` names the Python that has Lightning (default: this one on CUDA,
+    /tmp/lvenv's on CPU). (The check of 2026-11-27 ran one unpaired run of each, as the parts
+    ``transformer-fullshard`` and ``transformer-lightning``; ``--report`` still renders it.)
 ``llama-fsdp2``
     A Hugging Face ``LlamaForCausalLM`` of 1.1B parameters built with ``empty_init``, FSDP2,
     bf16-mixed, activation checkpointing on the decoder layers, 20 steps of 8 x 2048 tokens:
@@ -47,10 +52,24 @@ The parts:
     lies outside the caching allocator at the end (NCCL's buffers, libraries' workspaces), the
     allocator's reserve (``max_memory_reserved - max_memory_allocated``), the process's peak
     against the planner's process peak (on CPU: the growth of the resident set).
+``llama-compiled``
+    The same Llama with ``Trainer(compile=True)``: each decoder layer (an FSDP2 unit, with its
+    activation checkpointing) compiled in place; tokens/s and MFU against ``llama-fsdp2``'s, and
+    the first step's time (compiling, mostly). On CPU with the ``aot_eager`` backend.
+``save-peaks``
+    The seed guide's model with 8 layers a stack under ``FSDPStrategy``: the peak GPU memory of
+    3 training steps, then of a full save (gathered to host memory on rank 0 since issue 41:
+    [Note: full saves gathered off the GPU] in fullshard/strategies/state_dict_options.py) and
+    of a sharded save, each from a reset of the peak; the files' sizes and the saves' times.
 ``llama-save``
     The same model after two steps: how long training is blocked by a synchronous sharded save,
     and by an asynchronous one (``FSDP2Strategy(async_save=True)``: the call, plus the next
     ``optimizer.step()``'s wait for the copy to pinned host memory).
+``cuda-tests``
+    ``pytest tests/test_gpu.py -m gpu``: FSDP1 and FSDP2 on NCCL with one process, CPU offload,
+    bf16-mixed and bf16-true, activation checkpointing, ``empty_init`` to CUDA, ``torch.compile``,
+    full and sharded checkpoints resumed bitwise, async saves with pinned staging, 16-mixed's
+    grad scaler. What needs two GPUs is skipped with that reason. (On CPU every test skips.)
 """
 
 from __future__ import annotations
@@ -69,6 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import REPO, heading_target, load_result, make_parser, parse_args, table, today, write_section
+from _gpu_report import SPEED_LINES, compiled_lines, paired_lines, save_lines
 
 SECTION = "## GPU"
 LVENV_PYTHON = Path("/tmp/lvenv/bin/python")
@@ -81,15 +101,16 @@ class Part:
 
     name: str
     timeout_s: float
-    worker: str | None = None  # a worker of _gpu_parts.py; None: the CUDA tests
+    worker: str | None = None  # a worker of _gpu_parts.py or _gpu_speed.py; None: the CUDA tests
     framework: str = "fullshard"
     result: dict[str, Any] = field(default_factory=dict)
 
 
 PARTS = [  # the figures first: a run cut short by the device's time keeps them
-    Part("transformer-fullshard", 100, "transformer", "fullshard"),
-    Part("transformer-lightning", 100, "transformer", "lightning"),
+    Part("transformer-paired", 300, "paired"),
     Part("llama-fsdp2", 120, "llama"),
+    Part("llama-compiled", 150, "llama_compiled"),
+    Part("save-peaks", 100, "save_peaks"),
     Part("llama-save", 150, "llama_save"),
     Part("cuda-tests", 200),
 ]
@@ -119,7 +140,7 @@ def lightning_python(args: argparse.Namespace) -> str:
     return sys.executable
 
 
-def command_of_part(part: Part, args: argparse.Namespace, work: Path) -> list[str]:
+def command_of_part(part: Part, args: argparse.Namespace, work: Path, timeout: float) -> list[str]:
     if part.worker is None:
         command = [sys.executable, "-m", "pytest", "tests/test_gpu.py", "-m", "gpu", "-q", "-rA"]
         command += ["-p", "no:cacheprovider", f"--junitxml={work / 'junit.xml'}", "--timeout", "150"]
@@ -127,16 +148,19 @@ def command_of_part(part: Part, args: argparse.Namespace, work: Path) -> list[st
     python = lightning_python(args) if part.framework == "lightning" else sys.executable
     command = [python, str(Path(__file__).resolve()), "--worker", part.worker, "--framework", part.framework]
     command += ["--accelerator", args.accelerator, "--result", str(work / "result.json"), "--work", str(work)]
+    command += ["--lightning-python", lightning_python(args), "--part-timeout", f"{timeout:.0f}"]
     return command + (["--tiny"] if args.tiny else [])
 
 
 def missing_requirement(part: Part, args: argparse.Namespace) -> str | None:
     """Why ``part`` cannot run here (a package its Python lacks), or None."""
     needs = {"lightning": "lightning", "llama": "transformers", "llama_save": "transformers"}
+    needs.update(llama_compiled="transformers", paired="lightning")
     module = needs.get(part.framework if part.framework == "lightning" else part.worker or "")
     if module is None:
         return None
-    python = lightning_python(args) if part.framework == "lightning" else sys.executable
+    uses_lightning = part.framework == "lightning" or part.worker == "paired"
+    python = lightning_python(args) if uses_lightning else sys.executable
     probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True)
     return None if probe.returncode == 0 else f"{python} cannot import {module}"
 
@@ -150,7 +174,7 @@ def run_part(part: Part, args: argparse.Namespace, deadline: float) -> dict[str,
     if missing:
         return {"status": "skipped", "reason": missing}
     work = Path(tempfile.mkdtemp(prefix=f"{part.name}-", dir=args.work))
-    command = command_of_part(part, args, work)
+    command = command_of_part(part, args, work, timeout)
     start = time.monotonic()
     try:
         done = subprocess.run(
@@ -219,6 +243,8 @@ def figures_line(name: str, result: dict[str, Any]) -> str:
     fig = result.get("figures")
     if not fig:
         return result.get("reason", "")
+    if name in SPEED_LINES:
+        return SPEED_LINES[name](fig)
     if name == "llama-save":
         return (
             f"sync save blocks {fig['sync_blocked_s']:.2f} s, async {fig['async_blocked_s']:.2f} s "
@@ -233,6 +259,9 @@ def figures_line(name: str, result: dict[str, Any]) -> str:
 def ratios(report: dict[str, Any]) -> dict[str, float] | None:
     """fullshard/Lightning on the seed guide's model: tokens/s and peak memory."""
     parts = report["parts"]
+    paired = parts.get("transformer-paired", {}).get("figures") or {}
+    if "tokens_per_s_ratio" in paired:  # the median of the rounds' ratios ([Note: paired runs])
+        return {"tokens_per_s": paired["tokens_per_s_ratio"], "peak_memory": paired["peak_memory_ratio"]}
     ours = parts.get("transformer-fullshard", {}).get("figures")
     theirs = parts.get("transformer-lightning", {}).get("figures")
     if not ours or not theirs:
@@ -306,6 +335,7 @@ def render(report: dict[str, Any]) -> str:
                 f"fullshard/Lightning: {ratio['tokens_per_s']:.3f}x the tokens/s, "
                 f"{ratio['peak_memory']:.3f}x the peak memory.",
             ]
+    lines += paired_lines(parts.get("transformer-paired", {}).get("figures"))
     fig = parts.get("llama-fsdp2", {}).get("figures")
     if fig:
         mfu = (
@@ -340,6 +370,9 @@ def render(report: dict[str, Any]) -> str:
             f"{fig['async_copy_wait_s']:.2f} s waited by the next step); its files were written "
             f"{fig['async_until_written_s']:.1f} s after the call.",
         ]
+    eager = parts.get("llama-fsdp2", {}).get("figures")
+    lines += compiled_lines(parts.get("llama-compiled", {}).get("figures"), eager)
+    lines += save_lines(parts.get("save-peaks", {}).get("figures"))
     tests = parts.get("cuda-tests", {}).get("tests", [])
     if tests:
         lines += ["", "The CUDA tests:", ""]
@@ -384,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--accelerator", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny models (the CPU try-out)")
     parser.add_argument("--parts", nargs="+", choices=[p.name for p in PARTS], help="run only these parts")
-    parser.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run (default 330)")
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run (default 540)")
     parser.add_argument("--lightning-python", type=Path, help="the Python that has Lightning 2.6.6")
     parser.add_argument("--test-workers", type=int, default=6, help="pytest-xdist workers for the CUDA tests")
     parser.add_argument("--work", type=Path, help="scratch folder for checkpoints (default: a temporary one)")
@@ -395,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--framework", default="fullshard", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="baseline", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--part-timeout", type=float, default=300.0, help=argparse.SUPPRESS)
     return parser
 
 
@@ -445,11 +481,15 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_report(report: dict[str, Any], out: Path, started: float) -> dict[str, Any]:
-    """Write ``gpu_check.json`` and ``gpu_check.md`` to ``out`` with the parts run so far."""
+    """Write ``gpu_check.json`` and ``gpu_check.md`` (and the profiled steps, ``profiles.json``)
+    to ``out`` with the parts run so far."""
     report["wall_s"] = time.monotonic() - started
     report["ratios"] = ratios(report)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     (out / "gpu_check.md").write_text(render(report))
+    profiles = (report["parts"].get("transformer-paired", {}).get("figures") or {}).get("profiles")
+    if profiles:  # also in gpu_check.json: here on their own, to read
+        (out / "profiles.json").write_text(json.dumps(profiles, indent=1))
     return report
 
 
@@ -457,7 +497,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(build_parser(), argv)
     if args.worker:
         import _gpu_parts
+        import _gpu_speed
 
+        _gpu_parts.WORKERS.update(_gpu_speed.WORKERS)
         _gpu_parts.run(args)
         return
     if args.report:

@@ -44,6 +44,8 @@ SCRIPTS = {
 HELPERS = {
     "_common",
     "_gpu_parts",
+    "_gpu_speed",
+    "_gpu_report",
     "_planner_models",
     "_planner_families",
     "_planner_moe",

@@ -616,16 +616,18 @@ def test_nonfinite_loss_with_the_check_off_is_said_once(
     )
 
 
-def test_nonfinite_check_off_reads_a_device_window_at_logging_steps() -> None:
-    """The GPU path of on_nonfinite_loss=None (run on CPU tensors): no read between logging steps."""
+def test_nonfinite_check_off_reads_the_losses_at_logging_steps(caplog: pytest.LogCaptureFixture) -> None:
+    """on_nonfinite_loss=None: no read between logging steps; the first non-finite loss is named."""
     trainer = SimpleNamespace(global_step=0, log_every_n_steps=3, is_global_zero=True, current_epoch=0)
     check = fullshard.trainer.nonfinite.parse(None)
-    check._observe_on_device(torch.tensor(float("inf")), 0)
+    check.observe(torch.tensor(float("inf")), 0)
     assert check.step_allowed(trainer)  # type: ignore[arg-type]
-    assert isinstance(check._window, torch.Tensor)  # kept: step 1 logs nothing
+    assert not caplog.records  # step 1 logs nothing: not read
     trainer.global_step = 2
-    check._observe_on_device(torch.tensor(1.0), 1)
-    assert check.step_allowed(trainer) and check._window is None and check._warned  # type: ignore[arg-type]
+    check.observe(torch.tensor(float("nan")), 1)
+    assert check.step_allowed(trainer)  # type: ignore[arg-type]
+    (record,) = [r for r in caplog.records if "on_nonfinite_loss=None" in r.getMessage()]
+    assert record.getMessage().startswith("The training loss was inf at epoch 0, batch 0,")
 
 
 def test_nonfinite_weights_never_replace_a_checkpoint(tmp_path: Path) -> None:
@@ -648,22 +650,99 @@ def test_nonfinite_weights_never_replace_a_checkpoint(tmp_path: Path) -> None:
         assert inspect(target, verify_checksums=True).global_step == 2
 
 
-def test_nonfinite_check_on_a_device_reads_once_per_step() -> None:
-    """The GPU path (tensor operations, read at the optimizer step), run on CPU tensors."""
+def test_nonfinite_check_reads_the_first_nonfinite_loss_of_a_window() -> None:
     trainer = SimpleNamespace(
         strategy=SingleDeviceStrategy(), optimizers=[], current_epoch=1, global_step=4, is_global_zero=True
     )
     check = fullshard.trainer.nonfinite.NonFiniteLoss("raise")
     for batch, value in enumerate((0.5, float("inf"), float("nan"), 0.25)):
-        check._observe_on_device(torch.tensor(value), batch)
-    assert isinstance(check._window, torch.Tensor)
+        check.observe(torch.tensor(value), batch)
     with pytest.raises(
         fullshard.errors.NonFiniteLossError,
         match=r"was inf at epoch 1, batch 1 \(before optimizer step 5\) on rank 0",
     ):
         check.step_allowed(trainer)  # type: ignore[arg-type]
-    check._observe_on_device(torch.tensor([0.5, 1.0]), 7)
+    check.observe(torch.tensor([0.5, 1.0]), 7)
     assert check.step_allowed(trainer)  # type: ignore[arg-type]
+
+
+class _SlowCopy:
+    """A stand-in for a GPU's copy to the host: done only when the test says so, or waited for."""
+
+    def __init__(self) -> None:
+        self.done: list[bool] = []
+        self.waited = 0
+
+    def __call__(self, window: torch.Tensor) -> fullshard.trainer.nonfinite.HostCopy:
+        index = len(self.done)
+        self.done.append(False)
+
+        def wait() -> None:
+            self.waited += 1
+            self.done[index] = True
+
+        return fullshard.trainer.nonfinite.HostCopy(window.clone(), lambda: self.done[index], wait)
+
+
+def test_nonfinite_check_on_a_device_raises_at_the_next_step_without_waiting_before() -> None:
+    """[Note: reading the loss without waiting]: a copy not done at its step is read at the next
+    one (waited for only then); the error names the step the loss went into, and says it was taken."""
+    trainer = SimpleNamespace(
+        strategy=SingleDeviceStrategy(), optimizers=[], current_epoch=0, global_step=0, is_global_zero=True
+    )
+    copies = _SlowCopy()
+    check = fullshard.trainer.nonfinite.NonFiniteLoss("raise", copy=copies)
+    for step, value in enumerate((1.0, 2.0, float("nan"), 3.0)):
+        trainer.global_step = step
+        check.observe(torch.tensor(value), step)
+        if step == 3:
+            with pytest.raises(
+                fullshard.errors.NonFiniteLossError,
+                match=r"was nan at epoch 0, batch 2 \(optimizer step 3\) on rank 0\. .* stops at the latest one "
+                r"optimizer step later: that optimizer step was taken, and the weights may hold",
+            ):
+                check.step_allowed(trainer)  # type: ignore[arg-type]
+        else:
+            assert check.step_allowed(trainer)  # type: ignore[arg-type]
+        if step == 0:
+            copies.done[0] = True  # the first copy completes during the next step: read without waiting
+    assert (
+        copies.waited == 2
+    )  # step 0's copy was read without waiting; step 1's waited for at step 2, step 2's at 3
+    # the last copies of an epoch are read (waited for) before its end hooks
+    check.observe(torch.tensor(float("inf")), 4)
+    trainer.global_step = 4
+    assert check.step_allowed(trainer)  # type: ignore[arg-type]
+    with pytest.raises(
+        fullshard.errors.NonFiniteLossError, match=r"was inf at epoch 0, batch 4 \(optimizer step 5\)"
+    ):
+        check.settle(trainer)  # type: ignore[arg-type]
+
+
+def test_nonfinite_check_reads_a_dtensor_loss(tmp_path: Path) -> None:
+    """A loss computed from tensor-parallel outputs is a DTensor: its whole value is checked."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        trainer = SimpleNamespace(
+            strategy=SingleDeviceStrategy(),
+            optimizers=[],
+            current_epoch=0,
+            global_step=0,
+            is_global_zero=True,
+        )
+        check = fullshard.trainer.nonfinite.NonFiniteLoss("raise")
+        check.observe(distribute_tensor(torch.tensor(0.5), mesh, [Replicate()]), 0)
+        assert check.step_allowed(trainer)  # type: ignore[arg-type]
+        check.observe(distribute_tensor(torch.tensor(float("nan")), mesh, [Replicate()]), 1)
+        with pytest.raises(fullshard.errors.NonFiniteLossError, match=r"was nan at epoch 0, batch 1"):
+            check.step_allowed(trainer)  # type: ignore[arg-type]
+    finally:
+        dist.destroy_process_group()
 
 
 def test_nonfinite_loss_option_is_checked(tmp_path: Path) -> None:

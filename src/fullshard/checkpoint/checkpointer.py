@@ -50,13 +50,14 @@ class Checkpointer:
         self._pending: PendingSave | None = None
 
     # ------------------------------------------------------------------------------ saving
-    def states(self, optimizers: Sequence[Optimizer], *, full: bool) -> dict[str, Any]:
+    def states(self, optimizers: Sequence[Optimizer], *, full: bool, to_save: bool = True) -> dict[str, Any]:
         """The model's and ``optimizers``' states as the host provides them (whole tensors with
-        ``full``), read after the previous background save has copied them: a checkpoint's
+        ``full``; ``to_save``, a sharded model's on CUDA on rank 0 only: [Note: full saves gathered
+        off the GPU]), read after the previous background save has copied them: a checkpoint's
         ``"state_dict"`` and ``"optimizer_states"``."""
         self.wait()
         with stuck_ranks.paused():  # gathering a full state is checkpoint I/O, not a stuck rank
-            model_state, optimizer_states = self._host.get_state(optimizers, full=full)
+            model_state, optimizer_states = self._host.get_state(optimizers, full=full, to_save=to_save)
         return {"state_dict": model_state, "optimizer_states": optimizer_states}
 
     def write(

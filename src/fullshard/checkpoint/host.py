@@ -42,10 +42,11 @@ class CheckpointHost(Protocol):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool: ...
 
     def get_state(
-        self, optimizers: Sequence[Optimizer], *, full: bool, to_load: bool = False
+        self, optimizers: Sequence[Optimizer], *, full: bool, to_load: bool = False, to_save: bool = False
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Model and optimizer states keyed by the module's own names: whole tensors (``full``)
-        or this rank's shards; ``to_load``: a template a sharded load reads into."""
+        or this rank's shards; ``to_load``: a template a sharded load reads into; ``to_save``:
+        for a checkpoint (a full state may then be on rank 0 only)."""
         ...
 
     def set_state(

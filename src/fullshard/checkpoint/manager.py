@@ -80,14 +80,16 @@ class CheckpointManager:
         self.checkpointer = Checkpointer(strategy, timeout=getattr(strategy, "timeout", None))
 
     # ------------------------------------------------------------------------------ saving
-    def dump(self, weights_only: bool = False) -> dict[str, Any]:
+    def dump(self, weights_only: bool = False, *, to_save: bool = True) -> dict[str, Any]:
         """The whole checkpoint, the model and optimizer states in the strategy's format, after
-        the save hooks ran on it. A collective call: every rank must make it."""
+        the save hooks ran on it. A collective call: every rank must make it. ``to_save=False``:
+        kept to be restored in place (a tuner's snapshot), so a full state is on every rank
+        (see [Note: full saves gathered off the GPU])."""
         trainer = self._trainer
         checkpoint = trainer_state(trainer, with_callbacks=not weights_only)
         if weights_only:  # the weights and the loops, as Lightning: no callback state or hook
             checkpoint["lr_schedulers"] = []
-        checkpoint.update(self._tensor_entries(() if weights_only else trainer.optimizers))
+        checkpoint.update(self._tensor_entries(() if weights_only else trainer.optimizers, to_save))
         module = trainer.lightning_module
         for callback in (
             () if weights_only else trainer.callbacks
@@ -134,9 +136,10 @@ class CheckpointManager:
         sharded = strategy.state_dict_type == "sharded"
         self.checkpointer.write(checkpoint, path, optimizers, sharded=sharded, background=strategy.async_save)
 
-    def _tensor_entries(self, optimizers: Sequence[Optimizer]) -> dict[str, Any]:
+    def _tensor_entries(self, optimizers: Sequence[Optimizer], to_save: bool) -> dict[str, Any]:
         """The model's and ``optimizers``' states as the strategy provides them (:meth:`Checkpointer.states`)."""
-        return self.checkpointer.states(optimizers, full=self._trainer.strategy.state_dict_type != "sharded")
+        full = self._trainer.strategy.state_dict_type != "sharded"
+        return self.checkpointer.states(optimizers, full=full, to_save=to_save)
 
     # ------------------------------------------------------------------ the background save
     @property

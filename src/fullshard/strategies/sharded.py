@@ -422,11 +422,13 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
     # ------------------------------------------------------------------------- checkpoints
     @override
     def get_state(
-        self, optimizers: Sequence[Optimizer], *, full: bool, to_load: bool = False
+        self, optimizers: Sequence[Optimizer], *, full: bool, to_load: bool = False, to_save: bool = False
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         aliases = find_aliases(self._require_model(), self._unit_type())
         with detached(aliases):  # see [Note: a module wrapped by hand and kept under its old name]
-            model_state, optimizer_states = super().get_state(optimizers, full=full, to_load=to_load)
+            model_state, optimizer_states = super().get_state(
+                optimizers, full=full, to_load=to_load, to_save=to_save
+            )
         return add_alias_keys(model_state, aliases), optimizer_states
 
     @override

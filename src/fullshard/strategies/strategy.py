@@ -40,6 +40,7 @@ from fullshard.strategies.forward_redirection import redirected_call
 from fullshard.strategies.lightning_api import LightningStrategyAPI
 from fullshard.strategies.optimizer_state import load_optimizer_states, optimizer_states
 from fullshard.strategies.parameter_sizes import ParameterSize, unsharded_parameter_sizes
+from fullshard.strategies.state_dict_options import state_dict_options
 from fullshard.strategies.step_args import step_arguments
 
 if TYPE_CHECKING:
@@ -449,11 +450,13 @@ class Strategy(LightningStrategyAPI):
 
     # ----------------------------------------------------------------------------- checkpoints
     def get_state(
-        self, optimizers: Sequence[Optimizer], *, full: bool, to_load: bool = False
+        self, optimizers: Sequence[Optimizer], *, full: bool, to_load: bool = False, to_save: bool = False
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Model and optimizer states keyed by the module's own parameter names.
 
-        ``full``: whole tensors (gathered under FSDP) rather than each rank's shards.
+        ``full``: whole tensors (gathered under FSDP) rather than each rank's shards; with
+        ``to_save``, a sharded model's on CUDA on rank 0 only, in host memory (the other ranks get
+        empty states: [Note: full saves gathered off the GPU] in strategies/state_dict_options.py).
         ``to_load``: the states are a template that a sharded load reads into, so an optimizer that
         has not stepped yet gets torch's initial state (every tensor a saved one may hold); to save,
         such an optimizer's state is empty (see [Note: unstepped optimizers] in
@@ -462,7 +465,7 @@ class Strategy(LightningStrategyAPI):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         model = self._require_model()
-        options = self._state_dict_options(full=full)
+        options = self._state_dict_options(full=full, to_save=to_save and not to_load)
         model_state = get_model_state_dict(model, options=options)
         return model_state, optimizer_states(model, optimizers, options, to_load=to_load)
 
@@ -501,11 +504,11 @@ class Strategy(LightningStrategyAPI):
         broadcast = self.broadcast if from_rank0 else None
         load_optimizer_states(model, optimizer_states, optimizers, options, broadcast)
 
-    def _state_dict_options(self, *, full: bool) -> StateDictOptions:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        # cpu_offload=True: SIGSEGV under FSDP1 on CPU/gloo (docs/design.md, "State dicts and checkpoints").
-        return StateDictOptions(full_state_dict=full, cpu_offload=False)
+    def _state_dict_options(self, *, full: bool, to_save: bool = False) -> StateDictOptions:
+        device = self.root_device.type
+        return state_dict_options(
+            full=full, device_type=device, sharded=self.shards_parameters, to_save=to_save
+        )
 
     def module_state_dict(self) -> dict[str, Any]:
         """The model's full state dict, with the user's key names (no wrapper prefixes). Collective."""

@@ -114,7 +114,8 @@ class Trainer(TrainerProperties):
         requeue_on_preemption: under SLURM, rank 0 runs ``scontrol requeue $SLURM_JOB_ID`` after
             the preemption checkpoint is saved.
         on_nonfinite_loss: when a training loss is NaN or infinite on any rank: ``"raise"`` stops
-            before that optimizer step with ``NonFiniteLossError`` naming the step and ranks;
+            with ``NonFiniteLossError`` naming the step and ranks (before that optimizer step on
+            the CPU, at most one step later on a GPU, where the loss is read without waiting);
             ``"skip"`` skips that optimizer step on every rank; None does not check (it warns
             once, on rank 0, when it sees one). Not a Lightning option; see docs/checkpoints.md
             for its cost.

@@ -35,8 +35,8 @@ class Snapshot:
 
     def __init__(self, trainer: Trainer, module: Module) -> None:
         # the Trainer's state through the save hooks, as Lightning's tuners save a checkpoint
-        # before they search (and restore it through the load hooks after)
-        self.checkpoint = trainer.checkpoint_manager.dump()
+        # before they search (and restore it through the load hooks after, on every rank)
+        self.checkpoint = trainer.checkpoint_manager.dump(to_save=False)
         self.tensors = clone_to(local_tensors(module), None)
         self.optimizer_states = [copy.deepcopy(o.state_dict()) for o in trainer.optimizers]
         self.scheduler_states = [

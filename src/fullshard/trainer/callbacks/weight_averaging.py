@@ -226,6 +226,7 @@ class WeightAveraging(Callback):
         # the average in the strategy's own format: swapped into the model for the read (collective)
         swap(self._average.tensors, local_tensors(pl_module), strategy)
         try:
+            # on every rank (not to_save): a tuner's snapshot loads it back on every rank
             average_state = _copied(strategy.get_state((), full=not sharded)[0])
         finally:
             swap(self._average.tensors, local_tensors(pl_module), strategy)

@@ -551,6 +551,7 @@ class FitLoop:
         to run, an uninterrupted run would go on with the next epoch, and so does a resumed one.
         """
         trainer, progress, metrics = self.trainer, self.progress, self.metrics
+        self.nonfinite.settle(trainer)  # [Note: reading the loss without waiting] in nonfinite.py
         cut_short = (
             not ended_by_hook  # the module ended it: an uninterrupted run goes on with the next one
             and not math.isinf(self.num_training_batches)
