@@ -19,8 +19,11 @@ unit, the low-precision shard of mixed precision.
 The tracked step is the second: a first, untracked step (forward, backward, optimizer step)
 leaves the sharded flat gradients, the original parameters' gradient views and the optimizer's
 state as a real first step leaves them; FSDP1 attaches these through its own hooks, so they are
-made by running it rather than put in place as the FSDP2 simulation does. Where asked, the
-first step's FLOPs are counted.
+made by running it rather than put in place as the FSDP2 simulation does. The first step also
+does FSDP1's one-time work (its lazy initialisation allocates and frees each unit's gathered
+parameter) and records the order of the units, which ``forward_prefetch`` follows from the second
+step on. It is about half of an FSDP1 simulation's time. Where asked, the first step's FLOPs are
+counted.
 """
 
 from __future__ import annotations
