@@ -164,8 +164,11 @@ class FSDP1MemoryTracker(TorchDispatchMode):
         self._settle()
         out = func(*args, **(kwargs or {}))
         self._settle()
-        for tensor in _tensors(out):
-            self._add(tensor.untyped_storage(), "activations")
+        if isinstance(out, torch.Tensor):  # most operations: no tree to walk
+            self._add(out.untyped_storage(), "activations")
+        else:
+            for tensor in _tensors(out):
+                self._add(tensor.untyped_storage(), "activations")
         return out
 
     def _add(self, storage: Any, kind: str) -> None:
