@@ -30,7 +30,8 @@ new is counted, so a new storage that reuses a freed one's ``id`` is not mistake
 frees happen between the notes and their settling, so the split is the peak's; a gradient made in
 the step and dropped again in that window stays filed under activations (the total is exact).
 
-FSDP1's flat parameters and their attributes are private to torch (``FlatParamHandle`` on each
+FSDP1's flat parameters and their attributes, and the functions :func:`as_after_a_step` calls,
+are private to torch (``FlatParamHandle`` on each
 ``FullyShardedDataParallel``'s ``_handle``; ``_local_shard``, ``_full_param_padded``, ``_mp_shard``,
 ``_saved_grad_shard`` ... on the flat parameter, torch 2.13); they are read here and nowhere else
 in the planner. An attribute that is missing is treated as not there (a torch that renamed one
@@ -93,6 +94,30 @@ def storage_checks_by_identity() -> Iterator[None]:
         yield
     finally:
         flat_param._data_ptr_allocated, flat_param._same_storage = allocated, same
+
+
+def as_after_a_step(root: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Put the FSDP1-wrapped ``root`` and ``optimizer`` as a first training step leaves them,
+    without running one (see [Note: how an FSDP1 candidate is simulated] in
+    fullshard.planner.simulate_fsdp1): FSDP1's lazy initialisation run, each unit whose flat
+    parameter trains given a zero flat gradient shard, and the original parameters' gradients
+    made views into it (``use_orig_params=True``), as FSDP1's end of backward does; then the
+    optimizer steps once, making its state. FSDP1's functions for these are private (torch
+    2.13: ``_runtime_utils._lazy_init``, ``FlatParamHandle._use_sharded_grad_views``)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp import _runtime_utils as runtime  # see [Note: tracking FSDP1's storages]
+
+    lazy_init: Any = runtime._lazy_init  # type: ignore[attr-defined]
+    lazy_init(root, root)
+    with torch.no_grad():
+        for unit in FullyShardedDataParallel.fsdp_modules(root):
+            handle = getattr(unit, "_handle", None)
+            if handle is None or not handle.flat_param.requires_grad:
+                continue
+            handle.flat_param.grad = torch.zeros_like(handle.flat_param)
+            if handle._use_orig_params:
+                handle._use_sharded_grad_views()
+    optimizer.step()
 
 
 def _tensors(*trees: Any) -> Iterator[torch.Tensor]:
@@ -164,8 +189,11 @@ class FSDP1MemoryTracker(TorchDispatchMode):
         self._settle()
         out = func(*args, **(kwargs or {}))
         self._settle()
-        for tensor in _tensors(out):
-            self._add(tensor.untyped_storage(), "activations")
+        if isinstance(out, torch.Tensor):  # most operations: no tree to walk
+            self._add(out.untyped_storage(), "activations")
+        else:
+            for tensor in _tensors(out):
+                self._add(tensor.untyped_storage(), "activations")
         return out
 
     def _add(self, storage: Any, kind: str) -> None:

@@ -16,11 +16,17 @@ per unit, a flat gradient for every parameter of a unit where one of them trains
 ones' share included, under ``use_orig_params=True``), the backward prefetch's second gathered
 unit, the low-precision shard of mixed precision.
 
-The tracked step is the second: a first, untracked step (forward, backward, optimizer step)
-leaves the sharded flat gradients, the original parameters' gradient views and the optimizer's
-state as a real first step leaves them; FSDP1 attaches these through its own hooks, so they are
-made by running it rather than put in place as the FSDP2 simulation does. Where asked, the
-first step's FLOPs are counted.
+The tracked step is the second: before it, the model and the optimizer are put as a first step
+leaves them (:func:`~fullshard.planner.fsdp1_tracker.as_after_a_step`): FSDP1's lazy
+initialisation done, each trained unit's sharded flat gradient (zeros; the frozen parameters'
+share included) with the original parameters' gradients viewing it, as FSDP1 leaves them after
+backward, and the optimizer stepped once on those, making its state. Running a real first step
+instead gave the same peak on every case of benchmarks/planner.py's fsdp matrix and on all 24
+FSDP1 rows of Llama 2 7B on 64 processes, and costs a forward and a backward more: the 7B plan
+took 48 CPU-seconds with it, 41 without (the planner's speed matters: issue 40 item 6). What
+it leaves out is FSDP1's record of the units' order in the first step, which only
+``forward_prefetch`` uses, and the candidates never set. Where FLOPs are to be counted, a real
+first step is run and counted instead.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from torch.utils._pytree import tree_map_only
 
 from fullshard.errors import MisconfigurationError
 from fullshard.planner import data_dependent, torch_tools
-from fullshard.planner.fsdp1_tracker import FSDP1MemoryTracker, storage_checks_by_identity
+from fullshard.planner.fsdp1_tracker import FSDP1MemoryTracker, as_after_a_step, storage_checks_by_identity
 from fullshard.planner.simulate import Simulated, _flops_inside, _optimizer, _to_empty_keeping_ties, meta_copy
 
 if TYPE_CHECKING:
@@ -93,11 +99,14 @@ def simulate_fsdp1(
         stack.enter_context(data_dependent.replaying(model, recording, batch, fake_batch))
         optimizer = _optimizer(model)
         forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
-        with forward if count_flops else null:
-            loss = _loss_of(wrapped, model, fake_batch, prec)
-        with backward if count_flops else null:
-            loss.backward()
-        optimizer.step()  # the first step: see the Note
+        if count_flops:  # a real first step, counted
+            with forward:
+                loss = _loss_of(wrapped, model, fake_batch, prec)
+            with backward:
+                loss.backward()
+            optimizer.step()
+        else:  # the state a first step leaves, put in place: see the Note
+            as_after_a_step(wrapped, optimizer)
         tracker = FSDP1MemoryTracker(wrapped, optimizer, (fake_batch,))
         staging = torch_tools.gloo_staging() if device_type == "cpu" else null
         with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
