@@ -273,3 +273,49 @@ def test_no_row_of_the_7b_and_70b_tables_holds_a_negative_byte(
         figures = [row.peak, *row.split.values(), row.comm_bytes, row.host_bytes, row.host_peak]
         assert min(figures) >= 0, (row.candidate.label(), row.split)
         assert row.peak == sum(row.split.values())
+
+
+def test_each_phase_is_extended_on_its_own_line_and_the_highest_is_the_peak() -> None:
+    """[Note: a peak per phase], on made-up figures: at 4 and 8 blocks backward holds the peak (a
+    line through those overall peaks says 80 blocks need 430), but the optimizer step grows faster
+    and at 80 blocks holds it (486); a phase whose figure would come out negative is no line to
+    extend (None: simulate whole)."""
+    from fullshard.planner.candidates import extend_to_depth
+    from fullshard.planner.simulate import Simulated
+    from fullshard.planner.torch_tools import Phase
+
+    def phase(activations: int, optimizer: int) -> Phase:
+        split = {"params": 10, "grads": 0, "optimizer": optimizer, "activations": activations, "comm": 0}
+        host = {"params": 10, "grads": 0, "optimizer": optimizer}
+        return Phase(sum(split.values()), split, host, activations, {**split, "params": 0, "optimizer": 0})
+
+    def sim(*phases: Phase) -> Simulated:
+        top = max(phases, key=lambda p: p.peak)
+        return Simulated(top.peak, top.split, top.offloadable, 0, 0, 1, phases=phases)
+
+    low, high = sim(phase(40, 0), phase(0, 20)), sim(phase(60, 0), phase(0, 44))  # 4 and 8 blocks
+    assert low.peak == 50 and high.peak == 70  # backward's, at both cuts
+    extended = extend_to_depth(low, high, (4, 8), 80)
+    assert extended is not None and extended.extended_from == (4, 8)
+    assert extended.peak == 486 and extended.split["optimizer"] == 476 and extended.split["activations"] == 0
+    assert [p.peak for p in extended.phases] == [430, 486] and extended.phases[0].resident == 420
+    shrinking = sim(phase(50, 0), phase(0, 20)), sim(phase(30, 0), phase(0, 40))  # activations fall
+    assert extend_to_depth(*shrinking, (4, 8), 80) is None
+
+
+def test_a_probe_whose_line_fails_is_simulated_whole_and_the_note_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import fullshard.planner.api as api
+
+    monkeypatch.setattr(api, "extend_to_depth", lambda *args: None)  # as when a figure would be negative
+    model = Stack([8] * 12)
+    result = plan(
+        model, _batch(), devices=2, device_memory="1GiB", device_type="cpu", candidates=[FULL], workers=1
+    )
+    assert result.rows[0].peak == _whole(model)
+    assert "extended to 12 (the model's blocks are identical" in result.notes[0]
+    assert (
+        "; except FULL_SHARD AC none: simulated whole, as a phase's peak moved within the phase"
+        in result.notes[0]
+    )
