@@ -42,9 +42,11 @@ The peak of a step is the highest of three phases' peaks: forward (with last ste
 alive), backward, and the optimizer step. Each phase's peak grows linearly with the blocks, but
 at different rates: the optimizer step's with the state, backward's with the saved activations.
 So the step's peak is the highest of three lines, and which one is highest can change with depth:
-at 4 blocks the peak may be in backward and at 8 in the optimizer step. A line through the two
-overall peaks then mixes two moments, and its split (activations at one, gradients at the other)
-extended to 80 blocks came out negative (issue 40: -90.8 GiB of activations on the 70B table).
+at 4 blocks the peak may be in backward and at 8 in the optimizer step, or in the same phase at
+both cuts and another at 80 blocks. A line through the two overall peaks then mixes moments: it
+said 717 GiB for Llama 2 70B on 8 processes without checkpointing, where all 80 layers simulated
+give 745.63 GiB (as the phases' lines do, to the byte), and its split (activations at one moment,
+gradients at another) can come out negative (issue 40 measured -90.8 GiB of activations).
 The simulation therefore records each phase's peak and split (``torch_tools.end_phase``), each
 phase is extended on its own line, and the highest extended phase is the step's. Offload rows
 take the state out of each phase and keep the highest rest, as the moment of the peak moves when
