@@ -8,7 +8,7 @@ then the finest stage of them ([Note: the finest repeated block]).
 A class whose every instance only holds finer blocks (no parameters of its own, each child with
 parameters a composite module of a repeated class, two or more of one class: a ResNet's
 ``layer1``..``layer4``, ``nn.Sequential``s of ``BasicBlock``s) is no block to wrap by: one unit
-would hold a whole stage (ResNet's last two hold 75% of the parameters), gathered at once. Its
+would hold a whole stage (a ResNet-18's last holds 72% of the parameters), gathered at once. Its
 blocks are wrapped instead, and so on down, while the number of units stays at most
 :data:`MAX_UNITS`. The bound is what keeps the count sane: each unit costs two or three
 collectives a step whatever its size (their latency, tens of microseconds on NCCL and over a
