@@ -6,7 +6,9 @@ its BasicBlock), plan="auto" over every sharding and host_memory=, and sizes it 
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from fullshard.errors import MisconfigurationError
 from fullshard.planner import Candidate, plan
 from fullshard.planner.candidates import MAX_UNITS, depth_and_reason, repeated_blocks
 from fullshard.planner.simulate import simulate
+from proc_helpers import clean_env
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -322,3 +325,30 @@ def test_a_probe_whose_line_fails_is_simulated_whole_and_the_note_says_so(
         "; except FULL_SHARD AC none: simulated whole, as a phase's peak moved within the phase"
         in result.notes[0]
     )
+
+
+def test_a_forked_planner_forgets_a_group_no_mesh_holds_and_returns(tmp_path: Path) -> None:
+    """plan="auto" plans in a forked child that forgets the job's group ([Note: planning inside a
+    running job]); a group no device mesh holds (FSDPStrategy's FULL_SHARD) had its destructor run
+    there, joining gloo threads a fork does not copy: FSDPStrategy(plan="auto") hung for ever."""
+    script = tmp_path / "forget.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import socket
+            import torch.distributed as dist
+            from fullshard.planner.forked import run_forked
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+            print(run_forked([lambda: 7], 1, forget_group=True))
+            dist.destroy_process_group()
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[7]", done.stderr[-2000:]

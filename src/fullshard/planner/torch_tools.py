@@ -236,6 +236,9 @@ def simulated_world(layout: ParallelLayout, device_type: str = "cpu") -> Iterato
         sys.excepthook = excepthook
 
 
+_FORGOTTEN: list[Any] = []  # the groups a forked child forgot: see forget_process_group
+
+
 def forget_process_group() -> None:
     """In a forked child of a process with a live process group: forget that group (never using
     it), so :func:`simulated_world` can make a fake one. Only for a child that exits without
@@ -243,6 +246,11 @@ def forget_process_group() -> None:
     import torch.distributed.distributed_c10d as c10d
 
     world = c10d._world
+    # kept alive until the child's os._exit: the last reference to a group dropped here would run
+    # its destructor, which joins the backend's worker threads (gloo's), threads a fork does not
+    # copy: the child hung there for ever under FSDPStrategy(plan="auto"), whose groups no device
+    # mesh holds (FSDP2's mesh holds its own, so the FSDP2 case never reached the destructor)
+    _FORGOTTEN.extend([world.default_pg, *world.pg_map, *world.tags_to_pg.values()])
     world.default_pg = None
     for mapping in (
         world.pg_map,
