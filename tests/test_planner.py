@@ -356,7 +356,8 @@ def test_plan_auto_refuses_the_settings_it_chooses() -> None:
     with pytest.raises(MisconfigurationError, match=r"plan='fast' is not accepted: pass plan='auto'"):
         FSDPStrategy(plan="fast")
     with pytest.raises(
-        MisconfigurationError, match=r"plan_batch= and plan_device_memory= are for plan='auto'"
+        MisconfigurationError,
+        match=r"plan_batch=, plan_device_memory= and plan_host_memory= are for plan='auto'",
     ):
         check_plan_setting(None, batch(), None, given={})
     strategy = fullshard.strategies.STRATEGY_REGISTRY.get("fsdp_auto")
@@ -405,7 +406,8 @@ def test_plan_auto_in_a_two_process_job(tmp_path: Path) -> None:
 
             data = [batch(4, 32) for _ in range(4)]
             before = status("VmRSS")  # no tensor of the model yet
-            strategy = FSDP2Strategy(plan="auto", plan_batch=data[0], plan_device_memory="128MiB")
+            strategy = FSDP2Strategy(plan="auto", plan_batch=data[0], plan_device_memory="128MiB",
+                                     plan_host_memory="64GiB")
             trainer = fullshard.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=2, logger=False,
                                         enable_checkpointing=False, enable_progress_bar=False,
                                         enable_model_summary=False)
@@ -414,7 +416,7 @@ def test_plan_auto_in_a_two_process_job(tmp_path: Path) -> None:
             predicted = strategy.memory_plan.choice.process_peak if strategy.memory_plan else 0
             with open({str(tmp_path)!r} + f"/rank{{trainer.global_rank}}.txt", "w") as out:  # not stdout: both ranks write there
                 out.write(f"{{strategy._sharding_name}} {{strategy.activation_checkpointing_policy is not None}}")
-                out.write(f" {{growth}} {{predicted}}")
+                out.write(f" {{growth}} {{predicted}} {{tuple(strategy.device_mesh.shape)}}")
             """
         )
     )
@@ -422,8 +424,10 @@ def test_plan_auto_in_a_two_process_job(tmp_path: Path) -> None:
         [sys.executable, str(script)], env=clean_env(), capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    chosen = [(tmp_path / f"rank{rank}.txt").read_text().split() for rank in (0, 1)]
-    assert chosen[0][:2] == chosen[1][:2] and chosen[0][0] in ("FULL_SHARD", "SHARD_GRAD_OP")
+    chosen = [(tmp_path / f"rank{rank}.txt").read_text().split(" ", 4) for rank in (0, 1)]
+    # any sharding may be chosen (the fastest that fits); the job is laid out again for it
+    meshes = {"FULL_SHARD": "(2,)", "SHARD_GRAD_OP": "(2,)", "NO_SHARD": "(2, 1)"}
+    assert chosen[0][:2] == chosen[1][:2] and chosen[0][4] == chosen[1][4] == meshes[chosen[0][0]]
     assert "planner chose fsdp2" in done.stderr and "FSDP plan: 2 process(es)" in done.stderr
     # [Note: memory that is not tensors]: each process's RSS growth (peak less its size before
     # the Trainer) within the planned process peak, tensors and what is not a tensor

@@ -17,7 +17,9 @@ from fullshard.planner import data_dependent
 from fullshard.planner.candidates import (
     SCALE_POINTS,
     cut_blocks,
+    depth_and_reason,
     enumerate_candidates,
+    extend_to_depth,
     repeated_blocks,
     scalable_depth,
 )
@@ -27,6 +29,7 @@ from fullshard.planner.forked import run_forked, usable_cores
 from fullshard.planner.overhead import process_overhead
 from fullshard.planner.result import MemoryPlan, MemoryPlanRow, fmt_bytes
 from fullshard.planner.simulate import Simulated, meta_copy, simulate
+from fullshard.planner.torch_tools import Phase
 from fullshard.strategies.auto_plan import parse_bytes
 
 #: default cap on simulation workers: each holds the model's fake copy (about 0.5 GB for a 7B one)
@@ -131,8 +134,9 @@ def _plan(
     num_blocks = sum(1 for m in model.modules() if type(m).__name__ in wrap)
     todo = _candidates_to_weigh(job, wrap, num_blocks, engines, candidates, shardings)
     world = todo[0].layout(devices, num_nodes).world_size  # every layout of the job covers it all
-    notes = _notes(model, wrap, todo, devices, host)
-    sims = _simulate_probes(module, model, example_batch, todo, job, workers, notes)
+    replayed: list[str] = []  # what _simulate_probes says of a step replayed from a real forward
+    sims = _simulate_probes(module, model, example_batch, todo, job, workers, replayed)
+    notes = _notes(model, wrap, todo, devices, host, sims) + replayed
     rows = [
         _row(
             c,
@@ -281,20 +285,31 @@ def _simulate_probes(
 
 
 def _notes(
-    model: nn.Module, wrap: tuple[str, ...], todo: list[Candidate], devices: int, host: int | None
+    model: nn.Module,
+    wrap: tuple[str, ...],
+    todo: list[Candidate],
+    devices: int,
+    host: int | None,
+    sims: dict[tuple[str, str, tuple[str, ...], int], Simulated],
 ) -> list[str]:
     """The lines under the plan's table: how the rows were simulated or priced."""
     notes: list[str] = []
-    depth = scalable_depth(model, wrap)
-    if depth is not None:
-        notes.append(
-            f"simulated with {SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks per list and extended to {depth} "
-            "(the model's blocks are identical: see [Note: simulating fewer layers])"
+    depth, extension = depth_and_reason(model, wrap)  # extended, or why simulated whole
+    whole = [key for key, sim in sims.items() if not sim.extended_from]
+    if depth is not None and whole:  # see [Note: a peak per phase] in planner/candidates.py
+        labels = ", ".join(
+            f"{e} {s} AC {Candidate(e, s, w, k, False).checkpointing_label}" for e, s, w, k in whole
         )
+        extension += (
+            f"; except {labels}: simulated whole, as a phase's peak moved within the phase between "
+            f"{SCALE_POINTS[0]} and {SCALE_POINTS[1]} blocks (its line would give a negative figure)"
+        )
+    if extension:
+        notes.append(extension)
     if any(c.cpu_offload for c in todo):
         notes.append(
-            "offload rows (~) take the sharded parameters, gradients and optimizer state out of the peak "
-            "and keep them in host memory (column host, per process)"
+            "offload rows (~) keep the sharded parameters, gradients and optimizer state in host memory "
+            "(column host, per process); their peak is that of what stays on the device, at its own moment"
             + (
                 f"; {devices} process(es) a node share {fmt_bytes(host)} of it"
                 if host is not None
@@ -328,24 +343,11 @@ def _simulate(
     )
     if depth is None:
         return run(model)
-    a, b = SCALE_POINTS
-    points = [run(cut_blocks(model, candidate.wrap, cut)) for cut in (a, b)]
-    low, high = points
-    scale = (depth - a) / (b - a)
-
-    def line(x: int, y: int) -> int:
-        return round(x + (y - x) * scale)
-
-    return Simulated(
-        peak=line(low.peak, high.peak),
-        split={k: line(low.split[k], high.split[k]) for k in low.split},
-        offloadable={k: line(low.offloadable[k], high.offloadable[k]) for k in low.offloadable},
-        forward_flops=line(low.forward_flops, high.forward_flops),
-        backward_flops=line(low.backward_flops, high.backward_flops),
-        param_numel=sum(p.numel() for p in model.parameters()),
-        block_forward_flops=line(low.block_forward_flops, high.block_forward_flops),
-        counted_every=low.counted_every,
-    )
+    low, high = (run(cut_blocks(model, candidate.wrap, cut)) for cut in SCALE_POINTS)
+    extended = extend_to_depth(low, high, SCALE_POINTS, depth)
+    if extended is None:  # see [Note: a peak per phase] in planner/candidates.py
+        return run(model)
+    return dataclasses.replace(extended, param_numel=sum(p.numel() for p in model.parameters()))
 
 
 def _row(
@@ -366,13 +368,8 @@ def _row(
     peak, split, modelled = sim.peak, dict(sim.split), ""
     host_peak = 0
     if candidate.cpu_offload:
-        for kind, value in sim.offloadable.items():
-            split[kind] -= value
-        peak -= sum(sim.offloadable.values())
+        peak, split, host_peak = _offloaded(sim)
         modelled = "offload: sharded state moved to the host"
-        # in host memory: the shards, a gradient as big for each, the optimizer's state
-        shards = sim.offloadable
-        host_peak = shards["params"] + max(shards["grads"], shards["params"]) + shards["optimizer"]
     half = {"bf16-mixed": 2, "16-mixed": 2, "bf16-true": 2, "16-true": 2}.get(precision, 4)
     cost = step_cost(
         candidate,
@@ -402,6 +399,26 @@ def _row(
         host_peak,
         overhead,
     )
+
+
+def _offloaded(sim: Simulated) -> tuple[int, dict[str, int], int]:
+    """An offload row's device peak and its split: the highest phase's peak of what stays on the
+    device, its own moment (the peak moves when the state leaves the device: [Note: a peak per
+    phase] in planner/candidates.py); and the host bytes of a process: the shards, a gradient as
+    big for each, the optimizer's state."""
+    phases = sim.phases or (
+        Phase(
+            sim.peak,
+            sim.split,
+            sim.offloadable,
+            sim.peak - sum(sim.offloadable.values()),
+            {kind: value - sim.offloadable.get(kind, 0) for kind, value in sim.split.items()},
+        ),
+    )
+    top = max(phases, key=lambda p: p.resident)
+    shards = sim.offloadable  # at the step's peak: the shards, the optimizer's state
+    host_peak = shards["params"] + max(shards["grads"], shards["params"]) + shards["optimizer"]
+    return top.resident, dict(top.resident_split), host_peak
 
 
 def _step_flops(sim: Simulated, candidate: Candidate, num_blocks: int) -> int:

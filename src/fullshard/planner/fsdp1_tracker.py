@@ -50,6 +50,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from fullshard.planner.torch_tools import Phase
+
 KINDS = ("params", "grads", "optimizer", "activations", "comm")
 
 #: the flat parameter's attributes holding its gathered copies (``comm``): the padded unsharded
@@ -172,6 +174,20 @@ class FSDP1MemoryTracker(TorchDispatchMode):
         self._settle()
         if self._pending:
             self._take_split()
+
+    def end_phase(self) -> Phase:
+        """The peak since the last phase ended (or the tracker was entered), and a new peak started
+        from what is alive now ([Note: a peak per phase] in fullshard.planner.candidates). What
+        stays on the device under offload is taken at the peak's moment (as ``end_phase`` in
+        torch_tools does for a tracker without its own record of it)."""
+        self._settle()
+        if self._pending:
+            self._take_split()
+        resident = {kind: value - self.offloadable.get(kind, 0) for kind, value in self.split.items()}
+        phase = Phase(self.peak, dict(self.split), dict(self.offloadable), sum(resident.values()), resident)
+        self.peak = self._total
+        self._take_split()
+        return phase
 
     def _holders(self) -> Iterable[tuple[str, Iterable[torch.Tensor]]]:
         """What is alive at entry, by kind (the first kind a storage is found under wins)."""

@@ -4,10 +4,15 @@
 ``FSDPStrategy(plan="auto")`` / ``FSDP2Strategy(plan="auto")`` (``strategy="fsdp_auto"``) run
 :func:`fullshard.planner.plan` in ``setup_module``, before the wrap plan: rank 0 plans (in a
 forked process: [Note: planning inside a running job]) for the job's processes and nodes, its own
-engine only, against the CUDA device's free memory or ``plan_device_memory=``; the choice is
-broadcast so every rank applies the same one, and rank 0 logs the table. It weighs FULL_SHARD and
-SHARD_GRAD_OP only: the processes were laid out (and FSDP2's mesh built) before the model was
-seen, and NO_SHARD and HYBRID_SHARD lay them out differently. The choice replaces
+engine only, against the CUDA device's free memory or ``plan_device_memory=`` (and, for the rows
+that offload, each node's ``plan_host_memory=``); the choice is broadcast so every rank applies
+the same one, and rank 0 logs the table. It weighs every sharding (HYBRID_SHARD on several nodes
+of several processes: a replica per node): the processes were laid out (and the mesh built)
+before the model was seen, so a choice of HYBRID_SHARD or NO_SHARD lays them out again and
+builds its mesh on every rank (``ShardedStrategy._apply_candidate``); the data split is the same
+under any of them (every process a data-parallel rank). A layout fixed by hand
+(``device_mesh=``, ``process_group=``, tensor parallelism) keeps FULL_SHARD and SHARD_GRAD_OP
+only. The choice replaces
 ``sharding_strategy``, ``auto_wrap_policy``, ``activation_checkpointing_policy`` and ``cpu_offload``
 (which must then be left at their defaults). The example batch is ``plan_batch=``, else the
 module's ``example_input_array``.
@@ -39,8 +44,10 @@ def choose(
     precision: str,
     is_global_zero: bool,
     broadcast: Any,
+    shardings: tuple[str, ...] | None = None,
 ) -> tuple[Candidate, MemoryPlan | None]:
     """Plan on rank 0, broadcast the chosen candidate; returns it (and the plan on rank 0).
+    ``shardings``: those the strategy can lay out (None: all that apply to the job).
 
     Raises:
         MisconfigurationError: no example batch, or no configuration fits.
@@ -63,12 +70,12 @@ def choose(
                 devices=devices,
                 num_nodes=num_nodes,
                 device_memory=setting.device_memory,
+                host_memory=setting.host_memory,
                 device_type=device_type,
                 precision=precision,
                 headroom=setting.headroom,
                 engines=(engine,),
-                # the job's layout (and FSDP2's mesh) was made before the model was seen: shardings over it
-                shardings=("FULL_SHARD", "SHARD_GRAD_OP"),
+                shardings=shardings,
             )
             log.info(found.table())
             answer = (None if found.choice is None else found.choice.candidate, found.table())

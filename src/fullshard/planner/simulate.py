@@ -59,6 +59,9 @@ class Simulated:
     param_numel: int
     block_forward_flops: int = 0  # of the forward, those inside the wrapped blocks
     counted_every: int = 0  # the checkpointing period of the step whose FLOPs were counted
+    #: the peak of each phase (forward, backward, optimizer step): [Note: a peak per phase]
+    phases: tuple[torch_tools.Phase, ...] = ()
+    extended_from: tuple[int, ...] = ()  # the blocks per list simulated, where extended to the model's
 
 
 def meta_copy(module: nn.Module) -> nn.Module:
@@ -240,22 +243,26 @@ def simulate(
             block_flops = _flops_inside(forward.get_flop_counts(), block_paths, forward_flops)
         _as_after_a_step(model, optimizer)
         staging = torch_tools.gloo_staging() if device_type == "cpu" else contextlib.nullcontext()
+        cpu = torch.device("cpu")
         with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
             loss = step_loss(model, fake_batch, prec)  # the Trainer's order: see the Note above
             optimizer.zero_grad(set_to_none=True)
+            phases = [torch_tools.end_phase(tracker, cpu)]  # see [Note: a peak per phase] in candidates
             loss.backward()
+            phases.append(torch_tools.end_phase(tracker, cpu))
             optimizer.step()
-        peak, split = torch_tools.peak_by_category(tracker, torch.device("cpu"))
-        offloadable = torch_tools.offloadable_at_peak(tracker)
+            phases.append(torch_tools.end_phase(tracker, cpu))
+    top = max(phases, key=lambda phase: phase.peak)
     return Simulated(
-        peak,
-        split,
-        offloadable,
+        top.peak,
+        top.split,
+        top.offloadable,
         forward_flops,
         backward_flops,
         numel,
         block_flops,
         candidate.checkpoint_every,
+        tuple(phases),
     )
 
 

@@ -112,22 +112,27 @@ def simulate_fsdp1(
         with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
             loss = _loss_of(wrapped, model, fake_batch, prec)
             optimizer.zero_grad(set_to_none=True)
+            phases = [tracker.end_phase()]  # see [Note: a peak per phase] in candidates
             loss.backward()
+            phases.append(tracker.end_phase())
             optimizer.step()
+            phases.append(tracker.end_phase())
+    top = max(phases, key=lambda phase: phase.peak)
     forward_flops = backward_flops = block_flops = 0
     if count_flops:
         paths = {m: name for name, m in wrapped.named_modules()}
         forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
         block_flops = _flops_inside(forward.get_flop_counts(), [paths[b] for b in blocks], forward_flops)
     return Simulated(
-        tracker.peak,
-        tracker.split,
-        tracker.offloadable,
+        top.peak,
+        top.split,
+        top.offloadable,
         forward_flops,
         backward_flops,
         numel,
         block_flops,
         candidate.checkpoint_every,
+        tuple(phases),
     )
 
 

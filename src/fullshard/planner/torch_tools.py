@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -145,11 +145,29 @@ def memory_tracker(module: nn.Module, optimizer: torch.optim.Optimizer | None) -
         raise _missing("FSDPMemTracker._update_peak_stats", AttributeError("no such method"))
 
     class PeakTracker(FSDPMemTracker):  # type: ignore[misc]  # see [Note: the overall peak only]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            #: the peak of what stays on the device under CPU offload (the total less the sharded
+            #: state), and the snapshot at it, by device: [Note: a peak per phase] in candidates
+            self.resident_peak: dict[Any, int] = {}
+            self.resident_snap: dict[Any, dict[Any, int]] = {}
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             for dev, dev_snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < dev_snap["Total"]:
                     self._peak_mem[dev] = dev_snap["Total"]
                     self._peak_mem_snap[dev] = dict(dev_snap)
+                resident = dev_snap["Total"] - sum(v for k, v in dev_snap.items() if k in _HOST_KEYS)
+                if self.resident_peak.get(dev, -1) < resident:
+                    self.resident_peak[dev] = resident
+                    self.resident_snap[dev] = dict(dev_snap)
+
+    try:
+        from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+        _HOST_KEYS = {_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT}
+    except (ImportError, AttributeError) as error:  # pragma: no cover - depends on torch
+        raise _missing("FSDPMemTracker's _FSDPRefType.SHARDED_PARAM, SHARDED_GRAD and OPT", error) from error
 
     return PeakTracker(module, optimizer)
 
@@ -174,12 +192,15 @@ def peak_by_category(tracker: Any, device: torch.device) -> tuple[int, dict[str,
     """The tracker's peak total on ``device`` and its split into the planner's categories."""
     snapshot = tracker.get_tracker_snapshot("peak")
     by_device: dict[Any, int] = snapshot.get(device) or next(iter(snapshot.values()), {})
+    return int(by_device.get("Total", 0)), _split(by_device)
+
+
+def _split(by_device: dict[Any, int]) -> dict[str, int]:
+    """A tracker snapshot of one device split into the planner's categories (its total left out)."""
     split = {"params": 0, "grads": 0, "optimizer": 0, "activations": 0, "comm": 0}
-    total = 0
     for key, value in by_device.items():
         name = getattr(key, "value", key)
         if name == "Total":
-            total = int(value)
             continue
         if name not in CATEGORIES:
             raise PlannerUnavailableError(
@@ -188,20 +209,65 @@ def peak_by_category(tracker: Any, device: torch.device) -> tuple[int, dict[str,
                 "fullshard's CI pins."
             )
         split[CATEGORIES[name]] += int(value)
-    return total, split
+    return split
 
 
 def offloadable_at_peak(tracker: Any) -> dict[str, int]:
     """Of the tracker's peak, the bytes CPU offload keeps in host memory: the sharded parameters,
     the sharded gradients and the optimizer state, by the planner's category."""
-    kinds = {"Sharded Param": "params", "Sharded Grad": "grads", "OptState": "optimizer"}
     found = {"params": 0, "grads": 0, "optimizer": 0}
     for snapshot in tracker.get_tracker_snapshot("peak").values():
-        for key, value in snapshot.items():
-            name = getattr(key, "value", key)
-            if name in kinds:
-                found[kinds[name]] += int(value)
+        for kind, value in _host_state(snapshot).items():
+            found[kind] += value
     return found
+
+
+def _host_state(snapshot: dict[Any, int]) -> dict[str, int]:
+    """Of one device's snapshot, what CPU offload keeps in host memory, by the planner's category."""
+    kinds = {"Sharded Param": "params", "Sharded Grad": "grads", "OptState": "optimizer"}
+    found = {"params": 0, "grads": 0, "optimizer": 0}
+    for key, value in snapshot.items():
+        name = getattr(key, "value", key)
+        if name in kinds:
+            found[kinds[name]] += int(value)
+    return found
+
+
+@dataclass(frozen=True)
+class Phase:
+    """The peak of one phase of a step (forward, backward, optimizer step): its total, split into
+    the planner's categories, and the part of it CPU offload would keep in host memory; and the
+    peak of what stays on the device under CPU offload (``resident``, split as ``resident_split``:
+    its own moment, as the peak moves when the state leaves the device)."""
+
+    peak: int
+    split: dict[str, int]
+    offloadable: dict[str, int]
+    resident: int = 0
+    resident_split: dict[str, int] = field(default_factory=dict)
+
+
+def end_phase(tracker: Any, device: torch.device) -> Phase:
+    """The peaks ``tracker`` (a :func:`memory_tracker`) saw since the last phase ended (or it was
+    entered), and new peaks started from the memory alive now, as entering the tracker starts
+    them (torch 2.13's ``MemTracker.__enter__``): [Note: a peak per phase] in
+    fullshard.planner.candidates."""
+    peak, split = peak_by_category(tracker, device)
+    offloadable = offloadable_at_peak(tracker)
+    snaps = getattr(tracker, "resident_snap", {})
+    resident_snap = snaps.get(device) or next(iter(snaps.values()), None)
+    if resident_snap is None:  # a tracker without it: the state taken out of the peak's moment
+        resident_split = {kind: value - offloadable.get(kind, 0) for kind, value in split.items()}
+    else:
+        resident_split = _split(resident_snap)
+        for kind, value in _host_state(resident_snap).items():
+            resident_split[kind] -= value
+    phase = Phase(peak, split, offloadable, sum(resident_split.values()), resident_split)
+    current = tracker.get_tracker_snapshot()
+    tracker._peak_mem_snap = {dev: dict(snap) for dev, snap in current.items()}
+    tracker._peak_mem = {dev: snap["Total"] for dev, snap in current.items()}
+    tracker.resident_peak, tracker.resident_snap = {}, {}
+    return phase
 
 
 @dataclass(frozen=True)
@@ -244,6 +310,9 @@ def simulated_world(layout: ParallelLayout, device_type: str = "cpu") -> Iterato
         sys.excepthook = excepthook
 
 
+_FORGOTTEN: list[Any] = []  # the groups a forked child forgot: see forget_process_group
+
+
 def forget_process_group() -> None:
     """In a forked child of a process with a live process group: forget that group (never using
     it), so :func:`simulated_world` can make a fake one. Only for a child that exits without
@@ -251,6 +320,11 @@ def forget_process_group() -> None:
     import torch.distributed.distributed_c10d as c10d
 
     world = c10d._world
+    # kept alive until the child's os._exit: the last reference to a group dropped here would run
+    # its destructor, which joins the backend's worker threads (gloo's), threads a fork does not
+    # copy: the child hung there for ever under FSDPStrategy(plan="auto"), whose groups no device
+    # mesh holds (FSDP2's mesh holds its own, so the FSDP2 case never reached the destructor)
+    _FORGOTTEN.extend([world.default_pg, *world.pg_map, *world.tags_to_pg.values()])
     world.default_pg = None
     for mapping in (
         world.pg_map,

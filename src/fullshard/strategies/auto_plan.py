@@ -8,6 +8,7 @@ strategy asks :func:`planner` for it when it plans.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,11 +34,14 @@ def parse_bytes(value: int | float | str, option: str = "device_memory") -> int:
     """Bytes from ``80GiB``, ``"80 GB"``, ``"512MiB"`` or a number of bytes.
 
     Raises:
-        MisconfigurationError: the value is not a positive size.
+        MisconfigurationError: the value is not a positive, finite size (naming ``option``, what
+            was given and what is accepted).
     """
+    accepted = "a positive number of bytes, or a string such as '80GiB' or '512MB'"
+    given = value
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise MisconfigurationError(
-            f"{option}={value!r} is not a size. Pass bytes as a number, or a string such as '80GiB' or '512MB'."
+            f"{option}={value!r} ({type(value).__name__}) is not a size. Pass {accepted}."
         )
     if isinstance(value, str):
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
@@ -48,18 +52,24 @@ def parse_bytes(value: int | float | str, option: str = "device_memory") -> int:
                 "TiB), such as '80GiB'."
             )
         value = float(match.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise MisconfigurationError(f"{option}={value!r} must be a positive size, such as '80GiB'.")
+    # NaN, inf (a float past its range too: '1e400'), 0, negative, less than a byte
+    if (isinstance(value, float) and not math.isfinite(value)) or value < 1:
+        raise MisconfigurationError(
+            f"{option}={given!r} must be a positive size (finite, at least one byte): pass {accepted}."
+        )
     return int(value)
 
 
 @dataclass(frozen=True)
 class AutoPlanSetting:
-    """The settings of ``plan="auto"``, checked once at construction."""
+    """The settings of ``plan="auto"``, checked once at construction: the example batch, each
+    process's device memory and each node's host memory (bytes; None: read from the CUDA device,
+    not checked)."""
 
     batch: Any
     device_memory: int | None
     headroom: float
+    host_memory: int | None = None
 
 
 def settings_a_plan_replaces(
@@ -75,19 +85,27 @@ def settings_a_plan_replaces(
 
 
 def check_plan_setting(
-    plan: Any, batch: Any, device_memory: Any, *, given: dict[str, Any], headroom: float = 0.05
+    plan: Any,
+    batch: Any,
+    device_memory: Any,
+    *,
+    given: dict[str, Any],
+    headroom: float = 0.05,
+    host_memory: Any = None,
 ) -> AutoPlanSetting | None:
-    """``plan=`` and its companions -> :class:`AutoPlanSetting` (None: no planning).
+    """``plan=`` and its companions (``plan_batch``, ``plan_device_memory``, ``plan_host_memory``)
+    -> :class:`AutoPlanSetting` (None: no planning).
 
     Raises:
-        MisconfigurationError: ``plan`` is not None or ``"auto"``, or ``plan="auto"`` comes with a
+        MisconfigurationError: ``plan`` is not None or ``"auto"``, a companion comes without
+            ``plan="auto"``, a size is not one (:func:`parse_bytes`), or ``plan="auto"`` comes with a
             setting it would replace.
     """
     if plan is None:
-        if batch is not None or device_memory is not None:
+        if batch is not None or device_memory is not None or host_memory is not None:
             raise MisconfigurationError(
-                "plan_batch= and plan_device_memory= are for plan='auto', which was not given. Pass plan='auto', "
-                "or remove them."
+                "plan_batch=, plan_device_memory= and plan_host_memory= are for plan='auto', which was not given. "
+                "Pass plan='auto', or remove them."
             )
         return None
     if plan != "auto":
@@ -101,7 +119,10 @@ def check_plan_setting(
             "plan='auto' and keep your own."
         )
     return AutoPlanSetting(
-        batch, None if device_memory is None else parse_bytes(device_memory, "plan_device_memory"), headroom
+        batch,
+        None if device_memory is None else parse_bytes(device_memory, "plan_device_memory"),
+        headroom,
+        None if host_memory is None else parse_bytes(host_memory, "plan_host_memory"),
     )
 
 

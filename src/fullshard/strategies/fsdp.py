@@ -67,7 +67,7 @@ class FSDPStrategy(ShardedStrategy):
             ``torch.distributed.fsdp.wrap.wrap``.
         activation_checkpointing: Lightning's deprecated form of ``activation_checkpointing_policy``
             (a layer class or a list of them); a ``DeprecationWarning`` says so.
-        plan, plan_batch, plan_device_memory: ``plan="auto"`` chooses the sharding, wrapping,
+        plan, plan_batch, plan_device_memory, plan_host_memory: ``plan="auto"`` chooses the sharding, wrapping,
             checkpointing and offload by the memory planner before wrapping, as for
             :class:`~fullshard.strategies.FSDP2Strategy` (docs/fsdp/plan.md).
         **kwargs: passed to ``FullyShardedDataParallel`` (``limit_all_gathers``, ``forward_prefetch``,
@@ -100,6 +100,7 @@ class FSDPStrategy(ShardedStrategy):
         plan: str | None = None,
         plan_batch: Any = None,
         plan_device_memory: int | str | None = None,
+        plan_host_memory: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         # torch's FSDP is imported only to check torch objects given here: [Note: torch's FSDP
@@ -152,6 +153,7 @@ class FSDPStrategy(ShardedStrategy):
                 given=settings_a_plan_replaces(
                     sharding_strategy, auto_wrap_policy, activation_checkpointing_policy, cpu_offload
                 ),
+                host_memory=plan_host_memory,
             ),
         )
 

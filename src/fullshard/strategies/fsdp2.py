@@ -99,7 +99,9 @@ class FSDP2Strategy(DTensorSteps, ShardedStrategy):
             ``sharding_strategy``, ``auto_wrap_policy``, ``activation_checkpointing_policy`` and
             ``cpu_offload``, which stay at their defaults. ``plan_batch``: one batch as a process
             gets it (default: the module's ``example_input_array``); ``plan_device_memory``: bytes
-            per process (``"16GiB"``), needed on CPU (CUDA: the device's free memory).
+            per process (``"16GiB"``), needed on CPU (CUDA: the device's free memory);
+            ``plan_host_memory``: host memory of one machine (``"512GiB"``), which the rows that
+            offload to the CPU must fit (None: not checked).
         **kwargs: passed to every ``fully_shard`` call (e.g. ``shard_placement_fn``).
     """
 
@@ -130,6 +132,7 @@ class FSDP2Strategy(DTensorSteps, ShardedStrategy):
         plan: str | None = None,
         plan_batch: Any = None,
         plan_device_memory: int | str | None = None,
+        plan_host_memory: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         # torch's FSDP is imported only to check torch objects given here: [Note: torch's FSDP
@@ -160,6 +163,7 @@ class FSDP2Strategy(DTensorSteps, ShardedStrategy):
                 given=settings_a_plan_replaces(
                     sharding_strategy, auto_wrap_policy, activation_checkpointing_policy, cpu_offload
                 ),
+                host_memory=plan_host_memory,
             ),
         )
         #: processes each layer is split over by tensor parallelism before FSDP2 shards it
@@ -204,6 +208,12 @@ class FSDP2Strategy(DTensorSteps, ShardedStrategy):
             "that fit (docs/fsdp/plan.md).",
             plan="auto",
         )
+
+    @override
+    def _plannable_shardings(self) -> tuple[str, ...] | None:
+        if self.tensor_parallel_size > 1:  # its 2-D mesh: see _check_tensor_parallel_options
+            return ("FULL_SHARD", "SHARD_GRAD_OP")
+        return super()._plannable_shardings()
 
     @override
     def _apply_candidate(self, candidate: Any) -> None:

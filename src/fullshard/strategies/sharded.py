@@ -344,17 +344,34 @@ class ShardedStrategy(ParallelStrategy, abc.ABC):
             precision=str(self.precision.precision),
             is_global_zero=self.is_global_zero,
             broadcast=self.broadcast,
+            shardings=self._plannable_shardings(),
         )
         self._apply_candidate(candidate)
 
+    def _plannable_shardings(self) -> tuple[str, ...] | None:
+        """The shardings ``plan="auto"`` may choose: all (None), unless the layout was fixed by hand
+        (``device_mesh=``, ``process_group=``), which HYBRID_SHARD and NO_SHARD would lay out anew."""
+        if self._mesh_setting is not None or "process_group" in self.fsdp_kwargs:
+            return ("FULL_SHARD", "SHARD_GRAD_OP")
+        return None
+
     def _apply_candidate(self, candidate: Candidate) -> None:
-        """Take the planner's choice: sharding, wrapped blocks, checkpointing, offload."""
+        """Take the planner's choice: sharding, wrapped blocks, checkpointing, offload; lay the job
+        out again where the sharding does so differently ([Note: plan="auto"] in fullshard.planner.in_strategy)."""
         kwargs = candidate.strategy_kwargs()
         self.auto_wrap_policy = normalize_policy(kwargs["auto_wrap_policy"], "auto_wrap_policy")
         self.activation_checkpointing_policy = normalize_policy(
             kwargs.get("activation_checkpointing_policy"), "activation_checkpointing_policy"
         )
         self._sharding_name = candidate.sharding
+        if self._layout is None:  # not configured by a Trainer yet: the layout is made with the choice
+            return
+        layout = self.layout_for(self.world_size)
+        if layout != self._layout:
+            # every rank applies the same choice, so every rank makes the new mesh's groups together
+            self._layout = layout
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                self._mesh = self._make_mesh()
 
     def _manually_wrapped(self, module: nn.Module) -> bool:
         """Whether ``configure_model`` sharded layers of ``module`` itself."""
