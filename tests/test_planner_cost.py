@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from conftest import check_ok, run_script
 from fullshard.planner import plan
 from fullshard.planner import simulate as simulate_module
 from test_planner import Net, batch
@@ -66,3 +67,11 @@ def test_the_untracked_first_step_in_one_go_leaves_every_row_as_it_was(
     per_parameter = plan(module, batch(), **CPU_JOB)
     assert rows(in_one_go) == rows(per_parameter)
     assert len(in_one_go.rows) == 6 and all(r.split["optimizer"] > 0 for r in in_one_go.rows)
+
+
+def test_forked_workers_take_their_jobs_from_one_queue() -> None:
+    """[Note: simulating on several cores]: a slow job does not hold back jobs dealt after it. In a
+    fresh single-threaded process (this pytest worker runs other threads: the planner would not fork)."""
+    result = run_script("planner_queue_job.py", fresh_python=True, timeout=240)
+    check_ok(result)
+    assert "queued jobs ok" in result.stdout
