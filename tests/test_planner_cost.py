@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import check_ok, run_script
-from fullshard.planner import plan
+from fullshard.planner import plan, torch_tools
 from fullshard.planner import simulate as simulate_module
 from test_planner import Net, batch
 
@@ -67,6 +67,30 @@ def test_the_untracked_first_step_in_one_go_leaves_every_row_as_it_was(
     per_parameter = plan(module, batch(), **CPU_JOB)
     assert rows(in_one_go) == rows(per_parameter)
     assert len(in_one_go.rows) == 6 and all(r.split["optimizer"] > 0 for r in in_one_go.rows)
+
+
+def test_the_trackers_outputs_visited_without_a_mapped_copy_leave_every_row_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """[Note: the tracker's outputs, visited]: while a planner's tracker is entered, torch's tracker
+    module visits outputs with fullshard's visitor (and gets its own function back after); the
+    plan is the same to the byte as with pytree's ``tree_map_only``."""
+    import torch.distributed._tools.fsdp2_mem_tracker as tracker_module
+
+    original = tracker_module.tree_map_only
+    visits: list[int] = []
+    visit = torch_tools._for_each_tensor
+
+    def counted(kind: type, fn: Any, tree: Any) -> None:
+        visits.append(1)
+        visit(kind, fn, tree)
+
+    monkeypatch.setattr(torch_tools, "_for_each_tensor", counted)
+    visited = plan(Net(depth=4), batch(), **CPU_JOB)
+    assert len(visits) > 1000 and tracker_module.tree_map_only is original
+    monkeypatch.setattr(torch_tools, "_visiting_outputs", contextlib.nullcontext)
+    mapped = plan(Net(depth=4), batch(), **CPU_JOB)
+    assert rows(visited) == rows(mapped)
 
 
 def test_forked_workers_take_their_jobs_from_one_queue() -> None:
