@@ -4,15 +4,12 @@ reorders work (issue 40, item 6) against the plan made without it, row for row, 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from conftest import check_ok, run_script
 from fullshard.planner import plan, torch_tools
-from fullshard.planner import simulate as simulate_module
 from test_planner import Net, batch
 
 #: a job of 2 nodes of 2 processes, one sharding: its three checkpointing periods, FSDP1 rows priced from them
@@ -38,35 +35,6 @@ def rows(result: Any) -> list[tuple[Any, ...]]:
         )
         for r in result.rows
     ]
-
-
-class SGDNet(Net):
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
-
-
-@pytest.mark.parametrize("module", [Net(depth=4), SGDNet(depth=4)], ids=["AdamW", "SGD-momentum"])
-def test_the_untracked_first_step_in_one_go_leaves_every_row_as_it_was(
-    monkeypatch: pytest.MonkeyPatch, module: Net
-) -> None:
-    """[Note: the untracked first step]: the optimizer's state made by a foreach step, not a
-    for-loop one; the plan is the same to the byte (AdamW's and SGD's state, every checkpointing period)."""
-    seen: list[bool] = []
-    one_go = simulate_module._foreach_step
-
-    @contextlib.contextmanager
-    def watched(optimizer: torch.optim.Optimizer) -> Iterator[None]:
-        with one_go(optimizer):
-            seen.extend(bool(g["foreach"]) for g in optimizer.param_groups)
-            yield
-
-    monkeypatch.setattr(simulate_module, "_foreach_step", watched)
-    in_one_go = plan(module, batch(), **CPU_JOB)
-    assert seen and all(seen)  # the first step did run foreach
-    monkeypatch.setattr(simulate_module, "_foreach_step", lambda optimizer: contextlib.nullcontext())
-    per_parameter = plan(module, batch(), **CPU_JOB)
-    assert rows(in_one_go) == rows(per_parameter)
-    assert len(in_one_go.rows) == 6 and all(r.split["optimizer"] > 0 for r in in_one_go.rows)
 
 
 def test_the_trackers_outputs_visited_without_a_mapped_copy_leave_every_row_as_it_was(

@@ -16,7 +16,7 @@ step, in the Trainer's (and Lightning's) order: forward, ``zero_grad``, backward
 step, so the gradients of the step before are alive through forward and the optimizer's state
 exists. The first step is not run: each parameter is given a zero gradient of its own and the
 optimizer steps on those (``_as_after_a_step``), which leaves the same tensors a first step
-leaves, at a fraction of its cost (see [Note: the untracked first step]). Optimizers run their for-loop step (``foreach=False``):
+leaves, at a fraction of its cost. Optimizers run their for-loop step (``foreach=False``):
 torch 2.13's tracker over-counts the foreach and fused steps on fake tensors.
 
 Only FSDP2 is simulated; an FSDP1 candidate's row is its FSDP2 twin's, marked as modelled. FSDP1's
@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -267,43 +266,13 @@ def _to_empty_keeping_ties(model: nn.Module) -> None:
 def _as_after_a_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Put ``model`` and ``optimizer`` as a training step leaves them, without running one: each
     trained parameter gets a (fake, zero) gradient of its own shape and the optimizer steps once on
-    them, making its state (in one go: see [Note: the untracked first step]). The tracker, entered
-    after, files the gradients and the state it finds as such."""
+    them, making its state. The tracker, entered after, files the gradients and the state it finds
+    as such."""
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.requires_grad:
                 parameter.grad = torch.zeros_like(parameter)
-    with _foreach_step(optimizer):
-        optimizer.step()
-
-
-@contextlib.contextmanager
-def _foreach_step(optimizer: torch.optim.Optimizer) -> Iterator[None]:
-    """Within: a torch optimizer steps through its foreach implementation; after: as it was.
-
-    [Note: the untracked first step]
-    The step :func:`_as_after_a_step` runs is there to make the optimizer's state, and nothing of
-    it is tracked, so it need not be the for-loop step the tracked step runs (see [Note: how a
-    candidate is simulated]). torch's optimizers make their state in ``_init_group``, the same
-    code for the for-loop and the foreach implementation (the same tensors, shapes and dtypes),
-    and the foreach one runs each operation once for all parameters rather than once per
-    parameter: on fake DTensors, half the step's time (a 7B Llama). So torch's own optimizers
-    (``torch.optim``) step foreach here, unless ``differentiable`` (which foreach refuses); any
-    other optimizer steps as it is configured. The rows are the same either way
-    (tests/test_planner_cost.py).
-    """
-    torch_own = type(optimizer).__module__.startswith("torch.optim.")
-    groups = [
-        g for g in optimizer.param_groups if torch_own and "foreach" in g and not g.get("differentiable")
-    ]
-    before = [g["foreach"] for g in groups]
-    for group in groups:
-        group["foreach"] = True
-    try:
-        yield
-    finally:
-        for group, value in zip(groups, before, strict=True):
-            group["foreach"] = value
+    optimizer.step()
 
 
 def _no_log(*args: Any, **kwargs: Any) -> None:
