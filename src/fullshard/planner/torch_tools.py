@@ -111,7 +111,7 @@ def _visiting_outputs() -> Iterator[None]:
     ``FSDPMemTracker``'s dispatch hands each operation's outputs to its ``_track`` through pytree's
     ``tree_map_only``, which flattens the outputs and builds their mapped copy, and the tracker
     throws the copy away (torch 2.13: the module's two calls, in ``__torch_dispatch__`` and
-    ``track_inputs``, both discard it): a fifth of the tracked step's time on fake tensors. While
+    ``track_inputs``, both discard it): a tenth of a plan's CPU time (a 7B Llama for 8 processes). While
     a planner's tracker is entered the module's name is bound to :func:`_for_each_tensor`, which
     makes the same calls on the same tensors in the same order and builds nothing, so every figure
     is the same (tests/test_planner_cost.py compares the rows). A torch whose module has no such
