@@ -169,7 +169,58 @@ def memory_tracker(module: nn.Module, optimizer: torch.optim.Optimizer | None) -
     except (ImportError, AttributeError) as error:  # pragma: no cover - depends on torch
         raise _missing("FSDPMemTracker's _FSDPRefType.SHARDED_PARAM, SHARDED_GRAD and OPT", error) from error
 
+        def __enter__(self) -> Any:
+            entered = super().__enter__()
+            self._visit = _visiting_outputs()  # see [Note: the tracker's outputs, visited]
+            self._visit.__enter__()
+            return entered
+
+        def __exit__(self, *args: Any) -> None:
+            self._visit.__exit__(*args)
+            super().__exit__(*args)
+
     return PeakTracker(module, optimizer)
+
+
+def _for_each_tensor(kind: type, visit: Any, tree: Any) -> None:
+    """``visit`` called on each leaf of ``tree`` that is a ``kind``, in pytree's leaf order: what
+    ``tree_map_only(kind, visit, tree)`` calls, without building the mapped copy it returns."""
+    from torch.utils._pytree import tree_iter
+
+    if isinstance(tree, kind):  # an operation's one output, the common case
+        visit(tree)
+        return
+    for leaf in tree_iter(tree):
+        if isinstance(leaf, kind):
+            visit(leaf)
+
+
+@contextlib.contextmanager
+def _visiting_outputs() -> Iterator[None]:
+    """Within: the tracker module's ``tree_map_only`` is :func:`_for_each_tensor`.
+
+    [Note: the tracker's outputs, visited]
+    ``FSDPMemTracker``'s dispatch hands each operation's outputs to its ``_track`` through pytree's
+    ``tree_map_only``, which flattens the outputs and builds their mapped copy, and the tracker
+    throws the copy away (torch 2.13: the module's two calls, in ``__torch_dispatch__`` and
+    ``track_inputs``, both discard it): a tenth of a plan's CPU time (a 7B Llama for 8 processes). While
+    a planner's tracker is entered the module's name is bound to :func:`_for_each_tensor`, which
+    makes the same calls on the same tensors in the same order and builds nothing, so every figure
+    is the same (tests/test_planner_cost.py compares the rows). A torch whose module has no such
+    name keeps its own code (slower, not wrong); one that used the mapped copy would fail, not
+    count wrongly (the visitor returns None).
+    """
+    import torch.distributed._tools.fsdp2_mem_tracker as tracker_module
+
+    mapped = getattr(tracker_module, "tree_map_only", None)
+    if mapped is None:  # pragma: no cover - depends on torch
+        yield
+        return
+    tracker_module.tree_map_only = _for_each_tensor  # type: ignore[attr-defined,assignment]
+    try:
+        yield
+    finally:
+        tracker_module.tree_map_only = mapped  # type: ignore[attr-defined]
 
 
 #: the planner's names for the tracker's categories (``_FSDPRefType`` values, torch 2.13)
