@@ -40,6 +40,14 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the learning-rate attribute the user named (update_attr), a public attribute of their module, "
         "as Lightning's lightning_setattr"
     ),
+    ("planner/fsdp1_tracker.py", "flat_param._data_ptr_allocated"): (
+        "torch's FSDP1 asks a storage's address whether it is allocated, and every fake storage's is 0: "
+        "while the planner simulates (in a forked worker), the check asks the storage's size, restored on "
+        "exit ([Note: FSDP1's storage checks on fake tensors])"
+    ),
+    ("planner/fsdp1_tracker.py", "flat_param._same_storage"): (
+        "the same for whether two tensors share a storage: asked of the storage's identity while simulating"
+    ),
     ("strategies/tp_plan.py", "setattr(module, ...)"): (
         "tensor parallelism divides the head counts of the attention modules it splits and re-ties "
         "their shared parameters: public attributes of the model the strategy wraps"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -245,25 +246,39 @@ def simulate(
         staging = torch_tools.gloo_staging() if device_type == "cpu" else contextlib.nullcontext()
         cpu = torch.device("cpu")
         with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
-            loss = step_loss(model, fake_batch, prec)  # the Trainer's order: see the Note above
-            optimizer.zero_grad(set_to_none=True)
-            phases = [torch_tools.end_phase(tracker, cpu)]  # see [Note: a peak per phase] in candidates
-            loss.backward()
-            phases.append(torch_tools.end_phase(tracker, cpu))
-            optimizer.step()
-            phases.append(torch_tools.end_phase(tracker, cpu))
+            phases = tracked_step(
+                lambda: step_loss(model, fake_batch, prec),
+                optimizer,
+                lambda: torch_tools.end_phase(tracker, cpu),
+            )
+    return of_phases(phases, (forward_flops, backward_flops, block_flops), numel, candidate.checkpoint_every)
+
+
+def tracked_step(
+    loss_of: Callable[[], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    end_phase: Callable[[], torch_tools.Phase],
+) -> tuple[torch_tools.Phase, ...]:
+    """The tracked step, in the Trainer's order (see [Note: how a candidate is simulated]): the
+    forward, ``zero_grad``, backward, the optimizer step; ``end_phase`` ends each of its three
+    phases ([Note: a peak per phase] in fullshard.planner.candidates)."""
+    loss = loss_of()
+    optimizer.zero_grad(set_to_none=True)
+    phases = [end_phase()]
+    loss.backward()
+    phases.append(end_phase())
+    optimizer.step()
+    phases.append(end_phase())
+    return tuple(phases)
+
+
+def of_phases(
+    phases: tuple[torch_tools.Phase, ...], flops: tuple[int, int, int], numel: int, every: int
+) -> Simulated:
+    """What a simulated step measured: its highest phase's peak and split, with its phases and
+    ``flops`` (forward, backward, the forward's inside the wrapped blocks)."""
     top = max(phases, key=lambda phase: phase.peak)
-    return Simulated(
-        top.peak,
-        top.split,
-        top.offloadable,
-        forward_flops,
-        backward_flops,
-        numel,
-        block_flops,
-        candidate.checkpoint_every,
-        tuple(phases),
-    )
+    return Simulated(top.peak, top.split, top.offloadable, *flops[:2], numel, flops[2], every, phases)
 
 
 def _flops_inside(counts: dict[str, dict[Any, int]], paths: list[str], whole: int) -> int:

@@ -42,7 +42,15 @@ from torch.utils._pytree import tree_map_only
 from fullshard.errors import MisconfigurationError
 from fullshard.planner import data_dependent, torch_tools
 from fullshard.planner.fsdp1_tracker import FSDP1MemoryTracker, as_after_a_step, storage_checks_by_identity
-from fullshard.planner.simulate import Simulated, _flops_inside, _optimizer, _to_empty_keeping_ties, meta_copy
+from fullshard.planner.simulate import (
+    Simulated,
+    _flops_inside,
+    _optimizer,
+    _to_empty_keeping_ties,
+    meta_copy,
+    of_phases,
+    tracked_step,
+)
 
 if TYPE_CHECKING:
     from fullshard.planner.config import Candidate
@@ -110,30 +118,15 @@ def simulate_fsdp1(
         tracker = FSDP1MemoryTracker(wrapped, optimizer, (fake_batch,))
         staging = torch_tools.gloo_staging() if device_type == "cpu" else null
         with tracker, staging:  # see [Note: gloo's staging copies] in torch_tools
-            loss = _loss_of(wrapped, model, fake_batch, prec)
-            optimizer.zero_grad(set_to_none=True)
-            phases = [tracker.end_phase()]  # see [Note: a peak per phase] in candidates
-            loss.backward()
-            phases.append(tracker.end_phase())
-            optimizer.step()
-            phases.append(tracker.end_phase())
-    top = max(phases, key=lambda phase: phase.peak)
+            phases = tracked_step(
+                lambda: _loss_of(wrapped, model, fake_batch, prec), optimizer, tracker.end_phase
+            )
     forward_flops = backward_flops = block_flops = 0
     if count_flops:
         paths = {m: name for name, m in wrapped.named_modules()}
         forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
         block_flops = _flops_inside(forward.get_flop_counts(), [paths[b] for b in blocks], forward_flops)
-    return Simulated(
-        top.peak,
-        top.split,
-        top.offloadable,
-        forward_flops,
-        backward_flops,
-        numel,
-        block_flops,
-        candidate.checkpoint_every,
-        tuple(phases),
-    )
+    return of_phases(phases, (forward_flops, backward_flops, block_flops), numel, candidate.checkpoint_every)
 
 
 def _loss_of(wrapped: nn.Module, model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:

@@ -162,12 +162,12 @@ def memory_tracker(module: nn.Module, optimizer: torch.optim.Optimizer | None) -
                     self.resident_peak[dev] = resident
                     self.resident_snap[dev] = dict(dev_snap)
 
-    try:
-        from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
-
-        _HOST_KEYS = {_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT}
-    except (ImportError, AttributeError) as error:  # pragma: no cover - depends on torch
-        raise _missing("FSDPMemTracker's _FSDPRefType.SHARDED_PARAM, SHARDED_GRAD and OPT", error) from error
+        def restart_peaks(self) -> None:
+            """Start new peaks from the memory alive now, as entering the tracker starts them."""
+            current = self.get_tracker_snapshot()
+            self._peak_mem_snap = {dev: dict(snap) for dev, snap in current.items()}
+            self._peak_mem = {dev: snap["Total"] for dev, snap in current.items()}
+            self.resident_peak, self.resident_snap = {}, {}
 
         def __enter__(self) -> Any:
             entered = super().__enter__()
@@ -178,6 +178,13 @@ def memory_tracker(module: nn.Module, optimizer: torch.optim.Optimizer | None) -
         def __exit__(self, *args: Any) -> None:
             self._visit.__exit__(*args)
             super().__exit__(*args)
+
+    try:
+        from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+        _HOST_KEYS = {_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT}
+    except (ImportError, AttributeError) as error:  # pragma: no cover - depends on torch
+        raise _missing("FSDPMemTracker's _FSDPRefType.SHARDED_PARAM, SHARDED_GRAD and OPT", error) from error
 
     return PeakTracker(module, optimizer)
 
@@ -314,10 +321,7 @@ def end_phase(tracker: Any, device: torch.device) -> Phase:
         for kind, value in _host_state(resident_snap).items():
             resident_split[kind] -= value
     phase = Phase(peak, split, offloadable, sum(resident_split.values()), resident_split)
-    current = tracker.get_tracker_snapshot()
-    tracker._peak_mem_snap = {dev: dict(snap) for dev, snap in current.items()}
-    tracker._peak_mem = {dev: snap["Total"] for dev, snap in current.items()}
-    tracker.resident_peak, tracker.resident_snap = {}, {}
+    tracker.restart_peaks()
     return phase
 
 
