@@ -125,3 +125,40 @@ def test_every_rank_returning_none_at_the_same_batch_counts_as_one_process(tmp_p
         "MisconfigurationError: training_step returned None at batch 1, the last of an accumulation window "
         "(accumulate_grad_batches=2) whose earlier batches had a loss." in result.stderr
     ), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_grad_scalers_step_says_whether_it_stepped(fused: bool) -> None:
+    """``optimizer_step`` returns False for a step the scaler skipped (inf gradients), True for one
+    it took; for a non-fused optimizer without reading the scale back (the scaler's own check of
+    the gradients is the step's one read)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fullshard.precision import Precision
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Reads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    precision = Precision("16-mixed", "cpu")
+    assert precision.scaler is not None
+    layer = torch.nn.Linear(3, 1)
+    optimizer = (
+        torch.optim.Adam(layer.parameters(), fused=True)
+        if fused
+        else torch.optim.SGD(layer.parameters(), lr=0.1)
+    )
+    steps = []
+    for bad in (True, False):
+        precision.backward(layer(torch.ones(2, 3)).sum() * (float("inf") if bad else 1.0))
+        with Reads():
+            before = Reads.count
+            steps.append(precision.optimizer_step(optimizer))
+            reads = Reads.count - before
+        optimizer.zero_grad()
+        assert reads == (2 if fused else 1), (bad, reads)  # fused: the scale, before and after
+    assert steps == [False, True]

@@ -220,10 +220,24 @@ class Precision:
             return True
         if not new_gradients:
             return True
-        scale_before = self.scaler.get_scale()
-        self.scaler.step(optimizer, **kwargs)
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            # a fused optimizer is stepped always and skips inside its kernel: only the scale,
+            # lowered after a skip, says so (two reads of it from the device)
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(optimizer, **kwargs)
+            self.scaler.update()
+            return self.scaler.get_scale() >= scale_before
+        # the scaler steps the optimizer only when its gradients were finite: a step hook says
+        # whether it did, without reading the scale back from the device (the scaler's own
+        # check is the step's one read, as under Lightning)
+        stepped: list[bool] = []
+        handle = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
+        try:
+            self.scaler.step(optimizer, **kwargs)
+        finally:
+            handle.remove()
         self.scaler.update()
-        return self.scaler.get_scale() >= scale_before
+        return bool(stepped)
 
     def state_dict(self) -> dict[str, Any]:
         """Grad scaler state for a checkpoint (empty when there is no scaler)."""
