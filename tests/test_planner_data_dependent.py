@@ -175,7 +175,8 @@ class VectorLoss(fullshard.Module):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_a_step_the_trainer_refuses_gets_the_trainers_error_not_a_plan() -> None:
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp"])
+def test_a_step_the_trainer_refuses_gets_the_trainers_error_not_a_plan(engine: str) -> None:
     data = torch.randn(4, 8)
     trainer = fullshard.Trainer(
         accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
@@ -184,7 +185,7 @@ def test_a_step_the_trainer_refuses_gets_the_trainers_error_not_a_plan() -> None
     with pytest.raises(RuntimeError) as by_trainer:
         trainer.fit(VectorLoss(), torch.utils.data.DataLoader([data], batch_size=None))
     with pytest.raises(RuntimeError) as by_planner:
-        peak_of(VectorLoss(), data, wrap="Linear")
+        peak_of(VectorLoss(), data, wrap="Linear", engine=engine)
     assert type(by_planner.value) is type(by_trainer.value)
     assert str(by_planner.value) == str(by_trainer.value)
     assert "only for scalar outputs" in str(by_planner.value)

@@ -141,19 +141,27 @@ def _step_as_forward(model: nn.Module) -> Any:
 
 
 def step_loss(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
-    """The loss of one step: ``training_step``'s, taken from its result as the Trainer takes it
-    (so a result the Trainer refuses is refused with the Trainer's error, and a loss that is not
-    a scalar fails at backward as in the Trainer), or the sum of a plain module's output."""
-    from fullshard.module_optimization import extract_loss
+    """The loss of one step: ``training_step``'s, or the sum of a plain module's output
+    (:func:`loss_of_result`)."""
     from fullshard.strategies.step_args import step_arguments
 
     with precision.forward_context():
         if hasattr(model, "training_step"):
             model.forward = _step_as_forward(model)  # type: ignore[method-assign]
-            out = extract_loss(model(*step_arguments(model, "training_step", batch, 0, ())))
-        else:
-            out = model(*batch) if isinstance(batch, tuple | list) else model(batch)
-            out = out.sum() if isinstance(out, torch.Tensor) else out
+            return loss_of_result(model(*step_arguments(model, "training_step", batch, 0, ())), True)
+        return loss_of_result(model(*batch) if isinstance(batch, tuple | list) else model(batch), False)
+
+
+def loss_of_result(out: Any, from_training_step: bool) -> torch.Tensor:
+    """The loss in a step's result, for either engine's simulation: ``training_step``'s taken as
+    the Trainer takes it (so a result the Trainer refuses is refused with the Trainer's error, and
+    a loss that is not a scalar fails at backward as in the Trainer), a plain module's output summed."""
+    from fullshard.module_optimization import extract_loss
+
+    if from_training_step:
+        out = extract_loss(out)
+    elif isinstance(out, torch.Tensor):
+        out = out.sum()
     if not isinstance(out, torch.Tensor):
         raise MisconfigurationError(
             f"The planner runs training_step (or forward) to find the loss, but it returned {type(out).__name__}. "
@@ -162,7 +170,7 @@ def step_loss(model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
     return out
 
 
-def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
+def planning_optimizer(model: nn.Module) -> torch.optim.Optimizer:
     """The module's optimizer (``configure_optimizers``; AdamW for a plain module), for-loop step."""
     if hasattr(model, "configure_optimizers"):
         from fullshard.optimizer_config import parse_optimizers
@@ -225,11 +233,11 @@ def simulate(
         contextlib.ExitStack() as stack,
     ):
         warnings.simplefilter("ignore")
-        _to_empty_keeping_ties(model)  # fake tensors before sharding, as FSDP2 shards real ones
+        to_empty_keeping_ties(model)  # fake tensors before sharding, as FSDP2 shards real ones
         block_paths = _shard(model, candidate, layout, world.mesh, prec.mixed_precision_config)
         fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
         stack.enter_context(data_dependent.replaying(model, recording, batch, fake_batch))
-        optimizer = _optimizer(model)
+        optimizer = planning_optimizer(model)
         tracker = torch_tools.memory_tracker(model, optimizer)
         tracker.track_inputs((fake_batch,))
         forward_flops = backward_flops = block_flops = 0
@@ -241,7 +249,7 @@ def simulate(
                 loss.backward()
             optimizer.zero_grad()
             forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
-            block_flops = _flops_inside(forward.get_flop_counts(), block_paths, forward_flops)
+            block_flops = flops_inside(forward.get_flop_counts(), block_paths, forward_flops)
         _as_after_a_step(model, optimizer)
         staging = torch_tools.gloo_staging() if device_type == "cpu" else contextlib.nullcontext()
         cpu = torch.device("cpu")
@@ -281,7 +289,7 @@ def of_phases(
     return Simulated(top.peak, top.split, top.offloadable, *flops[:2], numel, flops[2], every, phases)
 
 
-def _flops_inside(counts: dict[str, dict[Any, int]], paths: list[str], whole: int) -> int:
+def flops_inside(counts: dict[str, dict[Any, int]], paths: list[str], whole: int) -> int:
     """The FLOPs ``FlopCounterMode`` counted inside the modules at ``paths`` (it names a module by
     its root's class and its path); ``whole`` (the forward's) when one of them was not seen."""
     by_path = {key.split(".", 1)[1]: sum(ops.values()) for key, ops in counts.items() if "." in key}
@@ -289,7 +297,7 @@ def _flops_inside(counts: dict[str, dict[Any, int]], paths: list[str], whole: in
     return whole if not found or None in found else sum(f for f in found if f is not None)
 
 
-def _to_empty_keeping_ties(model: nn.Module) -> None:
+def to_empty_keeping_ties(model: nn.Module) -> None:
     """``model.to_empty(device="cpu")`` (fake tensors, inside the fake mode), with a parameter that
     several modules share (tied embeddings) still one parameter after: ``to_empty`` makes a new
     parameter per place it finds one on the meta device, which would count a tied weight, its

@@ -44,11 +44,12 @@ from fullshard.planner import data_dependent, torch_tools
 from fullshard.planner.fsdp1_tracker import FSDP1MemoryTracker, as_after_a_step, storage_checks_by_identity
 from fullshard.planner.simulate import (
     Simulated,
-    _flops_inside,
-    _optimizer,
-    _to_empty_keeping_ties,
+    flops_inside,
+    loss_of_result,
     meta_copy,
     of_phases,
+    planning_optimizer,
+    to_empty_keeping_ties,
     tracked_step,
 )
 
@@ -97,7 +98,7 @@ def simulate_fsdp1(
         contextlib.ExitStack() as stack,
     ):
         warnings.simplefilter("ignore")
-        _to_empty_keeping_ties(model)
+        to_empty_keeping_ties(model)
         auto_wrap, checkpointing, _, _ = strategy.resolve_policies(model)
         blocks = [] if auto_wrap is None else [m for m in auto_wrap.selected(model) if m is not model]
         mesh = world.mesh if strategy.is_hybrid else None  # as FSDPStrategy._make_mesh: hybrid only
@@ -105,7 +106,7 @@ def simulate_fsdp1(
         wrapped = wrap_fsdp1(model, auto_wrap=auto_wrap, checkpointing=checkpointing, **kwargs)
         fake_batch = tree_map_only(torch.Tensor, fake_mode.from_tensor, batch)
         stack.enter_context(data_dependent.replaying(model, recording, batch, fake_batch))
-        optimizer = _optimizer(model)
+        optimizer = planning_optimizer(model)
         forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
         if count_flops:  # a real first step, counted
             with forward:
@@ -125,27 +126,19 @@ def simulate_fsdp1(
     if count_flops:
         paths = {m: name for name, m in wrapped.named_modules()}
         forward_flops, backward_flops = int(forward.get_total_flops()), int(backward.get_total_flops())
-        block_flops = _flops_inside(forward.get_flop_counts(), [paths[b] for b in blocks], forward_flops)
+        block_flops = flops_inside(forward.get_flop_counts(), [paths[b] for b in blocks], forward_flops)
     return of_phases(phases, (forward_flops, backward_flops, block_flops), numel, candidate.checkpoint_every)
 
 
 def _loss_of(wrapped: nn.Module, model: nn.Module, batch: Any, precision: Any) -> torch.Tensor:
     """The loss of one step, run as FSDPStrategy runs it: ``training_step`` through the root
-    wrapper, in the precision's context (the sum of a plain module's output through the wrapper)."""
+    wrapper, in the precision's context (the sum of a plain module's output through the wrapper),
+    taken by :func:`~fullshard.planner.simulate.loss_of_result` as for FSDP2."""
     from fullshard.strategies.forward_redirection import redirected_call
     from fullshard.strategies.step_args import step_arguments
 
     with precision.forward_context():
         if hasattr(model, "training_step"):
             args = step_arguments(model, "training_step", batch, 0, ())
-            out = redirected_call(wrapped, model, "training_step", *args)
-        else:
-            out = wrapped(*batch) if isinstance(batch, tuple | list) else wrapped(batch)
-    if isinstance(out, dict):
-        out = out.get("loss")
-    if not isinstance(out, torch.Tensor):
-        raise MisconfigurationError(
-            f"The planner runs training_step (or forward) to find the loss, but it returned {type(out).__name__}. "
-            "Return the loss tensor (or a dict with 'loss') for the planner to run backward on."
-        )
-    return out if out.dim() == 0 else out.sum()
+            return loss_of_result(redirected_call(wrapped, model, "training_step", *args), True)
+        return loss_of_result(wrapped(*batch) if isinstance(batch, tuple | list) else wrapped(batch), False)
