@@ -2,12 +2,13 @@
 
 The memory planner's accuracy: its predicted per-process peak of tensor memory against the peak measured in real training runs of the same configurations on 2 and 4 CPU processes.
 
-Run it from the repository root; without ``--write-docs`` it prints the table and leaves
-docs/fsdp/plan.md alone. ``--only NAME`` runs the cases whose name contains NAME. It takes
-about 20 minutes on 2 busy cores (30 cases).
+Run it from the repository root, with the ``bench`` extra installed (``pip install -e ".[bench]"``:
+transformers and peft build its model families); without ``--write-docs`` it prints the table and
+leaves docs/fsdp/plan.md alone. ``--only NAME`` runs the cases whose name contains NAME. It took
+about 20 minutes for its 42 cases on 2 lightly loaded cores.
 
-The cases are one a line in ``CASES``, their models one a line in ``models()`` (the families of
-issue 40 in benchmarks/_planner_families.py). The families in ``HELD_OUT`` are not for tuning the
+The cases are one a line in ``CASES``, their models one a line in ``models()`` (the further
+families in benchmarks/_planner_families.py and _planner_moe.py). The families in ``HELD_OUT`` are not for tuning the
 planner on: their rows show whether a change generalises; the docs table marks them.
 
 Each case (a model, engine, sharding, activation checkpointing, precision, batch and number of
